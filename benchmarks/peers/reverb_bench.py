@@ -1,0 +1,308 @@
+"""Reverb side of the core comparison; run with benchmarks/.venvs/reverb/bin/python.
+
+As Reverb's users run it: the server lives in its own process (this script started
+with ``--serve``) and the benchmark talks to it over loopback gRPC. Paths, chosen as
+the fastest Reverb documents (override with the environment variables below):
+
+* writes: ``StructuredWriter`` (items created in C++ from a ``x[-1:]`` pattern), one
+  ``append`` per step, ``flush()`` every 32 items to bound run-ahead (more than ~40
+  pending items make Reverb warn and slow down; REVERB_FLUSH_EVERY / REVERB_FLUSH_KEEP
+  change the interval and ``block_until_num_items``). Reverb has no batched insert, so
+  ``insert_batched`` appends the 256 rows one by one. ``REVERB_WRITE_PATH=trajectory``
+  switches to ``TrajectoryWriter.append`` + ``create_item``.
+* samples: one persistent ``TrajectoryDataset`` stream per table (tf.data batches 256
+  in C++), ``max_in_flight_samples_per_worker=256``. ``REVERB_SAMPLE_PATH=sampler``
+  switches to a persistent low-level sampler stream (``Client.sample`` opens a new
+  stream per call and holds one sample in flight; far slower).
+* priorities: ``Client.mutate_priorities`` with the 256 sampled keys. The dataset
+  stream samples ahead of the updates (up to 256 in flight), as it does in training.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import numpy as np  # noqa: E402
+
+from bench_common import (BATCH, PRIO_ITEM_BYTES, Bench, PriorityStream, Workload,  # noqa: E402
+                          check_batch, floats_for, payload, prio_fill_priorities)
+
+FLUSH_EVERY = int(os.environ.get("REVERB_FLUSH_EVERY", "32"))
+FLUSH_KEEP = int(os.environ.get("REVERB_FLUSH_KEEP", "0"))  # block_until_num_items
+PRIO_LEVELS = 16  # StructuredWriter priorities are per config: one config per level
+
+
+# --- server process -------------------------------------------------------------------
+def serve(spec_json: str) -> None:
+    """Build the tables described by spec_json, print the port, serve until stdin closes."""
+    import reverb
+    import tensorflow as tf
+
+    tables = []
+    for t in json.loads(spec_json):
+        if t["sampler"] == "prioritized":
+            sampler = reverb.selectors.Prioritized(priority_exponent=t["exponent"])
+        else:
+            sampler = reverb.selectors.Uniform()
+        tables.append(reverb.Table(
+            name=t["name"], sampler=sampler, remover=reverb.selectors.Fifo(),
+            max_size=t["max_size"], rate_limiter=reverb.rate_limiters.MinSize(1),
+            signature={"x": tf.TensorSpec([1, t["floats"]], tf.float32)}))
+    server = reverb.Server(tables=tables, port=None)
+    print(f"READY {server.port}", flush=True)
+    sys.stdin.read()  # the benchmark closes stdin (or dies): stop
+    server.stop()
+
+
+class ServerProcess:
+    def __init__(self, specs: list[dict]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--serve", json.dumps(specs)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        if not line.startswith("READY "):
+            self.proc.kill()
+            raise RuntimeError(f"reverb server did not start: {line!r}")
+        self.address = f"localhost:{int(line.split()[1])}"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def rss_mib(self) -> float | None:
+        try:
+            with open(f"/proc/{self.proc.pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        return int(line.split()[1]) / 1024
+        except OSError:
+            return None
+        return None
+
+
+# --- benchmark process ----------------------------------------------------------------
+class ReverbSystem:
+    def __init__(self, bench: Bench) -> None:
+        import reverb
+        import tensorflow as tf
+        from reverb import structured_writer as sw
+
+        self.reverb, self.tf, self.sw = reverb, tf, sw
+        self.bench = bench
+        self.write_path = os.environ.get("REVERB_WRITE_PATH", "structured")
+        self.sample_path = os.environ.get("REVERB_SAMPLE_PATH", "dataset")
+        cfg = bench.cfg
+        specs = []
+        for _, size in cfg.sizes:
+            k = floats_for(size)
+            cap = cfg.insert_capacity(size)
+            specs.append(dict(name=f"batched_{k}", sampler="uniform", max_size=cap, floats=k))
+            specs.append(dict(name=f"step_{k}", sampler="uniform", max_size=cap, floats=k))
+            specs.append(dict(name=f"uniform_{k}", sampler="uniform",
+                              max_size=cfg.sample_items(size), floats=k))
+        specs.append(dict(name="prio", sampler="prioritized", exponent=0.6,
+                          max_size=cfg.prio_table_items, floats=floats_for(PRIO_ITEM_BYTES)))
+        self.server = ServerProcess(specs)
+        self.client = reverb.Client(self.server.address)
+
+    def close(self) -> None:
+        self.server.stop()
+
+    def table_size(self, table: str) -> int:
+        return self.client.server_info()[table].current_size
+
+    # -- writers -------------------------------------------------------------------
+    def _writer(self, table: str, priorities: list[float] | None = None):
+        """Return (append_fn, flush_fn) for one-step items into table."""
+        if self.write_path == "trajectory":
+            w = self.client.trajectory_writer(num_keep_alive_refs=FLUSH_EVERY)
+            prio = 1.0
+
+            def append(step: dict) -> None:
+                w.append(step)
+                w.create_item(table, priority=prio, trajectory={"x": w.history["x"][-1:]})
+
+            return append, w.flush, w.close
+        sw = self.sw
+        pattern = sw.pattern_from_transform({"x": None}, lambda ref: {"x": ref["x"][-1:]})
+        if priorities is None:
+            configs = [sw.create_config(pattern, table=table,
+                                        priority=sw.constant_priority_fn(1.0))]
+        else:  # one config per priority level, applied round-robin over steps
+            n = len(priorities)
+            configs = [sw.create_config(pattern, table=table,
+                                        conditions=[sw.Condition.step_index() % n == j],
+                                        priority=sw.constant_priority_fn(float(p)))
+                       for j, p in enumerate(priorities)]
+        w = self.client.structured_writer(configs)
+        return w.append, w.flush, lambda: None
+
+    def _fill(self, table: str, floats: int, n_items: int, priorities=None,
+              time_limit: float | None = None) -> int:
+        append, flush, close = self._writer(table, priorities)
+        rows = payload(min(n_items, 1024), floats)  # [n,1,k]; each row is a [1,k] step
+        steps = [{"x": r[0]} for r in rows]
+        t_end = None if time_limit is None else time.perf_counter() + time_limit
+        done = 0
+        while done < n_items:
+            for s in steps[: min(len(steps), n_items - done)]:
+                append(s)
+                done += 1
+                if done % FLUSH_EVERY == 0:
+                    flush(block_until_num_items=FLUSH_KEEP)
+            if t_end is not None and time.perf_counter() > t_end:
+                break
+        flush()
+        close()
+        return done
+
+    def _insert(self, table: str, floats: int, capacity: int, steps_per_call: int,
+                path: str) -> Workload:
+        self._fill(table, floats, capacity)  # wrap once, as the other systems do
+        append, flush, close = self._writer(table)
+        rows = payload(steps_per_call, floats)
+        steps = [{"x": r[0]} for r in rows]
+
+        def call() -> None:
+            for i, s in enumerate(steps, 1):
+                append(s)
+                if i % FLUSH_EVERY == 0:
+                    flush(block_until_num_items=FLUSH_KEEP)
+
+        def done() -> None:
+            flush()
+            close()
+            self.client.reset(table)
+
+        return Workload(call=call, units_per_call=steps_per_call, path=path, close=done)
+
+    def insert_batched(self, floats: int, capacity: int, batch: int) -> Workload:
+        return self._insert(f"batched_{floats}", floats, capacity, batch,
+                            path=f"{self._write_desc()}: 256 appends per call "
+                                 "(Reverb has no batched insert)")
+
+    def insert_step(self, floats: int, capacity: int) -> Workload:
+        return self._insert(f"step_{floats}", floats, capacity, 256,
+                            path=f"{self._write_desc()}: one append per item")
+
+    def _write_desc(self) -> str:
+        if self.write_path == "trajectory":
+            return ("TrajectoryWriter.append+create_item, "
+                    f"flush(block_until_num_items={FLUSH_KEEP}) every {FLUSH_EVERY} items")
+        return (f"StructuredWriter(x[-1:]).append, flush(block_until_num_items={FLUSH_KEEP}) "
+                f"every {FLUSH_EVERY} items")
+
+    # -- samplers ------------------------------------------------------------------
+    def _stream(self, table: str, floats: int, batch: int):
+        """Return (next_batch() -> (keys, data[batch,1,k]), close, description)."""
+        if self.sample_path == "sampler":
+            sampler = self.client._client.NewSampler(table, -1, batch)  # persistent stream
+            n_info = sampler.NUM_INFO_TENSORS
+
+            def next_batch():
+                keys = np.empty(batch, np.uint64)
+                data = np.empty((batch, 1, floats), np.float32)
+                for i in range(batch):
+                    t = sampler.GetNextTrajectory()
+                    keys[i] = t[0]
+                    data[i] = t[n_info]
+                return keys, data
+
+            return next_batch, lambda: None, ("persistent pybind Sampler stream "
+                                              f"(max_in_flight={batch}), 256 GetNextTrajectory")
+        tf = self.tf
+        ds = self.reverb.TrajectoryDataset(
+            server_address=self.server.address, table=table,
+            dtypes={"x": tf.float32}, shapes={"x": tf.TensorShape([1, floats])},
+            max_in_flight_samples_per_worker=batch)
+        it = iter(ds.batch(batch, drop_remainder=True))
+
+        def next_batch():
+            s = next(it)
+            return s.info.key.numpy(), s.data["x"].numpy()
+
+        return next_batch, lambda: None, (f"TrajectoryDataset(max_in_flight_samples_per_worker="
+                                          f"{batch}).batch(256), .numpy()")
+
+    def sample_uniform(self, floats: int, n_items: int, batch: int) -> Workload:
+        table = f"uniform_{floats}"
+        self._fill(table, floats, n_items)
+        size = self.table_size(table)
+        assert size == n_items, (size, n_items)
+        next_batch, close, desc = self._stream(table, floats, batch)
+        check_batch(next_batch()[1], batch, floats)
+
+        def done() -> None:
+            close()
+            self.client.reset(table)
+
+        return Workload(call=lambda: next_batch()[1], units_per_call=batch, path=desc,
+                        close=done, extra={"server_rss_mib": self.server.rss_mib()})
+
+    def prioritized(self, floats: int, n_items: int, batch: int, exponent: float) -> Workload:
+        table = "prio"
+        levels = prio_fill_priorities(PRIO_LEVELS).tolist()
+        limit = 60.0 if self.bench.cfg.quick else 150.0
+        t0 = time.perf_counter()
+        self._fill(table, floats, n_items,
+                   priorities=None if self.write_path == "trajectory" else levels,
+                   time_limit=limit)
+        fill_s = time.perf_counter() - t0
+        size = self.table_size(table)
+        note = None
+        if size < n_items:
+            note = (f"table filled to {size:,} of {n_items:,} items: Reverb's fill ran "
+                    f"{fill_s:.0f}s (limit {limit:.0f}s) at {size / fill_s:,.0f} items/s")
+        next_batch, close, desc = self._stream(table, floats, batch)
+        new = PriorityStream(batch)
+        mutate = self.client.mutate_priorities
+
+        def call() -> None:
+            keys, _ = next_batch()
+            mutate(table, updates=dict(zip(keys.tolist(), new.next().tolist())))
+
+        def done() -> None:
+            close()
+            self.client.reset(table)
+
+        fill = (f"{PRIO_LEVELS} StructuredWriter configs with constant priorities, round-robin"
+                if self.write_path != "trajectory" else "TrajectoryWriter, priority 1.0")
+        return Workload(call=call, units_per_call=1,
+                        path=f"{desc} + Client.mutate_priorities(256); fill: {fill}",
+                        close=done, note=note,
+                        extra={"table_items": size, "fill_s": round(fill_s, 1),
+                               "server_rss_mib": self.server.rss_mib()})
+
+
+def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "--serve":
+        serve(sys.argv[2])
+        return
+    bench = Bench("reverb")
+    from importlib.metadata import version
+    for pkg in ("dm-reverb", "tensorflow"):
+        bench.versions[pkg] = version(pkg)
+    system = ReverbSystem(bench)
+    bench.notes.append(f"server in its own process, client over gRPC at {system.server.address}")
+    try:
+        bench.standard_suite(system.insert_batched, system.insert_step, system.sample_uniform,
+                             system.prioritized)
+    finally:
+        system.close()
+    bench.finish()
+
+
+if __name__ == "__main__":
+    main()

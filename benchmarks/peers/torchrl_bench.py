@@ -1,0 +1,103 @@
+"""TorchRL side of the core comparison; run with benchmarks/.venvs/torchrl/bin/python.
+
+Paths: ``ReplayBuffer(storage=LazyTensorStorage(N))`` with ``extend`` of a [256, k]
+tensor / ``add`` of one [k] tensor, ``sample()`` then ``.numpy()`` (zero-copy view of
+the gathered batch), and ``PrioritizedReplayBuffer(alpha=0.6, beta=0.4)`` with
+``sample(return_info=True)`` + ``update_priority``. Payload tensors wrap the same
+numpy arrays as the other systems (``torch.from_numpy``, no copy). CPU storage; torch
+keeps its default intra-op thread count (recorded in the output).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import torch  # noqa: E402
+from torchrl.data import LazyTensorStorage, PrioritizedReplayBuffer, ReplayBuffer  # noqa: E402
+
+from bench_common import (IMPORTANCE_BETA, Bench, PriorityStream, Workload,  # noqa: E402
+                          check_batch, fill_batches, payload, prio_fill_priorities)
+
+FILL_CHUNK = 4096
+
+
+def tensor_payload(n: int, floats: int) -> torch.Tensor:
+    return torch.from_numpy(payload(n, floats).reshape(n, floats))
+
+
+def insert_batched(floats: int, capacity: int, batch: int) -> Workload:
+    rb = ReplayBuffer(storage=LazyTensorStorage(capacity), batch_size=batch)
+    src = tensor_payload(batch, floats)
+    for _ in range(-(-capacity // batch)):  # wrap the ring once: pages touched
+        rb.extend(src)
+    return Workload(call=lambda: rb.extend(src), units_per_call=batch,
+                    path="ReplayBuffer(LazyTensorStorage).extend(float32[256,k])",
+                    close=rb.empty)
+
+
+def insert_step(floats: int, capacity: int) -> Workload:
+    rb = ReplayBuffer(storage=LazyTensorStorage(capacity), batch_size=256)
+    steps = 256
+    rows = list(tensor_payload(steps, floats))
+
+    def call() -> None:
+        add = rb.add
+        for a in rows:
+            add(a)
+
+    for _ in range(-(-capacity // steps)):
+        call()
+    return Workload(call=call, units_per_call=steps,
+                    path="ReplayBuffer(LazyTensorStorage).add(float32[k])", close=rb.empty)
+
+
+def sample_uniform(floats: int, n_items: int, batch: int) -> Workload:
+    rb = ReplayBuffer(storage=LazyTensorStorage(n_items), batch_size=batch)
+    src = tensor_payload(min(n_items, FILL_CHUNK), floats)
+    for start, stop in fill_batches(n_items, len(src)):
+        rb.extend(src[: stop - start])
+    assert len(rb) == n_items
+    check_batch(rb.sample().numpy(), batch, floats)
+    return Workload(call=lambda: rb.sample().numpy(), units_per_call=batch,
+                    path="ReplayBuffer(LazyTensorStorage, RandomSampler).sample(256).numpy()",
+                    close=rb.empty)
+
+
+def prioritized(floats: int, n_items: int, batch: int, exponent: float) -> Workload:
+    rb = PrioritizedReplayBuffer(alpha=exponent, beta=IMPORTANCE_BETA,
+                                 storage=LazyTensorStorage(n_items), batch_size=batch)
+    src = tensor_payload(FILL_CHUNK, floats)
+    prios = torch.from_numpy(prio_fill_priorities(n_items))
+    for start, stop in fill_batches(n_items, FILL_CHUNK):
+        idx = rb.extend(src[: stop - start])
+        rb.update_priority(idx, prios[start:stop])
+    assert len(rb) == n_items
+    new = PriorityStream(batch)
+    check_batch(rb.sample().numpy(), batch, floats)
+
+    def call() -> None:
+        data, info = rb.sample(return_info=True)
+        _ = data.numpy()
+        rb.update_priority(info["index"], torch.from_numpy(new.next()))
+
+    return Workload(call=call, units_per_call=1,
+                    path="PrioritizedReplayBuffer(alpha=0.6, LazyTensorStorage)"
+                         ".sample(return_info=True) + update_priority",
+                    close=rb.empty)
+
+
+def main() -> None:
+    bench = Bench("torchrl")
+    from importlib.metadata import version
+    for pkg in ("torchrl", "tensordict", "torch"):
+        bench.versions[pkg] = version(pkg)
+    bench.notes.append(f"torch intra-op threads: {torch.get_num_threads()}")
+    bench.standard_suite(insert_batched, insert_step, sample_uniform, prioritized)
+    bench.finish()
+
+
+if __name__ == "__main__":
+    main()

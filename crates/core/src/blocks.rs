@@ -1,0 +1,182 @@
+//! Blocks: the unit of allocation, reference counting and reuse.
+//!
+//! A store's rows are cut into blocks of `block_steps` consecutive rows. The
+//! allocator hands free blocks out in the order they came free (a FIFO, so that
+//! blocks freed by FIFO eviction are reused in order and consecutive leases tend to
+//! be adjacent in memory). A block's reference count is the number of live items,
+//! samples being collected and writers that still hold it; when it drops to zero the
+//! block returns to the free queue. Counts are atomics, so retaining and releasing
+//! never takes a lock; only the free queue is guarded, and it is a leaf lock (no
+//! other lock is taken while it is held).
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use parking_lot::Mutex;
+
+use crate::error::{Error, Result};
+
+pub struct BlockAllocator {
+    block_steps: u32,
+    refcounts: Box<[AtomicU32]>,
+    free: Mutex<VecDeque<u32>>,
+}
+
+impl BlockAllocator {
+    pub fn new(num_blocks: u32, block_steps: u32) -> BlockAllocator {
+        BlockAllocator {
+            block_steps,
+            refcounts: (0..num_blocks).map(|_| AtomicU32::new(0)).collect(),
+            free: Mutex::new((0..num_blocks).collect()),
+        }
+    }
+
+    pub fn block_steps(&self) -> u32 {
+        self.block_steps
+    }
+
+    pub fn num_blocks(&self) -> u32 {
+        self.refcounts.len() as u32
+    }
+
+    /// Takes a free block with a reference count of one, owned by the caller.
+    pub fn lease(&self) -> Result<u32> {
+        let block = self.free.lock().pop_front().ok_or_else(|| {
+            Error::ResourceExhausted(format!(
+                "store is full: all {} blocks ({} steps) are held by items, writers or samples \
+                 being collected; give the store a larger capacity (with Uniform, Prioritized or \
+                 heap removers a block is freed only when every item in it is gone, so allow \
+                 several times max_size x steps per item) or lower the tables' max_size",
+                self.num_blocks(),
+                self.num_blocks() as u64 * self.block_steps as u64
+            ))
+        })?;
+        let previous = self.refcounts[block as usize].swap(1, Ordering::AcqRel);
+        debug_assert_eq!(previous, 0, "a free block had references");
+        Ok(block)
+    }
+
+    /// Adds a reference to a block the caller already holds a reference to.
+    pub fn retain(&self, block: u32) {
+        let previous = self.refcounts[block as usize].fetch_add(1, Ordering::AcqRel);
+        debug_assert!(previous > 0, "retained block {block} that nobody held");
+    }
+
+    /// Drops a reference; the last one returns the block to the free queue.
+    pub fn release(&self, block: u32) {
+        let previous = self.refcounts[block as usize].fetch_sub(1, Ordering::AcqRel);
+        debug_assert!(previous > 0, "released block {block} that nobody held");
+        if previous == 1 {
+            self.free.lock().push_back(block);
+        }
+    }
+
+    pub fn refcount(&self, block: u32) -> u32 {
+        self.refcounts[block as usize].load(Ordering::Acquire)
+    }
+
+    pub fn free_blocks(&self) -> usize {
+        self.free.lock().len()
+    }
+}
+
+/// A run of rows inside one block: rows `[start, start + len)` of the store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Run {
+    pub block: u32,
+    pub start: u64,
+    pub len: u32,
+}
+
+/// Fills blocks row by row. The cursor holds one reference on its current block
+/// and gives it up when the block is full (or when the cursor is closed).
+#[derive(Default)]
+pub struct Cursor {
+    current: Option<(u32, u32)>,
+}
+
+impl Cursor {
+    /// The next run of at most `rows` rows, in the current block or in a newly
+    /// leased one. The caller gets no reference of its own on the run's block.
+    pub fn take(&mut self, alloc: &BlockAllocator, rows: u32) -> Result<Run> {
+        debug_assert!(rows > 0);
+        let bs = alloc.block_steps();
+        let (block, used) = match self.current {
+            Some((b, used)) if used < bs => (b, used),
+            other => {
+                let fresh = alloc.lease()?;
+                if let Some((old, _)) = other {
+                    alloc.release(old);
+                }
+                (fresh, 0)
+            }
+        };
+        let len = rows.min(bs - used);
+        self.current = Some((block, used + len));
+        Ok(Run { block, start: block as u64 * bs as u64 + used as u64, len })
+    }
+
+    /// Rows left in the current block without leasing another.
+    pub fn remaining_in_block(&self, alloc: &BlockAllocator) -> u32 {
+        self.current.map_or(0, |(_, used)| alloc.block_steps() - used)
+    }
+
+    /// Gives up the current block.
+    pub fn close(&mut self, alloc: &BlockAllocator) {
+        if let Some((b, _)) = self.current.take() {
+            alloc.release(b);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_return_to_the_free_queue_on_last_release() {
+        let a = BlockAllocator::new(2, 4);
+        let b = a.lease().unwrap();
+        a.retain(b);
+        assert_eq!(a.refcount(b), 2);
+        a.release(b);
+        assert_eq!(a.free_blocks(), 1);
+        a.release(b);
+        assert_eq!(a.free_blocks(), 2);
+    }
+
+    #[test]
+    fn full_allocator_names_the_problem() {
+        let a = BlockAllocator::new(1, 8);
+        a.lease().unwrap();
+        let e = a.lease().unwrap_err().to_string();
+        assert!(e.contains("store is full") && e.contains("8 steps"), "{e}");
+    }
+
+    #[test]
+    fn freed_blocks_are_reused_in_order() {
+        let a = BlockAllocator::new(3, 1);
+        let x: Vec<u32> = (0..3).map(|_| a.lease().unwrap()).collect();
+        assert_eq!(x, vec![0, 1, 2]);
+        a.release(1);
+        a.release(0);
+        assert_eq!(a.lease().unwrap(), 1);
+        assert_eq!(a.lease().unwrap(), 0);
+    }
+
+    #[test]
+    fn cursor_fills_a_block_before_leasing_the_next() {
+        let a = BlockAllocator::new(3, 4);
+        let mut c = Cursor::default();
+        let r1 = c.take(&a, 3).unwrap();
+        let r2 = c.take(&a, 3).unwrap();
+        let r3 = c.take(&a, 3).unwrap();
+        assert_eq!((r1.block, r1.start, r1.len), (0, 0, 3));
+        assert_eq!((r2.block, r2.start, r2.len), (0, 3, 1));
+        assert_eq!((r3.block, r3.start, r3.len), (1, 4, 3));
+        // Block 0 was full and nobody retained it: it is free again.
+        assert_eq!(a.refcount(0), 0);
+        c.close(&a);
+        assert_eq!(a.free_blocks(), 3);
+    }
+}

@@ -1,0 +1,91 @@
+//! Batch insert: n items of T steps each from `[n, T, ...]` column buffers, with
+//! one copy per column per contiguous run of rows (usually exactly one), for
+//! dataset loading and bulk writers. Each item is its own episode.
+
+use std::time::Duration;
+
+use crate::error::Result;
+use crate::invalid;
+use crate::item::{NewItem, RowRange};
+use crate::table::Table;
+
+/// The ranges covering virtual rows `[offset, offset + len)` of `runs` laid end to end.
+fn slice_runs(runs: &[RowRange], mut offset: u64, mut len: u64) -> Vec<RowRange> {
+    let mut out = Vec::with_capacity(1);
+    for r in runs {
+        if len == 0 {
+            break;
+        }
+        if offset >= r.len as u64 {
+            offset -= r.len as u64;
+            continue;
+        }
+        let take = len.min(r.len as u64 - offset);
+        out.push(RowRange { start: r.start + offset, len: take as u32 });
+        len -= take;
+        offset = 0;
+    }
+    out
+}
+
+impl Table {
+    /// Inserts `n` items of `steps` steps each. `columns[c]` holds `n * steps` rows
+    /// of field `c`, item-major. Every priority is checked before anything is
+    /// written. Returns the keys in item order.
+    pub fn insert_batch(&self, columns: &[&[u8]], n: usize, steps: usize, priorities: &[f64], timeout: Option<Duration>) -> Result<Vec<u64>> {
+        let store = self.store();
+        let fields = store.signature().fields();
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        if steps == 0 {
+            return Err(invalid!("table '{}': items must have >= 1 step, got 0", self.name()));
+        }
+        if priorities.len() != n {
+            return Err(invalid!("table '{}': {n} items but {} priorities; expected one per item", self.name(), priorities.len()));
+        }
+        if columns.len() != fields.len() {
+            return Err(invalid!("expected {} columns, got {}", fields.len(), columns.len()));
+        }
+        for (f, c) in fields.iter().zip(columns) {
+            if c.len() != f.row_bytes() * n * steps {
+                return Err(invalid!("field '{}': expected {} bytes for [{n}, {steps}] of {}, got {}", f.name, f.row_bytes() * n * steps, f.describe(), c.len()));
+            }
+        }
+        for (i, &p) in priorities.iter().enumerate() {
+            self.check_priority(p, || format!("table '{}' item {i}", self.name()))?;
+        }
+        let claim = store.claim_rows((n * steps) as u64)?;
+        for (col, src) in columns.iter().enumerate() {
+            let row_bytes = store.row_bytes(col);
+            let mut at = 0;
+            for run in &claim.runs {
+                let bytes = run.len as usize * row_bytes;
+                store.write_rows(col, run.start, &src[at..at + bytes]);
+                at += bytes;
+            }
+        }
+        let items: Vec<NewItem> = priorities
+            .iter()
+            .enumerate()
+            .map(|(i, &priority)| NewItem { ranges: slice_runs(&claim.runs, (i * steps) as u64, steps as u64), priority })
+            .collect();
+        // The items now hold their own references; the claim's go when it drops.
+        let result = self.insert(&items, timeout);
+        drop(claim);
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slicing_runs_splits_at_run_boundaries() {
+        let runs = [RowRange { start: 10, len: 3 }, RowRange { start: 40, len: 5 }];
+        assert_eq!(slice_runs(&runs, 0, 2), vec![RowRange { start: 10, len: 2 }]);
+        assert_eq!(slice_runs(&runs, 2, 3), vec![RowRange { start: 12, len: 1 }, RowRange { start: 40, len: 2 }]);
+        assert_eq!(slice_runs(&runs, 5, 3), vec![RowRange { start: 42, len: 3 }]);
+    }
+}

@@ -1,0 +1,45 @@
+//! One error type for the core, mapped one to one onto `reprise.errors` in Python.
+
+use crate::sample::SampleBatch;
+
+/// What a blocking call had already done when its deadline passed, so that nothing
+/// it took from or gave to a table is lost.
+#[derive(Debug, Default)]
+pub enum Partial {
+    #[default]
+    Nothing,
+    /// Keys of the items inserted before the deadline.
+    Inserted(Vec<u64>),
+    /// The items drawn before the deadline.
+    Sampled(Box<SampleBatch>),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Bad shape, dtype, field, priority or argument. Nothing was changed.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// Unknown table, field or key.
+    #[error("{0}")]
+    NotFound(String),
+    /// A blocking call ran past its deadline. `partial` holds what it did before.
+    #[error("{message}")]
+    Timeout { message: String, partial: Partial },
+    /// The store has no free block and none came free in time.
+    #[error("{0}")]
+    ResourceExhausted(String),
+    /// A checkpoint or message failed validation.
+    #[error("{0}")]
+    Corrupt(String),
+    /// The operating system refused something (creating or mapping shared memory).
+    #[error("{0}")]
+    Io(String),
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Builds an `Error::InvalidArgument` from format arguments.
+#[macro_export]
+macro_rules! invalid {
+    ($($arg:tt)*) => { $crate::error::Error::InvalidArgument(format!($($arg)*)) };
+}

@@ -1,0 +1,112 @@
+//! Shared-memory regions: a file under /dev/shm (or a chosen directory), created
+//! with mode 0600, mapped read-write, and removed when its owner drops it.
+//!
+//! This module and [`crate::store`] are the only places that touch raw memory.
+
+use std::fs::OpenOptions;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use memmap2::MmapMut;
+
+use crate::error::{Error, Result};
+
+static REGION_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// The directory new regions go to: /dev/shm where it exists, else the temp dir.
+pub fn default_directory() -> PathBuf {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    }
+}
+
+/// A mapped file that only this user can open.
+pub struct Region {
+    // Kept alive for the mapping; all access goes through `base`.
+    _map: MmapMut,
+    base: NonNull<u8>,
+    path: PathBuf,
+}
+
+// SAFETY: `Region` owns its mapping; the raw `base` pointer is only dereferenced by
+// `Store`, which hands out disjoint rows to writers and reads rows only while the
+// blocks that hold them are referenced (see `store.rs`).
+unsafe impl Send for Region {}
+// SAFETY: as above; shared access never creates overlapping `&mut` slices.
+unsafe impl Sync for Region {}
+
+impl Region {
+    /// Creates a new region of `len` bytes (at least one page) in `directory`.
+    pub fn create(directory: &Path, len: usize) -> Result<Region> {
+        let len = len.max(4096);
+        let name = format!(
+            "reprise-{}-{}-{:08x}",
+            std::process::id(),
+            REGION_COUNTER.fetch_add(1, Ordering::Relaxed),
+            rand::random::<u32>()
+        );
+        let path = directory.join(name);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| Error::Io(format!("cannot create shared memory file {}: {e}", path.display())))?;
+        let cleanup = |e: String| {
+            let _ = std::fs::remove_file(&path);
+            Error::Io(e)
+        };
+        file.set_len(len as u64).map_err(|e| {
+            cleanup(format!("cannot size shared memory file {} to {len} bytes: {e}", path.display()))
+        })?;
+        // SAFETY: the file was just created by us with O_EXCL and mode 0600; no other
+        // process maps it yet, and we never truncate it while mapped.
+        let mut map = unsafe { MmapMut::map_mut(&file) }
+            .map_err(|e| cleanup(format!("cannot map {} ({len} bytes): {e}", path.display())))?;
+        let base = NonNull::new(map.as_mut_ptr()).expect("mmap never returns a null mapping");
+        Ok(Region { _map: map, base, path })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn base(&self) -> *mut u8 {
+        self.base.as_ptr()
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn region_file_is_private_and_removed_on_drop() {
+        let r = Region::create(&default_directory(), 10_000).unwrap();
+        let path = r.path().to_path_buf();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 10_000);
+        drop(r);
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn missing_directory_is_a_clear_error() {
+        let e = Region::create(Path::new("/nonexistent-reprise-dir"), 100).err().unwrap();
+        assert!(e.to_string().contains("/nonexistent-reprise-dir"), "{e}");
+    }
+}

@@ -1,0 +1,90 @@
+//! Samples: what a table hands out, holding its rows until they are collected.
+
+use crate::item::{for_each_block, RowRange};
+use crate::store::Store;
+
+/// One drawn item.
+#[derive(Clone, Debug)]
+pub struct SampledItem {
+    pub key: u64,
+    pub probability: f64,
+    pub priority: f64,
+    /// Times sampled, this draw included.
+    pub times_sampled: u32,
+    pub length: u32,
+    pub ranges: Vec<RowRange>,
+}
+
+/// A batch of drawn items. It holds a reference on every block its items touch,
+/// so their rows stay valid (are not reused by writers) until it is dropped, even
+/// when the items are evicted from the table in the meantime.
+pub struct SampleBatch {
+    store: Store,
+    pub items: Vec<SampledItem>,
+    /// Items in the table when the draw began.
+    pub table_size: u64,
+}
+
+impl std::fmt::Debug for SampleBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SampleBatch({} items, table_size={})", self.items.len(), self.table_size)
+    }
+}
+
+impl SampleBatch {
+    pub(crate) fn new(store: Store, table_size: u64) -> SampleBatch {
+        SampleBatch { store, items: Vec::new(), table_size }
+    }
+
+    /// Adds a drawn item; the caller holds the table lock, so its blocks are live.
+    pub(crate) fn push(&mut self, item: SampledItem) {
+        let alloc = self.store.allocator();
+        for_each_block(&item.ranges, self.store.block_steps(), |b| alloc.retain(b));
+        self.items.push(item);
+    }
+
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The longest item, in steps: the `T` of `[n, T, ...]` arrays.
+    pub fn max_length(&self) -> u32 {
+        self.items.iter().map(|i| i.length).max().unwrap_or(0)
+    }
+
+    /// True when some item is shorter than the longest (the output needs padding).
+    pub fn ragged(&self) -> bool {
+        let t = self.max_length();
+        self.items.iter().any(|i| i.length != t)
+    }
+
+    /// Copies column `col` into `dst`, laid out `[n, t_max, row]`. Rows past an
+    /// item's length are left as they are (callers pass zeroed memory when ragged).
+    pub fn gather(&self, col: usize, t_max: u32, dst: &mut [u8]) {
+        let row = self.store.row_bytes(col);
+        let stride = t_max as usize * row;
+        assert_eq!(dst.len(), stride * self.items.len(), "gather destination has the wrong size");
+        for (i, item) in self.items.iter().enumerate() {
+            let at = i * stride;
+            let bytes = item.length as usize * row;
+            self.store.read_ranges(col, &item.ranges, &mut dst[at..at + bytes]);
+        }
+    }
+}
+
+impl Drop for SampleBatch {
+    fn drop(&mut self) {
+        let alloc = self.store.allocator();
+        for item in &self.items {
+            for_each_block(&item.ranges, self.store.block_steps(), |b| alloc.release(b));
+        }
+    }
+}

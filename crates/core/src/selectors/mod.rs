@@ -1,0 +1,150 @@
+//! Selectors: strategies that pick items, used as a table's sampler or remover.
+//!
+//! Every selector fits behind one small, batch-first interface and works on table
+//! *slots* (dense indices the table assigns to live items). Adding a selector means
+//! one new file and one line in [`SelectorSpec::build`].
+
+mod heap;
+mod insertion_order;
+mod prioritized;
+pub mod sum_tree;
+mod uniform;
+
+pub use heap::Heap;
+pub use insertion_order::Ordered;
+pub use prioritized::Prioritized;
+pub use uniform::Uniform;
+
+use crate::invalid;
+use crate::Result;
+
+/// The random generator of every table: PCG, seeded, reproducible.
+pub type Rng = rand_pcg::Pcg64;
+
+/// One pick: a slot and the probability that this draw picked it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Pick {
+    pub slot: u32,
+    pub probability: f64,
+}
+
+pub trait Selector: Send {
+    /// Adds a slot. `seq` is the table's insertion sequence number (strictly rising).
+    fn insert(&mut self, slot: u32, seq: u64, priority: f64);
+    /// Changes the priority of a present slot. O(log n) or better.
+    fn update(&mut self, slot: u32, priority: f64);
+    /// Removes a present slot.
+    fn remove(&mut self, slot: u32);
+    /// Appends `n` picks (with replacement) to `out`. Requires `len() > 0`.
+    fn sample(&mut self, n: usize, rng: &mut Rng, out: &mut Vec<Pick>);
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    fn clear(&mut self);
+}
+
+/// The configuration of a selector: what users pass and checkpoints record.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum SelectorSpec {
+    Fifo,
+    Lifo,
+    Uniform,
+    Prioritized { priority_exponent: f64 },
+    MaxHeap,
+    MinHeap,
+}
+
+impl SelectorSpec {
+    pub fn validate(&self) -> Result<()> {
+        if let SelectorSpec::Prioritized { priority_exponent } = *self {
+            if !priority_exponent.is_finite() || priority_exponent < 0.0 {
+                return Err(invalid!(
+                    "Prioritized priority_exponent must be finite and >= 0, got {priority_exponent}"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn build(&self) -> Box<dyn Selector> {
+        match *self {
+            SelectorSpec::Fifo => Box::new(Ordered::fifo()),
+            SelectorSpec::Lifo => Box::new(Ordered::lifo()),
+            SelectorSpec::Uniform => Box::new(Uniform::default()),
+            SelectorSpec::Prioritized { priority_exponent } => {
+                Box::new(Prioritized::new(priority_exponent))
+            }
+            SelectorSpec::MaxHeap => Box::new(Heap::new(true)),
+            SelectorSpec::MinHeap => Box::new(Heap::new(false)),
+        }
+    }
+
+    /// `Prioritized(priority_exponent=0.6)`.
+    pub fn describe(&self) -> String {
+        match *self {
+            SelectorSpec::Prioritized { priority_exponent } => {
+                format!("Prioritized(priority_exponent={priority_exponent})")
+            }
+            other => format!("{other:?}()"),
+        }
+    }
+
+    /// True when picks depend on priorities (so priority updates matter).
+    pub fn uses_priorities(&self) -> bool {
+        matches!(
+            self,
+            SelectorSpec::Prioritized { .. } | SelectorSpec::MaxHeap | SelectorSpec::MinHeap
+        )
+    }
+}
+
+/// A dense set of slots with O(1) insert, remove and uniform pick. Shared by the
+/// uniform selector and by Prioritized (for its all-zero fallback).
+#[derive(Default)]
+pub(crate) struct SlotSet {
+    slots: Vec<u32>,
+    pos: Vec<u32>,
+}
+
+const ABSENT: u32 = u32::MAX;
+
+impl SlotSet {
+    pub fn insert(&mut self, slot: u32) {
+        let s = slot as usize;
+        if self.pos.len() <= s {
+            self.pos.resize(s + 1, ABSENT);
+        }
+        debug_assert_eq!(self.pos[s], ABSENT, "slot {slot} inserted twice");
+        self.pos[s] = self.slots.len() as u32;
+        self.slots.push(slot);
+    }
+
+    pub fn remove(&mut self, slot: u32) {
+        let at = self.pos[slot as usize];
+        debug_assert_ne!(at, ABSENT, "slot {slot} removed but absent");
+        let last = self.slots.pop().expect("remove from an empty slot set");
+        if last != slot {
+            self.slots[at as usize] = last;
+            self.pos[last as usize] = at;
+        }
+        self.pos[slot as usize] = ABSENT;
+    }
+
+    pub fn pick(&self, rng: &mut Rng) -> u32 {
+        use rand::Rng as _;
+        self.slots[rng.random_range(0..self.slots.len())]
+    }
+
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub fn clear(&mut self) {
+        self.slots.clear();
+        self.pos.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,67 @@
+//! Prioritized: item i is picked with probability p_i^a / sum_k p_k^a, through an
+//! f64 [`SumTree`]: O(log n) per pick and per update. When every weight is zero the
+//! pick is uniform over the present items (probability 1/n).
+
+use rand::Rng as _;
+
+use super::sum_tree::SumTree;
+use super::{Pick, Rng, Selector, SlotSet};
+
+pub struct Prioritized {
+    exponent: f64,
+    tree: SumTree,
+    present: SlotSet,
+}
+
+impl Prioritized {
+    pub fn new(priority_exponent: f64) -> Prioritized {
+        Prioritized { exponent: priority_exponent, tree: SumTree::default(), present: SlotSet::default() }
+    }
+
+    /// The sampling weight of a priority: p^a.
+    pub fn weight(exponent: f64, priority: f64) -> f64 {
+        if exponent == 1.0 {
+            priority
+        } else {
+            priority.powf(exponent)
+        }
+    }
+}
+
+impl Selector for Prioritized {
+    fn insert(&mut self, slot: u32, _seq: u64, priority: f64) {
+        self.tree.set(slot, Self::weight(self.exponent, priority));
+        self.present.insert(slot);
+    }
+
+    fn update(&mut self, slot: u32, priority: f64) {
+        self.tree.set(slot, Self::weight(self.exponent, priority));
+    }
+
+    fn remove(&mut self, slot: u32) {
+        self.tree.set(slot, 0.0);
+        self.present.remove(slot);
+    }
+
+    fn sample(&mut self, n: usize, rng: &mut Rng, out: &mut Vec<Pick>) {
+        let total = self.tree.total();
+        if total > 0.0 {
+            out.extend((0..n).map(|_| {
+                let slot = self.tree.find(rng.random::<f64>() * total);
+                Pick { slot, probability: self.tree.get(slot) / total }
+            }));
+        } else {
+            let probability = 1.0 / self.present.len() as f64;
+            out.extend((0..n).map(|_| Pick { slot: self.present.pick(rng), probability }));
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.present.len()
+    }
+
+    fn clear(&mut self) {
+        self.tree = SumTree::default();
+        self.present.clear();
+    }
+}

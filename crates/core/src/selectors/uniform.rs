@@ -1,0 +1,28 @@
+//! Uniform: every item equally likely, O(1) insert, remove and pick.
+
+use super::{Pick, Rng, Selector, SlotSet};
+
+#[derive(Default)]
+pub struct Uniform {
+    set: SlotSet,
+}
+
+impl Selector for Uniform {
+    fn insert(&mut self, slot: u32, _seq: u64, _priority: f64) {
+        self.set.insert(slot);
+    }
+    fn update(&mut self, _slot: u32, _priority: f64) {}
+    fn remove(&mut self, slot: u32) {
+        self.set.remove(slot);
+    }
+    fn sample(&mut self, n: usize, rng: &mut Rng, out: &mut Vec<Pick>) {
+        let probability = 1.0 / self.set.len() as f64;
+        out.extend((0..n).map(|_| Pick { slot: self.set.pick(rng), probability }));
+    }
+    fn len(&self) -> usize {
+        self.set.len()
+    }
+    fn clear(&mut self) {
+        self.set.clear();
+    }
+}

@@ -1,0 +1,203 @@
+//! Signatures: the ordered named fields every step of a store carries.
+
+use crate::invalid;
+use crate::Result;
+
+/// Element types a field can hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    Bool,
+    Int8,
+    Int16,
+    Int32,
+    Int64,
+    UInt8,
+    UInt16,
+    UInt32,
+    UInt64,
+    Float16,
+    Float32,
+    Float64,
+}
+
+impl DType {
+    pub const ALL: [DType; 12] = [
+        DType::Bool,
+        DType::Int8,
+        DType::Int16,
+        DType::Int32,
+        DType::Int64,
+        DType::UInt8,
+        DType::UInt16,
+        DType::UInt32,
+        DType::UInt64,
+        DType::Float16,
+        DType::Float32,
+        DType::Float64,
+    ];
+
+    /// The numpy name of the type (`"float32"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::Bool => "bool",
+            DType::Int8 => "int8",
+            DType::Int16 => "int16",
+            DType::Int32 => "int32",
+            DType::Int64 => "int64",
+            DType::UInt8 => "uint8",
+            DType::UInt16 => "uint16",
+            DType::UInt32 => "uint32",
+            DType::UInt64 => "uint64",
+            DType::Float16 => "float16",
+            DType::Float32 => "float32",
+            DType::Float64 => "float64",
+        }
+    }
+
+    pub fn itemsize(self) -> usize {
+        match self {
+            DType::Bool | DType::Int8 | DType::UInt8 => 1,
+            DType::Int16 | DType::UInt16 | DType::Float16 => 2,
+            DType::Int32 | DType::UInt32 | DType::Float32 => 4,
+            DType::Int64 | DType::UInt64 | DType::Float64 => 8,
+        }
+    }
+
+    pub fn from_name(name: &str) -> Result<DType> {
+        DType::ALL.iter().copied().find(|d| d.name() == name).ok_or_else(|| {
+            let names: Vec<&str> = DType::ALL.iter().map(|d| d.name()).collect();
+            invalid!("unknown dtype '{name}': expected one of {}", names.join(", "))
+        })
+    }
+}
+
+/// One named field: a dtype and a fixed per-step shape.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Field {
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+}
+
+impl Field {
+    pub fn new(name: &str, dtype: DType, shape: Vec<usize>) -> Result<Field> {
+        if name.is_empty() {
+            return Err(invalid!("field names must be non-empty"));
+        }
+        if let Some(d) = shape.iter().find(|&&d| d == 0) {
+            return Err(invalid!(
+                "field '{name}' has shape {shape:?} with a dimension of {d}: every dimension must be >= 1"
+            ));
+        }
+        Ok(Field { name: name.to_string(), dtype, shape })
+    }
+
+    /// Elements per step.
+    pub fn elements(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Bytes per step (one row of this field's column).
+    pub fn row_bytes(&self) -> usize {
+        self.elements() * self.dtype.itemsize()
+    }
+
+    /// `uint8[4,84,84]`, the form every error message uses.
+    pub fn describe(&self) -> String {
+        describe(self.dtype.name(), &self.shape)
+    }
+}
+
+/// Formats a dtype and shape as `uint8[4,84,84]`.
+pub fn describe(dtype: &str, shape: &[usize]) -> String {
+    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    format!("{dtype}[{}]", dims.join(","))
+}
+
+/// Ordered named fields, fixed at store creation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Signature {
+    fields: Vec<Field>,
+}
+
+impl Signature {
+    pub fn new(fields: Vec<Field>) -> Result<Signature> {
+        if fields.is_empty() {
+            return Err(invalid!("a signature needs at least one field"));
+        }
+        for (i, f) in fields.iter().enumerate() {
+            if fields[..i].iter().any(|g| g.name == f.name) {
+                return Err(invalid!("field '{}' appears twice in the signature", f.name));
+            }
+        }
+        Ok(Signature { fields })
+    }
+
+    pub fn fields(&self) -> &[Field] {
+        &self.fields
+    }
+
+    pub fn len(&self) -> usize {
+        self.fields.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.fields.is_empty()
+    }
+
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        self.fields.iter().position(|f| f.name == name)
+    }
+
+    /// Bytes of one step across all fields.
+    pub fn step_bytes(&self) -> usize {
+        self.fields.iter().map(Field::row_bytes).sum()
+    }
+
+    /// `{obs: uint8[4,84,84], action: int64[]}`.
+    pub fn describe(&self) -> String {
+        let parts: Vec<String> =
+            self.fields.iter().map(|f| format!("{}: {}", f.name, f.describe())).collect();
+        format!("{{{}}}", parts.join(", "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dtype_names_round_trip() {
+        for d in DType::ALL {
+            assert_eq!(DType::from_name(d.name()).unwrap(), d);
+        }
+    }
+
+    #[test]
+    fn unknown_dtype_lists_the_known_ones() {
+        let e = DType::from_name("complex64").unwrap_err().to_string();
+        assert!(e.contains("complex64") && e.contains("float32"), "{e}");
+    }
+
+    #[test]
+    fn row_bytes_follow_shape_and_dtype() {
+        let f = Field::new("obs", DType::UInt8, vec![4, 84, 84]).unwrap();
+        assert_eq!(f.row_bytes(), 4 * 84 * 84);
+        assert_eq!(f.describe(), "uint8[4,84,84]");
+        let s = Field::new("r", DType::Float32, vec![]).unwrap();
+        assert_eq!(s.row_bytes(), 4);
+    }
+
+    #[test]
+    fn zero_dimension_is_rejected() {
+        let e = Field::new("x", DType::Float32, vec![3, 0]).unwrap_err().to_string();
+        assert!(e.contains("'x'") && e.contains(">= 1"), "{e}");
+    }
+
+    #[test]
+    fn duplicate_and_empty_signatures_are_rejected() {
+        let f = Field::new("x", DType::Int8, vec![]).unwrap();
+        assert!(Signature::new(vec![f.clone(), f]).unwrap_err().to_string().contains("twice"));
+        assert!(Signature::new(vec![]).is_err());
+    }
+}

@@ -1,0 +1,533 @@
+//! Tables: items over one store, a sampler, a remover, `max_size`,
+//! `max_times_sampled` and a rate limiter.
+//!
+//! One mutex guards a table's index (items, selectors, limiter, counters) and is
+//! held only for index work: step data is never copied under it. Blocking inserts
+//! and samples wait on two condition variables with the lock released.
+//!
+//! Keys are `generation << 32 | slot`: a slot is a dense index into the item
+//! array, reused after its item leaves, with a new generation, so a stale key (an
+//! item evicted since it was sampled) is recognised in O(1) and skipped.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex, MutexGuard};
+use rand::SeedableRng;
+
+use crate::error::{Error, Partial, Result};
+use crate::invalid;
+use crate::item::{check_priority, for_each_block, window_len, Item, NewItem};
+use crate::rate_limiter::{RateLimiter, RateLimiterConfig};
+use crate::sample::{SampleBatch, SampledItem};
+use crate::selectors::{Pick, Prioritized, Rng, Selector, SelectorSpec};
+use crate::store::Store;
+
+#[derive(Clone, Debug)]
+pub struct TableConfig {
+    pub name: String,
+    pub sampler: SelectorSpec,
+    pub remover: SelectorSpec,
+    pub max_size: u64,
+    /// 0 = unlimited.
+    pub max_times_sampled: u32,
+    pub rate_limiter: RateLimiterConfig,
+    /// `None` seeds from the operating system.
+    pub seed: Option<u64>,
+}
+
+/// Counters and settings reported by `info()`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TableInfo {
+    pub name: String,
+    pub size: u64,
+    pub max_size: u64,
+    pub max_times_sampled: u32,
+    pub sampler: String,
+    pub remover: String,
+    pub num_inserts: u64,
+    pub num_samples: u64,
+    pub num_evictions: u64,
+    pub num_deletes: u64,
+    pub rate_limiter: RateLimiterConfig,
+    pub limiter_inserts: u64,
+    pub limiter_samples: u64,
+    pub blocked_insert_seconds: f64,
+    pub blocked_sample_seconds: f64,
+}
+
+/// One item as `items()` reports it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ItemInfo {
+    pub key: u64,
+    pub priority: f64,
+    pub times_sampled: u32,
+    pub length: u32,
+}
+
+struct Slot {
+    generation: u32,
+    item: Option<Item>,
+}
+
+struct State {
+    slots: Vec<Slot>,
+    free_slots: Vec<u32>,
+    size: u64,
+    sampler: Box<dyn Selector>,
+    remover: Box<dyn Selector>,
+    limiter: RateLimiter,
+    rng: Rng,
+    next_seq: u64,
+    num_inserts: u64,
+    num_samples: u64,
+    num_evictions: u64,
+    num_deletes: u64,
+    picks: Vec<Pick>,
+}
+
+pub(crate) struct Shared {
+    config: TableConfig,
+    store: Store,
+    state: Mutex<State>,
+    /// Signalled when inserting may have become possible.
+    insert_cv: Condvar,
+    /// Signalled when sampling may have become possible.
+    sample_cv: Condvar,
+}
+
+/// A handle to one table; clones share it.
+#[derive(Clone)]
+pub struct Table {
+    pub(crate) shared: Arc<Shared>,
+}
+
+fn key_of(generation: u32, slot: u32) -> u64 {
+    ((generation as u64) << 32) | slot as u64
+}
+
+fn slot_of(key: u64) -> (u32, u32) {
+    ((key >> 32) as u32, key as u32)
+}
+
+fn deadline(timeout: Option<Duration>) -> Option<Instant> {
+    timeout.map(|t| Instant::now() + t)
+}
+
+fn describe_timeout(timeout: Option<Duration>) -> String {
+    timeout.map_or("no".into(), |t| format!("{:.3} s", t.as_secs_f64()))
+}
+
+impl State {
+    fn lookup(&self, key: u64) -> Option<u32> {
+        let (generation, slot) = slot_of(key);
+        let s = self.slots.get(slot as usize)?;
+        (s.generation == generation && s.item.is_some()).then_some(slot)
+    }
+
+    fn item(&mut self, slot: u32) -> &mut Item {
+        self.slots[slot as usize].item.as_mut().expect("selected slot holds an item")
+    }
+
+    /// Removes the item in `slot` from selectors and slots and releases its blocks.
+    fn remove(&mut self, slot: u32, store: &Store) {
+        let item = self.slots[slot as usize].item.take().expect("removed slot holds an item");
+        self.sampler.remove(slot);
+        self.remover.remove(slot);
+        self.free_slots.push(slot);
+        self.size -= 1;
+        let alloc = store.allocator();
+        for_each_block(&item.ranges, store.block_steps(), |b| alloc.release(b));
+    }
+
+    fn insert(&mut self, new: &NewItem, store: &Store) -> u64 {
+        let slot = match self.free_slots.pop() {
+            Some(s) => {
+                self.slots[s as usize].generation = self.slots[s as usize].generation.wrapping_add(1).max(1);
+                s
+            }
+            None => {
+                self.slots.push(Slot { generation: 1, item: None });
+                (self.slots.len() - 1) as u32
+            }
+        };
+        let alloc = store.allocator();
+        for_each_block(&new.ranges, store.block_steps(), |b| alloc.retain(b));
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let key = key_of(self.slots[slot as usize].generation, slot);
+        self.sampler.insert(slot, seq, new.priority);
+        self.remover.insert(slot, seq, new.priority);
+        self.slots[slot as usize].item = Some(Item {
+            key,
+            seq,
+            ranges: new.ranges.clone(),
+            length: window_len(&new.ranges) as u32,
+            priority: new.priority,
+            times_sampled: 0,
+        });
+        self.size += 1;
+        self.limiter.inserts += 1;
+        self.num_inserts += 1;
+        key
+    }
+}
+
+impl Table {
+    pub fn new(config: TableConfig, store: &Store) -> Result<Table> {
+        if config.name.is_empty() {
+            return Err(invalid!("table names must be non-empty"));
+        }
+        if config.max_size == 0 {
+            return Err(invalid!("table '{}': max_size must be >= 1, got 0", config.name));
+        }
+        if config.max_size > store.capacity() {
+            return Err(invalid!(
+                "table '{}': max_size {} is larger than the store can hold ({} steps; every item \
+                 holds at least one step): raise the store's capacity or lower max_size",
+                config.name,
+                config.max_size,
+                store.capacity()
+            ));
+        }
+        if config.max_size > u32::MAX as u64 {
+            return Err(invalid!("table '{}': max_size must be < 2^32, got {}", config.name, config.max_size));
+        }
+        for (role, spec) in [("sampler", config.sampler), ("remover", config.remover)] {
+            spec.validate().map_err(|e| invalid!("table '{}' {role}: {e}", config.name))?;
+        }
+        let rng = match config.seed {
+            Some(seed) => Rng::seed_from_u64(seed),
+            None => Rng::seed_from_u64(rand::random()),
+        };
+        let state = State {
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            size: 0,
+            sampler: config.sampler.build(),
+            remover: config.remover.build(),
+            limiter: RateLimiter::new(config.rate_limiter),
+            rng,
+            next_seq: 0,
+            num_inserts: 0,
+            num_samples: 0,
+            num_evictions: 0,
+            num_deletes: 0,
+            picks: Vec::new(),
+        };
+        let shared = Arc::new(Shared {
+            config,
+            store: store.clone(),
+            state: Mutex::new(state),
+            insert_cv: Condvar::new(),
+            sample_cv: Condvar::new(),
+        });
+        store.register_table(&shared.config.name, Arc::downgrade(&shared))?;
+        Ok(Table { shared })
+    }
+
+    pub(crate) fn from_shared(shared: Arc<Shared>) -> Table {
+        Table { shared }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.shared.config.name
+    }
+
+    pub fn config(&self) -> &TableConfig {
+        &self.shared.config
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.shared.store
+    }
+
+    pub fn size(&self) -> u64 {
+        self.shared.state.lock().size
+    }
+
+    /// Checks a priority for this table: finite, >= 0, and with a finite weight
+    /// under a Prioritized selector's exponent.
+    pub fn check_priority(&self, priority: f64, what: impl Fn() -> String) -> Result<()> {
+        check_priority(priority, &what)?;
+        let c = &self.shared.config;
+        for spec in [c.sampler, c.remover] {
+            if let SelectorSpec::Prioritized { priority_exponent } = spec {
+                if !Prioritized::weight(priority_exponent, priority).is_finite() {
+                    return Err(invalid!(
+                        "{}: priority {priority} overflows to infinity under priority_exponent {priority_exponent}",
+                        what()
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn check_items(&self, items: &[NewItem]) -> Result<()> {
+        let capacity = self.shared.store.capacity();
+        for (i, item) in items.iter().enumerate() {
+            let len = window_len(&item.ranges);
+            if len == 0 || len > u32::MAX as u64 {
+                return Err(invalid!("table '{}': item {i} has {len} steps; expected 1 to 2^32-1", self.name()));
+            }
+            if item.ranges.iter().any(|r| r.len == 0 || r.start + r.len as u64 > capacity) {
+                return Err(invalid!("table '{}': item {i} has rows outside the store", self.name()));
+            }
+            self.check_priority(item.priority, || format!("table '{}' item {i}", self.name()))?;
+        }
+        Ok(())
+    }
+
+    /// Inserts items whose rows the caller holds references on, in order, waiting
+    /// for the rate limiter as needed. When the deadline passes first, fails with
+    /// `Timeout` whose partial result lists the keys inserted so far.
+    pub fn insert(&self, items: &[NewItem], timeout: Option<Duration>) -> Result<Vec<u64>> {
+        self.check_items(items)?;
+        let sh = &*self.shared;
+        let deadline = deadline(timeout);
+        let mut keys = Vec::with_capacity(items.len());
+        let mut st = sh.state.lock();
+        while keys.len() < items.len() {
+            let want = (items.len() - keys.len()) as u64;
+            let permits = st.limiter.insert_permits(want, st.size);
+            if permits == 0 {
+                if !self.wait(&mut st, &sh.insert_cv, deadline, true) {
+                    let message = format!(
+                        "table '{}': the rate limiter allowed {} of {} inserts before the {} timeout",
+                        self.name(),
+                        keys.len(),
+                        items.len(),
+                        describe_timeout(timeout)
+                    );
+                    return Err(Error::Timeout { message, partial: Partial::Inserted(keys) });
+                }
+                continue;
+            }
+            for _ in 0..permits {
+                if st.size >= sh.config.max_size {
+                    let mut picks = std::mem::take(&mut st.picks);
+                    picks.clear();
+                    let state = &mut *st;
+                    state.remover.sample(1, &mut state.rng, &mut picks);
+                    st.remove(picks[0].slot, &sh.store);
+                    st.num_evictions += 1;
+                    st.picks = picks;
+                }
+                let key = st.insert(&items[keys.len()], &sh.store);
+                keys.push(key);
+            }
+            sh.sample_cv.notify_all();
+        }
+        Ok(keys)
+    }
+
+    /// Waits on `cv` until notified or `deadline`; false when the deadline passed.
+    fn wait(&self, st: &mut MutexGuard<'_, State>, cv: &Condvar, deadline: Option<Instant>, inserting: bool) -> bool {
+        let start = Instant::now();
+        let ok = match deadline {
+            None => {
+                cv.wait(st);
+                true
+            }
+            Some(d) if start >= d => false,
+            Some(d) => !cv.wait_until(st, d).timed_out() || Instant::now() < d,
+        };
+        let blocked = start.elapsed();
+        if inserting {
+            st.limiter.blocked_insert += blocked;
+        } else {
+            st.limiter.blocked_sample += blocked;
+        }
+        ok
+    }
+
+    /// Draws `n` items (with replacement) by the sampler, waiting for the rate
+    /// limiter as needed. Each draw counts toward `max_times_sampled`; an item that
+    /// reaches it leaves the table at once, so the next draw of the same batch
+    /// cannot return it. When the deadline passes first, fails with `Timeout`
+    /// whose partial result holds the items drawn so far.
+    pub fn sample(&self, n: usize, timeout: Option<Duration>) -> Result<SampleBatch> {
+        if n == 0 {
+            return Err(invalid!("table '{}': sample size must be >= 1, got 0", self.name()));
+        }
+        let sh = &*self.shared;
+        let deadline = deadline(timeout);
+        let mut st = sh.state.lock();
+        let mut batch = SampleBatch::new(sh.store.clone(), st.size);
+        let mut first = true;
+        while batch.len() < n {
+            let permits = if st.size == 0 { 0 } else { st.limiter.sample_permits((n - batch.len()) as u64, st.size) };
+            if permits == 0 {
+                if !self.wait(&mut st, &sh.sample_cv, deadline, false) {
+                    let message = format!(
+                        "table '{}': {} of {} samples were possible before the {} timeout (size {}, \
+                         min_size_to_sample {})",
+                        self.name(),
+                        batch.len(),
+                        n,
+                        describe_timeout(timeout),
+                        st.size,
+                        sh.config.rate_limiter.min_size_to_sample
+                    );
+                    return Err(Error::Timeout { message, partial: Partial::Sampled(Box::new(batch)) });
+                }
+                continue;
+            }
+            if first {
+                batch.table_size = st.size;
+                first = false;
+            }
+            self.draw(&mut st, permits as usize, &mut batch);
+            sh.insert_cv.notify_all();
+        }
+        Ok(batch)
+    }
+
+    fn draw(&self, st: &mut MutexGuard<'_, State>, count: usize, batch: &mut SampleBatch) {
+        let sh = &*self.shared;
+        let max_times = sh.config.max_times_sampled;
+        let mut picks = std::mem::take(&mut st.picks);
+        let mut left = count;
+        while left > 0 && st.size > 0 {
+            // Without max_times_sampled no draw can remove an item: one batch call.
+            let chunk = if max_times == 0 { left } else { 1 };
+            picks.clear();
+            let state = &mut **st;
+            state.sampler.sample(chunk, &mut state.rng, &mut picks);
+            for pick in &picks {
+                let item = st.item(pick.slot);
+                item.times_sampled += 1;
+                let sampled = SampledItem {
+                    key: item.key,
+                    probability: pick.probability,
+                    priority: item.priority,
+                    times_sampled: item.times_sampled,
+                    length: item.length,
+                    ranges: item.ranges.clone(),
+                };
+                let exhausted = max_times > 0 && item.times_sampled >= max_times;
+                batch.push(sampled);
+                st.limiter.samples += 1;
+                st.num_samples += 1;
+                if exhausted {
+                    st.remove(pick.slot, &sh.store);
+                    st.num_evictions += 1;
+                }
+            }
+            left -= chunk;
+        }
+        st.picks = picks;
+    }
+
+    /// Sets new priorities. Keys no longer in the table are skipped; returns how
+    /// many were applied. Every priority is checked before any is applied.
+    pub fn update_priorities(&self, keys: &[u64], priorities: &[f64]) -> Result<usize> {
+        if keys.len() != priorities.len() {
+            return Err(invalid!(
+                "table '{}': {} keys but {} priorities; expected one priority per key",
+                self.name(),
+                keys.len(),
+                priorities.len()
+            ));
+        }
+        for (k, &p) in keys.iter().zip(priorities) {
+            self.check_priority(p, || format!("table '{}' key {k}", self.name()))?;
+        }
+        let mut st = self.shared.state.lock();
+        let mut applied = 0;
+        for (&k, &p) in keys.iter().zip(priorities) {
+            if let Some(slot) = st.lookup(k) {
+                st.item(slot).priority = p;
+                st.sampler.update(slot, p);
+                st.remover.update(slot, p);
+                applied += 1;
+            }
+        }
+        Ok(applied)
+    }
+
+    /// Removes items by key. Keys no longer in the table are skipped; returns how
+    /// many were removed.
+    pub fn delete(&self, keys: &[u64]) -> usize {
+        let sh = &*self.shared;
+        let mut st = sh.state.lock();
+        let mut removed = 0;
+        for &k in keys {
+            if let Some(slot) = st.lookup(k) {
+                st.remove(slot, &sh.store);
+                removed += 1;
+            }
+        }
+        st.num_deletes += removed as u64;
+        if removed > 0 {
+            sh.insert_cv.notify_all();
+        }
+        removed
+    }
+
+    /// Removes every item and restarts the rate limiter. Old keys stay invalid.
+    pub fn reset(&self) {
+        let sh = &*self.shared;
+        let mut st = sh.state.lock();
+        release_all(&mut st, &sh.store);
+        st.limiter.reset();
+        sh.insert_cv.notify_all();
+        sh.sample_cv.notify_all();
+    }
+
+    pub fn info(&self) -> TableInfo {
+        let c = &self.shared.config;
+        let st = self.shared.state.lock();
+        TableInfo {
+            name: c.name.clone(),
+            size: st.size,
+            max_size: c.max_size,
+            max_times_sampled: c.max_times_sampled,
+            sampler: c.sampler.describe(),
+            remover: c.remover.describe(),
+            num_inserts: st.num_inserts,
+            num_samples: st.num_samples,
+            num_evictions: st.num_evictions,
+            num_deletes: st.num_deletes,
+            rate_limiter: c.rate_limiter,
+            limiter_inserts: st.limiter.inserts,
+            limiter_samples: st.limiter.samples,
+            blocked_insert_seconds: st.limiter.blocked_insert.as_secs_f64(),
+            blocked_sample_seconds: st.limiter.blocked_sample.as_secs_f64(),
+        }
+    }
+
+    /// Every item in insertion order (for inspection and tests).
+    pub fn items(&self) -> Vec<ItemInfo> {
+        let st = self.shared.state.lock();
+        let mut items: Vec<&Item> = st.slots.iter().filter_map(|s| s.item.as_ref()).collect();
+        items.sort_by_key(|i| i.seq);
+        items
+            .iter()
+            .map(|i| ItemInfo { key: i.key, priority: i.priority, times_sampled: i.times_sampled, length: i.length })
+            .collect()
+    }
+}
+
+fn release_all(st: &mut State, store: &Store) {
+    let alloc = store.allocator();
+    for (slot, s) in st.slots.iter_mut().enumerate() {
+        if let Some(item) = s.item.take() {
+            for_each_block(&item.ranges, store.block_steps(), |b| alloc.release(b));
+            st.free_slots.push(slot as u32);
+        }
+    }
+    st.sampler.clear();
+    st.remover.clear();
+    st.size = 0;
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        release_all(self.state.get_mut(), &self.store);
+    }
+}
+
+#[cfg(test)]
+mod tests;

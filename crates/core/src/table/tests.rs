@@ -1,0 +1,240 @@
+//! Table tests: eviction, max_times_sampled, keys, rate limiting, bad input.
+
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+
+use super::*;
+use crate::signature::{DType, Field, Signature};
+use crate::writer::Writer;
+
+fn store(capacity: u64) -> Store {
+    let sig = Signature::new(vec![Field::new("x", DType::Int64, vec![]).unwrap()]).unwrap();
+    Store::new(sig, capacity, 4, None).unwrap()
+}
+
+fn config(name: &str, sampler: SelectorSpec, remover: SelectorSpec, max_size: u64) -> TableConfig {
+    TableConfig {
+        name: name.into(),
+        sampler,
+        remover,
+        max_size,
+        max_times_sampled: 0,
+        rate_limiter: RateLimiterConfig::min_size(1).unwrap(),
+        seed: Some(0),
+    }
+}
+
+/// Inserts items whose single step holds `value`, returning their keys.
+fn put(table: &Table, values: &[i64], priorities: &[f64]) -> Vec<u64> {
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_ne_bytes()).collect();
+    table.insert_batch(&[&bytes], values.len(), 1, priorities, None).unwrap()
+}
+
+fn values(table: &Table, batch: &SampleBatch) -> Vec<i64> {
+    let mut out = vec![0u8; 8 * batch.len() * batch.max_length() as usize];
+    batch.gather(0, batch.max_length(), &mut out);
+    let _ = table;
+    out.chunks(8).map(|c| i64::from_ne_bytes(c.try_into().unwrap())).collect()
+}
+
+#[test]
+fn fifo_remover_evicts_oldest_first() {
+    let s = store(64);
+    let t = Table::new(config("t", SelectorSpec::Fifo, SelectorSpec::Fifo, 3), &s).unwrap();
+    let keys = put(&t, &[1, 2, 3, 4, 5], &[1.0; 5]);
+    assert_eq!(t.size(), 3);
+    assert_eq!(t.items().iter().map(|i| i.key).collect::<Vec<_>>(), keys[2..]);
+    let b = t.sample(1, Some(Duration::ZERO)).unwrap();
+    assert_eq!(values(&t, &b), vec![3]);
+    assert_eq!(t.info().num_evictions, 2);
+}
+
+#[test]
+fn max_times_sampled_removes_within_one_batch() {
+    let s = store(64);
+    let mut c = config("q", SelectorSpec::Fifo, SelectorSpec::Fifo, 10);
+    c.max_times_sampled = 1;
+    let t = Table::new(c, &s).unwrap();
+    put(&t, &[10, 20, 30], &[1.0; 3]);
+    let b = t.sample(3, Some(Duration::ZERO)).unwrap();
+    assert_eq!(values(&t, &b), vec![10, 20, 30]);
+    assert_eq!(t.size(), 0);
+    assert!(b.items.iter().all(|i| i.times_sampled == 1));
+}
+
+#[test]
+fn stale_keys_are_skipped_and_counted() {
+    let s = store(64);
+    let t = Table::new(config("t", SelectorSpec::Uniform, SelectorSpec::Fifo, 2), &s).unwrap();
+    let keys = put(&t, &[1, 2, 3], &[1.0; 3]);
+    // keys[0] was evicted; its slot was reused with a new generation.
+    assert_eq!(t.update_priorities(&keys, &[5.0, 5.0, 5.0]).unwrap(), 2);
+    assert_eq!(t.delete(&keys), 2);
+    assert_eq!(t.delete(&keys), 0);
+    assert_eq!(t.size(), 0);
+}
+
+#[test]
+fn bad_priority_changes_nothing_and_names_the_key() {
+    let s = store(64);
+    let t = Table::new(config("t", SelectorSpec::Prioritized { priority_exponent: 1.0 }, SelectorSpec::Fifo, 8), &s).unwrap();
+    let keys = put(&t, &[1, 2], &[1.0, 2.0]);
+    let e = t.update_priorities(&keys, &[3.0, f64::NAN]).unwrap_err().to_string();
+    assert!(e.contains(&keys[1].to_string()) && e.contains("NaN"), "{e}");
+    let p: Vec<f64> = t.items().iter().map(|i| i.priority).collect();
+    assert_eq!(p, vec![1.0, 2.0]);
+    let free = s.free_blocks();
+    let e = t.insert_batch(&[&[0u8; 16]], 2, 1, &[1.0, -1.0], None).unwrap_err().to_string();
+    assert!(e.contains("item 1") && e.contains("-1"), "{e}");
+    assert_eq!((t.size(), s.free_blocks()), (2, free));
+}
+
+#[test]
+fn max_size_larger_than_store_is_rejected() {
+    let s = store(8);
+    let e = Table::new(config("big", SelectorSpec::Uniform, SelectorSpec::Fifo, 9), &s).err().unwrap().to_string();
+    assert!(e.contains("'big'") && e.contains("max_size 9") && e.contains("8 steps"), "{e}");
+    assert!(Table::new(config("z", SelectorSpec::Uniform, SelectorSpec::Fifo, 0), &s).is_err());
+}
+
+#[test]
+fn duplicate_table_names_on_one_store_are_rejected() {
+    let s = store(8);
+    let _a = Table::new(config("a", SelectorSpec::Uniform, SelectorSpec::Fifo, 4), &s).unwrap();
+    let e = Table::new(config("a", SelectorSpec::Uniform, SelectorSpec::Fifo, 4), &s).err().unwrap();
+    assert!(e.to_string().contains("already exists"));
+}
+
+#[test]
+fn blocks_return_when_items_leave_every_table() {
+    let s = store(16);
+    let a = Table::new(config("a", SelectorSpec::Uniform, SelectorSpec::Fifo, 16), &s).unwrap();
+    let b = Table::new(config("b", SelectorSpec::Uniform, SelectorSpec::Fifo, 16), &s).unwrap();
+    let mut w = Writer::new(&s, None).unwrap();
+    for v in 0..4i64 {
+        w.append(&[&v.to_ne_bytes()]).unwrap();
+    }
+    let ka = w.create_item(&a, 4, 1.0, None).unwrap();
+    let kb = w.create_item(&b, 2, 1.0, None).unwrap();
+    w.close();
+    assert_eq!(s.free_blocks(), 3);
+    a.delete(&[ka]);
+    assert_eq!(s.free_blocks(), 3, "table b still references the block");
+    b.delete(&[kb]);
+    assert_eq!(s.free_blocks(), 4);
+}
+
+#[test]
+fn sample_times_out_on_empty_table_and_counts_blocked_time() {
+    let s = store(8);
+    let t = Table::new(config("t", SelectorSpec::Uniform, SelectorSpec::Fifo, 4), &s).unwrap();
+    match t.sample(2, Some(Duration::from_millis(30))) {
+        Err(Error::Timeout { message, partial: Partial::Sampled(b) }) => {
+            assert!(message.contains("'t'") && message.contains("0 of 2"), "{message}");
+            assert!(b.is_empty());
+        }
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    assert!(t.info().blocked_sample_seconds >= 0.025);
+    assert!(matches!(t.sample(1, Some(Duration::ZERO)), Err(Error::Timeout { .. })));
+}
+
+#[test]
+fn blocked_sampler_wakes_on_insert() {
+    let s = store(8);
+    let t = Table::new(config("t", SelectorSpec::Uniform, SelectorSpec::Fifo, 4), &s).unwrap();
+    let t2 = t.clone();
+    let h = thread::spawn(move || t2.sample(1, None).map(|b| b.items[0].key));
+    thread::sleep(Duration::from_millis(20));
+    let keys = put(&t, &[7], &[1.0]);
+    assert_eq!(h.join().unwrap().unwrap(), keys[0]);
+}
+
+#[test]
+fn queue_blocks_inserts_until_sampled() {
+    let s = store(32);
+    let mut c = config("q", SelectorSpec::Fifo, SelectorSpec::Fifo, 2);
+    c.max_times_sampled = 1;
+    c.rate_limiter = RateLimiterConfig::queue(2).unwrap();
+    let t = Table::new(c, &s).unwrap();
+    put(&t, &[1, 2], &[1.0; 2]);
+    let bytes = 3i64.to_ne_bytes();
+    match t.insert_batch(&[&bytes], 1, 1, &[1.0], Some(Duration::from_millis(10))) {
+        Err(Error::Timeout { partial: Partial::Inserted(k), .. }) => assert!(k.is_empty()),
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    let t2 = t.clone();
+    let h = thread::spawn(move || put(&t2, &[3, 4], &[1.0; 2]));
+    let got = values(&t, &t.sample(4, None).unwrap());
+    h.join().unwrap();
+    assert_eq!(got, vec![1, 2, 3, 4]);
+}
+
+#[test]
+fn reset_empties_the_table_and_invalidates_keys() {
+    let s = store(16);
+    let t = Table::new(config("t", SelectorSpec::Uniform, SelectorSpec::Fifo, 8), &s).unwrap();
+    let keys = put(&t, &[1, 2, 3], &[1.0; 3]);
+    t.reset();
+    assert_eq!(t.size(), 0);
+    put(&t, &[4], &[1.0]);
+    assert_eq!(t.delete(&keys), 0);
+    assert_eq!(t.size(), 1);
+}
+
+#[test]
+fn sampled_rows_stay_valid_after_eviction() {
+    let s = store(8);
+    let t = Table::new(config("t", SelectorSpec::Fifo, SelectorSpec::Fifo, 4), &s).unwrap();
+    put(&t, &[1, 2, 3, 4], &[1.0; 4]);
+    let b = t.sample(1, None).unwrap();
+    // Evict everything and fill the store again: the sampled block is still held,
+    // so the new items go to the other block.
+    t.reset();
+    assert_eq!(s.free_blocks(), 1);
+    put(&t, &[5, 6, 7, 8], &[1.0; 4]);
+    assert_eq!(s.free_blocks(), 0);
+    assert_eq!(values(&t, &b), vec![1]);
+    drop(b);
+    assert_eq!(s.free_blocks(), 1);
+}
+
+#[test]
+fn concurrent_inserts_and_samples_account_exactly() {
+    let s = store(1 << 14);
+    let mut c = config("q", SelectorSpec::Fifo, SelectorSpec::Fifo, 64);
+    c.max_times_sampled = 1;
+    c.rate_limiter = RateLimiterConfig::queue(64).unwrap();
+    let t = Table::new(c, &s).unwrap();
+    let writers: Vec<_> = (0..3)
+        .map(|w| {
+            let t = t.clone();
+            thread::spawn(move || {
+                for i in 0..500 {
+                    put(&t, &[w * 1000 + i], &[1.0]);
+                }
+            })
+        })
+        .collect();
+    let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let (t, seen) = (t.clone(), seen.clone());
+            thread::spawn(move || {
+                for _ in 0..750 {
+                    let b = t.sample(1, None).unwrap();
+                    seen.lock().extend(values(&t, &b));
+                }
+            })
+        })
+        .collect();
+    writers.into_iter().for_each(|h| h.join().unwrap());
+    readers.into_iter().for_each(|h| h.join().unwrap());
+    let mut seen = seen.lock().clone();
+    seen.sort();
+    let mut want: Vec<i64> = (0..3).flat_map(|w| (0..500).map(move |i| w * 1000 + i)).collect();
+    want.sort();
+    assert_eq!(seen, want, "every item sampled exactly once");
+    assert_eq!(t.size(), 0);
+}

@@ -1,0 +1,257 @@
+//! Writers: append steps into blocks they lease, create items over the most recent
+//! steps of the current episode for any tables over the same store.
+//!
+//! A writer keeps the rows of its current episode (or, with
+//! `max_sequence_length`, of its last that many steps) referenced in `history`,
+//! one reference per run of rows in one block, so that items created later can
+//! still point at them. Items never span episodes. Data is copied into the store
+//! without any table lock; only `create_item` takes the table's lock, briefly.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use crate::blocks::{Cursor, Run};
+use crate::error::{Error, Partial, Result};
+use crate::invalid;
+use crate::item::{NewItem, RowRange};
+use crate::store::Store;
+use crate::table::Table;
+
+pub struct Writer {
+    store: Store,
+    cursor: Cursor,
+    history: VecDeque<Run>,
+    /// Steps in `history`.
+    kept: u64,
+    episode_steps: u64,
+    max_sequence_length: Option<u64>,
+}
+
+impl Writer {
+    pub fn new(store: &Store, max_sequence_length: Option<u64>) -> Result<Writer> {
+        if max_sequence_length == Some(0) {
+            return Err(invalid!("max_sequence_length must be >= 1 or None, got 0"));
+        }
+        Ok(Writer {
+            store: store.clone(),
+            cursor: Cursor::default(),
+            history: VecDeque::new(),
+            kept: 0,
+            episode_steps: 0,
+            max_sequence_length,
+        })
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Steps appended since the episode began.
+    pub fn episode_steps(&self) -> u64 {
+        self.episode_steps
+    }
+
+    fn check_columns(&self, columns: &[&[u8]], steps: usize) -> Result<()> {
+        let fields = self.store.signature().fields();
+        if columns.len() != fields.len() {
+            return Err(invalid!("expected {} columns, got {}", fields.len(), columns.len()));
+        }
+        for (f, c) in fields.iter().zip(columns) {
+            if c.len() != f.row_bytes() * steps {
+                return Err(invalid!(
+                    "field '{}' expects {} bytes for {steps} steps of {}, got {}",
+                    f.name,
+                    f.row_bytes() * steps,
+                    f.describe(),
+                    c.len()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Appends one step: one row per field, in signature order.
+    pub fn append(&mut self, columns: &[&[u8]]) -> Result<()> {
+        self.check_columns(columns, 1)?;
+        let run = self.cursor.take(self.store.allocator(), 1)?;
+        for (col, src) in columns.iter().enumerate() {
+            self.store.write_rows(col, run.start, src);
+        }
+        self.record(run, false);
+        Ok(())
+    }
+
+    /// Appends `steps` steps; column `c` holds `steps` rows back to back. Either
+    /// every step is appended or (when the store is full) none is.
+    pub fn extend(&mut self, columns: &[&[u8]], steps: usize) -> Result<()> {
+        if steps == 0 {
+            return Ok(());
+        }
+        self.check_columns(columns, steps)?;
+        let alloc = self.store.allocator();
+        let mut runs: Vec<Run> = Vec::new();
+        let mut left = steps as u64;
+        while left > 0 {
+            match self.cursor.take(alloc, left.min(u32::MAX as u64) as u32) {
+                Ok(run) => {
+                    // Hold the block before the next take may let the cursor drop it.
+                    alloc.retain(run.block);
+                    left -= run.len as u64;
+                    runs.push(run);
+                }
+                Err(e) => {
+                    runs.iter().for_each(|r| alloc.release(r.block));
+                    return Err(e);
+                }
+            }
+        }
+        for (col, src) in columns.iter().enumerate() {
+            let row_bytes = self.store.row_bytes(col);
+            let mut at = 0;
+            for run in &runs {
+                let bytes = run.len as usize * row_bytes;
+                self.store.write_rows(col, run.start, &src[at..at + bytes]);
+                at += bytes;
+            }
+        }
+        for run in runs {
+            self.record(run, true);
+        }
+        Ok(())
+    }
+
+    /// Adds a written run to the episode history. `held` says whether the caller
+    /// already holds a reference on the run's block for the history to take over.
+    fn record(&mut self, run: Run, held: bool) {
+        let alloc = self.store.allocator();
+        match self.history.back_mut() {
+            Some(last) if last.block == run.block && last.start + last.len as u64 == run.start => {
+                last.len += run.len;
+                if held {
+                    alloc.release(run.block);
+                }
+            }
+            _ => {
+                if !held {
+                    alloc.retain(run.block);
+                }
+                self.history.push_back(run);
+            }
+        }
+        self.kept += run.len as u64;
+        self.episode_steps += run.len as u64;
+        if let Some(max) = self.max_sequence_length {
+            self.trim(max);
+        }
+    }
+
+    /// Drops history beyond the last `max` steps.
+    fn trim(&mut self, max: u64) {
+        let alloc = self.store.allocator();
+        while self.kept > max {
+            let excess = self.kept - max;
+            let front = self.history.front_mut().expect("kept > 0 implies history");
+            if front.len as u64 <= excess {
+                self.kept -= front.len as u64;
+                alloc.release(front.block);
+                self.history.pop_front();
+            } else {
+                front.start += excess;
+                front.len -= excess as u32;
+                self.kept -= excess;
+            }
+        }
+    }
+
+    /// The rows of the last `num_steps` steps, oldest first, adjacent runs merged.
+    fn window(&self, num_steps: u64) -> Vec<RowRange> {
+        let mut ranges: Vec<RowRange> = Vec::new();
+        let mut left = num_steps;
+        for run in self.history.iter().rev() {
+            if left == 0 {
+                break;
+            }
+            let take = left.min(run.len as u64);
+            let start = run.start + run.len as u64 - take;
+            match ranges.last_mut() {
+                Some(next) if start + take == next.start => {
+                    next.start = start;
+                    next.len += take as u32;
+                }
+                _ => ranges.push(RowRange { start, len: take as u32 }),
+            }
+            left -= take;
+        }
+        ranges.reverse();
+        ranges
+    }
+
+    /// Creates an item over the last `num_steps` steps of this episode in `table`,
+    /// waiting for the table's rate limiter up to `timeout`. Returns its key.
+    pub fn create_item(&mut self, table: &Table, num_steps: u64, priority: f64, timeout: Option<Duration>) -> Result<u64> {
+        if !table.store().same(&self.store) {
+            return Err(invalid!("table '{}' is over a different store than this writer", table.name()));
+        }
+        if num_steps == 0 {
+            return Err(invalid!("num_steps must be >= 1, got 0"));
+        }
+        if num_steps > self.episode_steps {
+            return Err(invalid!(
+                "item of {num_steps} steps for table '{}' is longer than the episode so far ({} steps)",
+                table.name(),
+                self.episode_steps
+            ));
+        }
+        if num_steps > self.kept {
+            return Err(invalid!(
+                "item of {num_steps} steps for table '{}' is longer than the writer's max_sequence_length ({})",
+                table.name(),
+                self.kept
+            ));
+        }
+        table.check_priority(priority, || format!("table '{}' new item", table.name()))?;
+        let item = NewItem { ranges: self.window(num_steps), priority };
+        match table.insert(std::slice::from_ref(&item), timeout) {
+            Ok(keys) => Ok(keys[0]),
+            Err(Error::Timeout { message, .. }) => Err(Error::Timeout { message, partial: Partial::Nothing }),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Like [`Writer::create_item`], naming a table over this writer's store.
+    pub fn create_item_in(&mut self, table: &str, num_steps: u64, priority: f64, timeout: Option<Duration>) -> Result<u64> {
+        let shared = self.store.find_table(table).ok_or_else(|| {
+            Error::NotFound(format!(
+                "no table named '{table}' over this writer's store; tables: {:?}",
+                self.store.table_names()
+            ))
+        })?;
+        self.create_item(&Table::from_shared(shared), num_steps, priority, timeout)
+    }
+
+    /// Ends the episode: later items cannot reach back past this point, and the
+    /// writer lets go of the episode's rows (items keep what they reference).
+    pub fn end_episode(&mut self) {
+        let alloc = self.store.allocator();
+        for run in self.history.drain(..) {
+            alloc.release(run.block);
+        }
+        self.kept = 0;
+        self.episode_steps = 0;
+    }
+
+    /// Ends the episode and gives up the current block.
+    pub fn close(&mut self) {
+        self.end_episode();
+        self.cursor.close(self.store.allocator());
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+#[cfg(test)]
+mod tests;

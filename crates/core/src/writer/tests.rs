@@ -1,0 +1,192 @@
+//! Writer tests: windows against a plain reference model (proptest), episode
+//! boundaries, max_sequence_length, store-full atomicity, bad input.
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::rate_limiter::RateLimiterConfig;
+use crate::selectors::SelectorSpec;
+use crate::signature::{DType, Field, Signature};
+use crate::table::TableConfig;
+
+fn store(capacity: u64, block_steps: u32) -> Store {
+    let sig = Signature::new(vec![
+        Field::new("v", DType::Int64, vec![]).unwrap(),
+        Field::new("w", DType::UInt8, vec![3]).unwrap(),
+    ])
+    .unwrap();
+    Store::new(sig, capacity, block_steps, None).unwrap()
+}
+
+fn table(s: &Store, name: &str, max_size: u64) -> Table {
+    let c = TableConfig {
+        name: name.into(),
+        sampler: SelectorSpec::Fifo,
+        remover: SelectorSpec::Fifo,
+        max_size,
+        max_times_sampled: 0,
+        rate_limiter: RateLimiterConfig::min_size(1).unwrap(),
+        seed: Some(1),
+    };
+    Table::new(c, s).unwrap()
+}
+
+fn step(v: i64) -> (Vec<u8>, Vec<u8>) {
+    (v.to_ne_bytes().to_vec(), vec![v as u8; 3])
+}
+
+fn append(w: &mut Writer, v: i64) {
+    let (a, b) = step(v);
+    w.append(&[&a, &b]).unwrap();
+}
+
+/// Reads back the `v` values of every item in `t`, oldest first, by sampling
+/// each with a Fifo sampler after deleting the ones before it.
+fn contents(s: &Store, t: &Table) -> Vec<Vec<i64>> {
+    let _ = s;
+    let mut out = Vec::new();
+    for info in t.items() {
+        let b = t.sample(1, Some(Duration::ZERO)).unwrap();
+        assert_eq!(b.items[0].key, info.key);
+        let len = b.items[0].length as usize;
+        let mut bytes = vec![0u8; 8 * len];
+        b.gather(0, len as u32, &mut bytes);
+        let mut w = vec![0u8; 3 * len];
+        b.gather(1, len as u32, &mut w);
+        let vs: Vec<i64> = bytes.chunks(8).map(|c| i64::from_ne_bytes(c.try_into().unwrap())).collect();
+        assert_eq!(w, vs.iter().flat_map(|&v| [v as u8; 3]).collect::<Vec<_>>());
+        out.push(vs);
+        drop(b);
+        t.delete(&[info.key]);
+    }
+    out
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Append,
+    Extend(usize),
+    Item(u64),
+    EndEpisode,
+}
+
+fn ops() -> impl Strategy<Value = Vec<Op>> {
+    prop::collection::vec(
+        prop_oneof![
+            4 => Just(Op::Append),
+            2 => (1usize..9).prop_map(Op::Extend),
+            4 => (1u64..7).prop_map(Op::Item),
+            1 => Just(Op::EndEpisode),
+        ],
+        1..60,
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+    /// Items hold exactly the last num_steps values of their episode, whatever the
+    /// block size, the mix of append/extend and max_sequence_length.
+    #[test]
+    fn windows_match_reference(ops in ops(), bs in 1u32..6, max_seq in prop_oneof![Just(None), (1u64..8).prop_map(Some)]) {
+        let s = store(512, bs);
+        let t = table(&s, "t", 512);
+        let mut w = Writer::new(&s, max_seq).unwrap();
+        let mut episode: Vec<i64> = Vec::new();
+        let mut expected: Vec<Vec<i64>> = Vec::new();
+        let mut next = 0i64;
+        for op in ops {
+            match op {
+                Op::Append => { append(&mut w, next); episode.push(next); next += 1; }
+                Op::Extend(n) => {
+                    let vs: Vec<i64> = (next..next + n as i64).collect();
+                    let a: Vec<u8> = vs.iter().flat_map(|v| v.to_ne_bytes()).collect();
+                    let b: Vec<u8> = vs.iter().flat_map(|&v| [v as u8; 3]).collect();
+                    w.extend(&[&a, &b], n).unwrap();
+                    episode.extend(&vs);
+                    next += n as i64;
+                }
+                Op::Item(k) => {
+                    let allowed = (k as usize) <= episode.len() && max_seq.is_none_or(|m| k <= m);
+                    let r = w.create_item(&t, k, 1.0, None);
+                    prop_assert_eq!(r.is_ok(), allowed, "{:?}", r);
+                    if allowed {
+                        expected.push(episode[episode.len() - k as usize..].to_vec());
+                    }
+                }
+                Op::EndEpisode => { w.end_episode(); episode.clear(); }
+            }
+        }
+        w.close();
+        prop_assert_eq!(contents(&s, &t), expected);
+        prop_assert_eq!(s.free_blocks(), s.num_blocks() as usize, "all blocks return once items are gone");
+    }
+}
+
+#[test]
+fn items_never_span_episodes() {
+    let s = store(64, 4);
+    let t = table(&s, "t", 8);
+    let mut w = Writer::new(&s, None).unwrap();
+    append(&mut w, 1);
+    append(&mut w, 2);
+    w.end_episode();
+    append(&mut w, 3);
+    let e = w.create_item(&t, 2, 1.0, None).unwrap_err().to_string();
+    assert!(e.contains("longer than the episode so far (1 steps)"), "{e}");
+    assert_eq!(t.size(), 0);
+}
+
+#[test]
+fn create_item_by_name_finds_tables_on_the_store() {
+    let s = store(64, 4);
+    let a = table(&s, "a", 8);
+    let b = table(&s, "b", 8);
+    let mut w = Writer::new(&s, None).unwrap();
+    append(&mut w, 1);
+    append(&mut w, 2);
+    w.create_item_in("a", 2, 1.0, None).unwrap();
+    w.create_item_in("b", 1, 1.0, None).unwrap();
+    assert_eq!((a.size(), b.size()), (1, 1));
+    let e = w.create_item_in("nope", 1, 1.0, None).unwrap_err();
+    assert!(matches!(e, Error::NotFound(_)) && e.to_string().contains("'nope'"), "{e}");
+}
+
+#[test]
+fn wrong_row_size_names_the_field_and_changes_nothing() {
+    let s = store(64, 4);
+    let mut w = Writer::new(&s, None).unwrap();
+    let e = w.append(&[&[0u8; 8], &[0u8; 2]]).unwrap_err().to_string();
+    assert!(e.contains("field 'w'") && e.contains("uint8[3]"), "{e}");
+    assert_eq!(w.episode_steps(), 0);
+    assert_eq!(s.free_blocks(), 16);
+}
+
+#[test]
+fn extend_into_a_full_store_appends_nothing() {
+    let s = store(8, 4);
+    let t = table(&s, "t", 8);
+    let mut w = Writer::new(&s, None).unwrap();
+    let vs: Vec<i64> = (0..6).collect();
+    let a: Vec<u8> = vs.iter().flat_map(|v| v.to_ne_bytes()).collect();
+    let b: Vec<u8> = vs.iter().flat_map(|&v| [v as u8; 3]).collect();
+    w.extend(&[&a[..48], &b[..18]], 6).unwrap();
+    w.create_item(&t, 6, 1.0, None).unwrap();
+    let e = w.extend(&[&a[..24], &b[..9]], 3).unwrap_err();
+    assert!(matches!(e, Error::ResourceExhausted(_)), "{e}");
+    assert_eq!(w.episode_steps(), 6);
+    w.close();
+    assert_eq!(contents(&s, &t), vec![vs]);
+}
+
+#[test]
+fn writer_for_another_store_is_rejected() {
+    let s1 = store(8, 4);
+    let s2 = store(8, 4);
+    let t = table(&s2, "t", 4);
+    let mut w = Writer::new(&s1, None).unwrap();
+    append(&mut w, 1);
+    let e = w.create_item(&t, 1, 1.0, None).unwrap_err().to_string();
+    assert!(e.contains("different store"), "{e}");
+}
