@@ -268,6 +268,11 @@ def check_batch(data: np.ndarray, batch: int, floats: int) -> None:
         raise AssertionError(f"expected float32, got {arr.dtype}")
 
 
+def fill_rows(n_items: int, floats: int, chunk: int = 4096) -> int:
+    """Rows of payload to fill a table from: at most ``chunk`` and about 64 MiB."""
+    return max(1, min(n_items, chunk, (64 * MiB) // (4 * floats)))
+
+
 def fill_batches(n_items: int, batch: int):
     """Yield (start, stop) covering n_items in chunks of at most batch."""
     for start in range(0, n_items, batch):
@@ -283,9 +288,9 @@ def prio_fill_priorities(n_items: int, seed: int = 1) -> np.ndarray:
 class PriorityStream:
     """Fresh random priorities for update_priorities, reused buffers: cheap per round."""
 
-    def __init__(self, batch: int, seed: int = 2) -> None:
+    def __init__(self, batch: int, seed: int = 2, dtype=np.float64) -> None:
         rng = np.random.default_rng(seed)
-        self._pool = (rng.random(batch * 64) * 10.0 + 0.01).astype(np.float64)
+        self._pool = (rng.random(batch * 64) * 10.0 + 0.01).astype(dtype)
         self._batch = batch
         self._i = 0
 

@@ -16,7 +16,7 @@ import cpprb  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench_common import (IMPORTANCE_BETA, Bench, PriorityStream, Workload,  # noqa: E402
-                          check_batch, fill_batches, payload, prio_fill_priorities)
+                          check_batch, fill_batches, fill_rows, payload, prio_fill_priorities)
 
 FILL_CHUNK = 4096
 
@@ -52,7 +52,7 @@ def insert_step(floats: int, capacity: int) -> Workload:
 
 def sample_uniform(floats: int, n_items: int, batch: int) -> Workload:
     rb = cpprb.ReplayBuffer(n_items, env(floats))
-    src = payload(min(n_items, FILL_CHUNK), floats).reshape(-1, floats)
+    src = payload(fill_rows(n_items, floats, FILL_CHUNK), floats).reshape(-1, floats)
     for start, stop in fill_batches(n_items, len(src)):
         rb.add(x=src[: stop - start])
     assert rb.get_stored_size() == n_items

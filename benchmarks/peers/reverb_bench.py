@@ -31,8 +31,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import numpy as np  # noqa: E402
 
-from bench_common import (BATCH, PRIO_ITEM_BYTES, Bench, PriorityStream, Workload,  # noqa: E402
-                          check_batch, floats_for, payload, prio_fill_priorities)
+from bench_common import (PRIO_ITEM_BYTES, Bench, PriorityStream, Workload,  # noqa: E402
+                          check_batch, fill_rows, floats_for, payload,
+                          prio_fill_priorities)
 
 FLUSH_EVERY = int(os.environ.get("REVERB_FLUSH_EVERY", "32"))
 FLUSH_KEEP = int(os.environ.get("REVERB_FLUSH_KEEP", "0"))  # block_until_num_items
@@ -152,7 +153,7 @@ class ReverbSystem:
     def _fill(self, table: str, floats: int, n_items: int, priorities=None,
               time_limit: float | None = None) -> int:
         append, flush, close = self._writer(table, priorities)
-        rows = payload(min(n_items, 1024), floats)  # [n,1,k]; each row is a [1,k] step
+        rows = payload(fill_rows(n_items, floats, 1024), floats)  # [n,1,k]; each row is a [1,k] step
         steps = [{"x": r[0]} for r in rows]
         t_end = None if time_limit is None else time.perf_counter() + time_limit
         done = 0

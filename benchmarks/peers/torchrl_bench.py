@@ -5,7 +5,8 @@ tensor / ``add`` of one [k] tensor, ``sample()`` then ``.numpy()`` (zero-copy vi
 the gathered batch), and ``PrioritizedReplayBuffer(alpha=0.6, beta=0.4)`` with
 ``sample(return_info=True)`` + ``update_priority``. Payload tensors wrap the same
 numpy arrays as the other systems (``torch.from_numpy``, no copy). CPU storage; torch
-keeps its default intra-op thread count (recorded in the output).
+keeps its default intra-op thread count (recorded in the output; TORCHRL_THREADS=N
+overrides it). With 2 threads torch is very slow when the second core is busy.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torchrl.data import LazyTensorStorage, PrioritizedReplayBuffer, ReplayBuffer  # noqa: E402
 
 from bench_common import (IMPORTANCE_BETA, Bench, PriorityStream, Workload,  # noqa: E402
-                          check_batch, fill_batches, payload, prio_fill_priorities)
+                          check_batch, fill_batches, fill_rows, payload, prio_fill_priorities)
 
 FILL_CHUNK = 4096
 
@@ -56,7 +58,7 @@ def insert_step(floats: int, capacity: int) -> Workload:
 
 def sample_uniform(floats: int, n_items: int, batch: int) -> Workload:
     rb = ReplayBuffer(storage=LazyTensorStorage(n_items), batch_size=batch)
-    src = tensor_payload(min(n_items, FILL_CHUNK), floats)
+    src = tensor_payload(fill_rows(n_items, floats, FILL_CHUNK), floats)
     for start, stop in fill_batches(n_items, len(src)):
         rb.extend(src[: stop - start])
     assert len(rb) == n_items
@@ -70,12 +72,12 @@ def prioritized(floats: int, n_items: int, batch: int, exponent: float) -> Workl
     rb = PrioritizedReplayBuffer(alpha=exponent, beta=IMPORTANCE_BETA,
                                  storage=LazyTensorStorage(n_items), batch_size=batch)
     src = tensor_payload(FILL_CHUNK, floats)
-    prios = torch.from_numpy(prio_fill_priorities(n_items))
+    prios = torch.from_numpy(prio_fill_priorities(n_items)).float()  # its sum tree is float32
     for start, stop in fill_batches(n_items, FILL_CHUNK):
         idx = rb.extend(src[: stop - start])
         rb.update_priority(idx, prios[start:stop])
     assert len(rb) == n_items
-    new = PriorityStream(batch)
+    new = PriorityStream(batch, dtype=np.float32)
     check_batch(rb.sample().numpy(), batch, floats)
 
     def call() -> None:
@@ -91,6 +93,8 @@ def prioritized(floats: int, n_items: int, batch: int, exponent: float) -> Workl
 
 def main() -> None:
     bench = Bench("torchrl")
+    if os.environ.get("TORCHRL_THREADS"):
+        torch.set_num_threads(int(os.environ["TORCHRL_THREADS"]))
     from importlib.metadata import version
     for pkg in ("torchrl", "tensordict", "torch"):
         bench.versions[pkg] = version(pkg)

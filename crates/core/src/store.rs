@@ -142,6 +142,12 @@ impl Store {
         self.inner.region.path()
     }
 
+    /// Removes the shared-memory file now. The memory stays mapped (and usable)
+    /// until the last handle to the store is gone; no new process can attach.
+    pub fn unlink(&self) {
+        let _ = std::fs::remove_file(self.inner.region.path());
+    }
+
     /// Bytes of one row of column `col`.
     pub fn row_bytes(&self, col: usize) -> usize {
         self.inner.columns[col].row_bytes

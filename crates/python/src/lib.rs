@@ -1,1 +1,21 @@
+//! `reprise._native`: the Python bindings over `reprise-core`. The public API is
+//! the `reprise` package, a thin layer over these classes.
 
+use pyo3::prelude::*;
+
+mod arrays;
+mod errors;
+mod sample;
+mod store;
+mod table;
+mod timeout;
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<store::PyStore>()?;
+    m.add_class::<store::PyWriter>()?;
+    m.add_class::<table::PyTable>()?;
+    m.add_function(wrap_pyfunction!(table::rate_limiter_preset, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

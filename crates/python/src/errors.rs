@@ -1,0 +1,65 @@
+//! Maps core errors onto the typed exceptions of `reprise.errors`.
+
+use pyo3::prelude::*;
+use reprise_core::error::{Error, Partial};
+
+use crate::sample::sample_object;
+
+fn class<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
+    py.import("reprise.errors")?.getattr(name)
+}
+
+/// Builds `reprise.errors.<name>(message)`.
+pub fn new_error(py: Python<'_>, name: &str, message: String) -> PyErr {
+    match class(py, name) {
+        Ok(cls) => PyErr::from_type(cls.cast_into().expect("reprise.errors holds exception classes"), message),
+        Err(e) => e,
+    }
+}
+
+pub fn invalid(py: Python<'_>, message: String) -> PyErr {
+    new_error(py, "InvalidArgument", message)
+}
+
+pub fn not_found(py: Python<'_>, message: String) -> PyErr {
+    new_error(py, "NotFound", message)
+}
+
+/// Converts a core error. A timeout carries what the call did before its deadline
+/// as the exception's `partial` attribute (keys inserted, or the items sampled).
+pub fn to_py(py: Python<'_>, e: Error, fields: Option<&[usize]>) -> PyErr {
+    let name = match &e {
+        Error::InvalidArgument(_) => "InvalidArgument",
+        Error::NotFound(_) => "NotFound",
+        Error::Timeout { .. } => "Timeout",
+        Error::ResourceExhausted(_) => "ResourceExhausted",
+        Error::Corrupt(_) => "Corrupt",
+        Error::Io(_) => "RepriseError",
+    };
+    let message = e.to_string();
+    let partial = match e {
+        Error::Timeout { partial, .. } => partial,
+        _ => Partial::Nothing,
+    };
+    let err = new_error(py, name, message);
+    let value: PyResult<Option<Py<PyAny>>> = match partial {
+        Partial::Nothing => Ok(None),
+        Partial::Inserted(keys) => Ok(Some(numpy::PyArray1::from_vec(py, keys).into_any().unbind())),
+        Partial::Sampled(batch) => sample_object(py, *batch, fields).map(|s| Some(s.unbind())),
+    };
+    match value {
+        Ok(Some(v)) => {
+            if let Err(set) = err.value(py).setattr("partial", v) {
+                return set;
+            }
+            err
+        }
+        Ok(None) => err,
+        Err(conversion) => conversion,
+    }
+}
+
+/// `map_err` helper: `.map_err(py_err(py))`.
+pub fn py_err(py: Python<'_>) -> impl Fn(Error) -> PyErr + '_ {
+    move |e| to_py(py, e, None)
+}

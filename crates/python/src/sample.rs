@@ -1,0 +1,57 @@
+//! Turns a core `SampleBatch` into a `reprise.Sample` with numpy arrays.
+
+use numpy::{PyArray1, PyArrayDescr};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::PyDict;
+use reprise_core::SampleBatch;
+
+use crate::arrays::new_array;
+
+static SAMPLE_CLASS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+/// Builds a `reprise.Sample`: metadata arrays plus `data[field]` of shape
+/// `[n, T, ...]` (T = longest item, zero-padded past each item's length) for the
+/// fields in `select` (all when `None`). Rows are copied with the GIL released.
+pub fn sample_object<'py>(py: Python<'py>, batch: SampleBatch, select: Option<&[usize]>) -> PyResult<Bound<'py, PyAny>> {
+    let n = batch.len();
+    let t = batch.max_length() as usize;
+    let ragged = batch.ragged();
+    let sig = batch.store().signature().clone();
+    let all: Vec<usize> = (0..sig.len()).collect();
+    let select = select.unwrap_or(&all);
+    let data = PyDict::new(py);
+    let mut outs = Vec::with_capacity(select.len());
+    for &col in select {
+        let f = &sig.fields()[col];
+        let mut shape = vec![n, t];
+        shape.extend(&f.shape);
+        let dtype: Py<PyArrayDescr> = PyArrayDescr::new(py, f.dtype.name())?.unbind();
+        let (array, out) = new_array(py, &shape, &dtype, ragged)?;
+        data.set_item(&f.name, array)?;
+        outs.push((col, out));
+    }
+    let items = &batch.items;
+    let keys = PyArray1::from_iter(py, items.iter().map(|i| i.key));
+    let probabilities = PyArray1::from_iter(py, items.iter().map(|i| i.probability));
+    let priorities = PyArray1::from_iter(py, items.iter().map(|i| i.priority));
+    let times_sampled = PyArray1::from_iter(py, items.iter().map(|i| i.times_sampled as i64));
+    let lengths = PyArray1::from_iter(py, items.iter().map(|i| i.length as i64));
+    let table_size = batch.table_size;
+    py.detach(|| {
+        for (col, out) in outs.iter_mut() {
+            batch.gather(*col, t as u32, out.bytes());
+        }
+        drop(batch);
+    });
+    let class = SAMPLE_CLASS.get_or_try_init(py, || Ok::<_, PyErr>(py.import("reprise.sample")?.getattr("Sample")?.unbind()))?;
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("keys", keys)?;
+    kwargs.set_item("probabilities", probabilities)?;
+    kwargs.set_item("priorities", priorities)?;
+    kwargs.set_item("times_sampled", times_sampled)?;
+    kwargs.set_item("table_size", table_size)?;
+    kwargs.set_item("lengths", lengths)?;
+    kwargs.set_item("data", data)?;
+    class.bind(py).call((), Some(&kwargs))
+}

@@ -1,0 +1,208 @@
+//! `Table` for Python: batch insert, sample, priority updates, deletes, info.
+
+use std::sync::Arc;
+
+use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1, PyUntypedArrayMethods};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+use reprise_core::{RateLimiterConfig, SelectorSpec, Table, TableConfig};
+
+use crate::arrays::{convert_module, views, FieldInfo};
+use crate::errors::{invalid, not_found, py_err, to_py};
+use crate::sample::sample_object;
+use crate::store::PyStore;
+use crate::timeout;
+
+#[pyclass(name = "Table", module = "reprise._native", frozen)]
+pub struct PyTable {
+    pub table: Table,
+    fields: Arc<Vec<FieldInfo>>,
+}
+
+fn selector(py: Python<'_>, role: &str, (name, exponent): (String, f64)) -> PyResult<SelectorSpec> {
+    Ok(match name.as_str() {
+        "Fifo" => SelectorSpec::Fifo,
+        "Lifo" => SelectorSpec::Lifo,
+        "Uniform" => SelectorSpec::Uniform,
+        "Prioritized" => SelectorSpec::Prioritized { priority_exponent: exponent },
+        "MaxHeap" => SelectorSpec::MaxHeap,
+        "MinHeap" => SelectorSpec::MinHeap,
+        other => {
+            return Err(invalid(py, format!("unknown {role} '{other}': expected Fifo, Lifo, Uniform, Prioritized, MaxHeap or MinHeap")))
+        }
+    })
+}
+
+fn non_negative(py: Python<'_>, what: &str, v: i64, min: i64) -> PyResult<u64> {
+    if v < min {
+        return Err(invalid(py, format!("{what} must be >= {min}, got {v}")));
+    }
+    Ok(v as u64)
+}
+
+/// A contiguous 1-D array from `reprise._convert.<helper>(value, *args)`.
+fn converted<'py, T: numpy::Element>(py: Python<'py>, helper: &str, args: Bound<'py, PyTuple>) -> PyResult<PyReadonlyArray1<'py, T>> {
+    let out = convert_module(py)?.getattr(helper)?.call1(args)?;
+    Ok(out.cast_into::<PyArray1<T>>()?.readonly())
+}
+
+#[pymethods]
+impl PyTable {
+    #[new]
+    #[pyo3(signature = (name, store, sampler, remover, max_size, rate_limiter, max_times_sampled=0, seed=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        name: String,
+        store: PyRef<'_, PyStore>,
+        sampler: (String, f64),
+        remover: (String, f64),
+        max_size: i64,
+        rate_limiter: (f64, i64, f64, f64),
+        max_times_sampled: i64,
+        seed: Option<u64>,
+    ) -> PyResult<Self> {
+        let (spi, min_size, min_diff, max_diff) = rate_limiter;
+        let min_size = non_negative(py, "min_size_to_sample", min_size, 1)?;
+        let config = TableConfig {
+            sampler: selector(py, "sampler", sampler)?,
+            remover: selector(py, "remover", remover)?,
+            max_size: non_negative(py, &format!("table '{name}': max_size"), max_size, 1)?,
+            max_times_sampled: u32::try_from(non_negative(py, &format!("table '{name}': max_times_sampled"), max_times_sampled, 0)?)
+                .map_err(|_| invalid(py, format!("table '{name}': max_times_sampled must be < 2^32")))?,
+            rate_limiter: RateLimiterConfig::new(spi, min_size, min_diff, max_diff).map_err(py_err(py))?,
+            seed,
+            name,
+        };
+        let table = Table::new(config, &store.store).map_err(py_err(py))?;
+        Ok(PyTable { table, fields: store.fields.clone() })
+    }
+
+    #[getter]
+    fn name(&self) -> String {
+        self.table.name().to_string()
+    }
+
+    #[getter]
+    fn size(&self) -> u64 {
+        self.table.size()
+    }
+
+    /// Inserts n items of T steps from `{field: array[n, T, ...]}`; returns keys.
+    #[pyo3(signature = (data, priorities, timeout=None))]
+    fn insert<'py>(&self, py: Python<'py>, data: &Bound<'py, PyAny>, priorities: &Bound<'py, PyAny>, timeout: Option<f64>) -> PyResult<Bound<'py, PyArray1<u64>>> {
+        let timeout = timeout::parse(py, timeout)?;
+        let vs = views(py, data, &self.fields, 2, "insert: ")?;
+        let lead = vs[0].leading(2).to_vec();
+        for (v, f) in vs.iter().zip(self.fields.iter()).skip(1) {
+            if v.leading(2) != lead.as_slice() {
+                return Err(invalid(py, format!(
+                    "insert: field '{}' has [n, T] = {:?} but field '{}' has {:?}; every field needs the same n and T",
+                    f.name, v.leading(2), self.fields[0].name, lead
+                )));
+            }
+        }
+        let (n, steps) = (lead[0], lead[1]);
+        let priorities = converted::<f64>(py, "priorities", (priorities, n).into_pyobject(py)?)?;
+        let p = priorities.as_slice()?;
+        let slices: Vec<&[u8]> = vs.iter().map(|v| v.bytes()).collect();
+        let keys = py
+            .detach(|| self.table.insert_batch(&slices, n, steps, p, timeout))
+            .map_err(|e| to_py(py, e, None))?;
+        Ok(PyArray1::from_vec(py, keys))
+    }
+
+    /// Draws n items; returns a `reprise.Sample`.
+    #[pyo3(signature = (n, timeout=None, fields=None))]
+    fn sample<'py>(&self, py: Python<'py>, n: i64, timeout: Option<f64>, fields: Option<Vec<String>>) -> PyResult<Bound<'py, PyAny>> {
+        let timeout = timeout::parse(py, timeout)?;
+        let n = non_negative(py, &format!("table '{}': sample size", self.table.name()), n, 1)? as usize;
+        let select = match fields {
+            None => None,
+            Some(names) => Some(
+                names
+                    .iter()
+                    .map(|name| {
+                        self.fields.iter().position(|f| &f.name == name).ok_or_else(|| {
+                            let known: Vec<&str> = self.fields.iter().map(|f| f.name.as_str()).collect();
+                            not_found(py, format!("unknown field '{name}'; expected one of {known:?}"))
+                        })
+                    })
+                    .collect::<PyResult<Vec<usize>>>()?,
+            ),
+        };
+        let batch = py.detach(|| self.table.sample(n, timeout)).map_err(|e| to_py(py, e, select.as_deref()))?;
+        sample_object(py, batch, select.as_deref())
+    }
+
+    /// Sets priorities; keys no longer present are skipped. Returns how many applied.
+    fn update_priorities(&self, py: Python<'_>, keys: &Bound<'_, PyAny>, priorities: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let keys = converted::<u64>(py, "keys", (keys,).into_pyobject(py)?)?;
+        let priorities = converted::<f64>(py, "priorities", (priorities, keys.len()).into_pyobject(py)?)?;
+        let (k, p) = (keys.as_slice()?, priorities.as_slice()?);
+        py.detach(|| self.table.update_priorities(k, p)).map_err(py_err(py))
+    }
+
+    /// Removes items; keys no longer present are skipped. Returns how many removed.
+    fn delete(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let keys = converted::<u64>(py, "keys", (keys,).into_pyobject(py)?)?;
+        let k = keys.as_slice()?;
+        Ok(py.detach(|| self.table.delete(k)))
+    }
+
+    fn reset(&self, py: Python<'_>) {
+        py.detach(|| self.table.reset())
+    }
+
+    fn info<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let i = self.table.info();
+        let d = PyDict::new(py);
+        d.set_item("name", &i.name)?;
+        d.set_item("size", i.size)?;
+        d.set_item("max_size", i.max_size)?;
+        d.set_item("max_times_sampled", i.max_times_sampled)?;
+        d.set_item("sampler", &i.sampler)?;
+        d.set_item("remover", &i.remover)?;
+        d.set_item("num_inserts", i.num_inserts)?;
+        d.set_item("num_samples", i.num_samples)?;
+        d.set_item("num_evictions", i.num_evictions)?;
+        d.set_item("num_deletes", i.num_deletes)?;
+        let r = PyDict::new(py);
+        r.set_item("samples_per_insert", i.rate_limiter.samples_per_insert)?;
+        r.set_item("min_size_to_sample", i.rate_limiter.min_size_to_sample)?;
+        r.set_item("min_diff", i.rate_limiter.min_diff)?;
+        r.set_item("max_diff", i.rate_limiter.max_diff)?;
+        r.set_item("inserts", i.limiter_inserts)?;
+        r.set_item("samples", i.limiter_samples)?;
+        r.set_item("blocked_insert_seconds", i.blocked_insert_seconds)?;
+        r.set_item("blocked_sample_seconds", i.blocked_sample_seconds)?;
+        d.set_item("rate_limiter", r)?;
+        Ok(d)
+    }
+
+    /// `[(key, priority, times_sampled, length)]` in insertion order.
+    fn items(&self) -> Vec<(u64, f64, u32, u32)> {
+        self.table.items().into_iter().map(|i| (i.key, i.priority, i.times_sampled, i.length)).collect()
+    }
+}
+
+/// The four numbers of a rate-limiter preset, validated by the core.
+#[pyfunction]
+#[pyo3(signature = (kind, a, b=0.0, c=0.0))]
+pub fn rate_limiter_preset(py: Python<'_>, kind: &str, a: f64, b: f64, c: f64) -> PyResult<(f64, u64, f64, f64)> {
+    let count = |name: &str, v: f64| -> PyResult<u64> {
+        if v.fract() != 0.0 || v < 0.0 || !v.is_finite() {
+            return Err(invalid(py, format!("{name} must be a whole number >= 0, got {v}")));
+        }
+        Ok(v as u64)
+    };
+    let config = match kind {
+        "MinSize" => RateLimiterConfig::min_size(count("min_size_to_sample", a)?),
+        "SampleToInsertRatio" => RateLimiterConfig::sample_to_insert_ratio(a, count("min_size_to_sample", b)?, c),
+        "Queue" | "Stack" => RateLimiterConfig::queue(count("size", a)?),
+        "RateLimiter" => RateLimiterConfig::new(a, count("min_size_to_sample", b)?, c, f64::INFINITY),
+        other => return Err(invalid(py, format!("unknown rate limiter preset '{other}'"))),
+    }
+    .map_err(py_err(py))?;
+    Ok((config.samples_per_insert, config.min_size_to_sample, config.min_diff, config.max_diff))
+}

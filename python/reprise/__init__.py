@@ -1,0 +1,26 @@
+"""Reprise: GPU-centric, distributed experience replay.
+
+    import reprise as rp
+    store = rp.Store({"obs": rp.Field((4,), "float32")}, capacity=100_000)
+    table = rp.Table("replay", store, sampler=rp.selectors.Prioritized(0.6),
+                     remover=rp.selectors.Fifo(), max_size=50_000)
+"""
+
+from . import errors, rate_limiters, selectors
+from ._native import Writer, __version__
+from .sample import Sample
+from .signature import Field
+from .store import Store
+from .table import Table
+
+__all__ = [
+    "Field",
+    "Store",
+    "Table",
+    "Writer",
+    "Sample",
+    "selectors",
+    "rate_limiters",
+    "errors",
+    "__version__",
+]

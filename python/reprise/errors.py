@@ -1,0 +1,52 @@
+"""Typed errors. Each names what was wrong and what was expected; a call that
+raises one of these changed nothing (see ``Timeout.partial`` for the exception)."""
+
+
+class RepriseError(Exception):
+    """Base class of every Reprise error."""
+
+
+class InvalidArgument(RepriseError, ValueError):
+    """A bad shape, dtype, field, priority or argument."""
+
+
+class Timeout(RepriseError, TimeoutError):
+    """A blocking call ran past its timeout.
+
+    ``partial`` holds what the call had done before the deadline so that nothing is
+    lost: for ``Table.insert`` the keys of the items inserted so far (a numpy array),
+    for ``Table.sample`` a ``Sample`` of the items drawn so far. ``None`` when the call
+    did nothing.
+    """
+
+    partial = None
+
+
+class NotFound(RepriseError, KeyError):
+    """An unknown table, field or key."""
+
+    def __str__(self):  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class ResourceExhausted(RepriseError):
+    """The store has no free block left for new steps."""
+
+
+class Corrupt(RepriseError):
+    """A checkpoint or message failed validation."""
+
+
+class Unauthenticated(RepriseError):
+    """A missing or wrong token."""
+
+
+__all__ = [
+    "RepriseError",
+    "InvalidArgument",
+    "Timeout",
+    "NotFound",
+    "ResourceExhausted",
+    "Corrupt",
+    "Unauthenticated",
+]

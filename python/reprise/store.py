@@ -1,0 +1,105 @@
+"""Stores: columns of step data in shared memory, handed out in blocks."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from . import _native
+from ._convert import as_int
+from .errors import InvalidArgument
+from .signature import Field
+
+
+class Store:
+    """Columns for ``signature`` with room for ``capacity`` steps.
+
+    The columns live in one file under /dev/shm (mode 0600), removed on ``close()``
+    or when the last table and writer over the store are gone. ``capacity`` is
+    rounded up to whole blocks of ``block_steps`` steps; a block is reused only when
+    no item, writer or sample in flight references any of its steps.
+    """
+
+    def __init__(self, signature: Mapping[str, Field], capacity: int, block_steps: int = 64,
+                 directory: str | os.PathLike | None = None, device: str | None = None):
+        if not isinstance(signature, Mapping) or not signature:
+            raise InvalidArgument(f"signature must be a non-empty dict of name -> Field, got {signature!r}")
+        for name, f in signature.items():
+            if not isinstance(name, str) or not name:
+                raise InvalidArgument(f"field names must be non-empty strings, got {name!r}")
+            if not isinstance(f, Field):
+                raise InvalidArgument(f"field '{name}' must be a reprise.Field, got {type(f).__name__}")
+        if device not in (None, "cpu"):
+            raise InvalidArgument(
+                f"device {device!r} is not available: this build keeps stores in host shared memory "
+                "(device='cpu' or None)"
+            )
+        capacity = as_int("capacity", capacity, minimum=1)
+        block_steps = as_int("block_steps", block_steps, minimum=1)
+        self._signature = dict(signature)
+        self._native = _native.Store(
+            [(name, list(f.shape), f.dtype) for name, f in signature.items()],
+            capacity, block_steps, None if directory is None else os.fspath(directory),
+        )
+        self._closed = False
+
+    @property
+    def signature(self) -> dict:
+        return dict(self._signature)
+
+    @property
+    def capacity(self) -> int:
+        """Capacity in steps (whole blocks)."""
+        return self._native.capacity
+
+    @property
+    def block_steps(self) -> int:
+        return self._native.block_steps
+
+    @property
+    def num_blocks(self) -> int:
+        return self._native.num_blocks
+
+    @property
+    def free_blocks(self) -> int:
+        return self._native.free_blocks
+
+    @property
+    def path(self) -> str:
+        """The shared-memory file behind the columns."""
+        return os.fspath(self._native.path)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def writer(self, max_sequence_length: int | None = None):
+        """A new ``Writer``. With ``max_sequence_length`` it keeps only that many
+        recent steps of an episode referenced (items can be at most that long);
+        without it, the whole current episode."""
+        self._check_open()
+        return self._native.writer(
+            None if max_sequence_length is None else as_int("max_sequence_length", max_sequence_length, 1)
+        )
+
+    def close(self):
+        """Removes the shared-memory file. Tables and writers already over the store
+        keep working until they are gone; no new writer or table can be made."""
+        if not self._closed:
+            self._closed = True
+            self._native.unlink()
+
+    def _check_open(self):
+        if self._closed:
+            raise InvalidArgument("this store is closed")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __repr__(self):
+        fields = ", ".join(f"{k}: {v.dtype}{list(v.shape)}" for k, v in self._signature.items())
+        return f"Store({{{fields}}}, capacity={self.capacity}, block_steps={self.block_steps})"

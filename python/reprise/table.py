@@ -1,0 +1,122 @@
+"""Tables: items over a store, picked by a sampler, evicted by a remover, paced by
+a rate limiter."""
+
+from __future__ import annotations
+
+from . import _native
+from ._convert import as_int
+from .errors import InvalidArgument
+from .rate_limiters import MinSize, Queue, RateLimiter, Stack
+from .sample import Sample
+from .selectors import Fifo, Lifo, Selector, Uniform
+from .store import Store
+
+
+class Table:
+    """A replay table.
+
+    ``max_size`` items at most: inserting into a full table evicts the item the
+    ``remover`` picks. ``max_times_sampled`` > 0 removes an item once it has been
+    sampled that often (0 = unlimited). ``seed`` makes selection reproducible.
+    """
+
+    def __init__(self, name: str, store: Store, sampler: Selector | None = None, remover: Selector | None = None,
+                 max_size: int | None = None, rate_limiter: RateLimiter | None = None,
+                 max_times_sampled: int = 0, seed: int | None = None, selection_device: str | None = None):
+        if not isinstance(name, str) or not name:
+            raise InvalidArgument(f"table name must be a non-empty string, got {name!r}")
+        if not isinstance(store, Store):
+            raise InvalidArgument(f"table '{name}': store must be a reprise.Store, got {type(store).__name__}")
+        store._check_open()
+        sampler = Uniform() if sampler is None else sampler
+        remover = Fifo() if remover is None else remover
+        rate_limiter = MinSize(1) if rate_limiter is None else rate_limiter
+        for role, sel in (("sampler", sampler), ("remover", remover)):
+            if not isinstance(sel, Selector):
+                raise InvalidArgument(f"table '{name}': {role} must be a reprise.selectors selector, got {sel!r}")
+        if not isinstance(rate_limiter, RateLimiter):
+            raise InvalidArgument(f"table '{name}': rate_limiter must be a reprise.rate_limiters limiter, got {rate_limiter!r}")
+        if selection_device not in (None, "cpu"):
+            raise InvalidArgument(
+                f"table '{name}': selection_device {selection_device!r} is not available in this build; use 'cpu' or None"
+            )
+        max_size = store.capacity if max_size is None else as_int(f"table '{name}': max_size", max_size)
+        max_times_sampled = as_int(f"table '{name}': max_times_sampled", max_times_sampled)
+        if seed is not None:
+            seed = as_int(f"table '{name}': seed", seed, minimum=0)
+        self._store = store
+        self._sampler, self._remover, self._rate_limiter = sampler, remover, rate_limiter
+        self._native = _native.Table(
+            name, store._native, sampler._spec(), remover._spec(), max_size, rate_limiter._spec(),
+            max_times_sampled, seed,
+        )
+
+    @classmethod
+    def queue(cls, name: str, store: Store, max_size: int, seed: int | None = None) -> "Table":
+        """Fifo in, Fifo out, each item sampled exactly once; inserts block while
+        ``max_size`` items wait, samples block while none does."""
+        return cls(name, store, sampler=Fifo(), remover=Fifo(), max_size=max_size,
+                   rate_limiter=Queue(max_size), max_times_sampled=1, seed=seed)
+
+    @classmethod
+    def stack(cls, name: str, store: Store, max_size: int, seed: int | None = None) -> "Table":
+        """Like ``queue`` but the newest item comes out first."""
+        return cls(name, store, sampler=Lifo(), remover=Lifo(), max_size=max_size,
+                   rate_limiter=Stack(max_size), max_times_sampled=1, seed=seed)
+
+    @property
+    def name(self) -> str:
+        return self._native.name
+
+    @property
+    def store(self) -> Store:
+        return self._store
+
+    @property
+    def size(self) -> int:
+        return self._native.size
+
+    def __len__(self) -> int:
+        return self._native.size
+
+    def insert(self, data: dict, priorities, timeout: float | None = None):
+        """Inserts n items of T steps each from ``{field: array[n, T, ...]}`` (each item
+        its own episode) with one copy per column. ``priorities``: n numbers or one.
+        Returns the keys (np.uint64[n]). Blocks on the rate limiter up to ``timeout``;
+        on ``Timeout`` the exception's ``partial`` holds the keys already inserted."""
+        return self._native.insert(data, priorities, timeout)
+
+    def sample(self, n: int, timeout: float | None = None, fields: list[str] | None = None,
+               device: str | None = None) -> Sample:
+        """Draws n items (with replacement, by the sampler). ``fields`` limits which
+        fields are copied out. On ``Timeout`` the exception's ``partial`` is a Sample
+        of the items drawn before the deadline (they count as sampled)."""
+        if device not in (None, "cpu"):
+            raise InvalidArgument(f"device {device!r} is not available in this build; use 'cpu' or None")
+        return self._native.sample(as_int("n", n), timeout, fields)
+
+    def update_priorities(self, keys, priorities) -> int:
+        """Sets priorities by key. Keys no longer in the table (evicted since they were
+        sampled) are skipped. Returns how many were applied. Every priority is checked
+        before any is applied."""
+        return self._native.update_priorities(keys, priorities)
+
+    def delete(self, keys) -> int:
+        """Removes items by key; keys no longer present are skipped. Returns how many."""
+        return self._native.delete(keys)
+
+    def reset(self):
+        """Removes every item and restarts the rate limiter's counts."""
+        self._native.reset()
+
+    def info(self) -> dict:
+        """Size, settings and counters, including time callers spent blocked."""
+        return self._native.info()
+
+    def items(self) -> list[tuple[int, float, int, int]]:
+        """``[(key, priority, times_sampled, length)]`` in insertion order."""
+        return self._native.items()
+
+    def __repr__(self):
+        return (f"Table({self.name!r}, sampler={self._sampler!r}, remover={self._remover!r}, "
+                f"size={self.size}, max_size={self.info()['max_size']})")
