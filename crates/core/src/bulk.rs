@@ -6,12 +6,12 @@ use std::time::Duration;
 
 use crate::error::Result;
 use crate::invalid;
-use crate::item::{NewItem, RowRange};
+use crate::item::{NewItem, RowRange, Window};
 use crate::table::Table;
 
-/// The ranges covering virtual rows `[offset, offset + len)` of `runs` laid end to end.
-fn slice_runs(runs: &[RowRange], mut offset: u64, mut len: u64) -> Vec<RowRange> {
-    let mut out = Vec::with_capacity(1);
+/// The window covering virtual rows `[offset, offset + len)` of `runs` laid end to end.
+fn slice_runs(runs: &[RowRange], mut offset: u64, mut len: u64) -> Window {
+    let mut out = Vec::new();
     for r in runs {
         if len == 0 {
             break;
@@ -21,11 +21,15 @@ fn slice_runs(runs: &[RowRange], mut offset: u64, mut len: u64) -> Vec<RowRange>
             continue;
         }
         let take = len.min(r.len as u64 - offset);
-        out.push(RowRange { start: r.start + offset, len: take as u32 });
+        let range = RowRange { start: r.start + offset, len: take as u32 };
+        if take == len && out.is_empty() {
+            return Window::One(range);
+        }
+        out.push(range);
         len -= take;
         offset = 0;
     }
-    out
+    Window::from_ranges(out)
 }
 
 impl Table {
@@ -68,7 +72,7 @@ impl Table {
         let items: Vec<NewItem> = priorities
             .iter()
             .enumerate()
-            .map(|(i, &priority)| NewItem { ranges: slice_runs(&claim.runs, (i * steps) as u64, steps as u64), priority })
+            .map(|(i, &priority)| NewItem { window: slice_runs(&claim.runs, (i * steps) as u64, steps as u64), priority })
             .collect();
         // The items now hold their own references; the claim's go when it drops.
         let result = self.insert(&items, timeout);
@@ -84,8 +88,8 @@ mod tests {
     #[test]
     fn slicing_runs_splits_at_run_boundaries() {
         let runs = [RowRange { start: 10, len: 3 }, RowRange { start: 40, len: 5 }];
-        assert_eq!(slice_runs(&runs, 0, 2), vec![RowRange { start: 10, len: 2 }]);
-        assert_eq!(slice_runs(&runs, 2, 3), vec![RowRange { start: 12, len: 1 }, RowRange { start: 40, len: 2 }]);
-        assert_eq!(slice_runs(&runs, 5, 3), vec![RowRange { start: 42, len: 3 }]);
+        assert_eq!(slice_runs(&runs, 0, 2).ranges(), [RowRange { start: 10, len: 2 }]);
+        assert_eq!(slice_runs(&runs, 2, 3).ranges(), [RowRange { start: 12, len: 1 }, RowRange { start: 40, len: 2 }]);
+        assert_eq!(slice_runs(&runs, 5, 3), Window::One(RowRange { start: 42, len: 3 }));
     }
 }

@@ -17,6 +17,31 @@ impl RowRange {
     }
 }
 
+/// The rows of an item, in step order. Most items are one contiguous range, kept
+/// inline so that inserting and sampling them allocates nothing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Window {
+    One(RowRange),
+    Many(Box<[RowRange]>),
+}
+
+impl Window {
+    pub fn from_ranges(ranges: Vec<RowRange>) -> Window {
+        if ranges.len() == 1 {
+            Window::One(ranges[0])
+        } else {
+            Window::Many(ranges.into_boxed_slice())
+        }
+    }
+
+    pub fn ranges(&self) -> &[RowRange] {
+        match self {
+            Window::One(r) => std::slice::from_ref(r),
+            Window::Many(rs) => rs,
+        }
+    }
+}
+
 /// Calls `f` once for every block a window touches (a block shared by two ranges
 /// of the window is visited once per range; retain and release use the same walk,
 /// so the counts match).
@@ -39,7 +64,7 @@ pub struct Item {
     pub key: u64,
     /// Insertion sequence number within the table (FIFO order, checkpoints).
     pub seq: u64,
-    pub ranges: Vec<RowRange>,
+    pub window: Window,
     pub length: u32,
     pub priority: f64,
     pub times_sampled: u32,
@@ -48,7 +73,7 @@ pub struct Item {
 /// An item about to be inserted.
 #[derive(Clone, Debug)]
 pub struct NewItem {
-    pub ranges: Vec<RowRange>,
+    pub window: Window,
     pub priority: f64,
 }
 

@@ -14,7 +14,7 @@ pub mod blocks;
 mod bulk;
 pub mod error;
 pub mod item;
-mod memory;
+pub(crate) mod memory;
 pub mod rate_limiter;
 pub mod sample;
 pub mod selectors;
@@ -24,7 +24,7 @@ pub mod table;
 pub mod writer;
 
 pub use error::{Error, Result};
-pub use item::RowRange;
+pub use item::{RowRange, Window};
 pub use rate_limiter::RateLimiterConfig;
 pub use sample::SampleBatch;
 pub use selectors::SelectorSpec;

@@ -1,6 +1,6 @@
 //! Samples: what a table hands out, holding its rows until they are collected.
 
-use crate::item::{for_each_block, RowRange};
+use crate::item::{for_each_block, Window};
 use crate::store::Store;
 
 /// One drawn item.
@@ -12,7 +12,7 @@ pub struct SampledItem {
     /// Times sampled, this draw included.
     pub times_sampled: u32,
     pub length: u32,
-    pub ranges: Vec<RowRange>,
+    pub window: Window,
 }
 
 /// A batch of drawn items. It holds a reference on every block its items touch,
@@ -39,7 +39,7 @@ impl SampleBatch {
     /// Adds a drawn item; the caller holds the table lock, so its blocks are live.
     pub(crate) fn push(&mut self, item: SampledItem) {
         let alloc = self.store.allocator();
-        for_each_block(&item.ranges, self.store.block_steps(), |b| alloc.retain(b));
+        for_each_block(item.window.ranges(), self.store.block_steps(), |b| alloc.retain(b));
         self.items.push(item);
     }
 
@@ -75,7 +75,7 @@ impl SampleBatch {
         for (i, item) in self.items.iter().enumerate() {
             let at = i * stride;
             let bytes = item.length as usize * row;
-            self.store.read_ranges(col, &item.ranges, &mut dst[at..at + bytes]);
+            self.store.read_ranges(col, item.window.ranges(), &mut dst[at..at + bytes]);
         }
     }
 }
@@ -84,7 +84,7 @@ impl Drop for SampleBatch {
     fn drop(&mut self) {
         let alloc = self.store.allocator();
         for item in &self.items {
-            for_each_block(&item.ranges, self.store.block_steps(), |b| alloc.release(b));
+            for_each_block(item.window.ranges(), self.store.block_steps(), |b| alloc.release(b));
         }
     }
 }

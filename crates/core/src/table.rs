@@ -137,7 +137,7 @@ impl State {
         self.free_slots.push(slot);
         self.size -= 1;
         let alloc = store.allocator();
-        for_each_block(&item.ranges, store.block_steps(), |b| alloc.release(b));
+        for_each_block(item.window.ranges(), store.block_steps(), |b| alloc.release(b));
     }
 
     fn insert(&mut self, new: &NewItem, store: &Store) -> u64 {
@@ -152,7 +152,7 @@ impl State {
             }
         };
         let alloc = store.allocator();
-        for_each_block(&new.ranges, store.block_steps(), |b| alloc.retain(b));
+        for_each_block(new.window.ranges(), store.block_steps(), |b| alloc.retain(b));
         let seq = self.next_seq;
         self.next_seq += 1;
         let key = key_of(self.slots[slot as usize].generation, slot);
@@ -161,8 +161,8 @@ impl State {
         self.slots[slot as usize].item = Some(Item {
             key,
             seq,
-            ranges: new.ranges.clone(),
-            length: window_len(&new.ranges) as u32,
+            window: new.window.clone(),
+            length: window_len(new.window.ranges()) as u32,
             priority: new.priority,
             times_sampled: 0,
         });
@@ -267,11 +267,11 @@ impl Table {
     fn check_items(&self, items: &[NewItem]) -> Result<()> {
         let capacity = self.shared.store.capacity();
         for (i, item) in items.iter().enumerate() {
-            let len = window_len(&item.ranges);
+            let len = window_len(item.window.ranges());
             if len == 0 || len > u32::MAX as u64 {
                 return Err(invalid!("table '{}': item {i} has {len} steps; expected 1 to 2^32-1", self.name()));
             }
-            if item.ranges.iter().any(|r| r.len == 0 || r.start + r.len as u64 > capacity) {
+            if item.window.ranges().iter().any(|r| r.len == 0 || r.start + r.len as u64 > capacity) {
                 return Err(invalid!("table '{}': item {i} has rows outside the store", self.name()));
             }
             self.check_priority(item.priority, || format!("table '{}' item {i}", self.name()))?;
@@ -404,7 +404,7 @@ impl Table {
                     priority: item.priority,
                     times_sampled: item.times_sampled,
                     length: item.length,
-                    ranges: item.ranges.clone(),
+                    window: item.window.clone(),
                 };
                 let exhausted = max_times > 0 && item.times_sampled >= max_times;
                 batch.push(sampled);
@@ -435,16 +435,18 @@ impl Table {
             self.check_priority(p, || format!("table '{}' key {k}", self.name()))?;
         }
         let mut st = self.shared.state.lock();
-        let mut applied = 0;
+        let mut slots = Vec::with_capacity(keys.len());
+        let mut present = Vec::with_capacity(keys.len());
         for (&k, &p) in keys.iter().zip(priorities) {
             if let Some(slot) = st.lookup(k) {
                 st.item(slot).priority = p;
-                st.sampler.update(slot, p);
-                st.remover.update(slot, p);
-                applied += 1;
+                slots.push(slot);
+                present.push(p);
             }
         }
-        Ok(applied)
+        st.sampler.update_batch(&slots, &present);
+        st.remover.update_batch(&slots, &present);
+        Ok(slots.len())
     }
 
     /// Removes items by key. Keys no longer in the table are skipped; returns how
@@ -514,7 +516,7 @@ fn release_all(st: &mut State, store: &Store) {
     let alloc = store.allocator();
     for (slot, s) in st.slots.iter_mut().enumerate() {
         if let Some(item) = s.item.take() {
-            for_each_block(&item.ranges, store.block_steps(), |b| alloc.release(b));
+            for_each_block(item.window.ranges(), store.block_steps(), |b| alloc.release(b));
             st.free_slots.push(slot as u32);
         }
     }

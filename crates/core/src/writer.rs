@@ -13,7 +13,7 @@ use std::time::Duration;
 use crate::blocks::{Cursor, Run};
 use crate::error::{Error, Partial, Result};
 use crate::invalid;
-use crate::item::{NewItem, RowRange};
+use crate::item::{NewItem, RowRange, Window};
 use crate::store::Store;
 use crate::table::Table;
 
@@ -210,7 +210,7 @@ impl Writer {
             ));
         }
         table.check_priority(priority, || format!("table '{}' new item", table.name()))?;
-        let item = NewItem { ranges: self.window(num_steps), priority };
+        let item = NewItem { window: Window::from_ranges(self.window(num_steps)), priority };
         match table.insert(std::slice::from_ref(&item), timeout) {
             Ok(keys) => Ok(keys[0]),
             Err(Error::Timeout { message, .. }) => Err(Error::Timeout { message, partial: Partial::Nothing }),

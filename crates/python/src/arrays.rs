@@ -187,3 +187,41 @@ impl Out {
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
 }
+
+/// A contiguous 1-D array of `T` (keys, priorities), read without numpy's borrow
+/// tracking; keeps the array alive.
+pub struct Vector<'py, T: numpy::Element> {
+    array: Bound<'py, numpy::PyArray1<T>>,
+}
+
+impl<'py, T: numpy::Element> Vector<'py, T> {
+    /// `value` itself when it already is a contiguous `T` array of length `n`
+    /// (when given), else what `reprise._convert.<helper>(value, n)` returns.
+    pub fn new(py: Python<'py>, helper: &str, value: &Bound<'py, PyAny>, n: Option<usize>) -> PyResult<Self> {
+        if let Ok(a) = value.cast::<numpy::PyArray1<T>>() {
+            if a.is_c_contiguous() && n.is_none_or(|n| a.len() == n) {
+                return Ok(Vector { array: a.clone() });
+            }
+        }
+        let f = convert_module(py)?.getattr(helper)?;
+        let out = match n {
+            Some(n) => f.call1((value, n))?,
+            None => f.call1((value,))?,
+        };
+        Ok(Vector { array: out.cast_into::<numpy::PyArray1<T>>()? })
+    }
+
+    pub fn len(&self) -> usize {
+        self.array.len()
+    }
+
+    pub fn as_slice(&self) -> &[T] {
+        let len = self.array.len();
+        if len == 0 {
+            return &[];
+        }
+        // SAFETY: the array is 1-D, C-contiguous (checked above or made so by the
+        // helper), of element type T, alive as long as `self`.
+        unsafe { std::slice::from_raw_parts((*self.array.as_array_ptr()).data as *const T, len) }
+    }
+}

@@ -2,12 +2,12 @@
 
 use std::sync::Arc;
 
-use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1, PyUntypedArrayMethods};
+use numpy::PyArray1;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyTuple};
+use pyo3::types::PyDict;
 use reprise_core::{RateLimiterConfig, SelectorSpec, Table, TableConfig};
 
-use crate::arrays::{convert_module, views, FieldInfo};
+use crate::arrays::{views, FieldInfo, Vector};
 use crate::errors::{invalid, not_found, py_err, to_py};
 use crate::sample::sample_object;
 use crate::store::PyStore;
@@ -38,12 +38,6 @@ fn non_negative(py: Python<'_>, what: &str, v: i64, min: i64) -> PyResult<u64> {
         return Err(invalid(py, format!("{what} must be >= {min}, got {v}")));
     }
     Ok(v as u64)
-}
-
-/// A contiguous 1-D array from `reprise._convert.<helper>(value, *args)`.
-fn converted<'py, T: numpy::Element>(py: Python<'py>, helper: &str, args: Bound<'py, PyTuple>) -> PyResult<PyReadonlyArray1<'py, T>> {
-    let out = convert_module(py)?.getattr(helper)?.call1(args)?;
-    Ok(out.cast_into::<PyArray1<T>>()?.readonly())
 }
 
 #[pymethods]
@@ -103,8 +97,8 @@ impl PyTable {
             }
         }
         let (n, steps) = (lead[0], lead[1]);
-        let priorities = converted::<f64>(py, "priorities", (priorities, n).into_pyobject(py)?)?;
-        let p = priorities.as_slice()?;
+        let priorities = Vector::<f64>::new(py, "priorities", priorities, Some(n))?;
+        let p = priorities.as_slice();
         let slices: Vec<&[u8]> = vs.iter().map(|v| v.bytes()).collect();
         let keys = py
             .detach(|| self.table.insert_batch(&slices, n, steps, p, timeout))
@@ -137,16 +131,16 @@ impl PyTable {
 
     /// Sets priorities; keys no longer present are skipped. Returns how many applied.
     fn update_priorities(&self, py: Python<'_>, keys: &Bound<'_, PyAny>, priorities: &Bound<'_, PyAny>) -> PyResult<usize> {
-        let keys = converted::<u64>(py, "keys", (keys,).into_pyobject(py)?)?;
-        let priorities = converted::<f64>(py, "priorities", (priorities, keys.len()).into_pyobject(py)?)?;
-        let (k, p) = (keys.as_slice()?, priorities.as_slice()?);
+        let keys = Vector::<u64>::new(py, "keys", keys, None)?;
+        let priorities = Vector::<f64>::new(py, "priorities", priorities, Some(keys.len()))?;
+        let (k, p) = (keys.as_slice(), priorities.as_slice());
         py.detach(|| self.table.update_priorities(k, p)).map_err(py_err(py))
     }
 
     /// Removes items; keys no longer present are skipped. Returns how many removed.
     fn delete(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<usize> {
-        let keys = converted::<u64>(py, "keys", (keys,).into_pyobject(py)?)?;
-        let k = keys.as_slice()?;
+        let keys = Vector::<u64>::new(py, "keys", keys, None)?;
+        let k = keys.as_slice();
         Ok(py.detach(|| self.table.delete(k)))
     }
 

@@ -33,6 +33,12 @@ pub trait Selector: Send {
     fn insert(&mut self, slot: u32, seq: u64, priority: f64);
     /// Changes the priority of a present slot. O(log n) or better.
     fn update(&mut self, slot: u32, priority: f64);
+    /// Changes many priorities; the same as calling `update` for each pair in order.
+    fn update_batch(&mut self, slots: &[u32], priorities: &[f64]) {
+        for (&s, &p) in slots.iter().zip(priorities) {
+            self.update(s, p);
+        }
+    }
     /// Removes a present slot.
     fn remove(&mut self, slot: u32);
     /// Appends `n` picks (with replacement) to `out`. Requires `len() > 0`.

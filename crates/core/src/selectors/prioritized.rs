@@ -38,6 +38,11 @@ impl Selector for Prioritized {
         self.tree.set(slot, Self::weight(self.exponent, priority));
     }
 
+    fn update_batch(&mut self, slots: &[u32], priorities: &[f64]) {
+        let weights: Vec<f64> = priorities.iter().map(|&p| Self::weight(self.exponent, p)).collect();
+        self.tree.set_batch(slots, &weights);
+    }
+
     fn remove(&mut self, slot: u32) {
         self.tree.set(slot, 0.0);
         self.present.remove(slot);
@@ -46,10 +51,10 @@ impl Selector for Prioritized {
     fn sample(&mut self, n: usize, rng: &mut Rng, out: &mut Vec<Pick>) {
         let total = self.tree.total();
         if total > 0.0 {
-            out.extend((0..n).map(|_| {
-                let slot = self.tree.find(rng.random::<f64>() * total);
-                Pick { slot, probability: self.tree.get(slot) / total }
-            }));
+            let targets: Vec<f64> = (0..n).map(|_| rng.random::<f64>() * total).collect();
+            let mut slots = Vec::with_capacity(n);
+            self.tree.find_batch(&targets, &mut slots);
+            out.extend(slots.into_iter().map(|slot| Pick { slot, probability: self.tree.get(slot) / total }));
         } else {
             let probability = 1.0 / self.present.len() as f64;
             out.extend((0..n).map(|_| Pick { slot: self.present.pick(rng), probability }));
