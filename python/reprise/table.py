@@ -18,11 +18,18 @@ class Table:
     ``max_size`` items at most: inserting into a full table evicts the item the
     ``remover`` picks. ``max_times_sampled`` > 0 removes an item once it has been
     sampled that often (0 = unlimited). ``seed`` makes selection reproducible.
+
+    When a writer needs room and the store has no free block, the store works as a
+    ring: the items in the block leased longest ago are evicted (counted in
+    ``info()["num_store_evictions"]``), unless a table over it was made with
+    ``evict_when_store_full=False`` (queues and stacks: their items are consumed,
+    never dropped), in which case the writer gets ``ResourceExhausted``.
     """
 
     def __init__(self, name: str, store: Store, sampler: Selector | None = None, remover: Selector | None = None,
                  max_size: int | None = None, rate_limiter: RateLimiter | None = None,
-                 max_times_sampled: int = 0, seed: int | None = None, selection_device: str | None = None):
+                 max_times_sampled: int = 0, seed: int | None = None, selection_device: str | None = None,
+                 evict_when_store_full: bool = True):
         if not isinstance(name, str) or not name:
             raise InvalidArgument(f"table name must be a non-empty string, got {name!r}")
         if not isinstance(store, Store):
@@ -48,7 +55,7 @@ class Table:
         self._sampler, self._remover, self._rate_limiter = sampler, remover, rate_limiter
         self._native = _native.Table(
             name, store._native, sampler._spec(), remover._spec(), max_size, rate_limiter._spec(),
-            max_times_sampled, seed,
+            max_times_sampled, seed, bool(evict_when_store_full),
         )
 
     @classmethod
@@ -56,13 +63,13 @@ class Table:
         """Fifo in, Fifo out, each item sampled exactly once; inserts block while
         ``max_size`` items wait, samples block while none does."""
         return cls(name, store, sampler=Fifo(), remover=Fifo(), max_size=max_size,
-                   rate_limiter=Queue(max_size), max_times_sampled=1, seed=seed)
+                   rate_limiter=Queue(max_size), max_times_sampled=1, seed=seed, evict_when_store_full=False)
 
     @classmethod
     def stack(cls, name: str, store: Store, max_size: int, seed: int | None = None) -> "Table":
         """Like ``queue`` but the newest item comes out first."""
         return cls(name, store, sampler=Lifo(), remover=Lifo(), max_size=max_size,
-                   rate_limiter=Stack(max_size), max_times_sampled=1, seed=seed)
+                   rate_limiter=Stack(max_size), max_times_sampled=1, seed=seed, evict_when_store_full=False)
 
     @property
     def name(self) -> str:

@@ -19,7 +19,15 @@ use crate::error::{Error, Result};
 pub struct BlockAllocator {
     block_steps: u32,
     refcounts: Box<[AtomicU32]>,
-    free: Mutex<VecDeque<u32>>,
+    state: Mutex<AllocState>,
+}
+
+struct AllocState {
+    free: VecDeque<u32>,
+    /// Leased blocks, oldest lease first, as `(block, lease number)`; entries whose
+    /// block was freed or leased again since are stale and skipped.
+    order: VecDeque<(u32, u32)>,
+    leases: Vec<u32>,
 }
 
 impl BlockAllocator {
@@ -27,7 +35,11 @@ impl BlockAllocator {
         BlockAllocator {
             block_steps,
             refcounts: (0..num_blocks).map(|_| AtomicU32::new(0)).collect(),
-            free: Mutex::new((0..num_blocks).collect()),
+            state: Mutex::new(AllocState {
+                free: (0..num_blocks).collect(),
+                order: VecDeque::new(),
+                leases: vec![0; num_blocks as usize],
+            }),
         }
     }
 
@@ -41,19 +53,48 @@ impl BlockAllocator {
 
     /// Takes a free block with a reference count of one, owned by the caller.
     pub fn lease(&self) -> Result<u32> {
-        let block = self.free.lock().pop_front().ok_or_else(|| {
-            Error::ResourceExhausted(format!(
-                "store is full: all {} blocks ({} steps) are held by items, writers or samples \
-                 being collected; give the store a larger capacity (with Uniform, Prioritized or \
-                 heap removers a block is freed only when every item in it is gone, so allow \
-                 several times max_size x steps per item) or lower the tables' max_size",
-                self.num_blocks(),
-                self.num_blocks() as u64 * self.block_steps as u64
-            ))
-        })?;
+        let mut st = self.state.lock();
+        let block = st.free.pop_front().ok_or_else(|| self.full_error())?;
+        st.leases[block as usize] = st.leases[block as usize].wrapping_add(1);
+        let stamp = st.leases[block as usize];
+        st.order.push_back((block, stamp));
+        if st.order.len() > 2 * self.refcounts.len() + 64 {
+            let AllocState { order, leases, .. } = &mut *st;
+            order.retain(|&(b, s)| leases[b as usize] == s && self.refcount(b) > 0);
+        }
+        drop(st);
         let previous = self.refcounts[block as usize].swap(1, Ordering::AcqRel);
         debug_assert_eq!(previous, 0, "a free block had references");
         Ok(block)
+    }
+
+    pub(crate) fn full_error(&self) -> Error {
+        Error::ResourceExhausted(format!(
+            "store is full: all {} blocks ({} steps) are held by writers, samples being collected \
+             or items of tables that keep their items when the store is full (queues and stacks); \
+             give the store a larger capacity or lower those tables' max_size",
+            self.num_blocks(),
+            self.num_blocks() as u64 * self.block_steps as u64
+        ))
+    }
+
+    /// The leased block with the oldest lease, taken out of the lease order (give it
+    /// back with [`BlockAllocator::requeue`] if it stays leased).
+    pub fn oldest_leased(&self) -> Option<u32> {
+        let mut st = self.state.lock();
+        while let Some((b, stamp)) = st.order.pop_front() {
+            if st.leases[b as usize] == stamp && self.refcount(b) > 0 {
+                return Some(b);
+            }
+        }
+        None
+    }
+
+    /// Puts a still-leased block back at the young end of the lease order.
+    pub fn requeue(&self, block: u32) {
+        let mut st = self.state.lock();
+        let stamp = st.leases[block as usize];
+        st.order.push_back((block, stamp));
     }
 
     /// Adds a reference to a block the caller already holds a reference to.
@@ -67,7 +108,7 @@ impl BlockAllocator {
         let previous = self.refcounts[block as usize].fetch_sub(1, Ordering::AcqRel);
         debug_assert!(previous > 0, "released block {block} that nobody held");
         if previous == 1 {
-            self.free.lock().push_back(block);
+            self.state.lock().free.push_back(block);
         }
     }
 
@@ -76,7 +117,7 @@ impl BlockAllocator {
     }
 
     pub fn free_blocks(&self) -> usize {
-        self.free.lock().len()
+        self.state.lock().free.len()
     }
 }
 
@@ -97,14 +138,15 @@ pub struct Cursor {
 
 impl Cursor {
     /// The next run of at most `rows` rows, in the current block or in a newly
-    /// leased one. The caller gets no reference of its own on the run's block.
-    pub fn take(&mut self, alloc: &BlockAllocator, rows: u32) -> Result<Run> {
+    /// leased one (`lease` is asked for it). The caller gets no reference of its
+    /// own on the run's block.
+    pub fn take(&mut self, alloc: &BlockAllocator, lease: impl FnOnce() -> Result<u32>, rows: u32) -> Result<Run> {
         debug_assert!(rows > 0);
         let bs = alloc.block_steps();
         let (block, used) = match self.current {
             Some((b, used)) if used < bs => (b, used),
             other => {
-                let fresh = alloc.lease()?;
+                let fresh = lease()?;
                 if let Some((old, _)) = other {
                     alloc.release(old);
                 }
@@ -165,12 +207,24 @@ mod tests {
     }
 
     #[test]
+    fn lease_order_skips_freed_blocks() {
+        let a = BlockAllocator::new(3, 1);
+        let (x, y, z) = (a.lease().unwrap(), a.lease().unwrap(), a.lease().unwrap());
+        a.release(x);
+        assert_eq!(a.oldest_leased(), Some(y));
+        a.requeue(y);
+        assert_eq!(a.oldest_leased(), Some(z));
+        assert_eq!(a.oldest_leased(), Some(y));
+        assert_eq!(a.oldest_leased(), None);
+    }
+
+    #[test]
     fn cursor_fills_a_block_before_leasing_the_next() {
         let a = BlockAllocator::new(3, 4);
         let mut c = Cursor::default();
-        let r1 = c.take(&a, 3).unwrap();
-        let r2 = c.take(&a, 3).unwrap();
-        let r3 = c.take(&a, 3).unwrap();
+        let r1 = c.take(&a, || a.lease(), 3).unwrap();
+        let r2 = c.take(&a, || a.lease(), 3).unwrap();
+        let r3 = c.take(&a, || a.lease(), 3).unwrap();
         assert_eq!((r1.block, r1.start, r1.len), (0, 0, 3));
         assert_eq!((r2.block, r2.start, r2.len), (0, 3, 1));
         assert_eq!((r3.block, r3.start, r3.len), (1, 4, 3));

@@ -212,7 +212,7 @@ impl Store {
         let mut cursor = self.inner.bulk.lock();
         let mut left = rows;
         while left > 0 {
-            let run = cursor.take(alloc, left.min(u32::MAX as u64) as u32)?;
+            let run = cursor.take(alloc, || self.lease_block(), left.min(u32::MAX as u64) as u32)?;
             alloc.retain(run.block);
             claim.blocks.push(run.block);
             left -= run.len as u64;
@@ -225,6 +225,41 @@ impl Store {
             }
         }
         Ok(claim)
+    }
+
+    /// Leases a free block; when there is none, makes room as a ring buffer would:
+    /// the items of the block with the oldest lease are evicted from every table
+    /// (if all the tables referencing it allow eviction and nothing else — a writer
+    /// or a sample being collected — holds it), and so on to younger blocks.
+    pub(crate) fn lease_block(&self) -> Result<u32> {
+        let alloc = &self.inner.allocator;
+        if let Ok(b) = alloc.lease() {
+            return Ok(b);
+        }
+        let tables: Vec<Arc<TableShared>> = self.inner.tables.lock().iter().filter_map(|(_, w)| w.upgrade()).collect();
+        for _ in 0..alloc.num_blocks() {
+            let Some(block) = alloc.oldest_leased() else { break };
+            let mut item_refs = 0;
+            let mut evictable = true;
+            for t in &tables {
+                let refs = t.item_refs(block);
+                item_refs += refs;
+                evictable &= refs == 0 || t.evicts_when_store_full();
+            }
+            // Evict only when that frees the block; otherwise items would be lost for nothing.
+            if evictable && item_refs > 0 && item_refs == alloc.refcount(block) {
+                for t in &tables {
+                    t.evict_block(block, &self.clone());
+                }
+            }
+            if alloc.refcount(block) > 0 {
+                alloc.requeue(block);
+            }
+            if let Ok(b) = alloc.lease() {
+                return Ok(b);
+            }
+        }
+        Err(alloc.full_error())
     }
 
     pub(crate) fn register_table(&self, name: &str, table: Weak<TableShared>) -> Result<()> {

@@ -34,6 +34,10 @@ pub struct TableConfig {
     pub rate_limiter: RateLimiterConfig,
     /// `None` seeds from the operating system.
     pub seed: Option<u64>,
+    /// When a writer needs a block and the store has none free, may this table's
+    /// items in the oldest block be evicted? (False for queues and stacks, whose
+    /// items are meant to be consumed, never dropped.)
+    pub evict_when_store_full: bool,
 }
 
 /// Counters and settings reported by `info()`.
@@ -49,6 +53,8 @@ pub struct TableInfo {
     pub num_samples: u64,
     pub num_evictions: u64,
     pub num_deletes: u64,
+    /// Evictions (included in `num_evictions`) made to free store blocks.
+    pub num_store_evictions: u64,
     pub rate_limiter: RateLimiterConfig,
     pub limiter_inserts: u64,
     pub limiter_samples: u64,
@@ -83,7 +89,10 @@ struct State {
     num_samples: u64,
     num_evictions: u64,
     num_deletes: u64,
+    num_store_evictions: u64,
     picks: Vec<Pick>,
+    /// For each store block, the slots of the items that reference it.
+    block_items: Vec<Vec<u32>>,
 }
 
 pub(crate) struct Shared {
@@ -137,7 +146,13 @@ impl State {
         self.free_slots.push(slot);
         self.size -= 1;
         let alloc = store.allocator();
-        for_each_block(item.window.ranges(), store.block_steps(), |b| alloc.release(b));
+        let block_items = &mut self.block_items;
+        for_each_block(item.window.ranges(), store.block_steps(), |b| {
+            let slots = &mut block_items[b as usize];
+            let at = slots.iter().position(|&s| s == slot).expect("item listed under its block");
+            slots.swap_remove(at);
+            alloc.release(b)
+        });
     }
 
     fn insert(&mut self, new: &NewItem, store: &Store) -> u64 {
@@ -152,7 +167,14 @@ impl State {
             }
         };
         let alloc = store.allocator();
-        for_each_block(new.window.ranges(), store.block_steps(), |b| alloc.retain(b));
+        let block_items = &mut self.block_items;
+        for_each_block(new.window.ranges(), store.block_steps(), |b| {
+            if block_items.len() <= b as usize {
+                block_items.resize_with(b as usize + 1, Vec::new);
+            }
+            block_items[b as usize].push(slot);
+            alloc.retain(b)
+        });
         let seq = self.next_seq;
         self.next_seq += 1;
         let key = key_of(self.slots[slot as usize].generation, slot);
@@ -213,7 +235,9 @@ impl Table {
             num_samples: 0,
             num_evictions: 0,
             num_deletes: 0,
+            num_store_evictions: 0,
             picks: Vec::new(),
+            block_items: Vec::new(),
         };
         let shared = Arc::new(Shared {
             config,
@@ -492,6 +516,7 @@ impl Table {
             num_samples: st.num_samples,
             num_evictions: st.num_evictions,
             num_deletes: st.num_deletes,
+            num_store_evictions: st.num_store_evictions,
             rate_limiter: c.rate_limiter,
             limiter_inserts: st.limiter.inserts,
             limiter_samples: st.limiter.samples,
@@ -512,8 +537,39 @@ impl Table {
     }
 }
 
+impl Shared {
+    /// References that this table's items hold on `block`.
+    pub(crate) fn item_refs(&self, block: u32) -> u32 {
+        let st = self.state.lock();
+        st.block_items.get(block as usize).map_or(0, |v| v.len() as u32)
+    }
+
+    pub(crate) fn evicts_when_store_full(&self) -> bool {
+        self.config.evict_when_store_full
+    }
+
+    /// Evicts every item that references `block` (store pressure).
+    pub(crate) fn evict_block(&self, block: u32, store: &Store) {
+        let mut st = self.state.lock();
+        let Some(slots) = st.block_items.get(block as usize).cloned() else { return };
+        let mut evicted = 0;
+        for slot in slots {
+            if st.slots[slot as usize].item.is_some() {
+                st.remove(slot, store);
+                evicted += 1;
+            }
+        }
+        st.num_evictions += evicted;
+        st.num_store_evictions += evicted;
+        if evicted > 0 {
+            self.insert_cv.notify_all();
+        }
+    }
+}
+
 fn release_all(st: &mut State, store: &Store) {
     let alloc = store.allocator();
+    st.block_items.iter_mut().for_each(Vec::clear);
     for (slot, s) in st.slots.iter_mut().enumerate() {
         if let Some(item) = s.item.take() {
             for_each_block(item.window.ranges(), store.block_steps(), |b| alloc.release(b));

@@ -73,7 +73,8 @@ impl Writer {
     /// Appends one step: one row per field, in signature order.
     pub fn append(&mut self, columns: &[&[u8]]) -> Result<()> {
         self.check_columns(columns, 1)?;
-        let run = self.cursor.take(self.store.allocator(), 1)?;
+        let store = &self.store;
+        let run = self.cursor.take(store.allocator(), || store.lease_block(), 1)?;
         for (col, src) in columns.iter().enumerate() {
             self.store.write_rows(col, run.start, src);
         }
@@ -92,7 +93,8 @@ impl Writer {
         let mut runs: Vec<Run> = Vec::new();
         let mut left = steps as u64;
         while left > 0 {
-            match self.cursor.take(alloc, left.min(u32::MAX as u64) as u32) {
+            let store = &self.store;
+            match self.cursor.take(alloc, || store.lease_block(), left.min(u32::MAX as u64) as u32) {
                 Ok(run) => {
                     // Hold the block before the next take may let the cursor drop it.
                     alloc.retain(run.block);

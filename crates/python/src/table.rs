@@ -43,7 +43,7 @@ fn non_negative(py: Python<'_>, what: &str, v: i64, min: i64) -> PyResult<u64> {
 #[pymethods]
 impl PyTable {
     #[new]
-    #[pyo3(signature = (name, store, sampler, remover, max_size, rate_limiter, max_times_sampled=0, seed=None))]
+    #[pyo3(signature = (name, store, sampler, remover, max_size, rate_limiter, max_times_sampled=0, seed=None, evict_when_store_full=true))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -55,6 +55,7 @@ impl PyTable {
         rate_limiter: (f64, i64, f64, f64),
         max_times_sampled: i64,
         seed: Option<u64>,
+        evict_when_store_full: bool,
     ) -> PyResult<Self> {
         let (spi, min_size, min_diff, max_diff) = rate_limiter;
         let min_size = non_negative(py, "min_size_to_sample", min_size, 1)?;
@@ -66,6 +67,7 @@ impl PyTable {
                 .map_err(|_| invalid(py, format!("table '{name}': max_times_sampled must be < 2^32")))?,
             rate_limiter: RateLimiterConfig::new(spi, min_size, min_diff, max_diff).map_err(py_err(py))?,
             seed,
+            evict_when_store_full,
             name,
         };
         let table = Table::new(config, &store.store).map_err(py_err(py))?;
@@ -161,6 +163,7 @@ impl PyTable {
         d.set_item("num_samples", i.num_samples)?;
         d.set_item("num_evictions", i.num_evictions)?;
         d.set_item("num_deletes", i.num_deletes)?;
+        d.set_item("num_store_evictions", i.num_store_evictions)?;
         let r = PyDict::new(py);
         r.set_item("samples_per_insert", i.rate_limiter.samples_per_insert)?;
         r.set_item("min_size_to_sample", i.rate_limiter.min_size_to_sample)?;

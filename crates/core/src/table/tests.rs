@@ -22,6 +22,7 @@ fn config(name: &str, sampler: SelectorSpec, remover: SelectorSpec, max_size: u6
         max_times_sampled: 0,
         rate_limiter: RateLimiterConfig::min_size(1).unwrap(),
         seed: Some(0),
+        evict_when_store_full: true,
     }
 }
 
@@ -237,4 +238,57 @@ fn concurrent_inserts_and_samples_account_exactly() {
     want.sort();
     assert_eq!(seen, want, "every item sampled exactly once");
     assert_eq!(t.size(), 0);
+}
+
+#[test]
+fn full_store_evicts_the_oldest_block_like_a_ring() {
+    let s = store(8);
+    let t = Table::new(config("t", SelectorSpec::Fifo, SelectorSpec::Uniform, 8), &s).unwrap();
+    put(&t, &[1, 2, 3, 4, 5, 6, 7, 8], &[1.0; 8]);
+    put(&t, &[9, 10], &[1.0; 2]);
+    let info = t.info();
+    assert_eq!((info.size, info.num_store_evictions, info.num_evictions), (6, 4, 4));
+    let mut left = Vec::new();
+    for item in t.items() {
+        left.extend(values(&t, &t.sample(1, None).unwrap()));
+        t.delete(&[item.key]);
+    }
+    assert_eq!(left, vec![5, 6, 7, 8, 9, 10]);
+}
+
+#[test]
+fn queues_keep_their_items_when_the_store_is_full() {
+    let s = store(8);
+    let mut c = config("q", SelectorSpec::Fifo, SelectorSpec::Fifo, 8);
+    c.max_times_sampled = 1;
+    c.evict_when_store_full = false;
+    let t = Table::new(c, &s).unwrap();
+    put(&t, &[1, 2, 3, 4, 5, 6, 7, 8], &[1.0; 8]);
+    let bytes = 9i64.to_ne_bytes();
+    let e = t.insert_batch(&[&bytes], 1, 1, &[1.0], None).unwrap_err();
+    assert!(matches!(e, Error::ResourceExhausted(_)), "{e}");
+    assert_eq!(t.size(), 8);
+    // Consuming the first block's items makes room.
+    values(&t, &t.sample(4, None).unwrap());
+    put(&t, &[9], &[1.0]);
+    assert_eq!(values(&t, &t.sample(5, None).unwrap()), vec![5, 6, 7, 8, 9]);
+}
+
+#[test]
+fn store_pressure_never_evicts_blocks_a_writer_still_holds() {
+    let s = store(8);
+    let t = Table::new(config("t", SelectorSpec::Fifo, SelectorSpec::Fifo, 8), &s).unwrap();
+    let mut w = Writer::new(&s, None).unwrap();
+    for v in 0..8i64 {
+        w.append(&[&v.to_ne_bytes()]).unwrap();
+        w.create_item(&t, 1, 1.0, None).unwrap();
+    }
+    // The episode still holds both blocks: evicting their items would free nothing.
+    let e = w.append(&[&8i64.to_ne_bytes()]).unwrap_err();
+    assert!(matches!(e, Error::ResourceExhausted(_)), "{e}");
+    assert_eq!(t.size(), 8);
+    w.end_episode();
+    w.append(&[&8i64.to_ne_bytes()]).unwrap();
+    assert_eq!(t.size(), 4);
+    assert_eq!(t.info().num_store_evictions, 4);
 }

@@ -29,6 +29,7 @@ fn table(s: &Store, name: &str, max_size: u64) -> Table {
         max_times_sampled: 0,
         rate_limiter: RateLimiterConfig::min_size(1).unwrap(),
         seed: Some(1),
+        evict_when_store_full: true,
     };
     Table::new(c, s).unwrap()
 }
