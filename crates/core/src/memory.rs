@@ -130,3 +130,16 @@ pub fn advise_huge_pages<T>(v: &[T]) {
         }
     }
 }
+
+/// Hints the CPU to start loading `value` (used before random accesses to many
+/// items of a large table).
+#[inline]
+pub fn prefetch<T>(value: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch never faults and changes no memory; `value` is a valid reference.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(value as *const T as *const i8)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = value;
+}

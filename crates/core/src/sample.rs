@@ -69,10 +69,18 @@ impl SampleBatch {
     /// Copies column `col` into `dst`, laid out `[n, t_max, row]`. Rows past an
     /// item's length are left as they are (callers pass zeroed memory when ragged).
     pub fn gather(&self, col: usize, t_max: u32, dst: &mut [u8]) {
+        const AHEAD: usize = 8;
         let row = self.store.row_bytes(col);
         let stride = t_max as usize * row;
         assert_eq!(dst.len(), stride * self.items.len(), "gather destination has the wrong size");
+        let prefetch = |i: usize| {
+            if let Some(item) = self.items.get(i) {
+                self.store.prefetch(col, &item.window.ranges()[0], 1024);
+            }
+        };
+        (0..AHEAD).for_each(prefetch);
         for (i, item) in self.items.iter().enumerate() {
+            prefetch(i + AHEAD);
             let at = i * stride;
             let bytes = item.length as usize * row;
             self.store.read_ranges(col, item.window.ranges(), &mut dst[at..at + bytes]);

@@ -204,6 +204,28 @@ impl Store {
         assert_eq!(at, dst.len(), "destination size does not match the ranges");
     }
 
+    /// Hints the CPU to start loading the first `max_bytes` of `range` in column
+    /// `col`, so that a gather of many random rows overlaps their memory latency.
+    pub fn prefetch(&self, col: usize, range: &RowRange, max_bytes: usize) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            let c = self.inner.columns[col];
+            if range.start + range.len as u64 > self.inner.capacity {
+                return;
+            }
+            let bytes = (range.len as usize * c.row_bytes).min(max_bytes);
+            let base = self.inner.region.base() as usize + c.offset + range.start as usize * c.row_bytes;
+            for line in (0..bytes).step_by(64) {
+                // SAFETY: a prefetch never faults and changes no memory; the address is
+                // inside the mapped column (bounds checked above).
+                unsafe { _mm_prefetch::<_MM_HINT_T0>((base + line) as *const i8) };
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (col, range, max_bytes);
+    }
+
     /// Claims `rows` fresh rows through the store's shared bulk cursor. The claim
     /// holds a reference on every block it touches until it is dropped.
     pub(crate) fn claim_rows(&self, rows: u64) -> Result<Claim> {

@@ -420,6 +420,9 @@ impl Table {
             let state = &mut **st;
             state.sampler.sample(chunk, &mut state.rng, &mut picks);
             for pick in &picks {
+                crate::memory::prefetch(&st.slots[pick.slot as usize]);
+            }
+            for pick in &picks {
                 let item = st.item(pick.slot);
                 item.times_sampled += 1;
                 let sampled = SampledItem {
