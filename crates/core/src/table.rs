@@ -150,7 +150,13 @@ impl State {
         for_each_block(item.window.ranges(), store.block_steps(), |b| {
             let slots = &mut block_items[b as usize];
             let at = slots.iter().position(|&s| s == slot).expect("item listed under its block");
-            slots.swap_remove(at);
+            // Keep insertion order when removing the oldest (the usual, FIFO case) so
+            // that the next oldest is found first again.
+            if at == 0 {
+                slots.remove(0);
+            } else {
+                slots.swap_remove(at);
+            }
             alloc.release(b)
         });
     }
