@@ -16,7 +16,8 @@ class Timeout(RepriseError, TimeoutError):
     ``partial`` holds what the call had done before the deadline so that nothing is
     lost: for ``Table.insert`` the keys of the items inserted so far (a numpy array),
     for ``Table.sample`` a ``Sample`` of the items drawn so far. ``None`` when the call
-    did nothing.
+    did nothing. A ``KeyboardInterrupt`` (Ctrl-C) that stops a blocked call carries
+    ``partial`` the same way.
     """
 
     partial = None
@@ -30,7 +31,9 @@ class NotFound(RepriseError, KeyError):
 
 
 class ResourceExhausted(RepriseError):
-    """The store has no free block left for new steps."""
+    """The store has no free block for new steps, and evicting the items of its oldest
+    blocks could not free one (writers or samples hold them, or they belong to tables
+    made with ``evict_when_store_full=False``)."""
 
 
 class Corrupt(RepriseError):

@@ -22,10 +22,20 @@ class RateLimiter:
     """The general form: ``RateLimiter(samples_per_insert, min_size_to_sample, min_diff, max_diff)``."""
 
     def __init__(self, samples_per_insert: float, min_size_to_sample: int, min_diff: float, max_diff: float):
-        self.samples_per_insert = as_float("samples_per_insert", samples_per_insert)
-        self.min_size_to_sample = as_int("min_size_to_sample", min_size_to_sample)
-        self.min_diff = as_float("min_diff", min_diff)
-        self.max_diff = as_float("max_diff", max_diff)
+        numbers = _native.rate_limiter_preset(
+            "RateLimiter",
+            as_float("samples_per_insert", samples_per_insert),
+            as_int("min_size_to_sample", min_size_to_sample),
+            as_float("min_diff", min_diff),
+            as_float("max_diff", max_diff),
+        )
+        self._set(*numbers)
+
+    def _set(self, samples_per_insert, min_size_to_sample, min_diff, max_diff):
+        self.samples_per_insert = samples_per_insert
+        self.min_size_to_sample = min_size_to_sample
+        self.min_diff = min_diff
+        self.max_diff = max_diff
 
     def _spec(self):
         return (self.samples_per_insert, self.min_size_to_sample, self.min_diff, self.max_diff)
@@ -33,8 +43,7 @@ class RateLimiter:
     @classmethod
     def _preset(cls, kind, *args):
         obj = RateLimiter.__new__(cls)
-        spi, min_size, min_diff, max_diff = _native.rate_limiter_preset(kind, *args)
-        RateLimiter.__init__(obj, spi, min_size, min_diff, max_diff)
+        obj._set(*_native.rate_limiter_preset(kind, *args))
         return obj
 
     def __repr__(self):

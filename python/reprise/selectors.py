@@ -5,9 +5,11 @@ probability of that draw: 1 for the deterministic ones."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ._convert import as_float
+from .errors import InvalidArgument
 
 
 class Selector:
@@ -50,7 +52,10 @@ class Prioritized(Selector):
     priority_exponent: float = 1.0
 
     def __post_init__(self):
-        object.__setattr__(self, "priority_exponent", as_float("priority_exponent", self.priority_exponent))
+        a = as_float("priority_exponent", self.priority_exponent)
+        if not (math.isfinite(a) and a >= 0):
+            raise InvalidArgument(f"Prioritized priority_exponent must be finite and >= 0, got {a}")
+        object.__setattr__(self, "priority_exponent", a)
 
     def _spec(self):
         return ("Prioritized", self.priority_exponent)

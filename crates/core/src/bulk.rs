@@ -2,12 +2,11 @@
 //! one copy per column per contiguous run of rows (usually exactly one), for
 //! dataset loading and bulk writers. Each item is its own episode.
 
-use std::time::Duration;
-
 use crate::error::Result;
 use crate::invalid;
 use crate::item::{NewItem, RowRange, Window};
 use crate::table::Table;
+use crate::wait::Wait;
 
 /// The window covering virtual rows `[offset, offset + len)` of `runs` laid end to end.
 fn slice_runs(runs: &[RowRange], mut offset: u64, mut len: u64) -> Window {
@@ -36,7 +35,8 @@ impl Table {
     /// Inserts `n` items of `steps` steps each. `columns[c]` holds `n * steps` rows
     /// of field `c`, item-major. Every priority is checked before anything is
     /// written. Returns the keys in item order.
-    pub fn insert_batch(&self, columns: &[&[u8]], n: usize, steps: usize, priorities: &[f64], timeout: Option<Duration>) -> Result<Vec<u64>> {
+    pub fn insert_batch<'w>(&self, columns: &[&[u8]], n: usize, steps: usize, priorities: &[f64], wait: impl Into<Wait<'w>>) -> Result<Vec<u64>> {
+        let wait = wait.into();
         let store = self.store();
         let fields = store.signature().fields();
         if n == 0 {
@@ -75,7 +75,7 @@ impl Table {
             .map(|(i, &priority)| NewItem { window: slice_runs(&claim.runs, (i * steps) as u64, steps as u64), priority })
             .collect();
         // The items now hold their own references; the claim's go when it drops.
-        let result = self.insert(&items, timeout);
+        let result = self.insert(&items, wait);
         drop(claim);
         result
     }

@@ -25,7 +25,11 @@ pub enum Error {
     /// A blocking call ran past its deadline. `partial` holds what it did before.
     #[error("{message}")]
     Timeout { message: String, partial: Partial },
-    /// The store has no free block and none came free in time.
+    /// A blocking call was told to stop (Ctrl-C). `partial` as for `Timeout`.
+    #[error("interrupted")]
+    Interrupted { partial: Partial },
+    /// The store has no free block, and evicting the items of its oldest blocks
+    /// could not free one.
     #[error("{0}")]
     ResourceExhausted(String),
     /// A checkpoint or message failed validation.

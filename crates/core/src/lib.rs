@@ -21,6 +21,7 @@ pub mod selectors;
 pub mod signature;
 pub mod store;
 pub mod table;
+pub mod wait;
 pub mod writer;
 
 pub use error::{Error, Result};
@@ -31,4 +32,5 @@ pub use selectors::SelectorSpec;
 pub use signature::{DType, Field, Signature};
 pub use store::Store;
 pub use table::{Table, TableConfig, TableInfo};
+pub use wait::Wait;
 pub use writer::Writer;

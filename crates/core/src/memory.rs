@@ -14,6 +14,18 @@ use memmap2::MmapMut;
 use crate::error::{Error, Result};
 
 static REGION_COUNTER: AtomicU64 = AtomicU64::new(0);
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// Bytes an unprivileged user may still allocate in the file system of `dir`.
+fn free_bytes(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs is plain old data; all-zero bytes are a valid value.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid NUL-terminated path and `st` a writable statvfs.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
+    (rc == 0).then(|| st.f_bavail as u64 * st.f_frsize as u64)
+}
 
 /// The directory new regions go to: /dev/shm where it exists, else the temp dir.
 pub fn default_directory() -> PathBuf {
@@ -44,6 +56,19 @@ impl Region {
     /// Creates a new region of `len` bytes (at least one page) in `directory`.
     pub fn create(directory: &Path, len: usize) -> Result<Region> {
         let len = len.max(4096);
+        // tmpfs allocates on first touch and answers a full file system with SIGBUS,
+        // not an error: refuse up front what cannot fit.
+        if let Some(free) = free_bytes(directory) {
+            if len as u64 > free {
+                return Err(Error::ResourceExhausted(format!(
+                    "a store of {:.2} GiB does not fit in {} ({:.2} GiB free): lower the capacity or \
+                     pass another directory",
+                    len as f64 / GIB,
+                    directory.display(),
+                    free as f64 / GIB
+                )));
+            }
+        }
         let name = format!(
             "reprise-{}-{}-{:08x}",
             std::process::id(),
@@ -102,6 +127,12 @@ mod tests {
         assert_eq!(std::fs::metadata(&path).unwrap().len(), 10_000);
         drop(r);
         assert!(!path.exists());
+    }
+
+    #[test]
+    fn a_region_larger_than_the_file_system_is_refused() {
+        let e = Region::create(&default_directory(), usize::MAX / 4).err().unwrap().to_string();
+        assert!(e.contains("does not fit") && e.contains("GiB free"), "{e}");
     }
 
     #[test]

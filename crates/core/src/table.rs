@@ -10,7 +10,7 @@
 //! item evicted since it was sampled) is recognised in O(1) and skipped.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use rand::SeedableRng;
@@ -22,6 +22,7 @@ use crate::rate_limiter::{RateLimiter, RateLimiterConfig};
 use crate::sample::{SampleBatch, SampledItem};
 use crate::selectors::{Pick, Prioritized, Rng, Selector, SelectorSpec};
 use crate::store::Store;
+use crate::wait::Wait;
 
 #[derive(Clone, Debug)]
 pub struct TableConfig {
@@ -119,12 +120,12 @@ fn slot_of(key: u64) -> (u32, u32) {
     ((key >> 32) as u32, key as u32)
 }
 
-fn deadline(timeout: Option<Duration>) -> Option<Instant> {
-    timeout.map(|t| Instant::now() + t)
-}
-
-fn describe_timeout(timeout: Option<Duration>) -> String {
-    timeout.map_or("no".into(), |t| format!("{:.3} s", t.as_secs_f64()))
+/// How a wait on a condition variable ended.
+enum Woke {
+    /// Notified, or a poll slice passed: check again.
+    Again,
+    TimedOut,
+    Interrupted,
 }
 
 impl State {
@@ -312,27 +313,31 @@ impl Table {
     /// Inserts items whose rows the caller holds references on, in order, waiting
     /// for the rate limiter as needed. When the deadline passes first, fails with
     /// `Timeout` whose partial result lists the keys inserted so far.
-    pub fn insert(&self, items: &[NewItem], timeout: Option<Duration>) -> Result<Vec<u64>> {
+    pub fn insert<'w>(&self, items: &[NewItem], wait: impl Into<Wait<'w>>) -> Result<Vec<u64>> {
+        let wait = wait.into();
         self.check_items(items)?;
         let sh = &*self.shared;
-        let deadline = deadline(timeout);
+        let deadline = wait.deadline();
         let mut keys = Vec::with_capacity(items.len());
         let mut st = sh.state.lock();
         while keys.len() < items.len() {
             let want = (items.len() - keys.len()) as u64;
             let permits = st.limiter.insert_permits(want, st.size);
             if permits == 0 {
-                if !self.wait(&mut st, &sh.insert_cv, deadline, true) {
-                    let message = format!(
-                        "table '{}': the rate limiter allowed {} of {} inserts before the {} timeout",
-                        self.name(),
-                        keys.len(),
-                        items.len(),
-                        describe_timeout(timeout)
-                    );
-                    return Err(Error::Timeout { message, partial: Partial::Inserted(keys) });
+                match self.wait(&mut st, &sh.insert_cv, deadline, &wait, true) {
+                    Woke::Again => continue,
+                    Woke::Interrupted => return Err(Error::Interrupted { partial: Partial::Inserted(keys) }),
+                    Woke::TimedOut => {
+                        let message = format!(
+                            "table '{}': the rate limiter allowed {} of {} inserts before the {} timeout",
+                            self.name(),
+                            keys.len(),
+                            items.len(),
+                            wait.describe()
+                        );
+                        return Err(Error::Timeout { message, partial: Partial::Inserted(keys) });
+                    }
                 }
-                continue;
             }
             for _ in 0..permits {
                 if st.size >= sh.config.max_size {
@@ -352,16 +357,33 @@ impl Table {
         Ok(keys)
     }
 
-    /// Waits on `cv` until notified or `deadline`; false when the deadline passed.
-    fn wait(&self, st: &mut MutexGuard<'_, State>, cv: &Condvar, deadline: Option<Instant>, inserting: bool) -> bool {
+    /// Waits on `cv` until notified, `deadline`, or (with an interrupt check) the
+    /// next poll slice, after which the check runs with the table unlocked.
+    fn wait(&self, st: &mut MutexGuard<'_, State>, cv: &Condvar, deadline: Option<Instant>, wait: &Wait<'_>, inserting: bool) -> Woke {
         let start = Instant::now();
-        let ok = match deadline {
+        let slice = wait.interrupt.map(|_| start + Wait::POLL);
+        let until = match (deadline, slice) {
+            (Some(d), Some(s)) => Some(d.min(s)),
+            (d, s) => d.or(s),
+        };
+        let woke = match until {
+            _ if deadline.is_some_and(|d| start >= d) => Woke::TimedOut,
             None => {
                 cv.wait(st);
-                true
+                Woke::Again
             }
-            Some(d) if start >= d => false,
-            Some(d) => !cv.wait_until(st, d).timed_out() || Instant::now() < d,
+            Some(u) => {
+                cv.wait_until(st, u);
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    Woke::TimedOut
+                } else {
+                    Woke::Again
+                }
+            }
+        };
+        let woke = match (woke, wait.interrupt) {
+            (Woke::Again, Some(stop)) if MutexGuard::unlocked(st, stop) => Woke::Interrupted,
+            (w, _) => w,
         };
         let blocked = start.elapsed();
         if inserting {
@@ -369,7 +391,7 @@ impl Table {
         } else {
             st.limiter.blocked_sample += blocked;
         }
-        ok
+        woke
     }
 
     /// Draws `n` items (with replacement) by the sampler, waiting for the rate
@@ -377,26 +399,31 @@ impl Table {
     /// reaches it leaves the table at once, so the next draw of the same batch
     /// cannot return it. When the deadline passes first, fails with `Timeout`
     /// whose partial result holds the items drawn so far.
-    pub fn sample(&self, n: usize, timeout: Option<Duration>) -> Result<SampleBatch> {
+    pub fn sample<'w>(&self, n: usize, wait: impl Into<Wait<'w>>) -> Result<SampleBatch> {
+        let wait = wait.into();
         if n == 0 {
             return Err(invalid!("table '{}': sample size must be >= 1, got 0", self.name()));
         }
         let sh = &*self.shared;
-        let deadline = deadline(timeout);
+        let deadline = wait.deadline();
         let mut st = sh.state.lock();
         let mut batch = SampleBatch::new(sh.store.clone(), st.size);
         let mut first = true;
         while batch.len() < n {
             let permits = if st.size == 0 { 0 } else { st.limiter.sample_permits((n - batch.len()) as u64, st.size) };
             if permits == 0 {
-                if !self.wait(&mut st, &sh.sample_cv, deadline, false) {
+                let woke = self.wait(&mut st, &sh.sample_cv, deadline, &wait, false);
+                if let Woke::Interrupted = woke {
+                    return Err(Error::Interrupted { partial: Partial::Sampled(Box::new(batch)) });
+                }
+                if let Woke::TimedOut = woke {
                     let message = format!(
                         "table '{}': {} of {} samples were possible before the {} timeout (size {}, \
                          min_size_to_sample {})",
                         self.name(),
                         batch.len(),
                         n,
-                        describe_timeout(timeout),
+                        wait.describe(),
                         st.size,
                         sh.config.rate_limiter.min_size_to_sample
                     );

@@ -8,7 +8,6 @@
 //! without any table lock; only `create_item` takes the table's lock, briefly.
 
 use std::collections::VecDeque;
-use std::time::Duration;
 
 use crate::blocks::{Cursor, Run};
 use crate::error::{Error, Partial, Result};
@@ -16,6 +15,7 @@ use crate::invalid;
 use crate::item::{NewItem, RowRange, Window};
 use crate::store::Store;
 use crate::table::Table;
+use crate::wait::Wait;
 
 pub struct Writer {
     store: Store,
@@ -190,7 +190,7 @@ impl Writer {
 
     /// Creates an item over the last `num_steps` steps of this episode in `table`,
     /// waiting for the table's rate limiter up to `timeout`. Returns its key.
-    pub fn create_item(&mut self, table: &Table, num_steps: u64, priority: f64, timeout: Option<Duration>) -> Result<u64> {
+    pub fn create_item<'w>(&mut self, table: &Table, num_steps: u64, priority: f64, wait: impl Into<Wait<'w>>) -> Result<u64> {
         if !table.store().same(&self.store) {
             return Err(invalid!("table '{}' is over a different store than this writer", table.name()));
         }
@@ -213,22 +213,23 @@ impl Writer {
         }
         table.check_priority(priority, || format!("table '{}' new item", table.name()))?;
         let item = NewItem { window: Window::from_ranges(self.window(num_steps)), priority };
-        match table.insert(std::slice::from_ref(&item), timeout) {
+        match table.insert(std::slice::from_ref(&item), wait) {
             Ok(keys) => Ok(keys[0]),
             Err(Error::Timeout { message, .. }) => Err(Error::Timeout { message, partial: Partial::Nothing }),
+            Err(Error::Interrupted { .. }) => Err(Error::Interrupted { partial: Partial::Nothing }),
             Err(e) => Err(e),
         }
     }
 
     /// Like [`Writer::create_item`], naming a table over this writer's store.
-    pub fn create_item_in(&mut self, table: &str, num_steps: u64, priority: f64, timeout: Option<Duration>) -> Result<u64> {
+    pub fn create_item_in<'w>(&mut self, table: &str, num_steps: u64, priority: f64, wait: impl Into<Wait<'w>>) -> Result<u64> {
         let shared = self.store.find_table(table).ok_or_else(|| {
             Error::NotFound(format!(
                 "no table named '{table}' over this writer's store; tables: {:?}",
                 self.store.table_names()
             ))
         })?;
-        self.create_item(&Table::from_shared(shared), num_steps, priority, timeout)
+        self.create_item(&Table::from_shared(shared), num_steps, priority, wait)
     }
 
     /// Ends the episode: later items cannot reach back past this point, and the

@@ -25,25 +25,30 @@ pub fn not_found(py: Python<'_>, message: String) -> PyErr {
     new_error(py, "NotFound", message)
 }
 
-/// Converts a core error. A timeout carries what the call did before its deadline
-/// as the exception's `partial` attribute (keys inserted, or the items sampled).
-pub fn to_py(py: Python<'_>, e: Error, fields: Option<&[usize]>) -> PyErr {
+/// Converts a core error. A timeout or interruption carries what the call did
+/// before it stopped as the exception's `partial` attribute (keys inserted, or the
+/// items sampled; `None` when it did nothing). `signal` is the exception a signal
+/// handler raised while the call was blocked (for `Error::Interrupted`).
+pub fn to_py(py: Python<'_>, e: Error, fields: Option<&[usize]>, signal: Option<PyErr>) -> PyErr {
     let name = match &e {
         Error::InvalidArgument(_) => "InvalidArgument",
         Error::NotFound(_) => "NotFound",
         Error::Timeout { .. } => "Timeout",
+        Error::Interrupted { .. } => "RepriseError",
         Error::ResourceExhausted(_) => "ResourceExhausted",
         Error::Corrupt(_) => "Corrupt",
         Error::Io(_) => "RepriseError",
     };
     let message = e.to_string();
-    let partial = match e {
-        Error::Timeout { partial, .. } => partial,
-        _ => Partial::Nothing,
+    let (partial, err) = match e {
+        Error::Timeout { partial, .. } => (partial, new_error(py, name, message)),
+        Error::Interrupted { partial } => (partial, signal.unwrap_or_else(|| new_error(py, name, message))),
+        _ => (Partial::Nothing, new_error(py, name, message)),
     };
-    let err = new_error(py, name, message);
     let value: PyResult<Option<Py<PyAny>>> = match partial {
         Partial::Nothing => Ok(None),
+        Partial::Inserted(keys) if keys.is_empty() => Ok(None),
+        Partial::Sampled(batch) if batch.is_empty() => Ok(None),
         Partial::Inserted(keys) => Ok(Some(numpy::PyArray1::from_vec(py, keys).into_any().unbind())),
         Partial::Sampled(batch) => sample_object(py, *batch, fields).map(|s| Some(s.unbind())),
     };
@@ -61,5 +66,5 @@ pub fn to_py(py: Python<'_>, e: Error, fields: Option<&[usize]>) -> PyErr {
 
 /// `map_err` helper: `.map_err(py_err(py))`.
 pub fn py_err(py: Python<'_>) -> impl Fn(Error) -> PyErr + '_ {
-    move |e| to_py(py, e, None)
+    move |e| to_py(py, e, None, None)
 }

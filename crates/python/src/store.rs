@@ -9,12 +9,12 @@ use pyo3::prelude::*;
 use pyo3::types::PyString;
 use reprise_core::error::Error;
 use reprise_core::signature::{DType, Field, Signature};
-use reprise_core::{Store, Table, Writer};
+use reprise_core::{Store, Table, Wait, Writer};
 
 use crate::arrays::{field_infos, views, FieldInfo};
-use crate::errors::{invalid, new_error, py_err};
+use crate::errors::{invalid, new_error, py_err, to_py};
 use crate::table::PyTable;
-use crate::timeout;
+use crate::timeout::{self, Signals};
 
 /// Copies at least this large run with the GIL released.
 const BULK_BYTES: usize = 64 * 1024;
@@ -188,17 +188,21 @@ impl PyWriter {
             Target::Table(&holder.get().table)
         };
         let n = num_steps as u64;
+        let signals = Signals::default();
+        let check = || signals.check();
         self.with(py, |w| {
-            let call = |w: &mut Writer, t: Option<Duration>| match &target {
-                Target::Name(name) => w.create_item_in(name, n, priority, t),
-                Target::Table(table) => w.create_item(table, n, priority, t),
+            let call = |w: &mut Writer, wait: Wait<'_>| match &target {
+                Target::Name(name) => w.create_item_in(name, n, priority, wait),
+                Target::Table(table) => w.create_item(table, n, priority, wait),
             };
             // Try without waiting while holding the GIL; wait only with it released.
-            let r = match call(w, Some(Duration::ZERO)) {
-                Err(Error::Timeout { .. }) if timeout != Some(Duration::ZERO) => py.detach(|| call(w, timeout)),
+            let r = match call(w, Some(Duration::ZERO).into()) {
+                Err(Error::Timeout { .. }) if timeout != Some(Duration::ZERO) => {
+                    py.detach(|| call(w, Wait { timeout, interrupt: Some(&check) }))
+                }
                 other => other,
             };
-            r.map_err(py_err(py))
+            r.map_err(|e| to_py(py, e, None, signals.take()))
         })
     }
 

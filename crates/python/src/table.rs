@@ -5,13 +5,13 @@ use std::sync::Arc;
 use numpy::PyArray1;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use reprise_core::{RateLimiterConfig, SelectorSpec, Table, TableConfig};
+use reprise_core::{RateLimiterConfig, SelectorSpec, Table, TableConfig, Wait};
 
 use crate::arrays::{views, FieldInfo, Vector};
 use crate::errors::{invalid, not_found, py_err, to_py};
 use crate::sample::sample_object;
 use crate::store::PyStore;
-use crate::timeout;
+use crate::timeout::{self, Signals};
 
 #[pyclass(name = "Table", module = "reprise._native", frozen)]
 pub struct PyTable {
@@ -102,9 +102,12 @@ impl PyTable {
         let priorities = Vector::<f64>::new(py, "priorities", priorities, Some(n))?;
         let p = priorities.as_slice();
         let slices: Vec<&[u8]> = vs.iter().map(|v| v.bytes()).collect();
+        let signals = Signals::default();
+        let check = || signals.check();
+        let wait = Wait { timeout, interrupt: Some(&check) };
         let keys = py
-            .detach(|| self.table.insert_batch(&slices, n, steps, p, timeout))
-            .map_err(|e| to_py(py, e, None))?;
+            .detach(|| self.table.insert_batch(&slices, n, steps, p, wait))
+            .map_err(|e| to_py(py, e, None, signals.take()))?;
         Ok(PyArray1::from_vec(py, keys))
     }
 
@@ -127,7 +130,12 @@ impl PyTable {
                     .collect::<PyResult<Vec<usize>>>()?,
             ),
         };
-        let batch = py.detach(|| self.table.sample(n, timeout)).map_err(|e| to_py(py, e, select.as_deref()))?;
+        let signals = Signals::default();
+        let check = || signals.check();
+        let wait = Wait { timeout, interrupt: Some(&check) };
+        let batch = py
+            .detach(|| self.table.sample(n, wait))
+            .map_err(|e| to_py(py, e, select.as_deref(), signals.take()))?;
         sample_object(py, batch, select.as_deref())
     }
 
@@ -185,8 +193,8 @@ impl PyTable {
 
 /// The four numbers of a rate-limiter preset, validated by the core.
 #[pyfunction]
-#[pyo3(signature = (kind, a, b=0.0, c=0.0))]
-pub fn rate_limiter_preset(py: Python<'_>, kind: &str, a: f64, b: f64, c: f64) -> PyResult<(f64, u64, f64, f64)> {
+#[pyo3(signature = (kind, a, b=0.0, c=0.0, d=0.0))]
+pub fn rate_limiter_preset(py: Python<'_>, kind: &str, a: f64, b: f64, c: f64, d: f64) -> PyResult<(f64, u64, f64, f64)> {
     let count = |name: &str, v: f64| -> PyResult<u64> {
         if v.fract() != 0.0 || v < 0.0 || !v.is_finite() {
             return Err(invalid(py, format!("{name} must be a whole number >= 0, got {v}")));
@@ -197,7 +205,7 @@ pub fn rate_limiter_preset(py: Python<'_>, kind: &str, a: f64, b: f64, c: f64) -
         "MinSize" => RateLimiterConfig::min_size(count("min_size_to_sample", a)?),
         "SampleToInsertRatio" => RateLimiterConfig::sample_to_insert_ratio(a, count("min_size_to_sample", b)?, c),
         "Queue" | "Stack" => RateLimiterConfig::queue(count("size", a)?),
-        "RateLimiter" => RateLimiterConfig::new(a, count("min_size_to_sample", b)?, c, f64::INFINITY),
+        "RateLimiter" => RateLimiterConfig::new(a, count("min_size_to_sample", b)?, c, d),
         other => return Err(invalid(py, format!("unknown rate limiter preset '{other}'"))),
     }
     .map_err(py_err(py))?;

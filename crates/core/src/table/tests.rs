@@ -292,3 +292,17 @@ fn store_pressure_never_evicts_blocks_a_writer_still_holds() {
     assert_eq!(t.size(), 4);
     assert_eq!(t.info().num_store_evictions, 4);
 }
+
+#[test]
+fn an_interrupt_check_stops_a_blocked_sample_with_its_partial_result() {
+    let s = store(8);
+    let t = Table::new(config("t", SelectorSpec::Uniform, SelectorSpec::Fifo, 4), &s).unwrap();
+    let calls = std::sync::atomic::AtomicU32::new(0);
+    let stop = || calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) >= 2;
+    let wait = crate::Wait { timeout: None, interrupt: Some(&stop) };
+    match t.sample(1, wait) {
+        Err(Error::Interrupted { partial: Partial::Sampled(b) }) => assert!(b.is_empty()),
+        other => panic!("expected an interruption, got {other:?}"),
+    }
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 3);
+}
