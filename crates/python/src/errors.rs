@@ -40,6 +40,7 @@ pub fn to_py(py: Python<'_>, e: Error, fields: Option<&[usize]>, signal: Option<
         Error::Io(_) => "RepriseError",
     };
     let message = e.to_string();
+    let interrupted = matches!(e, Error::Interrupted { .. });
     let (partial, err) = match e {
         Error::Timeout { partial, .. } => (partial, new_error(py, name, message)),
         Error::Interrupted { partial } => (partial, signal.unwrap_or_else(|| new_error(py, name, message))),
@@ -59,6 +60,11 @@ pub fn to_py(py: Python<'_>, e: Error, fields: Option<&[usize]>, signal: Option<
             }
             err
         }
+        // KeyboardInterrupt has no class-level `partial = None` as Timeout does.
+        Ok(None) if interrupted => match err.value(py).setattr("partial", py.None()) {
+            Ok(()) => err,
+            Err(set) => set,
+        },
         Ok(None) => err,
         Err(conversion) => conversion,
     }

@@ -1,0 +1,307 @@
+"""Several Python threads writing and sampling at once; the GIL is released while blocked."""
+
+import random
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import reprise as rp
+
+TIMEOUT = 20.0  # generous: a hang fails the test instead of the suite
+
+
+def run_threads(targets):
+    """Starts one thread per callable, joins them, re-raises the first error."""
+    errors = []
+
+    def wrap(fn):
+        def run():
+            try:
+                fn()
+            except BaseException as e:  # noqa: BLE001 - reported in the main thread
+                errors.append(e)
+        return run
+
+    threads = [threading.Thread(target=wrap(fn)) for fn in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+        assert not t.is_alive(), "a thread hung"
+    if errors:
+        raise errors[0]
+
+
+class Counter:
+    """A thread that counts loop iterations: proof that it holds the GIL now and then."""
+
+    def __init__(self):
+        self.count = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.count += 1
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+# --- exact accounting -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("writers, samplers", [(4, 2), (2, 3)])
+def test_queue_hands_every_item_to_exactly_one_sampler(make_store, writers, samplers):
+    store = make_store({"x": rp.Field((), "int64"), "w": rp.Field((), "int32")}, capacity=1 << 14, block_steps=8)
+    q = rp.Table.queue("q", store, max_size=16)
+    per_writer = 500
+    total = writers * per_writer
+    shares = [total // samplers + (i < total % samplers) for i in range(samplers)]
+    drawn = [[] for _ in range(samplers)]
+
+    def writer(wid):
+        def run():
+            with store.writer() as w:
+                for i in range(per_writer):
+                    w.append({"x": wid * 1_000_000 + i, "w": wid})
+                    w.create_item(q, num_steps=1, priority=1.0, timeout=TIMEOUT)
+                    if i % 7 == 6:
+                        w.end_episode()
+        return run
+
+    def sampler(sid):
+        def run():
+            rng = random.Random(sid)
+            left = shares[sid]
+            while left:
+                k = min(left, rng.randint(1, 5))
+                s = q.sample(k, timeout=TIMEOUT)
+                drawn[sid].extend(zip(s.keys.tolist(), s.data["x"][:, 0].tolist(), s.data["w"][:, 0].tolist()))
+                left -= k
+        return run
+
+    run_threads([writer(i) for i in range(writers)] + [sampler(i) for i in range(samplers)])
+
+    everything = [d for per in drawn for d in per]
+    assert len(everything) == total
+    assert len({k for k, _, _ in everything}) == total, "an item was sampled twice"
+    assert sorted(x for _, x, _ in everything) == sorted(
+        wid * 1_000_000 + i for wid in range(writers) for i in range(per_writer))
+    for _, x, wid in everything:
+        assert x // 1_000_000 == wid, "a step's fields were torn between writers"
+    # Each sampler sees each writer's items in the order they were created (Fifo).
+    for per in drawn:
+        for wid in range(writers):
+            xs = [x for _, x, w in per if w == wid]
+            assert xs == sorted(xs)
+    info = q.info()
+    assert (info["size"], info["num_inserts"], info["num_samples"]) == (0, total, total)
+    assert store.free_blocks == store.num_blocks
+
+
+def test_batch_inserts_from_several_threads_keep_every_key_and_row(make_store):
+    store = make_store({"x": rp.Field((3,), "int64")}, capacity=1 << 14, block_steps=16)
+    t = rp.Table("t", store, sampler=rp.selectors.Fifo(), max_size=4000, max_times_sampled=1)
+    results = {}
+
+    def inserter(tid):
+        def run():
+            keys = []
+            for b in range(20):
+                base = tid * 100_000 + b * 100
+                x = (base + np.arange(5 * 4)).reshape(5, 4, 1).repeat(3, axis=2).astype(np.int64)
+                keys.extend(t.insert({"x": x}, 1.0, timeout=TIMEOUT).tolist())
+            results[tid] = keys
+        return run
+
+    run_threads([inserter(i) for i in range(4)])
+    all_keys = [k for keys in results.values() for k in keys]
+    assert len(all_keys) == len(set(all_keys)) == 400 == t.size
+    s = t.sample(400)
+    assert sorted(s.keys.tolist()) == sorted(all_keys)
+    x = s.data["x"]
+    # Every item is 4 consecutive ids, each repeated over the 3 columns.
+    assert (x[:, :, 0] == x[:, :, 1]).all() and (x[:, :, 0] == x[:, :, 2]).all()
+    assert (np.diff(x[:, :, 0], axis=1) == 1).all()
+    assert sorted(x[:, 0, 0].tolist()) == sorted(
+        tid * 100_000 + b * 100 + j * 4 for tid in range(4) for b in range(20) for j in range(5))
+
+
+def test_sampled_data_matches_its_item_while_blocks_are_reused(make_store):
+    """Writers overwrite freed blocks while samplers copy: a sample's rows stay its own."""
+    store = make_store({"x": rp.Field((8,), "int64")}, capacity=1024, block_steps=4)
+    t = rp.Table("t", store, sampler=rp.selectors.Uniform(), remover=rp.selectors.Fifo(), max_size=40, seed=0)
+    stop = threading.Event()
+    checked = []
+
+    def writer(wid):
+        def run():
+            with store.writer() as w:
+                for i in range(6000):
+                    w.append({"x": np.full(8, wid * 1_000_000 + i, dtype=np.int64)})
+                    if i % 3 == 2:
+                        w.create_item(t, num_steps=3, priority=1.0)
+                        w.end_episode()
+        return run
+
+    def sampler():
+        while not stop.is_set():
+            if t.size == 0:
+                continue
+            s = t.sample(16, timeout=1.0)
+            x = s.data["x"]
+            assert (x == x[:, :, :1]).all(), "a row was torn"
+            first = x[:, 0, 0]
+            assert (x[:, 1, 0] == first + 1).all() and (x[:, 2, 0] == first + 2).all(), "an item's rows were overwritten"
+            checked.append(len(s))
+
+    def writers():
+        try:
+            run_threads([writer(0), writer(1)])
+        finally:
+            stop.set()
+
+    run_threads([writers, sampler, sampler])
+    assert sum(checked) > 0
+    assert t.info()["num_inserts"] == 4000
+    # 4000 items x 3 steps went through a 1024-step store: blocks were reused.
+    assert t.info()["num_evictions"] == 3960
+
+
+def test_concurrent_priority_updates_deletes_and_samples_stay_consistent(make_store):
+    store = make_store({"x": rp.Field((), "int64")}, capacity=1 << 14, block_steps=8)
+    t = rp.Table("p", store, sampler=rp.selectors.Prioritized(0.7), remover=rp.selectors.MinHeap(),
+                 max_size=200, seed=3)
+    t.insert({"x": np.arange(200).reshape(200, 1)}, np.linspace(0.1, 5.0, 200))
+    stop = threading.Event()
+
+    def updater(seed):
+        def run():
+            rng = np.random.default_rng(seed)
+            while not stop.is_set():
+                keys = np.array([k for k, *_ in t.items()], dtype=np.uint64)
+                if len(keys):
+                    pick = rng.choice(keys, size=min(20, len(keys)))
+                    t.update_priorities(pick, rng.uniform(0.0, 10.0, size=len(pick)))
+        return run
+
+    def inserter():
+        for i in range(100):
+            t.insert({"x": np.full((3, 1), 1000 + i)}, [1.0, 2.0, 3.0])
+            if i % 10 == 0:
+                keys = [k for k, *_ in t.items()]
+                t.delete(keys[:5])
+        stop.set()
+
+    def sampler():
+        while not stop.is_set():
+            s = t.sample(32, timeout=1.0)
+            assert np.all(s.probabilities > 0) and np.all(s.probabilities <= 1)
+            assert np.all(np.isfinite(s.priorities)) and np.all(s.priorities >= 0)
+
+    run_threads([inserter, updater(1), updater(2), sampler])
+    items = t.items()
+    assert len(items) == t.size <= 200
+    assert len({k for k, *_ in items}) == len(items)
+    s = t.sample(1000)
+    p = {k: pr for k, pr, _, _ in items}
+    total = sum(v ** 0.7 for v in p.values())
+    np.testing.assert_allclose(s.probabilities, [p[k] ** 0.7 / total for k in s.keys.tolist()], rtol=1e-9)
+
+
+# --- the GIL is released while blocked ---------------------------------------------------------------
+
+
+def test_gil_is_released_while_a_sampler_waits(scalar_store):
+    t = rp.Table("t", scalar_store, rate_limiter=rp.rate_limiters.MinSize(1))
+    result = {}
+
+    def sampler():
+        start = time.monotonic()
+        result["sample"] = t.sample(1, timeout=5.0)
+        result["waited"] = time.monotonic() - start
+
+    with Counter() as counter:
+        thread = threading.Thread(target=sampler)
+        thread.start()
+        time.sleep(0.05)
+        before = counter.count
+        time.sleep(0.3)
+        progressed = counter.count - before
+        assert thread.is_alive(), "the sampler should still be waiting"
+        t.insert({"x": np.array([[7]])}, 1.0)
+        thread.join(timeout=5)
+    assert progressed > 1000, f"another thread made only {progressed} steps while the sampler waited"
+    assert result["sample"].data["x"].tolist() == [[7]]
+    assert result["waited"] < 4.0
+
+
+def test_gil_is_released_while_an_insert_waits(scalar_store):
+    q = rp.Table.queue("q", scalar_store, max_size=1)
+    q.insert({"x": np.array([[0]])}, 1.0)
+    done = threading.Event()
+
+    def inserter():
+        q.insert({"x": np.array([[1]])}, 1.0, timeout=5.0)
+        done.set()
+
+    with Counter() as counter:
+        thread = threading.Thread(target=inserter)
+        thread.start()
+        time.sleep(0.05)
+        before = counter.count
+        time.sleep(0.3)
+        progressed = counter.count - before
+        assert not done.is_set()
+        assert q.sample(1, timeout=1.0).data["x"].tolist() == [[0]]
+        thread.join(timeout=5)
+    assert done.is_set()
+    assert progressed > 1000
+    assert q.sample(1, timeout=1.0).data["x"].tolist() == [[1]]
+
+
+def test_gil_is_released_while_create_item_waits(scalar_store):
+    q = rp.Table.queue("q", scalar_store, max_size=1)
+    q.insert({"x": np.array([[0]])}, 1.0)
+    done = threading.Event()
+
+    def writer():
+        with scalar_store.writer() as w:
+            w.append({"x": 1})
+            w.create_item(q, num_steps=1, priority=1.0, timeout=5.0)
+        done.set()
+
+    thread = threading.Thread(target=writer)
+    start = time.monotonic()
+    thread.start()
+    time.sleep(0.2)
+    assert not done.is_set()
+    # This thread runs Python (and takes the table lock) while the writer waits.
+    assert q.sample(1, timeout=1.0).data["x"].tolist() == [[0]]
+    thread.join(timeout=5)
+    assert done.is_set() and time.monotonic() - start < 4.0
+    assert q.sample(1, timeout=1.0).data["x"].tolist() == [[1]]
+
+
+def test_a_writer_busy_in_another_thread_refuses_calls(scalar_store):
+    q = rp.Table.queue("q", scalar_store, max_size=1)
+    q.insert({"x": np.array([[0]])}, 1.0)
+    w = scalar_store.writer()
+    w.append({"x": 1})
+    thread = threading.Thread(target=lambda: w.create_item(q, num_steps=1, priority=1.0, timeout=5.0))
+    thread.start()
+    time.sleep(0.2)
+    with pytest.raises(rp.errors.RepriseError, match="another thread"):
+        w.append({"x": 2})
+    q.sample(1, timeout=1.0)
+    thread.join(timeout=5)
+    w.append({"x": 2})  # free again
+    w.close()
