@@ -117,15 +117,15 @@ def measure_memcpy(nbytes: int, rounds: int) -> dict:
 
 
 # --- running systems ------------------------------------------------------------------
-def interpreter_for(venv: str | None) -> tuple[str | None, str | None]:
+def interpreter_for(venv: str | None, reprise_python: str) -> tuple[str | None, str | None]:
     """(python, reason it is missing)."""
     if venv is None:
-        r = subprocess.run([sys.executable, "-c", "import reprise"], capture_output=True,
+        r = subprocess.run([reprise_python, "-c", "import reprise"], capture_output=True,
                            text=True)
         if r.returncode != 0:
             last = (r.stderr.strip().splitlines() or ["?"])[-1]
-            return None, f"`import reprise` fails in {sys.executable}: {last}"
-        return sys.executable, None
+            return None, f"`import reprise` fails in {reprise_python}: {last}"
+        return reprise_python, None
     py = os.path.join(VENVS, venv, "bin", "python")
     if not os.access(py, os.X_OK):
         return None, f"venv missing ({py}); run `bash benchmarks/setup_peers.sh {venv}`"
@@ -230,7 +230,7 @@ def build_table(report: dict) -> str:
     present = [n for n, _, _, _ in SYSTEMS]
     missing = {n: ("n/a" if "results" not in systems.get(n, {}) else "—") for n in present}
     header = ["workload", "unit"] + [DISPLAY[n] for n in present] + \
-             ["Reprise / best peer", "Reprise % of memcpy"]
+             ["Reprise / best peer", "Reprise % of 1-core memcpy"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for key in workload_keys():
         entries = {n: systems.get(n, {}).get("results", {}).get(key) for n in present}
@@ -273,6 +273,13 @@ def build_markdown(report: dict) -> str:
            "",
            build_table(report),
            ""]
+    busy = {n: s["loadavg_1m_before"] for n, s in report["systems"].items()
+            if s.get("loadavg_1m_before", 0) > 0.7}
+    if busy:
+        out += ["**Warning:** the machine was busy (1-minute load average before the system "
+                "started: " + ", ".join(f"{DISPLAY[n]} {v}" for n, v in busy.items()) +
+                "); on 2 cores that skews every number, TorchRL's (2 intra-op threads) most.",
+                ""]
     out.append("## Systems")
     for name, _, _, _ in SYSTEMS:
         s = report["systems"].get(name, {})
@@ -309,6 +316,8 @@ def main() -> None:
                     help="comma-separated subset of " + ",".join(n for n, *_ in SYSTEMS))
     ap.add_argument("--budget-scale", type=float, default=1.0,
                     help="multiply every system's time budget")
+    ap.add_argument("--reprise-python", default=sys.executable,
+                    help="interpreter with reprise installed (default: this one)")
     args = ap.parse_args()
     wanted = [s for s in args.systems.split(",") if s]
     unknown = set(wanted) - {n for n, *_ in SYSTEMS}
@@ -330,15 +339,20 @@ def main() -> None:
         if name not in wanted:
             report["systems"][name] = {"skipped": "not selected (--systems)"}
             continue
-        python, why = interpreter_for(venv)
+        python, why = interpreter_for(venv, args.reprise_python)
         if python is None:
             print(f"\n== {name}: SKIPPED: {why}", file=sys.stderr, flush=True)
             report["systems"][name] = {"skipped": why}
             continue
         b = (90 if args.quick else budget) * args.budget_scale
         sys_args = ["--budget", str(b)] + (["--quick"] if args.quick else [])
+        load = os.getloadavg()[0]
+        if load > 0.7:
+            print(f"WARNING: load average {load:.2f} before {name}: another process is busy; "
+                  "numbers (TorchRL's especially) will be low", file=sys.stderr, flush=True)
         result = run_system(name, python, script, sys_args, timeout=2 * b + 180,
                             log_path=os.path.join(OUT, f"{stem}-{name}.log"))
+        result["loadavg_1m_before"] = round(load, 2)
         report["systems"][name] = result
         if "config" in result and not report["config"]:
             report["config"] = result["config"]

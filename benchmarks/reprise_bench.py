@@ -28,10 +28,13 @@ FILL_CHUNK = 4096
 STEPS_PER_CALL = 256
 
 
-def make_table(name: str, floats: int, items: int, sampler=None):
-    """A one-field store and a FIFO-evicting table of at most ``items`` one-step items."""
+def make_table(name: str, floats: int, items: int, max_batch: int, sampler=None):
+    """A one-field store and a FIFO-evicting table of at most ``items`` one-step items.
+
+    The store holds the table plus room for two batches of ``max_batch`` items and a
+    few blocks, so an insert into a full table always finds free rows."""
     sig = {"x": rp.Field((floats,), "float32")}
-    margin = 2 * max(BATCH, FILL_CHUNK) + 4 * BLOCK_STEPS
+    margin = 2 * max_batch + 4 * BLOCK_STEPS
     store = rp.Store(sig, capacity=items + margin, block_steps=BLOCK_STEPS)
     table = rp.Table(name, store,
                      sampler=sampler if sampler is not None else rp.selectors.Uniform(),
@@ -48,10 +51,10 @@ def closer(store, table):
 
 
 def insert_batched(floats: int, capacity: int, batch: int) -> Workload:
-    store, table = make_table("insert_batched", floats, capacity)
+    store, table = make_table("insert_batched", floats, capacity, batch)
     src = payload(batch, floats)  # [256, 1, k]
     prios = np.ones(batch, np.float64)
-    for _ in range(-(-capacity // batch)):  # wrap the ring once: pages touched
+    for _ in range(-(-store.capacity // batch) + 1):  # cycle the whole store: pages touched
         table.insert({"x": src}, priorities=prios)
     assert table.size == capacity, (table.size, capacity)
     return Workload(call=lambda: table.insert({"x": src}, priorities=prios),
@@ -70,7 +73,7 @@ def open_writer(store):
 
 
 def insert_step(floats: int, capacity: int) -> Workload:
-    store, table = make_table("insert_step", floats, capacity)
+    store, table = make_table("insert_step", floats, capacity, STEPS_PER_CALL)
     rows = [{"x": r[0]} for r in payload(STEPS_PER_CALL, floats)]  # each x: float32[k]
     w_cm, end_episodes = open_writer(store)
     w = w_cm.__enter__()
@@ -83,7 +86,7 @@ def insert_step(floats: int, capacity: int) -> Workload:
         if end_episodes:
             w.end_episode()
 
-    for _ in range(-(-capacity // STEPS_PER_CALL)):
+    for _ in range(-(-store.capacity // STEPS_PER_CALL) + 1):  # cycle the whole store
         call()
     w.flush()
     assert table.size == capacity, (table.size, capacity)
@@ -100,8 +103,8 @@ def insert_step(floats: int, capacity: int) -> Workload:
 
 
 def sample_uniform(floats: int, n_items: int, batch: int) -> Workload:
-    store, table = make_table("sample_uniform", floats, n_items)
     src = payload(fill_rows(n_items, floats, FILL_CHUNK), floats)
+    store, table = make_table("sample_uniform", floats, n_items, len(src))
     for start, stop in fill_batches(n_items, len(src)):
         table.insert({"x": src[: stop - start]}, priorities=np.ones(stop - start))
     assert table.size == n_items, (table.size, n_items)
@@ -112,7 +115,7 @@ def sample_uniform(floats: int, n_items: int, batch: int) -> Workload:
 
 
 def prioritized(floats: int, n_items: int, batch: int, exponent: float) -> Workload:
-    store, table = make_table("prioritized", floats, n_items,
+    store, table = make_table("prioritized", floats, n_items, FILL_CHUNK,
                               sampler=rp.selectors.Prioritized(priority_exponent=exponent))
     src = payload(FILL_CHUNK, floats)
     prios = prio_fill_priorities(n_items)
