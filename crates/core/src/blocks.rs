@@ -121,6 +121,16 @@ impl BlockAllocator {
     }
 }
 
+/// Where a writer's blocks come from: the store's own allocator in process, or
+/// the process that owns the store, over a socket, for same-host clients.
+pub trait BlockSource {
+    fn columns(&self) -> &crate::columns::Columns;
+    /// A fresh block with one reference owned by the caller.
+    fn lease(&mut self) -> Result<u32>;
+    fn retain(&mut self, block: u32);
+    fn release(&mut self, block: u32);
+}
+
 /// A run of rows inside one block: rows `[start, start + len)` of the store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Run {
@@ -137,18 +147,18 @@ pub struct Cursor {
 }
 
 impl Cursor {
-    /// The next run of at most `rows` rows, in the current block or in a newly
-    /// leased one (`lease` is asked for it). The caller gets no reference of its
-    /// own on the run's block.
-    pub fn take(&mut self, alloc: &BlockAllocator, lease: impl FnOnce() -> Result<u32>, rows: u32) -> Result<Run> {
+    /// The next run of at most `rows` rows, in the current block or in a block
+    /// newly leased from `source`. The caller gets no reference of its own on the
+    /// run's block.
+    pub fn take(&mut self, source: &mut impl BlockSource, rows: u32) -> Result<Run> {
         debug_assert!(rows > 0);
-        let bs = alloc.block_steps();
+        let bs = source.columns().block_steps();
         let (block, used) = match self.current {
             Some((b, used)) if used < bs => (b, used),
             other => {
-                let fresh = lease()?;
+                let fresh = source.lease()?;
                 if let Some((old, _)) = other {
-                    alloc.release(old);
+                    source.release(old);
                 }
                 (fresh, 0)
             }
@@ -158,15 +168,10 @@ impl Cursor {
         Ok(Run { block, start: block as u64 * bs as u64 + used as u64, len })
     }
 
-    /// Rows left in the current block without leasing another.
-    pub fn remaining_in_block(&self, alloc: &BlockAllocator) -> u32 {
-        self.current.map_or(0, |(_, used)| alloc.block_steps() - used)
-    }
-
     /// Gives up the current block.
-    pub fn close(&mut self, alloc: &BlockAllocator) {
+    pub fn close(&mut self, source: &mut impl BlockSource) {
         if let Some((b, _)) = self.current.take() {
-            alloc.release(b);
+            source.release(b);
         }
     }
 }
@@ -220,17 +225,19 @@ mod tests {
 
     #[test]
     fn cursor_fills_a_block_before_leasing_the_next() {
-        let a = BlockAllocator::new(3, 4);
+        use crate::signature::{DType, Field, Signature};
+        let sig = Signature::new(vec![Field::new("x", DType::Int8, vec![]).unwrap()]).unwrap();
+        let mut s = crate::Store::new(sig, 12, 4, None).unwrap();
         let mut c = Cursor::default();
-        let r1 = c.take(&a, || a.lease(), 3).unwrap();
-        let r2 = c.take(&a, || a.lease(), 3).unwrap();
-        let r3 = c.take(&a, || a.lease(), 3).unwrap();
+        let r1 = c.take(&mut s, 3).unwrap();
+        let r2 = c.take(&mut s, 3).unwrap();
+        let r3 = c.take(&mut s, 3).unwrap();
         assert_eq!((r1.block, r1.start, r1.len), (0, 0, 3));
         assert_eq!((r2.block, r2.start, r2.len), (0, 3, 1));
         assert_eq!((r3.block, r3.start, r3.len), (1, 4, 3));
         // Block 0 was full and nobody retained it: it is free again.
-        assert_eq!(a.refcount(0), 0);
-        c.close(&a);
-        assert_eq!(a.free_blocks(), 3);
+        assert_eq!(s.block_refcount(0), 0);
+        c.close(&mut s);
+        assert_eq!(s.free_blocks(), 3);
     }
 }

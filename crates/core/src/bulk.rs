@@ -65,7 +65,7 @@ impl Table {
             let mut at = 0;
             for run in &claim.runs {
                 let bytes = run.len as usize * row_bytes;
-                store.write_rows(col, run.start, &src[at..at + bytes]);
+                store.columns().write_rows(col, run.start, &src[at..at + bytes]);
                 at += bytes;
             }
         }

@@ -12,6 +12,7 @@
 
 pub mod blocks;
 mod bulk;
+pub mod columns;
 pub mod error;
 pub mod item;
 pub(crate) mod memory;
@@ -24,6 +25,7 @@ pub mod table;
 pub mod wait;
 pub mod writer;
 
+pub use columns::Columns;
 pub use error::{Error, Result};
 pub use item::{RowRange, Window};
 pub use rate_limiter::RateLimiterConfig;

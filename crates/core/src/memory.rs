@@ -43,6 +43,8 @@ pub struct Region {
     _map: MmapMut,
     base: NonNull<u8>,
     path: PathBuf,
+    /// Created (and so removed on drop) by this handle.
+    owner: bool,
 }
 
 // SAFETY: `Region` owns its mapping; the raw `base` pointer is only dereferenced by
@@ -95,7 +97,31 @@ impl Region {
         let mut map = unsafe { MmapMut::map_mut(&file) }
             .map_err(|e| cleanup(format!("cannot map {} ({len} bytes): {e}", path.display())))?;
         let base = NonNull::new(map.as_mut_ptr()).expect("mmap never returns a null mapping");
-        Ok(Region { _map: map, base, path })
+        Ok(Region { _map: map, base, path, owner: true })
+    }
+
+    /// Maps an existing region file of at least `len` bytes (made by another
+    /// process of this user). Dropping the mapping leaves the file in place.
+    pub fn open(path: &Path, len: usize) -> Result<Region> {
+        let len = len.max(4096);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|e| Error::Io(format!("cannot open shared memory file {}: {e}", path.display())))?;
+        let actual = file.metadata().map_err(|e| Error::Io(format!("cannot stat {}: {e}", path.display())))?.len();
+        if actual < len as u64 {
+            return Err(Error::Corrupt(format!(
+                "shared memory file {} holds {actual} bytes, the store needs {len}",
+                path.display()
+            )));
+        }
+        // SAFETY: the owner never truncates the file while it exists; we map only
+        // the `len` bytes checked above.
+        let mut map = unsafe { memmap2::MmapOptions::new().len(len).map_mut(&file) }
+            .map_err(|e| Error::Io(format!("cannot map {} ({len} bytes): {e}", path.display())))?;
+        let base = NonNull::new(map.as_mut_ptr()).expect("mmap never returns a null mapping");
+        Ok(Region { _map: map, base, path: path.to_path_buf(), owner: false })
     }
 
     pub fn path(&self) -> &Path {
@@ -109,7 +135,9 @@ impl Region {
 
 impl Drop for Region {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        if self.owner {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 
@@ -133,6 +161,18 @@ mod tests {
     fn a_region_larger_than_the_file_system_is_refused() {
         let e = Region::create(&default_directory(), usize::MAX / 4).err().unwrap().to_string();
         assert!(e.contains("does not fit") && e.contains("GiB free"), "{e}");
+    }
+
+    #[test]
+    fn an_attached_region_sees_the_owners_bytes_and_leaves_the_file() {
+        let owner = Region::create(&default_directory(), 8192).unwrap();
+        // SAFETY (test): single-threaded, in bounds.
+        unsafe { *owner.base().add(100) = 42 };
+        let other = Region::open(owner.path(), 8192).unwrap();
+        assert_eq!(unsafe { *other.base().add(100) }, 42);
+        drop(other);
+        assert!(owner.path().exists());
+        assert!(Region::open(owner.path(), 1 << 20).err().unwrap().to_string().contains("holds 8192 bytes"));
     }
 
     #[test]

@@ -75,7 +75,7 @@ impl SampleBatch {
         assert_eq!(dst.len(), stride * self.items.len(), "gather destination has the wrong size");
         let prefetch = |i: usize| {
             if let Some(item) = self.items.get(i) {
-                self.store.prefetch(col, &item.window.ranges()[0], 1024);
+                self.store.columns().prefetch(col, &item.window.ranges()[0], 1024);
             }
         };
         (0..AHEAD).for_each(prefetch);
@@ -83,7 +83,7 @@ impl SampleBatch {
             prefetch(i + AHEAD);
             let at = i * stride;
             let bytes = item.length as usize * row;
-            self.store.read_ranges(col, item.window.ranges(), &mut dst[at..at + bytes]);
+            self.store.columns().read_ranges(col, item.window.ranges(), &mut dst[at..at + bytes]);
         }
     }
 }

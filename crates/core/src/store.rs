@@ -1,45 +1,22 @@
-//! Stores: the columns of step data plus the block allocator.
-//!
-//! All columns live in one shared-memory region: column `c` starts at a 64-byte
-//! aligned offset and holds `capacity` rows of `row_bytes(c)` bytes. Row `r` of every
-//! column belongs to the same step, and rows are owned block by block:
-//!
-//! * a writer (or a bulk claim) writes only rows of runs it took from its own
-//!   [`Cursor`], which no one else can take until the block is freed;
-//! * rows are read only while the reader holds a reference on their block (an item
-//!   in a table, or a [`crate::SampleBatch`] being collected), so they are not
-//!   reused under the reader.
-//!
-//! Those two rules make the raw copies below sound; this module and `memory.rs`
-//! are the only ones with `unsafe`.
+//! Stores: the columns of step data ([`Columns`], in shared memory) plus the block
+//! allocator and the tables over them.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 
-use crate::blocks::{BlockAllocator, Cursor};
+use crate::blocks::{BlockAllocator, BlockSource, Cursor};
 use crate::error::Result;
 use crate::invalid;
 use crate::item::RowRange;
-use crate::memory::{default_directory, Region};
+use crate::columns::Columns;
+use crate::memory::default_directory;
 use crate::signature::Signature;
 use crate::table::Shared as TableShared;
 
-const COLUMN_ALIGN: usize = 64;
-
-#[derive(Clone, Copy, Debug)]
-struct Column {
-    offset: usize,
-    row_bytes: usize,
-}
-
 pub(crate) struct StoreInner {
-    signature: Signature,
-    block_steps: u32,
-    capacity: u64,
-    columns: Vec<Column>,
-    region: Region,
+    columns: Columns,
     pub(crate) allocator: BlockAllocator,
     bulk: Mutex<Cursor>,
     tables: Mutex<Vec<(String, Weak<TableShared>)>>,
@@ -53,7 +30,7 @@ pub struct Store {
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Store({}, capacity={})", self.inner.signature.describe(), self.inner.capacity)
+        write!(f, "Store({}, capacity={})", self.signature().describe(), self.capacity())
     }
 }
 
@@ -81,30 +58,11 @@ impl Store {
             ));
         }
         let capacity = num_blocks * block_steps as u64;
-        let mut columns = Vec::with_capacity(signature.len());
-        let mut offset = 0usize;
-        for f in signature.fields() {
-            let row_bytes = f.row_bytes();
-            let bytes = (row_bytes as u64).checked_mul(capacity).filter(|&b| b <= isize::MAX as u64);
-            let Some(bytes) = bytes else {
-                return Err(invalid!(
-                    "field '{}' ({}) x {capacity} steps does not fit in memory",
-                    f.name,
-                    f.describe()
-                ));
-            };
-            columns.push(Column { offset, row_bytes });
-            offset = (offset + bytes as usize).next_multiple_of(COLUMN_ALIGN);
-        }
         let dir: PathBuf = directory.map(Path::to_path_buf).unwrap_or_else(default_directory);
-        let region = Region::create(&dir, offset)?;
+        let columns = Columns::create(signature, capacity, block_steps, &dir)?;
         Ok(Store {
             inner: Arc::new(StoreInner {
-                signature,
-                block_steps,
-                capacity,
                 columns,
-                region,
                 allocator: BlockAllocator::new(num_blocks as u32, block_steps),
                 bulk: Mutex::new(Cursor::default()),
                 tables: Mutex::new(Vec::new()),
@@ -113,16 +71,16 @@ impl Store {
     }
 
     pub fn signature(&self) -> &Signature {
-        &self.inner.signature
+        self.inner.columns.signature()
     }
 
     /// Capacity in steps (whole blocks).
     pub fn capacity(&self) -> u64 {
-        self.inner.capacity
+        self.inner.columns.capacity()
     }
 
     pub fn block_steps(&self) -> u32 {
-        self.inner.block_steps
+        self.inner.columns.block_steps()
     }
 
     pub fn num_blocks(&self) -> u32 {
@@ -139,25 +97,23 @@ impl Store {
 
     /// The shared-memory file that backs the columns.
     pub fn path(&self) -> &Path {
-        self.inner.region.path()
+        self.inner.columns.path()
     }
 
     /// Removes the shared-memory file now. The memory stays mapped (and usable)
     /// until the last handle to the store is gone; no new process can attach.
     pub fn unlink(&self) {
-        let _ = std::fs::remove_file(self.inner.region.path());
+        let _ = std::fs::remove_file(self.inner.columns.path());
     }
 
     /// Bytes of one row of column `col`.
     pub fn row_bytes(&self, col: usize) -> usize {
-        self.inner.columns[col].row_bytes
+        self.inner.columns.row_bytes(col)
     }
 
-    /// Address of row 0 of column `col` (for zero-copy views; rows are valid only
-    /// under the ownership rules in the module docs).
-    pub fn column_ptr(&self, col: usize) -> *const u8 {
-        // SAFETY: `offset` is inside the region by construction in `new`.
-        unsafe { self.inner.region.base().add(self.inner.columns[col].offset) }
+    /// The columns (layout and raw row access).
+    pub fn columns(&self) -> &Columns {
+        &self.inner.columns
     }
 
     pub(crate) fn allocator(&self) -> &BlockAllocator {
@@ -168,73 +124,16 @@ impl Store {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 
-    /// Copies `src` (whole rows) into column `col` starting at `row`. The rows must
-    /// belong to a run the caller took from its own cursor and has not published.
-    pub(crate) fn write_rows(&self, col: usize, row: u64, src: &[u8]) {
-        let c = self.inner.columns[col];
-        let rows = (src.len() / c.row_bytes.max(1)) as u64;
-        assert!(src.len() % c.row_bytes.max(1) == 0, "partial row write");
-        assert!(row + rows <= self.inner.capacity, "row write past capacity");
-        // SAFETY: the destination is inside column `col` (bounds asserted above), the
-        // rows belong to the caller's unpublished run so nothing reads or writes them
-        // concurrently, and `src` cannot overlap the mapping's private rows.
-        unsafe {
-            let dst = self.inner.region.base().add(c.offset + row as usize * c.row_bytes);
-            std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len());
-        }
-    }
-
-    /// Copies the rows of `ranges` of column `col`, back to back, into `dst`, which
-    /// must hold exactly that many rows. The caller holds references on their blocks.
-    pub fn read_ranges(&self, col: usize, ranges: &[RowRange], dst: &mut [u8]) {
-        let c = self.inner.columns[col];
-        let mut at = 0usize;
-        for r in ranges {
-            let bytes = r.len as usize * c.row_bytes;
-            assert!(r.start + r.len as u64 <= self.inner.capacity, "row read past capacity");
-            // SAFETY: the source rows are inside the column (asserted), published and
-            // referenced by the caller so no writer touches them; `dst[at..at+bytes]`
-            // is a valid exclusive slice (indexing panics otherwise).
-            unsafe {
-                let src = self.inner.region.base().add(c.offset + r.start as usize * c.row_bytes);
-                std::ptr::copy_nonoverlapping(src, dst[at..at + bytes].as_mut_ptr(), bytes);
-            }
-            at += bytes;
-        }
-        assert_eq!(at, dst.len(), "destination size does not match the ranges");
-    }
-
-    /// Hints the CPU to start loading the first `max_bytes` of `range` in column
-    /// `col`, so that a gather of many random rows overlaps their memory latency.
-    pub fn prefetch(&self, col: usize, range: &RowRange, max_bytes: usize) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-            let c = self.inner.columns[col];
-            if range.start + range.len as u64 > self.inner.capacity {
-                return;
-            }
-            let bytes = (range.len as usize * c.row_bytes).min(max_bytes);
-            let base = self.inner.region.base() as usize + c.offset + range.start as usize * c.row_bytes;
-            for line in (0..bytes).step_by(64) {
-                // SAFETY: a prefetch never faults and changes no memory; the address is
-                // inside the mapped column (bounds checked above).
-                unsafe { _mm_prefetch::<_MM_HINT_T0>((base + line) as *const i8) };
-            }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = (col, range, max_bytes);
-    }
-
     /// Claims `rows` fresh rows through the store's shared bulk cursor. The claim
     /// holds a reference on every block it touches until it is dropped.
     pub(crate) fn claim_rows(&self, rows: u64) -> Result<Claim> {
         let mut claim = Claim { store: self.clone(), runs: Vec::new(), blocks: Vec::new() };
         let alloc = &self.inner.allocator;
+        let mut source = self.clone();
         let mut cursor = self.inner.bulk.lock();
         let mut left = rows;
         while left > 0 {
-            let run = cursor.take(alloc, || self.lease_block(), left.min(u32::MAX as u64) as u32)?;
+            let run = cursor.take(&mut source, left.min(u32::MAX as u64) as u32)?;
             alloc.retain(run.block);
             claim.blocks.push(run.block);
             left -= run.len as u64;
@@ -305,6 +204,24 @@ impl Store {
     }
 }
 
+impl BlockSource for Store {
+    fn columns(&self) -> &Columns {
+        &self.inner.columns
+    }
+
+    fn lease(&mut self) -> Result<u32> {
+        self.lease_block()
+    }
+
+    fn retain(&mut self, block: u32) {
+        self.inner.allocator.retain(block)
+    }
+
+    fn release(&mut self, block: u32) {
+        self.inner.allocator.release(block)
+    }
+}
+
 /// Rows claimed through the bulk cursor, in memory order (adjacent blocks merged
 /// into one range); every block touched is referenced until the claim is dropped.
 pub(crate) struct Claim {
@@ -349,9 +266,9 @@ mod tests {
         let run = claim.runs[0];
         assert_eq!(run.len, 3);
         let src: Vec<u8> = (0..36).collect();
-        s.write_rows(0, run.start, &src);
+        s.columns().write_rows(0, run.start, &src);
         let mut dst = vec![0u8; 24];
-        s.read_ranges(0, &[RowRange { start: run.start + 1, len: 2 }], &mut dst);
+        s.columns().read_ranges(0, &[RowRange { start: run.start + 1, len: 2 }], &mut dst);
         assert_eq!(dst, src[12..36]);
     }
 

@@ -9,7 +9,7 @@
 
 use std::collections::VecDeque;
 
-use crate::blocks::{Cursor, Run};
+use crate::blocks::{BlockSource, Cursor, Run};
 use crate::error::{Error, Partial, Result};
 use crate::invalid;
 use crate::item::{NewItem, RowRange, Window};
@@ -17,8 +17,10 @@ use crate::store::Store;
 use crate::table::Table;
 use crate::wait::Wait;
 
-pub struct Writer {
-    store: Store,
+/// A writer over blocks from `B`: the store itself in process (the default), or
+/// the store's owner for same-host clients (see the client crate).
+pub struct Writer<B: BlockSource = Store> {
+    source: B,
     cursor: Cursor,
     history: VecDeque<Run>,
     /// Steps in `history`.
@@ -27,23 +29,20 @@ pub struct Writer {
     max_sequence_length: Option<u64>,
 }
 
-impl Writer {
-    pub fn new(store: &Store, max_sequence_length: Option<u64>) -> Result<Writer> {
+impl<B: BlockSource> Writer<B> {
+    pub fn new(source: B, max_sequence_length: Option<u64>) -> Result<Writer<B>> {
         if max_sequence_length == Some(0) {
             return Err(invalid!("max_sequence_length must be >= 1 or None, got 0"));
         }
-        Ok(Writer {
-            store: store.clone(),
-            cursor: Cursor::default(),
-            history: VecDeque::new(),
-            kept: 0,
-            episode_steps: 0,
-            max_sequence_length,
-        })
+        Ok(Writer { source, cursor: Cursor::default(), history: VecDeque::new(), kept: 0, episode_steps: 0, max_sequence_length })
     }
 
-    pub fn store(&self) -> &Store {
-        &self.store
+    pub fn source(&self) -> &B {
+        &self.source
+    }
+
+    pub fn source_mut(&mut self) -> &mut B {
+        &mut self.source
     }
 
     /// Steps appended since the episode began.
@@ -52,7 +51,7 @@ impl Writer {
     }
 
     fn check_columns(&self, columns: &[&[u8]], steps: usize) -> Result<()> {
-        let fields = self.store.signature().fields();
+        let fields = self.source.columns().signature().fields();
         if columns.len() != fields.len() {
             return Err(invalid!("expected {} columns, got {}", fields.len(), columns.len()));
         }
@@ -73,10 +72,9 @@ impl Writer {
     /// Appends one step: one row per field, in signature order.
     pub fn append(&mut self, columns: &[&[u8]]) -> Result<()> {
         self.check_columns(columns, 1)?;
-        let store = &self.store;
-        let run = self.cursor.take(store.allocator(), || store.lease_block(), 1)?;
+        let run = self.cursor.take(&mut self.source, 1)?;
         for (col, src) in columns.iter().enumerate() {
-            self.store.write_rows(col, run.start, src);
+            self.source.columns().write_rows(col, run.start, src);
         }
         self.record(run, false);
         Ok(())
@@ -89,30 +87,29 @@ impl Writer {
             return Ok(());
         }
         self.check_columns(columns, steps)?;
-        let alloc = self.store.allocator();
         let mut runs: Vec<Run> = Vec::new();
         let mut left = steps as u64;
         while left > 0 {
-            let store = &self.store;
-            match self.cursor.take(alloc, || store.lease_block(), left.min(u32::MAX as u64) as u32) {
+            match self.cursor.take(&mut self.source, left.min(u32::MAX as u64) as u32) {
                 Ok(run) => {
                     // Hold the block before the next take may let the cursor drop it.
-                    alloc.retain(run.block);
+                    self.source.retain(run.block);
                     left -= run.len as u64;
                     runs.push(run);
                 }
                 Err(e) => {
-                    runs.iter().for_each(|r| alloc.release(r.block));
+                    runs.iter().for_each(|r| self.source.release(r.block));
                     return Err(e);
                 }
             }
         }
+        let cols = self.source.columns();
         for (col, src) in columns.iter().enumerate() {
-            let row_bytes = self.store.row_bytes(col);
+            let row_bytes = cols.row_bytes(col);
             let mut at = 0;
             for run in &runs {
                 let bytes = run.len as usize * row_bytes;
-                self.store.write_rows(col, run.start, &src[at..at + bytes]);
+                cols.write_rows(col, run.start, &src[at..at + bytes]);
                 at += bytes;
             }
         }
@@ -125,17 +122,16 @@ impl Writer {
     /// Adds a written run to the episode history. `held` says whether the caller
     /// already holds a reference on the run's block for the history to take over.
     fn record(&mut self, run: Run, held: bool) {
-        let alloc = self.store.allocator();
         match self.history.back_mut() {
             Some(last) if last.block == run.block && last.start + last.len as u64 == run.start => {
                 last.len += run.len;
                 if held {
-                    alloc.release(run.block);
+                    self.source.release(run.block);
                 }
             }
             _ => {
                 if !held {
-                    alloc.retain(run.block);
+                    self.source.retain(run.block);
                 }
                 self.history.push_back(run);
             }
@@ -149,14 +145,14 @@ impl Writer {
 
     /// Drops history beyond the last `max` steps.
     fn trim(&mut self, max: u64) {
-        let alloc = self.store.allocator();
         while self.kept > max {
             let excess = self.kept - max;
             let front = self.history.front_mut().expect("kept > 0 implies history");
             if front.len as u64 <= excess {
                 self.kept -= front.len as u64;
-                alloc.release(front.block);
+                let block = front.block;
                 self.history.pop_front();
+                self.source.release(block);
             } else {
                 front.start += excess;
                 front.len -= excess as u32;
@@ -165,8 +161,24 @@ impl Writer {
         }
     }
 
-    /// The rows of the last `num_steps` steps, oldest first, adjacent runs merged.
-    fn window(&self, num_steps: u64) -> Vec<RowRange> {
+    /// The rows of the last `num_steps` steps of this episode, oldest first, for
+    /// an item in `table`. Fails when the episode (or the kept history) is shorter.
+    pub fn window(&self, table: &str, num_steps: u64) -> Result<Window> {
+        if num_steps == 0 {
+            return Err(invalid!("num_steps must be >= 1, got 0"));
+        }
+        if num_steps > self.episode_steps {
+            return Err(invalid!(
+                "item of {num_steps} steps for table '{table}' is longer than the episode so far ({} steps)",
+                self.episode_steps
+            ));
+        }
+        if num_steps > self.kept {
+            return Err(invalid!(
+                "item of {num_steps} steps for table '{table}' is longer than the writer's max_sequence_length ({})",
+                self.kept
+            ));
+        }
         let mut ranges: Vec<RowRange> = Vec::new();
         let mut left = num_steps;
         for run in self.history.iter().rev() {
@@ -185,34 +197,40 @@ impl Writer {
             left -= take;
         }
         ranges.reverse();
-        ranges
+        Ok(Window::from_ranges(ranges))
+    }
+
+    /// Ends the episode: later items cannot reach back past this point, and the
+    /// writer lets go of the episode's rows (items keep what they reference).
+    pub fn end_episode(&mut self) {
+        for run in std::mem::take(&mut self.history) {
+            self.source.release(run.block);
+        }
+        self.kept = 0;
+        self.episode_steps = 0;
+    }
+
+    /// Ends the episode and gives up the current block.
+    pub fn close(&mut self) {
+        self.end_episode();
+        self.cursor.close(&mut self.source);
+    }
+}
+
+impl Writer<Store> {
+    pub fn store(&self) -> &Store {
+        &self.source
     }
 
     /// Creates an item over the last `num_steps` steps of this episode in `table`,
     /// waiting for the table's rate limiter up to `timeout`. Returns its key.
     pub fn create_item<'w>(&mut self, table: &Table, num_steps: u64, priority: f64, wait: impl Into<Wait<'w>>) -> Result<u64> {
-        if !table.store().same(&self.store) {
+        if !table.store().same(&self.source) {
             return Err(invalid!("table '{}' is over a different store than this writer", table.name()));
         }
-        if num_steps == 0 {
-            return Err(invalid!("num_steps must be >= 1, got 0"));
-        }
-        if num_steps > self.episode_steps {
-            return Err(invalid!(
-                "item of {num_steps} steps for table '{}' is longer than the episode so far ({} steps)",
-                table.name(),
-                self.episode_steps
-            ));
-        }
-        if num_steps > self.kept {
-            return Err(invalid!(
-                "item of {num_steps} steps for table '{}' is longer than the writer's max_sequence_length ({})",
-                table.name(),
-                self.kept
-            ));
-        }
+        let window = self.window(table.name(), num_steps)?;
         table.check_priority(priority, || format!("table '{}' new item", table.name()))?;
-        let item = NewItem { window: Window::from_ranges(self.window(num_steps)), priority };
+        let item = NewItem { window, priority };
         match table.insert(std::slice::from_ref(&item), wait) {
             Ok(keys) => Ok(keys[0]),
             Err(Error::Timeout { message, .. }) => Err(Error::Timeout { message, partial: Partial::Nothing }),
@@ -223,34 +241,17 @@ impl Writer {
 
     /// Like [`Writer::create_item`], naming a table over this writer's store.
     pub fn create_item_in<'w>(&mut self, table: &str, num_steps: u64, priority: f64, wait: impl Into<Wait<'w>>) -> Result<u64> {
-        let shared = self.store.find_table(table).ok_or_else(|| {
+        let shared = self.source.find_table(table).ok_or_else(|| {
             Error::NotFound(format!(
                 "no table named '{table}' over this writer's store; tables: {:?}",
-                self.store.table_names()
+                self.source.table_names()
             ))
         })?;
         self.create_item(&Table::from_shared(shared), num_steps, priority, wait)
     }
-
-    /// Ends the episode: later items cannot reach back past this point, and the
-    /// writer lets go of the episode's rows (items keep what they reference).
-    pub fn end_episode(&mut self) {
-        let alloc = self.store.allocator();
-        for run in self.history.drain(..) {
-            alloc.release(run.block);
-        }
-        self.kept = 0;
-        self.episode_steps = 0;
-    }
-
-    /// Ends the episode and gives up the current block.
-    pub fn close(&mut self) {
-        self.end_episode();
-        self.cursor.close(self.store.allocator());
-    }
 }
 
-impl Drop for Writer {
+impl<B: BlockSource> Drop for Writer<B> {
     fn drop(&mut self) {
         self.close();
     }

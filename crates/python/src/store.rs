@@ -97,7 +97,7 @@ impl PyStore {
                 return Err(invalid(py, format!("max_sequence_length must be >= 1 or None, got {m}")));
             }
         }
-        let w = Writer::new(&self.store, max_sequence_length.map(|m| m as u64)).map_err(py_err(py))?;
+        let w = Writer::new(self.store.clone(), max_sequence_length.map(|m| m as u64)).map_err(py_err(py))?;
         Ok(PyWriter { inner: Mutex::new(Some(w)), fields: self.fields.clone() })
     }
 

@@ -112,7 +112,7 @@ fn blocks_return_when_items_leave_every_table() {
     let s = store(16);
     let a = Table::new(config("a", SelectorSpec::Uniform, SelectorSpec::Fifo, 16), &s).unwrap();
     let b = Table::new(config("b", SelectorSpec::Uniform, SelectorSpec::Fifo, 16), &s).unwrap();
-    let mut w = Writer::new(&s, None).unwrap();
+    let mut w = Writer::new(s.clone(), None).unwrap();
     for v in 0..4i64 {
         w.append(&[&v.to_ne_bytes()]).unwrap();
     }
@@ -278,7 +278,7 @@ fn queues_keep_their_items_when_the_store_is_full() {
 fn store_pressure_never_evicts_blocks_a_writer_still_holds() {
     let s = store(8);
     let t = Table::new(config("t", SelectorSpec::Fifo, SelectorSpec::Fifo, 8), &s).unwrap();
-    let mut w = Writer::new(&s, None).unwrap();
+    let mut w = Writer::new(s.clone(), None).unwrap();
     for v in 0..8i64 {
         w.append(&[&v.to_ne_bytes()]).unwrap();
         w.create_item(&t, 1, 1.0, None).unwrap();

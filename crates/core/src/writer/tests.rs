@@ -93,7 +93,7 @@ proptest! {
     fn windows_match_reference(ops in ops(), bs in 1u32..6, max_seq in prop_oneof![Just(None), (1u64..8).prop_map(Some)]) {
         let s = store(512, bs);
         let t = table(&s, "t", 512);
-        let mut w = Writer::new(&s, max_seq).unwrap();
+        let mut w = Writer::new(s.clone(), max_seq).unwrap();
         let mut episode: Vec<i64> = Vec::new();
         let mut expected: Vec<Vec<i64>> = Vec::new();
         let mut next = 0i64;
@@ -129,7 +129,7 @@ proptest! {
 fn items_never_span_episodes() {
     let s = store(64, 4);
     let t = table(&s, "t", 8);
-    let mut w = Writer::new(&s, None).unwrap();
+    let mut w = Writer::new(s.clone(), None).unwrap();
     append(&mut w, 1);
     append(&mut w, 2);
     w.end_episode();
@@ -144,7 +144,7 @@ fn create_item_by_name_finds_tables_on_the_store() {
     let s = store(64, 4);
     let a = table(&s, "a", 8);
     let b = table(&s, "b", 8);
-    let mut w = Writer::new(&s, None).unwrap();
+    let mut w = Writer::new(s.clone(), None).unwrap();
     append(&mut w, 1);
     append(&mut w, 2);
     w.create_item_in("a", 2, 1.0, None).unwrap();
@@ -157,7 +157,7 @@ fn create_item_by_name_finds_tables_on_the_store() {
 #[test]
 fn wrong_row_size_names_the_field_and_changes_nothing() {
     let s = store(64, 4);
-    let mut w = Writer::new(&s, None).unwrap();
+    let mut w = Writer::new(s.clone(), None).unwrap();
     let e = w.append(&[&[0u8; 8], &[0u8; 2]]).unwrap_err().to_string();
     assert!(e.contains("field 'w'") && e.contains("uint8[3]"), "{e}");
     assert_eq!(w.episode_steps(), 0);
@@ -168,7 +168,7 @@ fn wrong_row_size_names_the_field_and_changes_nothing() {
 fn extend_into_a_full_store_appends_nothing() {
     let s = store(8, 4);
     let t = table(&s, "t", 8);
-    let mut w = Writer::new(&s, None).unwrap();
+    let mut w = Writer::new(s.clone(), None).unwrap();
     let vs: Vec<i64> = (0..6).collect();
     let a: Vec<u8> = vs.iter().flat_map(|v| v.to_ne_bytes()).collect();
     let b: Vec<u8> = vs.iter().flat_map(|&v| [v as u8; 3]).collect();
@@ -186,7 +186,7 @@ fn writer_for_another_store_is_rejected() {
     let s1 = store(8, 4);
     let s2 = store(8, 4);
     let t = table(&s2, "t", 4);
-    let mut w = Writer::new(&s1, None).unwrap();
+    let mut w = Writer::new(s1.clone(), None).unwrap();
     append(&mut w, 1);
     let e = w.create_item(&t, 1, 1.0, None).unwrap_err().to_string();
     assert!(e.contains("different store"), "{e}");
