@@ -29,7 +29,7 @@ pub use columns::Columns;
 pub use error::{Error, Result};
 pub use item::{RowRange, Window};
 pub use rate_limiter::RateLimiterConfig;
-pub use sample::SampleBatch;
+pub use sample::{Collect, SampleBatch, SampledItem};
 pub use selectors::SelectorSpec;
 pub use signature::{DType, Field, Signature};
 pub use store::Store;

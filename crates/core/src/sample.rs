@@ -1,5 +1,6 @@
 //! Samples: what a table hands out, holding its rows until they are collected.
 
+use crate::columns::Columns;
 use crate::item::{for_each_block, Window};
 use crate::store::Store;
 
@@ -55,36 +56,58 @@ impl SampleBatch {
         &self.store
     }
 
+}
+
+/// Drawn items whose rows can be copied out: a [`SampleBatch`] in process, or a
+/// same-host client's sample read straight from the shared columns.
+pub trait Collect {
+    fn items(&self) -> &[SampledItem];
+    fn table_size(&self) -> u64;
+    fn columns(&self) -> &Columns;
+
     /// The longest item, in steps: the `T` of `[n, T, ...]` arrays.
-    pub fn max_length(&self) -> u32 {
-        self.items.iter().map(|i| i.length).max().unwrap_or(0)
+    fn max_length(&self) -> u32 {
+        self.items().iter().map(|i| i.length).max().unwrap_or(0)
     }
 
     /// True when some item is shorter than the longest (the output needs padding).
-    pub fn ragged(&self) -> bool {
+    fn ragged(&self) -> bool {
         let t = self.max_length();
-        self.items.iter().any(|i| i.length != t)
+        self.items().iter().any(|i| i.length != t)
     }
 
     /// Copies column `col` into `dst`, laid out `[n, t_max, row]`. Rows past an
     /// item's length are left as they are (callers pass zeroed memory when ragged).
-    pub fn gather(&self, col: usize, t_max: u32, dst: &mut [u8]) {
+    fn gather(&self, col: usize, t_max: u32, dst: &mut [u8]) {
         const AHEAD: usize = 8;
-        let row = self.store.row_bytes(col);
+        let (items, columns) = (self.items(), self.columns());
+        let row = columns.row_bytes(col);
         let stride = t_max as usize * row;
-        assert_eq!(dst.len(), stride * self.items.len(), "gather destination has the wrong size");
+        assert_eq!(dst.len(), stride * items.len(), "gather destination has the wrong size");
         let prefetch = |i: usize| {
-            if let Some(item) = self.items.get(i) {
-                self.store.columns().prefetch(col, &item.window.ranges()[0], 1024);
+            if let Some(item) = items.get(i) {
+                columns.prefetch(col, &item.window.ranges()[0], 1024);
             }
         };
         (0..AHEAD).for_each(prefetch);
-        for (i, item) in self.items.iter().enumerate() {
+        for (i, item) in items.iter().enumerate() {
             prefetch(i + AHEAD);
             let at = i * stride;
             let bytes = item.length as usize * row;
-            self.store.columns().read_ranges(col, item.window.ranges(), &mut dst[at..at + bytes]);
+            columns.read_ranges(col, item.window.ranges(), &mut dst[at..at + bytes]);
         }
+    }
+}
+
+impl Collect for SampleBatch {
+    fn items(&self) -> &[SampledItem] {
+        &self.items
+    }
+    fn table_size(&self) -> u64 {
+        self.table_size
+    }
+    fn columns(&self) -> &Columns {
+        self.store.columns()
     }
 }
 

@@ -4,7 +4,7 @@ use numpy::{PyArray1, PyArrayDescr};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyDict;
-use reprise_core::SampleBatch;
+use reprise_core::Collect;
 
 use crate::arrays::new_array;
 
@@ -13,11 +13,11 @@ static SAMPLE_CLASS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 /// Builds a `reprise.Sample`: metadata arrays plus `data[field]` of shape
 /// `[n, T, ...]` (T = longest item, zero-padded past each item's length) for the
 /// fields in `select` (all when `None`). Rows are copied with the GIL released.
-pub fn sample_object<'py>(py: Python<'py>, batch: SampleBatch, select: Option<&[usize]>) -> PyResult<Bound<'py, PyAny>> {
-    let n = batch.len();
+pub fn sample_object<'py, S: Collect + Send + Sync>(py: Python<'py>, batch: S, select: Option<&[usize]>) -> PyResult<Bound<'py, PyAny>> {
+    let n = batch.items().len();
     let t = batch.max_length() as usize;
     let ragged = batch.ragged();
-    let sig = batch.store().signature().clone();
+    let sig = batch.columns().signature().clone();
     let all: Vec<usize> = (0..sig.len()).collect();
     let select = select.unwrap_or(&all);
     let data = PyDict::new(py);
@@ -31,13 +31,13 @@ pub fn sample_object<'py>(py: Python<'py>, batch: SampleBatch, select: Option<&[
         data.set_item(&f.name, array)?;
         outs.push((col, out));
     }
-    let items = &batch.items;
+    let items = batch.items();
     let keys = PyArray1::from_iter(py, items.iter().map(|i| i.key));
     let probabilities = PyArray1::from_iter(py, items.iter().map(|i| i.probability));
     let priorities = PyArray1::from_iter(py, items.iter().map(|i| i.priority));
     let times_sampled = PyArray1::from_iter(py, items.iter().map(|i| i.times_sampled as i64));
     let lengths = PyArray1::from_iter(py, items.iter().map(|i| i.length as i64));
-    let table_size = batch.table_size;
+    let table_size = batch.table_size();
     py.detach(|| {
         for (col, out) in outs.iter_mut() {
             batch.gather(*col, t as u32, out.bytes());

@@ -5,6 +5,7 @@ use std::thread;
 use std::time::Duration;
 
 use super::*;
+use crate::sample::Collect;
 use crate::signature::{DType, Field, Signature};
 use crate::writer::Writer;
 

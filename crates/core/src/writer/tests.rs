@@ -6,6 +6,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use super::*;
+use crate::sample::Collect;
 use crate::rate_limiter::RateLimiterConfig;
 use crate::selectors::SelectorSpec;
 use crate::signature::{DType, Field, Signature};
