@@ -120,7 +120,8 @@ impl Store {
         &self.inner.allocator
     }
 
-    pub(crate) fn same(&self, other: &Store) -> bool {
+    /// True when both handles are the same store.
+    pub fn same(&self, other: &Store) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 

@@ -1,0 +1,395 @@
+//! The local server: tables served to same-host clients over a Unix socket.
+//!
+//! One thread accepts connections; each connection gets a thread that handles its
+//! requests in order. A connection holds references on the blocks it leased and
+//! on the rows of the samples it has not finished reading; when it closes —
+//! cleanly or because the client was killed — all of them are released, so a
+//! dead client's blocks return to the allocator and nothing it had not committed
+//! becomes visible. Commits are checked: an item may only reference rows of blocks
+//! its own connection holds.
+
+use std::collections::HashMap;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use parking_lot::Mutex;
+use reprise_client::protocol::{self as p, Frame, Reader};
+use reprise_core::blocks::BlockSource;
+use reprise_core::error::{Error, Partial, Result};
+use reprise_core::item::{for_each_block, NewItem};
+use reprise_core::{SampleBatch, Store, Table, Wait, Window};
+
+use crate::naming;
+
+static SERVER_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+struct Shared {
+    tables: Vec<Table>,
+    stores: Vec<Store>,
+    table_store: Vec<u32>,
+    stopping: AtomicBool,
+    conns: Mutex<HashMap<u64, UnixStream>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// A running local server; stops (and removes its socket) when dropped.
+pub struct LocalServer {
+    name: String,
+    path: PathBuf,
+    shared: Arc<Shared>,
+    accept: Option<JoinHandle<()>>,
+}
+
+impl LocalServer {
+    /// Serves `tables` under `name` (default `reprise-<pid>-<n>`). Fails if a live
+    /// server already uses the name; cleans up after dead ones.
+    pub fn start(tables: Vec<Table>, name: Option<&str>) -> Result<LocalServer> {
+        if tables.is_empty() {
+            return Err(Error::InvalidArgument("a server needs at least one table".into()));
+        }
+        for (i, t) in tables.iter().enumerate() {
+            if tables[..i].iter().any(|u| u.name() == t.name()) {
+                return Err(Error::InvalidArgument(format!("two tables named '{}'; table names must be unique", t.name())));
+            }
+        }
+        let mut stores: Vec<Store> = Vec::new();
+        let mut table_store = Vec::new();
+        for t in &tables {
+            let at = stores.iter().position(|s| s.same(t.store())).unwrap_or_else(|| {
+                stores.push(t.store().clone());
+                stores.len() - 1
+            });
+            table_store.push(at as u32);
+        }
+        let name = match name {
+            Some(n) => n.to_string(),
+            None => format!("reprise-{}-{}", std::process::id(), SERVER_COUNTER.fetch_add(1, Ordering::Relaxed)),
+        };
+        naming::check_name(&name)?;
+        let path = naming::socket_dir()?.join(format!("{name}.sock"));
+        naming::claim_socket(&path, &name)?;
+        if let Some(dir) = stores[0].path().parent() {
+            naming::remove_stale_stores(dir);
+        }
+        let listener = UnixListener::bind(&path).map_err(|e| Error::Io(format!("cannot listen at {}: {e}", path.display())))?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| Error::Io(format!("cannot make {} private: {e}", path.display())))?;
+        let shared = Arc::new(Shared {
+            tables,
+            stores,
+            table_store,
+            stopping: AtomicBool::new(false),
+            conns: Mutex::new(HashMap::new()),
+            threads: Mutex::new(Vec::new()),
+        });
+        let accept = {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name(format!("reprise-accept-{name}"))
+                .spawn(move || accept_loop(listener, shared))
+                .map_err(|e| Error::Io(format!("cannot start the server thread: {e}")))?
+        };
+        Ok(LocalServer { name, path, shared, accept: Some(accept) })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The socket clients connect to.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// `unix://<socket path>`.
+    pub fn address(&self) -> String {
+        format!("unix://{}", self.path.display())
+    }
+
+    /// Stops accepting, closes every connection (releasing what they held) and
+    /// removes the socket. Idempotent.
+    pub fn stop(&mut self) {
+        let Some(accept) = self.accept.take() else { return };
+        self.shared.stopping.store(true, Ordering::SeqCst);
+        // Wake the accept loop, then every connection's blocked read or wait.
+        let _ = UnixStream::connect(&self.path);
+        let _ = accept.join();
+        for s in self.shared.conns.lock().values() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        let threads = std::mem::take(&mut *self.shared.threads.lock());
+        for t in threads {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl Drop for LocalServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn accept_loop(listener: UnixListener, shared: Arc<Shared>) {
+    let mut next = 0u64;
+    for stream in listener.incoming() {
+        if shared.stopping.load(Ordering::SeqCst) {
+            break;
+        }
+        let Ok(stream) = stream else { continue };
+        // The socket is 0600 already; the peer check also stops a process that
+        // got hold of it some other way.
+        if naming::peer_uid(&stream) != Some(naming::my_uid()) {
+            continue;
+        }
+        let id = next;
+        next += 1;
+        let Ok(clone) = stream.try_clone() else { continue };
+        shared.conns.lock().insert(id, clone);
+        let s = shared.clone();
+        let spawned = std::thread::Builder::new().name(format!("reprise-conn-{id}")).spawn(move || {
+            Connection { shared: s.clone(), stream, held: HashMap::new(), samples: HashMap::new(), next_sample: 0 }.run();
+            s.conns.lock().remove(&id);
+        });
+        match spawned {
+            Ok(h) => {
+                let mut threads = shared.threads.lock();
+                threads.retain(|t| !t.is_finished());
+                threads.push(h);
+            }
+            Err(_) => {
+                shared.conns.lock().remove(&id);
+            }
+        }
+    }
+}
+
+struct Connection {
+    shared: Arc<Shared>,
+    stream: UnixStream,
+    /// References this connection holds, per (store, block).
+    held: HashMap<(u32, u32), u32>,
+    /// Samples whose rows the client is still reading.
+    samples: HashMap<u64, SampleBatch>,
+    next_sample: u64,
+}
+
+fn error_frame(e: &Error) -> Frame {
+    let mut f = Frame::new(p::ERROR);
+    f.u8(p::error_code(e)).str(&e.to_string());
+    f
+}
+
+impl Connection {
+    fn run(mut self) {
+        loop {
+            let Ok((kind, body)) = p::read_frame(&mut self.stream) else { break };
+            match self.handle(kind, &body) {
+                Ok(None) => {}
+                Ok(Some(reply)) => {
+                    if reply.send(&mut self.stream).is_err() {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    let fatal = matches!(e, Error::Corrupt(_) | Error::Io(_) | Error::Interrupted { .. });
+                    if error_frame(&e).send(&mut self.stream).is_err() || fatal {
+                        break;
+                    }
+                }
+            }
+        }
+        self.release_all();
+    }
+
+    fn release_all(&mut self) {
+        for (&(store, block), &n) in &self.held {
+            let mut s = self.shared.stores[store as usize].clone();
+            (0..n).for_each(|_| s.release(block));
+        }
+        self.held.clear();
+        self.samples.clear();
+    }
+
+    fn table(&self, t: u32) -> Result<&Table> {
+        self.shared.tables.get(t as usize).ok_or_else(|| Error::NotFound(format!("no table number {t}")))
+    }
+
+    fn handle(&mut self, kind: u8, body: &[u8]) -> Result<Option<Frame>> {
+        let mut r = Reader::new(body);
+        let reply = match kind {
+            p::HELLO => self.hello(&mut r)?,
+            p::LEASE => {
+                let store = r.u32()?;
+                r.done()?;
+                let mut s = self.shared.stores.get(store as usize).ok_or_else(|| Error::NotFound(format!("no store number {store}")))?.clone();
+                let block = s.lease()?;
+                *self.held.entry((store, block)).or_insert(0) += 1;
+                let mut f = Frame::new(p::LEASED);
+                f.u32(block);
+                Some(f)
+            }
+            p::RELEASE => {
+                let store = r.u32()?;
+                for _ in 0..r.count(p::MAX_ITEMS, "blocks")? {
+                    let block = r.u32()?;
+                    if let Some(n) = self.held.get_mut(&(store, block)) {
+                        *n -= 1;
+                        if *n == 0 {
+                            self.held.remove(&(store, block));
+                        }
+                        self.shared.stores[store as usize].clone().release(block);
+                    }
+                }
+                r.done()?;
+                None
+            }
+            p::CREATE => Some(self.create(&mut r)?),
+            p::SAMPLE => Some(self.sample(&mut r)?),
+            p::SAMPLE_DONE => {
+                let id = r.u64()?;
+                r.done()?;
+                self.samples.remove(&id);
+                None
+            }
+            p::UPDATE | p::DELETE => {
+                let table = self.table(r.u32()?)?.clone();
+                let n = r.count(p::MAX_ITEMS, "keys")?;
+                let keys = (0..n).map(|_| r.u64()).collect::<Result<Vec<_>>>()?;
+                let count = if kind == p::UPDATE {
+                    let priorities = (0..n).map(|_| r.f64()).collect::<Result<Vec<_>>>()?;
+                    r.done()?;
+                    table.update_priorities(&keys, &priorities)? as u64
+                } else {
+                    r.done()?;
+                    table.delete(&keys) as u64
+                };
+                let mut f = Frame::new(p::COUNT);
+                f.u64(count);
+                Some(f)
+            }
+            p::INFO => {
+                r.done()?;
+                let mut f = Frame::new(p::INFO_OK);
+                f.u32(self.shared.tables.len() as u32);
+                for t in &self.shared.tables {
+                    p::put_info(&mut f, &t.info());
+                }
+                Some(f)
+            }
+            p::RESET => {
+                let table = self.table(r.u32()?)?;
+                r.done()?;
+                table.reset();
+                Some(Frame::new(p::OK))
+            }
+            other => return Err(Error::Corrupt(format!("unknown request kind {other}"))),
+        };
+        Ok(reply)
+    }
+
+    fn hello(&self, r: &mut Reader<'_>) -> Result<Option<Frame>> {
+        let version = r.u32()?;
+        r.done()?;
+        if version != p::VERSION {
+            return Err(Error::Corrupt(format!("client speaks protocol version {version}, this server {}", p::VERSION)));
+        }
+        let mut f = Frame::new(p::HELLO_OK);
+        f.u32(std::process::id()).u32(self.shared.stores.len() as u32);
+        for s in &self.shared.stores {
+            f.str(&s.path().to_string_lossy()).u64(s.capacity()).u32(s.block_steps());
+            f.u32(s.signature().len() as u32);
+            for field in s.signature().fields() {
+                f.str(&field.name).str(field.dtype.name()).u32(field.shape.len() as u32);
+                field.shape.iter().for_each(|&d| {
+                    f.u64(d as u64);
+                });
+            }
+        }
+        f.u32(self.shared.tables.len() as u32);
+        for (t, &s) in self.shared.tables.iter().zip(&self.shared.table_store) {
+            f.str(t.name()).u32(s);
+        }
+        Ok(Some(f))
+    }
+
+    /// Waits that give up when the server stops or the client goes away.
+    fn wait_stop(&self) -> impl Fn() -> bool + Sync + '_ {
+        move || self.shared.stopping.load(Ordering::SeqCst) || naming::peer_closed(&self.stream)
+    }
+
+    fn create(&mut self, r: &mut Reader<'_>) -> Result<Frame> {
+        let timeout = p::timeout_from_wire(r.i64()?);
+        let n = r.count(p::MAX_ITEMS, "items")?;
+        let mut items: Vec<(u32, NewItem)> = Vec::with_capacity(n as usize);
+        for i in 0..n {
+            let t = r.u32()?;
+            let priority = r.f64()?;
+            let ranges = r.ranges()?;
+            let table = self.table(t)?;
+            let store = self.shared.table_store[t as usize];
+            let capacity = table.store().capacity();
+            let bs = table.store().block_steps();
+            if ranges.is_empty() || ranges.iter().any(|x| x.len == 0 || x.start + x.len as u64 > capacity) {
+                return Err(Error::InvalidArgument(format!("item {i} for table '{}' has rows outside the store", table.name())));
+            }
+            let mut owned = true;
+            for_each_block(&ranges, bs, |b| owned &= self.held.contains_key(&(store, b)));
+            if !owned {
+                return Err(Error::InvalidArgument(format!(
+                    "item {i} for table '{}' references rows of blocks this client does not hold",
+                    table.name()
+                )));
+            }
+            items.push((t, NewItem { window: Window::from_ranges(ranges), priority }));
+        }
+        r.done()?;
+        let stop = self.wait_stop();
+        let mut done = 0;
+        while done < items.len() {
+            // Consecutive items for the same table go in one insert.
+            let t = items[done].0;
+            let end = items[done..].iter().position(|(u, _)| *u != t).map_or(items.len(), |k| done + k);
+            let batch: Vec<NewItem> = items[done..end].iter().map(|(_, it)| it.clone()).collect();
+            let table = &self.shared.tables[t as usize];
+            match table.insert(&batch, Wait { timeout, interrupt: Some(&stop) }) {
+                Ok(_) => done = end,
+                Err(Error::Timeout { message, partial: Partial::Inserted(k) }) => {
+                    return Err(Error::Timeout { message: format!("{message}; {} of {} items committed", done + k.len(), items.len()), partial: Partial::Nothing })
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let mut f = Frame::new(p::CREATED);
+        f.u32(items.len() as u32);
+        Ok(f)
+    }
+
+    fn sample(&mut self, r: &mut Reader<'_>) -> Result<Frame> {
+        let table = self.table(r.u32()?)?.clone();
+        let n = r.count(p::MAX_ITEMS, "samples")?;
+        let timeout = p::timeout_from_wire(r.i64()?);
+        r.done()?;
+        let stop = self.wait_stop();
+        let (batch, message) = match table.sample(n as usize, Wait { timeout, interrupt: Some(&stop) }) {
+            Ok(b) => (b, None),
+            Err(Error::Timeout { message, partial: Partial::Sampled(b) }) => (*b, Some(message)),
+            Err(e) => return Err(e),
+        };
+        drop(stop);
+        let id = self.next_sample;
+        self.next_sample += 1;
+        let mut f = Frame::new(p::SAMPLED);
+        f.u8(message.is_some() as u8).str(message.as_deref().unwrap_or("")).u64(id).u64(batch.table_size).u32(batch.items.len() as u32);
+        for it in &batch.items {
+            f.u64(it.key).f64(it.probability).f64(it.priority).u32(it.times_sampled).u32(it.length).ranges(it.window.ranges());
+        }
+        self.samples.insert(id, batch);
+        Ok(f)
+    }
+}
