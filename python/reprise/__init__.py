@@ -8,7 +8,9 @@
 
 from . import errors, rate_limiters, selectors
 from ._native import Writer, __version__
+from .client import Client
 from .sample import Sample
+from .server import Server
 from .signature import Field
 from .store import Store
 from .table import Table
@@ -18,6 +20,8 @@ __all__ = [
     "Store",
     "Table",
     "Writer",
+    "Server",
+    "Client",
     "Sample",
     "selectors",
     "rate_limiters",

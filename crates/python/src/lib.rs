@@ -6,15 +6,19 @@ use pyo3::prelude::*;
 mod arrays;
 mod errors;
 mod sample;
+mod serving;
 mod store;
 mod table;
 mod timeout;
+mod writer;
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<store::PyStore>()?;
-    m.add_class::<store::PyWriter>()?;
+    m.add_class::<writer::PyWriter>()?;
     m.add_class::<table::PyTable>()?;
+    m.add_class::<serving::PyServer>()?;
+    m.add_class::<serving::PyClient>()?;
     m.add_function(wrap_pyfunction!(table::rate_limiter_preset, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -1,23 +1,15 @@
-//! `Store` and `Writer` for Python.
+//! `Store` for Python.
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
-use parking_lot::Mutex;
 use pyo3::prelude::*;
-use pyo3::types::PyString;
-use reprise_core::error::Error;
 use reprise_core::signature::{DType, Field, Signature};
-use reprise_core::{Store, Table, Wait, Writer};
+use reprise_core::{Store, Writer};
 
-use crate::arrays::{field_infos, views, FieldInfo};
-use crate::errors::{invalid, new_error, py_err, to_py};
-use crate::table::PyTable;
-use crate::timeout::{self, Signals};
-
-/// Copies at least this large run with the GIL released.
-const BULK_BYTES: usize = 64 * 1024;
+use crate::arrays::{field_infos, FieldInfo};
+use crate::errors::{invalid, py_err};
+use crate::writer::{AnyWriter, PyWriter};
 
 #[pyclass(name = "Store", module = "reprise._native", frozen)]
 pub struct PyStore {
@@ -98,7 +90,7 @@ impl PyStore {
             }
         }
         let w = Writer::new(self.store.clone(), max_sequence_length.map(|m| m as u64)).map_err(py_err(py))?;
-        Ok(PyWriter { inner: Mutex::new(Some(w)), fields: self.fields.clone() })
+        Ok(PyWriter::new(AnyWriter::Local(w), self.fields.clone()))
     }
 
     /// Removes the shared-memory file; mapped memory lives on while in use.
@@ -107,142 +99,3 @@ impl PyStore {
     }
 }
 
-/// Appends steps and creates items. One thread at a time.
-#[pyclass(name = "Writer", module = "reprise._native", frozen)]
-pub struct PyWriter {
-    inner: Mutex<Option<Writer>>,
-    fields: Arc<Vec<FieldInfo>>,
-}
-
-enum Target<'a> {
-    Name(String),
-    Table(&'a Table),
-}
-
-impl PyWriter {
-    fn with<R>(&self, py: Python<'_>, f: impl FnOnce(&mut Writer) -> PyResult<R>) -> PyResult<R> {
-        let Some(mut guard) = self.inner.try_lock() else {
-            return Err(new_error(py, "RepriseError", "this writer is in use by another thread; give each thread its own writer".into()));
-        };
-        match guard.as_mut() {
-            Some(w) => f(w),
-            None => Err(invalid(py, "this writer is closed".into())),
-        }
-    }
-
-    fn write(&self, py: Python<'_>, data: &Bound<'_, PyAny>, lead: usize) -> PyResult<()> {
-        let vs = views(py, data, &self.fields, lead, if lead == 0 { "append: " } else { "extend: " })?;
-        let steps = if lead == 0 {
-            1
-        } else {
-            let t = vs[0].leading(1)[0];
-            for (v, f) in vs.iter().zip(self.fields.iter()).skip(1) {
-                if v.leading(1)[0] != t {
-                    return Err(invalid(py, format!("extend: field '{}' has {} steps but field '{}' has {t}", f.name, v.leading(1)[0], self.fields[0].name)));
-                }
-            }
-            t
-        };
-        let slices: Vec<&[u8]> = vs.iter().map(|v| v.bytes()).collect();
-        let bytes: usize = slices.iter().map(|s| s.len()).sum();
-        self.with(py, |w| {
-            let run = |w: &mut Writer| if lead == 0 { w.append(&slices) } else { w.extend(&slices, steps) };
-            let r = if bytes >= BULK_BYTES { py.detach(|| run(w)) } else { run(w) };
-            r.map_err(py_err(py))
-        })
-    }
-}
-
-#[pymethods]
-impl PyWriter {
-    /// Appends one step: `{field: value}` with each value of the field's shape.
-    fn append(&self, py: Python<'_>, step: &Bound<'_, PyAny>) -> PyResult<()> {
-        self.write(py, step, 0)
-    }
-
-    /// Appends T steps: `{field: array[T, ...]}`.
-    fn extend(&self, py: Python<'_>, steps: &Bound<'_, PyAny>) -> PyResult<()> {
-        self.write(py, steps, 1)
-    }
-
-    /// Creates an item over the last `num_steps` steps in `table` (a Table or a
-    /// table name on this store); waits for its rate limiter up to `timeout`.
-    #[pyo3(signature = (table, num_steps, priority, timeout=None))]
-    fn create_item(&self, py: Python<'_>, table: &Bound<'_, PyAny>, num_steps: i64, priority: f64, timeout: Option<f64>) -> PyResult<u64> {
-        let timeout = timeout::parse(py, timeout)?;
-        if num_steps < 1 {
-            return Err(invalid(py, format!("num_steps must be >= 1, got {num_steps}")));
-        }
-        let holder;
-        let target = if let Ok(name) = table.cast::<PyString>() {
-            Target::Name(name.to_string())
-        } else {
-            holder = match table.cast::<PyTable>() {
-                Ok(t) => t.clone(),
-                Err(_) => table
-                    .getattr("_native")
-                    .ok()
-                    .and_then(|n| n.cast_into::<PyTable>().ok())
-                    .ok_or_else(|| invalid(py, format!("table must be a Table or a table name, got {}", crate::arrays::type_name(table))))?,
-            };
-            Target::Table(&holder.get().table)
-        };
-        let n = num_steps as u64;
-        let signals = Signals::default();
-        let check = || signals.check();
-        self.with(py, |w| {
-            let call = |w: &mut Writer, wait: Wait<'_>| match &target {
-                Target::Name(name) => w.create_item_in(name, n, priority, wait),
-                Target::Table(table) => w.create_item(table, n, priority, wait),
-            };
-            // Try without waiting while holding the GIL; wait only with it released.
-            let r = match call(w, Some(Duration::ZERO).into()) {
-                Err(Error::Timeout { .. }) if timeout != Some(Duration::ZERO) => {
-                    py.detach(|| call(w, Wait { timeout, interrupt: Some(&check) }))
-                }
-                other => other,
-            };
-            r.map_err(|e| to_py(py, e, None, signals.take()))
-        })
-    }
-
-    /// Ends the episode: items never span episodes.
-    fn end_episode(&self, py: Python<'_>) -> PyResult<()> {
-        self.with(py, |w| {
-            w.end_episode();
-            Ok(())
-        })
-    }
-
-    /// Returns when every created item is in its table. In-process writers insert
-    /// at `create_item`, so this only checks the writer is usable.
-    #[pyo3(signature = (timeout=None))]
-    fn flush(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
-        timeout::parse(py, timeout)?;
-        self.with(py, |_| Ok(()))
-    }
-
-    #[getter]
-    fn episode_steps(&self, py: Python<'_>) -> PyResult<u64> {
-        self.with(py, |w| Ok(w.episode_steps()))
-    }
-
-    /// Ends the episode and releases the writer's blocks. Idempotent.
-    fn close(&self, py: Python<'_>) -> PyResult<()> {
-        let Some(mut guard) = self.inner.try_lock() else {
-            return Err(new_error(py, "RepriseError", "this writer is in use by another thread".into()));
-        };
-        guard.take();
-        Ok(())
-    }
-
-    fn __enter__(slf: Py<Self>) -> Py<Self> {
-        slf
-    }
-
-    #[pyo3(signature = (*_args))]
-    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
-        self.close(py)?;
-        Ok(false)
-    }
-}

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use numpy::PyArray1;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use reprise_core::{RateLimiterConfig, SelectorSpec, Table, TableConfig, Wait};
+use reprise_core::{RateLimiterConfig, SelectorSpec, Table, TableConfig, TableInfo, Wait};
 
 use crate::arrays::{views, FieldInfo, Vector};
 use crate::errors::{invalid, not_found, py_err, to_py};
@@ -116,20 +116,7 @@ impl PyTable {
     fn sample<'py>(&self, py: Python<'py>, n: i64, timeout: Option<f64>, fields: Option<Vec<String>>) -> PyResult<Bound<'py, PyAny>> {
         let timeout = timeout::parse(py, timeout)?;
         let n = non_negative(py, &format!("table '{}': sample size", self.table.name()), n, 1)? as usize;
-        let select = match fields {
-            None => None,
-            Some(names) => Some(
-                names
-                    .iter()
-                    .map(|name| {
-                        self.fields.iter().position(|f| &f.name == name).ok_or_else(|| {
-                            let known: Vec<&str> = self.fields.iter().map(|f| f.name.as_str()).collect();
-                            not_found(py, format!("unknown field '{name}'; expected one of {known:?}"))
-                        })
-                    })
-                    .collect::<PyResult<Vec<usize>>>()?,
-            ),
-        };
+        let select = select_fields(py, self.table.store().signature(), fields)?;
         let signals = Signals::default();
         let check = || signals.check();
         let wait = Wait { timeout, interrupt: Some(&check) };
@@ -159,30 +146,7 @@ impl PyTable {
     }
 
     fn info<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let i = self.table.info();
-        let d = PyDict::new(py);
-        d.set_item("name", &i.name)?;
-        d.set_item("size", i.size)?;
-        d.set_item("max_size", i.max_size)?;
-        d.set_item("max_times_sampled", i.max_times_sampled)?;
-        d.set_item("sampler", &i.sampler)?;
-        d.set_item("remover", &i.remover)?;
-        d.set_item("num_inserts", i.num_inserts)?;
-        d.set_item("num_samples", i.num_samples)?;
-        d.set_item("num_evictions", i.num_evictions)?;
-        d.set_item("num_deletes", i.num_deletes)?;
-        d.set_item("num_store_evictions", i.num_store_evictions)?;
-        let r = PyDict::new(py);
-        r.set_item("samples_per_insert", i.rate_limiter.samples_per_insert)?;
-        r.set_item("min_size_to_sample", i.rate_limiter.min_size_to_sample)?;
-        r.set_item("min_diff", i.rate_limiter.min_diff)?;
-        r.set_item("max_diff", i.rate_limiter.max_diff)?;
-        r.set_item("inserts", i.limiter_inserts)?;
-        r.set_item("samples", i.limiter_samples)?;
-        r.set_item("blocked_insert_seconds", i.blocked_insert_seconds)?;
-        r.set_item("blocked_sample_seconds", i.blocked_sample_seconds)?;
-        d.set_item("rate_limiter", r)?;
-        Ok(d)
+        info_dict(py, &self.table.info())
     }
 
     /// `[(key, priority, times_sampled, length)]` in insertion order.
@@ -210,4 +174,46 @@ pub fn rate_limiter_preset(py: Python<'_>, kind: &str, a: f64, b: f64, c: f64, d
     }
     .map_err(py_err(py))?;
     Ok((config.samples_per_insert, config.min_size_to_sample, config.min_diff, config.max_diff))
+}
+
+/// `Table.info()` as a dict (also what clients get per table).
+pub fn info_dict<'py>(py: Python<'py>, i: &TableInfo) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("name", &i.name)?;
+    d.set_item("size", i.size)?;
+    d.set_item("max_size", i.max_size)?;
+    d.set_item("max_times_sampled", i.max_times_sampled)?;
+    d.set_item("sampler", &i.sampler)?;
+    d.set_item("remover", &i.remover)?;
+    d.set_item("num_inserts", i.num_inserts)?;
+    d.set_item("num_samples", i.num_samples)?;
+    d.set_item("num_evictions", i.num_evictions)?;
+    d.set_item("num_deletes", i.num_deletes)?;
+    d.set_item("num_store_evictions", i.num_store_evictions)?;
+    let r = PyDict::new(py);
+    r.set_item("samples_per_insert", i.rate_limiter.samples_per_insert)?;
+    r.set_item("min_size_to_sample", i.rate_limiter.min_size_to_sample)?;
+    r.set_item("min_diff", i.rate_limiter.min_diff)?;
+    r.set_item("max_diff", i.rate_limiter.max_diff)?;
+    r.set_item("inserts", i.limiter_inserts)?;
+    r.set_item("samples", i.limiter_samples)?;
+    r.set_item("blocked_insert_seconds", i.blocked_insert_seconds)?;
+    r.set_item("blocked_sample_seconds", i.blocked_sample_seconds)?;
+    d.set_item("rate_limiter", r)?;
+    Ok(d)
+}
+
+/// Column indexes of the named fields (all when `None`).
+pub fn select_fields(py: Python<'_>, sig: &reprise_core::Signature, fields: Option<Vec<String>>) -> PyResult<Option<Vec<usize>>> {
+    let Some(names) = fields else { return Ok(None) };
+    names
+        .iter()
+        .map(|name| {
+            sig.index_of(name).ok_or_else(|| {
+                let known: Vec<&str> = sig.fields().iter().map(|f| f.name.as_str()).collect();
+                not_found(py, format!("unknown field '{name}'; expected one of {known:?}"))
+            })
+        })
+        .collect::<PyResult<Vec<usize>>>()
+        .map(Some)
 }

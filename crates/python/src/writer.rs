@@ -1,0 +1,205 @@
+//! `Writer` for Python: the same class for in-process writers and for writers of
+//! same-host clients (which commit items in batches; see `flush`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use pyo3::prelude::*;
+use pyo3::types::PyString;
+use reprise_client::ClientWriter;
+use reprise_core::error::Error;
+use reprise_core::{Table, Wait, Writer};
+
+use crate::arrays::{views, FieldInfo};
+use crate::errors::{invalid, new_error, py_err, to_py};
+use crate::table::PyTable;
+use crate::timeout::{self, Signals};
+
+/// Copies at least this large run with the GIL released.
+const BULK_BYTES: usize = 64 * 1024;
+
+pub enum AnyWriter {
+    Local(Writer),
+    Client(ClientWriter),
+}
+
+impl AnyWriter {
+    fn write(&mut self, columns: &[&[u8]], steps: Option<usize>) -> reprise_core::Result<()> {
+        match (self, steps) {
+            (AnyWriter::Local(w), None) => w.append(columns),
+            (AnyWriter::Local(w), Some(t)) => w.extend(columns, t),
+            (AnyWriter::Client(w), None) => w.append(columns),
+            (AnyWriter::Client(w), Some(t)) => w.extend(columns, t),
+        }
+    }
+}
+
+/// Appends steps and creates items. One thread at a time.
+#[pyclass(name = "Writer", module = "reprise._native", frozen)]
+pub struct PyWriter {
+    inner: Mutex<Option<AnyWriter>>,
+    fields: Arc<Vec<FieldInfo>>,
+}
+
+enum Target<'a> {
+    Name(String),
+    Table(&'a Table),
+}
+
+impl PyWriter {
+    pub fn new(writer: AnyWriter, fields: Arc<Vec<FieldInfo>>) -> PyWriter {
+        PyWriter { inner: Mutex::new(Some(writer)), fields }
+    }
+
+    fn with<R>(&self, py: Python<'_>, f: impl FnOnce(&mut AnyWriter) -> PyResult<R>) -> PyResult<R> {
+        let Some(mut guard) = self.inner.try_lock() else {
+            return Err(new_error(py, "RepriseError", "this writer is in use by another thread; give each thread its own writer".into()));
+        };
+        match guard.as_mut() {
+            Some(w) => f(w),
+            None => Err(invalid(py, "this writer is closed".into())),
+        }
+    }
+
+    fn write(&self, py: Python<'_>, data: &Bound<'_, PyAny>, lead: usize) -> PyResult<()> {
+        let vs = views(py, data, &self.fields, lead, if lead == 0 { "append: " } else { "extend: " })?;
+        let steps = if lead == 0 {
+            1
+        } else {
+            let t = vs[0].leading(1)[0];
+            for (v, f) in vs.iter().zip(self.fields.iter()).skip(1) {
+                if v.leading(1)[0] != t {
+                    return Err(invalid(py, format!("extend: field '{}' has {} steps but field '{}' has {t}", f.name, v.leading(1)[0], self.fields[0].name)));
+                }
+            }
+            t
+        };
+        let slices: Vec<&[u8]> = vs.iter().map(|v| v.bytes()).collect();
+        let bytes: usize = slices.iter().map(|s| s.len()).sum();
+        let steps = (lead > 0).then_some(steps);
+        self.with(py, |w| {
+            let r = if bytes >= BULK_BYTES { py.detach(|| w.write(&slices, steps)) } else { w.write(&slices, steps) };
+            r.map_err(py_err(py))
+        })
+    }
+}
+
+#[pymethods]
+impl PyWriter {
+    /// Appends one step: `{field: value}` with each value of the field's shape.
+    fn append(&self, py: Python<'_>, step: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.write(py, step, 0)
+    }
+
+    /// Appends T steps: `{field: array[T, ...]}`.
+    fn extend(&self, py: Python<'_>, steps: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.write(py, steps, 1)
+    }
+
+    /// Creates an item over the last `num_steps` steps in `table` (a Table or a
+    /// table name). In process it waits for the table's rate limiter up to
+    /// `timeout` and returns the item's key; a client's writer queues the item,
+    /// sends it with the next batch and returns None (`flush` waits for it).
+    #[pyo3(signature = (table, num_steps, priority, timeout=None))]
+    fn create_item(&self, py: Python<'_>, table: &Bound<'_, PyAny>, num_steps: i64, priority: f64, timeout: Option<f64>) -> PyResult<Option<u64>> {
+        let timeout = timeout::parse(py, timeout)?;
+        if num_steps < 1 {
+            return Err(invalid(py, format!("num_steps must be >= 1, got {num_steps}")));
+        }
+        let holder;
+        let target = if let Ok(name) = table.cast::<PyString>() {
+            Target::Name(name.to_string())
+        } else {
+            holder = match table.cast::<PyTable>() {
+                Ok(t) => t.clone(),
+                Err(_) => table
+                    .getattr("_native")
+                    .ok()
+                    .and_then(|n| n.cast_into::<PyTable>().ok())
+                    .ok_or_else(|| invalid(py, format!("table must be a Table or a table name, got {}", crate::arrays::type_name(table))))?,
+            };
+            Target::Table(&holder.get().table)
+        };
+        let n = num_steps as u64;
+        let signals = Signals::default();
+        let check = || signals.check();
+        self.with(py, |w| match w {
+            AnyWriter::Client(w) => {
+                let name = match &target {
+                    Target::Name(name) => name.as_str(),
+                    Target::Table(t) => t.name(),
+                };
+                w.create_item(name, n, priority).map(|_| None).map_err(py_err(py))
+            }
+            AnyWriter::Local(w) => {
+                let call = |w: &mut Writer, wait: Wait<'_>| match &target {
+                    Target::Name(name) => w.create_item_in(name, n, priority, wait),
+                    Target::Table(table) => w.create_item(table, n, priority, wait),
+                };
+                // Try without waiting while holding the GIL; wait only with it released.
+                let r = match call(w, Some(Duration::ZERO).into()) {
+                    Err(Error::Timeout { .. }) if timeout != Some(Duration::ZERO) => {
+                        py.detach(|| call(w, Wait { timeout, interrupt: Some(&check) }))
+                    }
+                    other => other,
+                };
+                r.map(Some).map_err(|e| to_py(py, e, None, signals.take()))
+            }
+        })
+    }
+
+    /// Ends the episode: items never span episodes.
+    fn end_episode(&self, py: Python<'_>) -> PyResult<()> {
+        self.with(py, |w| match w {
+            AnyWriter::Local(w) => {
+                w.end_episode();
+                Ok(())
+            }
+            AnyWriter::Client(w) => w.end_episode().map_err(py_err(py)),
+        })
+    }
+
+    /// Returns when every created item is in its table (in-process writers insert
+    /// at `create_item`; a client's writer sends its queued items and waits).
+    #[pyo3(signature = (timeout=None))]
+    fn flush(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
+        let timeout = timeout::parse(py, timeout)?;
+        self.with(py, |w| match w {
+            AnyWriter::Local(_) => Ok(()),
+            AnyWriter::Client(w) => py.detach(|| w.flush(timeout)).map_err(py_err(py)),
+        })
+    }
+
+    #[getter]
+    fn episode_steps(&self, py: Python<'_>) -> PyResult<u64> {
+        self.with(py, |w| {
+            Ok(match w {
+                AnyWriter::Local(w) => w.episode_steps(),
+                AnyWriter::Client(w) => w.episode_steps(),
+            })
+        })
+    }
+
+    /// Commits what a client's writer has queued, ends the episode and releases
+    /// the writer's blocks. Idempotent.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let Some(mut guard) = self.inner.try_lock() else {
+            return Err(new_error(py, "RepriseError", "this writer is in use by another thread".into()));
+        };
+        match guard.take() {
+            Some(AnyWriter::Client(mut w)) => py.detach(|| w.close()).map_err(py_err(py)),
+            _ => Ok(()),
+        }
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
+        self.close(py)?;
+        Ok(false)
+    }
+}

@@ -1,0 +1,75 @@
+"""Serving tables to other processes on the same host.
+
+Clients write step data straight into the stores' shared memory, in place; only
+small control records (block leases, item commits, sample selections, priority
+updates) cross the server's Unix socket."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from . import _native
+from .errors import InvalidArgument
+from .table import Table
+
+
+class Server:
+    """Serves ``tables`` to clients on this host at ``local_address``.
+
+    The server runs in this process, on threads, over the same tables: the owner
+    can keep using them directly. ``name`` (letters, digits, ``-_.``) names the
+    socket; starting a second live server under the same name fails, and the
+    leftovers of a dead one are cleaned up. A client that dies (even by SIGKILL)
+    leaves no partial item, and the blocks it held return to the store.
+
+    ``address`` (remote gRPC clients), ``token`` and ``checkpoint_dir`` belong to the
+    remote service and checkpoints, which are not in this build: pass None.
+    """
+
+    def __init__(self, tables: Sequence[Table], address: str | None = None, token: str | None = None,
+                 checkpoint_dir: str | None = None, name: str | None = None):
+        if isinstance(tables, Table):
+            tables = [tables]
+        tables = list(tables)
+        if not tables or not all(isinstance(t, Table) for t in tables):
+            raise InvalidArgument(f"tables must be a non-empty list of reprise.Table, got {tables!r}")
+        for arg, value in (("address", address), ("token", token), ("checkpoint_dir", checkpoint_dir)):
+            if value is not None:
+                raise InvalidArgument(
+                    f"{arg}={value!r}: remote serving and checkpoints are not available in this build; "
+                    "same-host clients connect to server.local_address"
+                )
+        self._tables = tables
+        self._native = _native.Server([t._native for t in tables], name)
+
+    @property
+    def local_address(self) -> str:
+        """``unix:///...``: what ``rp.Client`` takes, for processes on this host."""
+        return self._native.local_address
+
+    @property
+    def address(self) -> None:
+        """The remote (gRPC) address: None, remote serving is not in this build."""
+        return None
+
+    @property
+    def name(self) -> str:
+        return self._native.name
+
+    @property
+    def tables(self) -> list[Table]:
+        return list(self._tables)
+
+    def stop(self):
+        """Closes every client connection (releasing what they held) and removes the socket."""
+        self._native.stop()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+        return False
+
+    def __repr__(self):
+        return f"Server({self.name!r}, local_address={self.local_address!r}, tables={[t.name for t in self._tables]})"
