@@ -15,7 +15,7 @@ use std::collections::{HashMap, VecDeque};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use reprise_core::blocks::BlockSource;
@@ -43,13 +43,47 @@ pub struct ServerInfo {
     pub tables: Vec<TableRef>,
 }
 
+/// Checked while waiting for a reply; true means "give up" (Ctrl-C).
+pub type Interrupt<'a> = Option<&'a (dyn Fn() -> bool + Sync)>;
+
+/// Waits until a reply can be read, the deadline passes (`Timeout`) or the
+/// interrupt check fires. An interrupted connection is shut down: its reply would
+/// arrive later and confuse the next call, and the server, seeing the client go,
+/// stops waiting and releases what the connection held.
+fn wait_readable(stream: &UnixStream, deadline: Option<Instant>, interrupt: Interrupt<'_>) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    if deadline.is_none() && interrupt.is_none() {
+        return Ok(());
+    }
+    loop {
+        let mut slice = if interrupt.is_some() { 50 } else { i32::MAX };
+        if let Some(d) = deadline {
+            let left = d.saturating_duration_since(Instant::now()).as_millis().min(i32::MAX as u128) as i32;
+            slice = slice.min(left);
+        }
+        let mut fds = libc::pollfd { fd: stream.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd for an open socket.
+        if unsafe { libc::poll(&mut fds, 1, slice) } > 0 {
+            return Ok(());
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(Error::Timeout { message: "the replay server did not answer in time".into(), partial: Default::default() });
+        }
+        if interrupt.is_some_and(|stop| stop()) {
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+            return Err(Error::Interrupted { partial: Default::default() });
+        }
+    }
+}
+
 fn unexpected(kind: u8) -> Error {
     Error::Corrupt(format!("unexpected reply kind {kind} from the replay server"))
 }
 
 /// Sends a request and reads its reply; an `ERROR` reply becomes the error.
-fn call(stream: &mut UnixStream, frame: Frame) -> Result<(u8, Vec<u8>)> {
+fn call(stream: &mut UnixStream, frame: Frame, interrupt: Interrupt<'_>) -> Result<(u8, Vec<u8>)> {
     frame.send(stream)?;
+    wait_readable(stream, None, interrupt)?;
     reply(stream)
 }
 
@@ -68,7 +102,7 @@ fn hello(path: &Path) -> Result<(UnixStream, ServerInfo)> {
     })?;
     let mut f = Frame::new(p::HELLO);
     f.u32(p::VERSION);
-    let (kind, body) = call(&mut stream, f)?;
+    let (kind, body) = call(&mut stream, f, None)?;
     if kind != p::HELLO_OK {
         return Err(unexpected(kind));
     }
@@ -117,7 +151,7 @@ impl Shared {
     }
 
     fn call(&self, frame: Frame) -> Result<(u8, Vec<u8>)> {
-        call(&mut self.stream.lock(), frame)
+        call(&mut self.stream.lock(), frame, None)
     }
 }
 
@@ -172,15 +206,16 @@ impl LocalClient {
     }
 
     /// Draws `n` items. When the deadline passes after some were drawn, returns
-    /// them together with the `Timeout` error.
-    pub fn sample(&self, table: &str, n: u32, timeout: Option<Duration>) -> Result<(ClientSample, Option<Error>)> {
+    /// them together with the `Timeout` error. While the server waits, `interrupt`
+    /// is checked every 50 ms; when it fires the connection is closed.
+    pub fn sample(&self, table: &str, n: u32, timeout: Option<Duration>, interrupt: Interrupt<'_>) -> Result<(ClientSample, Option<Error>)> {
         let t = self.shared.table(table)?;
         if n == 0 || n > p::MAX_ITEMS {
             return Err(Error::InvalidArgument(format!("sample size must be between 1 and {}, got {n}", p::MAX_ITEMS)));
         }
         let mut f = Frame::new(p::SAMPLE);
         f.u32(t).u32(n).i64(p::timeout_to_wire(timeout));
-        let (kind, body) = self.shared.call(f)?;
+        let (kind, body) = call(&mut self.shared.stream.lock(), f, interrupt)?;
         if kind != p::SAMPLED {
             return Err(unexpected(kind));
         }
@@ -462,21 +497,22 @@ impl ClientWriter {
     }
 
     /// Sends queued items and waits until the server has put every one in its
-    /// table (up to `timeout`).
-    pub fn flush(&mut self, timeout: Option<Duration>) -> Result<()> {
+    /// table (up to `timeout`; `interrupt` as for `LocalClient::sample`).
+    pub fn flush(&mut self, timeout: Option<Duration>, interrupt: Interrupt<'_>) -> Result<()> {
         self.check()?;
+        let deadline = timeout.map(|t| Instant::now() + t);
         let blocks = self.writer.source_mut();
         blocks.send_pending()?;
-        blocks.stream.set_read_timeout(timeout.filter(|t| !t.is_zero()).or(timeout.map(|_| Duration::from_millis(1)))).map_err(p::io)?;
-        let drained = blocks.drain(0);
-        blocks.stream.set_read_timeout(None).map_err(p::io)?;
-        match drained {
-            Err(Error::Io(m)) if m.contains("timed out") || m.contains("would block") || m.contains("Resource temporarily") => Err(Error::Timeout {
-                message: format!("items were not all committed within {:.3} s", timeout.unwrap_or_default().as_secs_f64()),
-                partial: Default::default(),
-            }),
-            other => other,
-        }?;
+        while !blocks.inflight.is_empty() {
+            wait_readable(&blocks.stream, deadline, interrupt).map_err(|e| match e {
+                Error::Timeout { .. } => Error::Timeout {
+                    message: format!("items were not all committed within {:.3} s", timeout.unwrap_or_default().as_secs_f64()),
+                    partial: Default::default(),
+                },
+                other => other,
+            })?;
+            blocks.read_commit_reply()?;
+        }
         self.check()
     }
 
@@ -492,7 +528,7 @@ impl ClientWriter {
 
     /// Commits what is queued, ends the episode and gives back every block.
     pub fn close(&mut self) -> Result<()> {
-        let flushed = self.flush(None);
+        let flushed = self.flush(None, None);
         self.writer.close();
         flushed
     }

@@ -13,7 +13,7 @@ use crate::arrays::{field_infos, Vector};
 use crate::errors::{invalid, py_err, to_py};
 use crate::sample::sample_object;
 use crate::table::{info_dict, select_fields, PyTable};
-use crate::timeout;
+use crate::timeout::{self, Signals};
 use crate::writer::{AnyWriter, PyWriter};
 
 #[pyclass(name = "Server", module = "reprise._native", frozen)]
@@ -106,7 +106,11 @@ impl PyClient {
         }
         let columns = self.client.columns(Some(table)).map_err(py_err(py))?;
         let select = select_fields(py, columns.signature(), fields)?;
-        let (sample, error) = py.detach(|| self.client.sample(table, n as u32, timeout)).map_err(py_err(py))?;
+        let signals = Signals::default();
+        let check = || signals.check();
+        let (sample, error) = py
+            .detach(|| self.client.sample(table, n as u32, timeout, Some(&check)))
+            .map_err(|e| to_py(py, e, None, signals.take()))?;
         match error {
             None => sample_object(py, sample, select.as_deref()),
             Some(e) => {

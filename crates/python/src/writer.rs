@@ -167,7 +167,11 @@ impl PyWriter {
         let timeout = timeout::parse(py, timeout)?;
         self.with(py, |w| match w {
             AnyWriter::Local(_) => Ok(()),
-            AnyWriter::Client(w) => py.detach(|| w.flush(timeout)).map_err(py_err(py)),
+            AnyWriter::Client(w) => {
+                let signals = Signals::default();
+                let check = || signals.check();
+                py.detach(|| w.flush(timeout, Some(&check))).map_err(|e| to_py(py, e, None, signals.take()))
+            }
         })
     }
 

@@ -49,9 +49,9 @@ fn client_writes_in_place_and_samples_read_in_place() {
             w.create_item("replay", 3, 1.0).unwrap();
         }
     }
-    w.flush(None).unwrap();
+    w.flush(None, None).unwrap();
     assert_eq!(table.size(), 8);
-    let (s, err) = client.sample("replay", 2, Some(Duration::ZERO)).unwrap();
+    let (s, err) = client.sample("replay", 2, Some(Duration::ZERO), None).unwrap();
     assert!(err.is_none());
     assert_eq!(values(&s), vec![0, 1, 2, 0, 1, 2]);
     drop(s);
@@ -96,7 +96,7 @@ fn a_client_of_a_stopped_server_gets_an_error_not_a_hang() {
     let (_store, _table, mut server) = setup(&format!("t-stop-{}", std::process::id()));
     let client = LocalClient::connect(server.path()).unwrap();
     server.stop();
-    let e = client.sample("replay", 1, None).err().unwrap();
+    let e = client.sample("replay", 1, None, None).err().unwrap();
     assert!(matches!(e, Error::Io(_)), "{e}");
     assert!(LocalClient::connect(server.path()).is_err());
 }
@@ -105,7 +105,7 @@ fn a_client_of_a_stopped_server_gets_an_error_not_a_hang() {
 fn unknown_tables_are_not_found() {
     let (_store, _table, server) = setup(&format!("t-nf-{}", std::process::id()));
     let client = LocalClient::connect(server.path()).unwrap();
-    assert!(matches!(client.sample("nope", 1, None), Err(Error::NotFound(_))));
+    assert!(matches!(client.sample("nope", 1, None, None), Err(Error::NotFound(_))));
     let mut w = client.writer(None, None).unwrap();
     w.append(&[&1i64.to_ne_bytes()]).unwrap();
     assert!(matches!(w.create_item("nope", 1, 1.0), Err(Error::NotFound(_))));
