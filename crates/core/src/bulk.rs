@@ -74,8 +74,9 @@ impl Table {
             .enumerate()
             .map(|(i, &priority)| NewItem { window: slice_runs(&claim.runs, (i * steps) as u64, steps as u64), priority })
             .collect();
-        // The items now hold their own references; the claim's go when it drops.
-        let result = self.insert(&items, wait);
+        // Windows lie inside the claim and priorities were checked above. The items
+        // now hold their own references; the claim's go when it drops.
+        let result = self.insert_checked(&items, wait);
         drop(claim);
         result
     }

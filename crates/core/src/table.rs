@@ -9,6 +9,7 @@
 //! array, reused after its item leaves, with a new generation, so a stale key (an
 //! item evicted since it was sampled) is recognised in O(1) and skipped.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -92,8 +93,9 @@ struct State {
     num_deletes: u64,
     num_store_evictions: u64,
     picks: Vec<Pick>,
-    /// For each store block, the slots of the items that reference it.
-    block_items: Vec<Vec<u32>>,
+    /// For each store block, the slots of the items that reference it (oldest
+    /// first while removals are FIFO).
+    block_items: Vec<VecDeque<u32>>,
 }
 
 pub(crate) struct Shared {
@@ -151,12 +153,12 @@ impl State {
         for_each_block(item.window.ranges(), store.block_steps(), |b| {
             let slots = &mut block_items[b as usize];
             let at = slots.iter().position(|&s| s == slot).expect("item listed under its block");
-            // Keep insertion order when removing the oldest (the usual, FIFO case) so
-            // that the next oldest is found first again.
+            // Removing the oldest (the usual, FIFO case) keeps the order, so the next
+            // oldest is found first again.
             if at == 0 {
-                slots.remove(0);
+                slots.pop_front();
             } else {
-                slots.swap_remove(at);
+                slots.swap_remove_back(at);
             }
             alloc.release(b)
         });
@@ -177,9 +179,9 @@ impl State {
         let block_items = &mut self.block_items;
         for_each_block(new.window.ranges(), store.block_steps(), |b| {
             if block_items.len() <= b as usize {
-                block_items.resize_with(b as usize + 1, Vec::new);
+                block_items.resize_with(b as usize + 1, VecDeque::new);
             }
-            block_items[b as usize].push(slot);
+            block_items[b as usize].push_back(slot);
             alloc.retain(b)
         });
         let seq = self.next_seq;
@@ -314,8 +316,12 @@ impl Table {
     /// for the rate limiter as needed. When the deadline passes first, fails with
     /// `Timeout` whose partial result lists the keys inserted so far.
     pub fn insert<'w>(&self, items: &[NewItem], wait: impl Into<Wait<'w>>) -> Result<Vec<u64>> {
-        let wait = wait.into();
         self.check_items(items)?;
+        self.insert_checked(items, wait.into())
+    }
+
+    /// [`Table::insert`] for items whose windows and priorities were checked.
+    pub(crate) fn insert_checked(&self, items: &[NewItem], wait: Wait<'_>) -> Result<Vec<u64>> {
         let sh = &*self.shared;
         let deadline = wait.deadline();
         let mut keys = Vec::with_capacity(items.len());
@@ -605,7 +611,7 @@ impl Shared {
 
 fn release_all(st: &mut State, store: &Store) {
     let alloc = store.allocator();
-    st.block_items.iter_mut().for_each(Vec::clear);
+    st.block_items.iter_mut().for_each(VecDeque::clear);
     for (slot, s) in st.slots.iter_mut().enumerate() {
         if let Some(item) = s.item.take() {
             for_each_block(item.window.ranges(), store.block_steps(), |b| alloc.release(b));
