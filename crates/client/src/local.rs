@@ -136,6 +136,16 @@ fn hello(path: &Path) -> Result<(UnixStream, ServerInfo)> {
     Ok((stream, ServerInfo { pid, stores, tables }))
 }
 
+impl ServerInfo {
+    /// The index of the table named `name`.
+    pub fn table(&self, name: &str) -> Result<u32> {
+        self.tables.iter().position(|t| t.name == name).map(|i| i as u32).ok_or_else(|| {
+            let names: Vec<&str> = self.tables.iter().map(|t| t.name.as_str()).collect();
+            Error::NotFound(format!("the replay server has no table named '{name}'; tables: {names:?}"))
+        })
+    }
+}
+
 struct Shared {
     path: PathBuf,
     info: ServerInfo,
@@ -144,10 +154,7 @@ struct Shared {
 
 impl Shared {
     fn table(&self, name: &str) -> Result<u32> {
-        self.info.tables.iter().position(|t| t.name == name).map(|i| i as u32).ok_or_else(|| {
-            let names: Vec<&str> = self.info.tables.iter().map(|t| t.name.as_str()).collect();
-            Error::NotFound(format!("the replay server has no table named '{name}'; tables: {names:?}"))
-        })
+        self.info.table(name)
     }
 
     fn call(&self, frame: Frame) -> Result<(u8, Vec<u8>)> {
@@ -484,10 +491,7 @@ impl ClientWriter {
     /// the next batch; `flush` waits until every queued item is in its table.
     pub fn create_item(&mut self, table: &str, num_steps: u64, priority: f64) -> Result<()> {
         self.check()?;
-        let t = self.info.tables.iter().position(|t| t.name == table).ok_or_else(|| {
-            let names: Vec<&str> = self.info.tables.iter().map(|t| t.name.as_str()).collect();
-            Error::NotFound(format!("the replay server has no table named '{table}'; tables: {names:?}"))
-        })?;
+        let t = self.info.table(table)? as usize;
         if self.info.tables[t].store != self.writer.source().store {
             return Err(Error::InvalidArgument(format!("table '{table}' is over a different store than this writer")));
         }
