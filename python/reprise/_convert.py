@@ -42,14 +42,19 @@ def _shape(shape) -> str:
     return "[" + ",".join(str(d) for d in shape) + "]"
 
 
-def priorities(value, n: int) -> np.ndarray:
-    """``n`` float64 priorities from an array, a list or one number (broadcast)."""
-    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+def priorities(value, n: int | None = None) -> np.ndarray:
+    """``n`` float64 priorities from an array, a list or one number (broadcast).
+    With ``n`` None, any number of them (and no broadcasting)."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) and n is not None:
         return np.full(n, float(value), dtype=np.float64)
     try:
         arr = np.ascontiguousarray(np.asarray(value, dtype=np.float64).reshape(-1))
     except (TypeError, ValueError) as e:
         raise InvalidArgument(f"priorities must be numbers, got {type(value).__name__} ({e})") from None
+    if n is None:
+        if np.ndim(value) != 1:
+            raise InvalidArgument(f"priorities must be a 1-D sequence of numbers, got shape {np.shape(value)}")
+        return arr
     if np.ndim(value) not in (0, 1) or arr.shape[0] != n:
         raise InvalidArgument(f"expected {n} priorities (one per item or key), got shape {np.shape(value)}")
     return arr

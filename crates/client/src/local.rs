@@ -491,13 +491,34 @@ impl ClientWriter {
     /// the next batch; `flush` waits until every queued item is in its table.
     pub fn create_item(&mut self, table: &str, num_steps: u64, priority: f64) -> Result<()> {
         self.check()?;
-        let t = self.info.table(table)? as usize;
-        if self.info.tables[t].store != self.writer.source().store {
-            return Err(Error::InvalidArgument(format!("table '{table}' is over a different store than this writer")));
-        }
+        let t = self.table_of_store(table)?;
         check_priority(priority, || format!("table '{table}' new item"))?;
         let window = self.writer.window(table, num_steps)?;
-        self.writer.source_mut().push_item(t as u32, priority, &window)
+        self.writer.source_mut().push_item(t, priority, &window)
+    }
+
+    /// Queues one item per priority over `num_steps` steps ending at each of the
+    /// last `priorities.len()` steps (oldest first), as `Writer::create_items`.
+    pub fn create_items(&mut self, table: &str, num_steps: u64, priorities: &[f64]) -> Result<()> {
+        self.check()?;
+        let t = self.table_of_store(table)?;
+        for (i, &p) in priorities.iter().enumerate() {
+            check_priority(p, || format!("table '{table}' item {i}"))?;
+        }
+        let windows = self.writer.windows(table, num_steps, priorities.len() as u64)?;
+        for (window, &p) in windows.iter().zip(priorities) {
+            self.writer.source_mut().push_item(t, p, window)?;
+        }
+        Ok(())
+    }
+
+    /// The index of `table`, which must be over this writer's store.
+    fn table_of_store(&self, table: &str) -> Result<u32> {
+        let t = self.info.table(table)?;
+        if self.info.tables[t as usize].store != self.writer.source().store {
+            return Err(Error::InvalidArgument(format!("table '{table}' is over a different store than this writer")));
+        }
+        Ok(t)
     }
 
     /// Sends queued items and waits until the server has put every one in its

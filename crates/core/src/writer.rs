@@ -164,29 +164,60 @@ impl<B: BlockSource> Writer<B> {
     /// The rows of the last `num_steps` steps of this episode, oldest first, for
     /// an item in `table`. Fails when the episode (or the kept history) is shorter.
     pub fn window(&self, table: &str, num_steps: u64) -> Result<Window> {
+        self.check_window(table, num_steps, 0)?;
+        Ok(self.window_back(num_steps, 0))
+    }
+
+    /// Windows for `count` items of `num_steps` steps ending at each of the last
+    /// `count` steps, oldest first (one item per step of an `extend`).
+    pub fn windows(&self, table: &str, num_steps: u64, count: u64) -> Result<Vec<Window>> {
+        if count == 0 {
+            return Ok(Vec::new());
+        }
+        self.check_window(table, num_steps, count - 1)?;
+        Ok((0..count).rev().map(|back| self.window_back(num_steps, back)).collect())
+    }
+
+    /// Checks that `num_steps` steps ending `back` steps before the newest exist.
+    fn check_window(&self, table: &str, num_steps: u64, back: u64) -> Result<()> {
         if num_steps == 0 {
             return Err(invalid!("num_steps must be >= 1, got 0"));
         }
-        if num_steps > self.episode_steps {
-            return Err(invalid!(
-                "item of {num_steps} steps for table '{table}' is longer than the episode so far ({} steps)",
-                self.episode_steps
-            ));
+        let need = num_steps + back;
+        if need > self.episode_steps {
+            let what = if back == 0 {
+                format!("item of {num_steps} steps for table '{table}'")
+            } else {
+                format!("{} items of {num_steps} steps for table '{table}' (one per step)", back + 1)
+            };
+            return Err(invalid!("{what} need {need} steps: longer than the episode so far ({} steps)", self.episode_steps));
         }
-        if num_steps > self.kept {
+        if need > self.kept {
             return Err(invalid!(
                 "item of {num_steps} steps for table '{table}' is longer than the writer's max_sequence_length ({})",
                 self.kept
             ));
         }
+        Ok(())
+    }
+
+    /// The rows of `num_steps` steps ending `back` steps before the newest.
+    fn window_back(&self, num_steps: u64, back: u64) -> Window {
         let mut ranges: Vec<RowRange> = Vec::new();
+        let mut skip = back;
         let mut left = num_steps;
         for run in self.history.iter().rev() {
             if left == 0 {
                 break;
             }
-            let take = left.min(run.len as u64);
-            let start = run.start + run.len as u64 - take;
+            if skip >= run.len as u64 {
+                skip -= run.len as u64;
+                continue;
+            }
+            let avail = run.len as u64 - skip;
+            let take = left.min(avail);
+            let start = run.start + avail - take;
+            skip = 0;
             match ranges.last_mut() {
                 Some(next) if start + take == next.start => {
                     next.start = start;
@@ -197,7 +228,7 @@ impl<B: BlockSource> Writer<B> {
             left -= take;
         }
         ranges.reverse();
-        Ok(Window::from_ranges(ranges))
+        Window::from_ranges(ranges)
     }
 
     /// Ends the episode: later items cannot reach back past this point, and the
@@ -239,15 +270,33 @@ impl Writer<Store> {
         }
     }
 
-    /// Like [`Writer::create_item`], naming a table over this writer's store.
-    pub fn create_item_in<'w>(&mut self, table: &str, num_steps: u64, priority: f64, wait: impl Into<Wait<'w>>) -> Result<u64> {
+    /// Creates one item per priority: item `j` of `n` covers `num_steps` steps
+    /// ending `n - 1 - j` steps before the newest (one item per step of an
+    /// `extend`), in one insert. Returns their keys.
+    pub fn create_items<'w>(&mut self, table: &Table, num_steps: u64, priorities: &[f64], wait: impl Into<Wait<'w>>) -> Result<Vec<u64>> {
+        if !table.store().same(&self.source) {
+            return Err(invalid!("table '{}' is over a different store than this writer", table.name()));
+        }
+        let windows = self.windows(table.name(), num_steps, priorities.len() as u64)?;
+        let items: Vec<NewItem> = windows.into_iter().zip(priorities).map(|(window, &priority)| NewItem { window, priority }).collect();
+        table.insert(&items, wait)
+    }
+
+    /// The table named `table` over this writer's store.
+    pub fn table(&self, table: &str) -> Result<Table> {
         let shared = self.source.find_table(table).ok_or_else(|| {
             Error::NotFound(format!(
                 "no table named '{table}' over this writer's store; tables: {:?}",
                 self.source.table_names()
             ))
         })?;
-        self.create_item(&Table::from_shared(shared), num_steps, priority, wait)
+        Ok(Table::from_shared(shared))
+    }
+
+    /// Like [`Writer::create_item`], naming a table over this writer's store.
+    pub fn create_item_in<'w>(&mut self, table: &str, num_steps: u64, priority: f64, wait: impl Into<Wait<'w>>) -> Result<u64> {
+        let table = self.table(table)?;
+        self.create_item(&table, num_steps, priority, wait)
     }
 }
 

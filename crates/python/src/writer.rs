@@ -149,6 +149,38 @@ impl PyWriter {
         })
     }
 
+    /// Creates one item per priority in `table`: item j of n covers `num_steps`
+    /// steps ending n-1-j steps before the newest — one item per step of an
+    /// `extend` of n steps. Returns the keys in process (None for a client writer).
+    #[pyo3(signature = (table, num_steps, priorities, timeout=None))]
+    fn create_items<'py>(&self, py: Python<'py>, table: &Bound<'py, PyAny>, num_steps: i64, priorities: &Bound<'py, PyAny>, timeout: Option<f64>) -> PyResult<Option<Bound<'py, numpy::PyArray1<u64>>>> {
+        let timeout = timeout::parse(py, timeout)?;
+        if num_steps < 1 {
+            return Err(invalid(py, format!("num_steps must be >= 1, got {num_steps}")));
+        }
+        let name: String = match table.cast::<PyString>() {
+            Ok(s) => s.to_string(),
+            Err(_) => table.getattr("name").and_then(|n| n.extract()).map_err(|_| {
+                invalid(py, format!("table must be a Table or a table name, got {}", crate::arrays::type_name(table)))
+            })?,
+        };
+        let priorities = crate::arrays::Vector::<f64>::new(py, "priorities", priorities, None)?;
+        let p = priorities.as_slice();
+        let n = num_steps as u64;
+        let signals = Signals::default();
+        let check = || signals.check();
+        self.with(py, |w| match w {
+            AnyWriter::Client(w) => w.create_items(&name, n, p).map(|_| None).map_err(py_err(py)),
+            AnyWriter::Local(w) => {
+                let table = w.table(&name).map_err(py_err(py))?;
+                let keys = py
+                    .detach(|| w.create_items(&table, n, p, Wait { timeout, interrupt: Some(&check) }))
+                    .map_err(|e| to_py(py, e, None, signals.take()))?;
+                Ok(Some(numpy::PyArray1::from_vec(py, keys)))
+            }
+        })
+    }
+
     /// Ends the episode: items never span episodes.
     fn end_episode(&self, py: Python<'_>) -> PyResult<()> {
         self.with(py, |w| match w {

@@ -71,6 +71,7 @@ enum Op {
     Append,
     Extend(usize),
     Item(u64),
+    Items(u64, u64),
     EndEpisode,
 }
 
@@ -80,6 +81,7 @@ fn ops() -> impl Strategy<Value = Vec<Op>> {
             4 => Just(Op::Append),
             2 => (1usize..9).prop_map(Op::Extend),
             4 => (1u64..7).prop_map(Op::Item),
+            2 => (1u64..4, 1u64..5).prop_map(|(k, n)| Op::Items(k, n)),
             1 => Just(Op::EndEpisode),
         ],
         1..60,
@@ -115,6 +117,18 @@ proptest! {
                     prop_assert_eq!(r.is_ok(), allowed, "{:?}", r);
                     if allowed {
                         expected.push(episode[episode.len() - k as usize..].to_vec());
+                    }
+                }
+                Op::Items(k, n) => {
+                    let need = k + n - 1;
+                    let allowed = (need as usize) <= episode.len() && max_seq.is_none_or(|m| need <= m);
+                    let r = w.create_items(&t, k, &vec![1.0; n as usize], None);
+                    prop_assert_eq!(r.is_ok(), allowed, "{:?}", r);
+                    if allowed {
+                        for back in (0..n as usize).rev() {
+                            let end = episode.len() - back;
+                            expected.push(episode[end - k as usize..end].to_vec());
+                        }
                     }
                 }
                 Op::EndEpisode => { w.end_episode(); episode.clear(); }
@@ -191,4 +205,20 @@ fn writer_for_another_store_is_rejected() {
     append(&mut w, 1);
     let e = w.create_item(&t, 1, 1.0, None).unwrap_err().to_string();
     assert!(e.contains("different store"), "{e}");
+}
+
+#[test]
+fn create_items_makes_one_item_per_step_of_an_extend() {
+    let s = store(64, 4);
+    let t = table(&s, "t", 32);
+    let mut w = Writer::new(s.clone(), None).unwrap();
+    let vs: Vec<i64> = (0..6).collect();
+    let a: Vec<u8> = vs.iter().flat_map(|v| v.to_ne_bytes()).collect();
+    let b: Vec<u8> = vs.iter().flat_map(|&v| [v as u8; 3]).collect();
+    w.extend(&[&a, &b], 6).unwrap();
+    let keys = w.create_items(&t, 2, &[1.0, 2.0, 3.0], None).unwrap();
+    assert_eq!(keys.len(), 3);
+    let e = w.create_items(&t, 2, &[1.0; 6], None).unwrap_err().to_string();
+    assert!(e.contains("6 items of 2 steps") && e.contains("need 7 steps"), "{e}");
+    assert_eq!(contents(&s, &t), vec![vec![2, 3], vec![3, 4], vec![4, 5]]);
 }
