@@ -1,0 +1,485 @@
+"""Serving comparison driver: Reprise's same-host server against cpprb's multi-process
+buffers, dm-reverb over loopback gRPC and a Redis baseline, on this machine.
+
+    python3.11 benchmarks/compare_serving.py            # full run, ~7 minutes
+    python3.11 benchmarks/compare_serving.py --quick    # checks the scripts; noisy numbers
+
+Run it with the Python that has ``reprise`` installed; the peers run from their own
+venvs (``bash benchmarks/setup_peers.sh``), one system at a time, each as a
+subprocess that starts its own server/writer/sampler processes and prints one JSON
+object (see ``serving_common.py``). A peer whose venv is missing is skipped and the
+table says so. The same run measures single-core memcpy bandwidth (as
+``compare_core.py`` does) for the 400 KB rows.
+
+Writes ``benchmarks/out/serving-<date>.json`` (everything) and ``.md`` (the tables),
+and one ``.log`` per system.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from compare_core import host_info, interpreter_for, memcpy_in_subprocess, si  # noqa: E402
+
+OUT = os.path.join(HERE, "out")
+
+# name, script, venv (None: this interpreter), budget seconds in a full run
+SYSTEMS = [
+    ("reprise", "reprise_serving.py", None, 180),
+    ("cpprb", "peers/cpprb_serving.py", "cpprb", 180),
+    ("reverb", "peers/reverb_serving.py", "reverb", 300),
+    ("redis", "peers/redis_serving.py", "redis", 240),
+]
+PEERS = [s[0] for s in SYSTEMS if s[0] != "reprise"]
+DISPLAY = {"reprise": "Reprise", "cpprb": "cpprb (MP buffers)", "reverb": "Reverb (gRPC)",
+           "redis": "Redis baseline"}
+SHORT = {"reprise": "Reprise", "cpprb": "cpprb", "reverb": "Reverb", "redis": "Redis"}
+
+# The issue's reference numbers for Reverb and Redis on this machine (p50, ms).
+ISSUE_REF = {"reverb": {"push": 86.0, "sample": 49.0}, "redis": {"push": 117.0, "sample": 12.0}}
+
+
+# --- running systems ------------------------------------------------------------------------
+def run_system(name: str, python: str, script: str, args: list[str], timeout: float,
+               log_path: str) -> dict:
+    cmd = [python, os.path.join(HERE, script), *args]
+    print(f"\n== {name}: {' '.join(cmd)}", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                cwd=HERE, start_new_session=True)
+        chunks: list[str] = []
+        reader = threading.Thread(target=lambda: chunks.append(proc.stdout.read()), daemon=True)
+        reader.start()
+        killed = threading.Event()
+
+        def kill() -> None:  # the system's whole process group: its servers and children too
+            killed.set()
+            try:
+                os.killpg(proc.pid, 9)
+            except ProcessLookupError:
+                pass
+
+        watchdog = threading.Timer(timeout, kill)
+        watchdog.start()
+        try:
+            for line in proc.stderr:
+                log.write(line)
+                if line.startswith(f"[{name} ") or "Traceback" in line:
+                    sys.stderr.write(line)
+                    sys.stderr.flush()
+            proc.wait()
+        finally:
+            watchdog.cancel()
+        reader.join(timeout=10)
+        if killed.is_set():
+            return {"error": f"killed after {timeout:.0f}s", "log": log_path}
+    wall = time.perf_counter() - t0
+    stdout = "".join(chunks).strip()
+    if proc.returncode != 0 or not stdout:
+        return {"error": f"exit {proc.returncode}; see {log_path}", "log": log_path}
+    try:
+        result = json.loads(stdout.splitlines()[-1])
+    except json.JSONDecodeError as exc:
+        return {"error": f"bad JSON ({exc}); see {log_path}", "log": log_path}
+    result["wall_s"] = round(wall, 1)
+    result["log"] = log_path
+    return result
+
+
+# --- tables -----------------------------------------------------------------------------------
+def res(report: dict, system: str, key: str) -> dict | None:
+    return report["systems"].get(system, {}).get("results", {}).get(key)
+
+
+def status_cell(e: dict | None, ran: bool) -> str | None:
+    if e is None:
+        return "—" if ran else "n/a"
+    if "unsupported" in e:
+        return "cannot"
+    if "skipped" in e:
+        return "skipped"
+    if "error" in e:
+        return "error"
+    return None
+
+
+def fmt_ms(x: float) -> str:
+    return f"{x:.3g}" if x < 100 else f"{x:.0f}"
+
+
+def ran(report: dict, system: str) -> bool:
+    return "results" in report["systems"].get(system, {})
+
+
+def rate_row(report, label, key, field, unit, memcpy=None, gb=False, ref_only=False) -> str:
+    """One row of a rate table: value per system, Reprise / best peer, % of memcpy."""
+    systems = [n for n, *_ in SYSTEMS]
+    cells = []
+    vals = {}
+    for n in systems:
+        if ref_only and n != "reprise":
+            cells.append("")
+            continue
+        e = res(report, n, key)
+        st = status_cell(e, ran(report, n))
+        if st or field not in e:
+            cells.append(st or "—")
+            continue
+        v = e[field]
+        vals[n] = v
+        text = si(v)
+        if gb and "gb_per_s" in e:
+            text += f" ({e['gb_per_s']:.2f} GB/s)"
+        if e.get("note"):
+            text += " *"
+        cells.append(text)
+    mine = vals.get("reprise")
+    peers = [(v, p) for p, v in vals.items() if p != "reprise" and v]
+    ratio = f"{mine / max(peers)[0]:.2f}x vs {SHORT[max(peers)[1]]}" if mine and peers else ""
+    pct = ""
+    e = res(report, "reprise", key)
+    if memcpy and e and "gb_per_s" in e:
+        pct = f"{100 * e['gb_per_s'] / memcpy:.0f}%"
+    return "| " + " | ".join([label, unit] + cells + [ratio, pct]) + " |"
+
+
+def writer_table(report: dict) -> list[str]:
+    memcpy = report["memcpy"]["gb_per_s"]
+    head = ["workload", "unit"] + [SHORT[n] for n, *_ in SYSTEMS] + \
+           ["Reprise / best peer", "Reprise % of 1-core memcpy"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = [
+        ("400 B, one item per step", "writer1[400B,step]", False),
+        ("400 B, batched (Reprise: extend + create_item)", "writer1[400B,batch]", False),
+        ("400 KB, one item per step", "writer1[400KB,step]", True),
+        ("400 KB, batched (Reprise: extend + create_item)", "writer1[400KB,batch]", True),
+    ]
+    for label, key, big in rows:
+        lines.append(rate_row(report, label, key, "items_per_s", "items/s",
+                              memcpy=memcpy if big else None, gb=True))
+    for label, key, big in (("400 B, in-process writer, no server (reference)",
+                             "writer1[400B,step-inproc]", False),
+                            ("400 KB, in-process writer, no server (reference)",
+                             "writer1[400KB,step-inproc]", True)):
+        lines.append(rate_row(report, label, key, "items_per_s", "items/s",
+                              memcpy=memcpy if big else None, gb=True, ref_only=True))
+    return lines
+
+
+def mixed_table(report: dict) -> list[str]:
+    head = ["workload", "unit"] + [SHORT[n] for n, *_ in SYSTEMS] + ["Reprise / best peer", ""]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for variant, what in (("step", "one item per step"), ("batch", "batched writes")):
+        key = f"mixed[{variant}]"
+        lines.append(rate_row(report, f"4 writers ({what}): items inserted", key,
+                              "items_per_s", "items/s"))
+        lines.append(rate_row(report, f"… while 1 sampler draws 256 uniform", key,
+                              "samples_per_s", "samples/s"))
+    return lines
+
+
+def apex_table(report: dict, key: str) -> list[str]:
+    systems = [n for n, *_ in SYSTEMS]
+    head = ["Ape-X", "unit"] + [SHORT[n] for n in systems] + \
+           [f"{SHORT[p]} / Reprise" for p in PEERS]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = [("push 200 transitions (11.3 MB), p50", "push", "p50_ms", "ms"),
+            ("push, p99", "push", "p99_ms", "ms"),
+            ("sample 512 + update 512 priorities, p50", "sample", "p50_ms", "ms"),
+            ("sample + update, p99", "sample", "p99_ms", "ms"),
+            ("transitions pushed (4 actors)", None, "transitions_per_s", "/s"),
+            ("learner rounds", None, "learner_rounds_per_s", "/s")]
+    for label, group, field, unit in rows:
+        cells, vals = [], {}
+        for n in systems:
+            e = res(report, n, key)
+            st = status_cell(e, ran(report, n))
+            if st:
+                cells.append(st)
+                continue
+            src = e.get(group, {}) if group else e
+            if field not in src:
+                cells.append("—")
+                continue
+            v = src[field]
+            vals[n] = v
+            cells.append((fmt_ms(v) if unit == "ms" else si(v)) + (" *" if e.get("note") else ""))
+        ratios = []
+        for p in PEERS:
+            if "reprise" in vals and p in vals and vals["reprise"] and vals[p]:
+                r = vals[p] / vals["reprise"] if unit == "ms" else vals["reprise"] / vals[p]
+                ratios.append(f"{r:.2f}x")
+            else:
+                ratios.append("")
+        lines.append("| " + " | ".join([label, unit] + cells + ratios) + " |")
+    return lines
+
+
+def goals(report: dict) -> list[str]:
+    out = []
+    memcpy = report["memcpy"]["gb_per_s"]
+    step = res(report, "reprise", "writer1[400B,step]") or {}
+    batch = res(report, "reprise", "writer1[400B,batch]") or {}
+    inproc = res(report, "reprise", "writer1[400B,step-inproc]") or {}
+    if "items_per_s" in step:
+        v = step["items_per_s"]
+        line = (f"- 400 B items from one local writer process >= 1,000,000 items/s: "
+                f"**{si(v)} items/s** with append + create_item per step "
+                f"({'met' if v >= 1e6 else 'missed'})")
+        if "items_per_s" in batch:
+            line += (f"; {si(batch['items_per_s'])} items/s with extend(256) + 256 create_item "
+                     f"({'>=' if batch['items_per_s'] >= 1e6 else '<'} 1M: the transport's "
+                     "commit path, items over one step)")
+        if "items_per_s" in inproc:
+            line += (f"; the same step loop in process, no server: {si(inproc['items_per_s'])} "
+                     "items/s")
+        out.append(line + ".")
+    big = res(report, "reprise", "writer1[400KB,step]") or {}
+    bigb = res(report, "reprise", "writer1[400KB,batch]") or {}
+    if "gb_per_s" in big and memcpy:
+        pct = 100 * big["gb_per_s"] / memcpy
+        line = (f"- 400 KB items >= 50% of single-core memcpy ({memcpy:.2f} GB/s): "
+                f"**{big['gb_per_s']:.2f} GB/s = {pct:.0f}%** per step "
+                f"({'met' if pct >= 50 else 'missed'})")
+        if "gb_per_s" in bigb:
+            line += f"; extend: {bigb['gb_per_s']:.2f} GB/s = {100 * bigb['gb_per_s'] / memcpy:.0f}%"
+        out.append(line + ".")
+    for key, how in (("apex", "back to back"), ("apex-paced", "paced")):
+        out += apex_goal(report, key, how)
+    apex = (report.get("config") or {}).get("apex")
+    if apex and memcpy:
+        push_mb = apex["push"] * apex["transition_bytes"] / 1e6
+        sample_mb = apex["sample"] * apex["transition_bytes"] / 1e6
+        out.append(f"- Floors: one push moves {push_mb:.1f} MB and one sample {sample_mb:.1f} MB "
+                   f"of transitions; at this run's single-core memcpy ({memcpy:.2f} GB/s) the "
+                   f"copies alone take {push_mb / memcpy:.1f} ms and {sample_mb / memcpy:.1f} ms. "
+                   "The Redis baseline's learner samples from numpy arrays in its own process "
+                   "(no IPC at sample time), so its sample latency is a local numpy gather")
+        rs = (res(report, "redis", "apex-paced") or {}).get("sample", {})
+        if rs.get("n"):
+            out[-1] += (f" ({fmt_ms(rs['p50_ms'])} ms paced): 5x lower would be "
+                        f"{rs['p50_ms'] / 5:.1f} ms"
+                        + (", below the copy floor" if rs["p50_ms"] / 5 < sample_mb / memcpy
+                           else ""))
+        out[-1] += ("; what that design pays instead is ingest (its push -> sum tree lag and "
+                    "transitions/s rows).")
+    return out
+
+
+def apex_goal(report: dict, key: str, how: str) -> list[str]:
+    out = []
+    ap = res(report, "reprise", key) or {}
+    if ap.get("push", {}).get("n"):
+        for peer in ("reverb", "redis"):
+            pe = res(report, peer, key) or {}
+            parts = []
+            for k in ("push", "sample"):
+                mine = ap[k]["p50_ms"]
+                ref = ISSUE_REF[peer][k]
+                txt = f"{k} p50 {fmt_ms(mine)} ms vs "
+                if pe.get(k, {}).get("n"):
+                    theirs = pe[k]["p50_ms"]
+                    txt += (f"{fmt_ms(theirs)} ms in this run = **{theirs / mine:.1f}x** "
+                            f"({'met' if theirs / mine >= 5 else 'missed'})")
+                else:
+                    txt += "(not measured in this run)"
+                if key == "apex":
+                    txt += f"; vs the issue's {ref:g} ms: {ref / mine:.1f}x"
+                parts.append(txt)
+            out.append(f"- Ape-X ({how}) p50 >= 5x lower than {SHORT[peer]}: " +
+                       "; ".join(parts) + ".")
+    return out
+
+
+def build_markdown(report: dict) -> str:
+    h = report["host"]
+    m = report["memcpy"]
+    cfg = report.get("config") or {}
+    apex = cfg.get("apex", {})
+    out = [f"# Serving comparison, {report['date']}" + (" (QUICK: tiny tables, noisy)"
+                                                        if report["quick"] else ""),
+           "",
+           f"Machine: {h.get('cpu_model', '?')}, {h['cpus']} cores, {h.get('mem_gib', '?')} GiB, "
+           f"GPU: {h['gpu'] or 'none'}; {h['platform']}.",
+           f"Single-core memcpy (numpy, {m['bytes'] / 2**30:.3g} GiB buffer, median): "
+           f"assign {m['numpy_assign']['gb_per_s']:.2f} GB/s, "
+           f"np.copyto {m['np_copyto']['gb_per_s']:.2f} GB/s.",
+           "",
+           "Every writer, sampler, actor and learner is its own spawned process; servers run "
+           "in their own process (Reprise: the benchmark's main process; Reverb: a child "
+           "process; Redis: redis-server). cpprb has no server: its MP buffers are shared "
+           "memory that every process writes and reads directly. "
+           f"On {h['cpus']} cores the concurrent rows run 6-7 busy processes: they measure "
+           "contention as much as transport. `cannot` = the system has no such path; "
+           "`*` = see notes.",
+           "",
+           "## 1. One writer process, nothing else running",
+           "",
+           "Higher is better. One-step items of one float32 field (random normals), "
+           f"tables of {cfg.get('writer_capacity_items', {})} items, wrapped once before "
+           f"timing; median of {cfg.get('rounds', '?')} rounds of >= {cfg.get('round_seconds', '?')} s, "
+           "each ending with a flush (items committed, i.e. sampleable). "
+           "GB/s is payload bytes (decimal).",
+           "",
+           *writer_table(report),
+           "",
+           "## 2. Four writer processes and one sampler process at once",
+           "",
+           f"400 B items into a table of {cfg.get('mixed_table_items', '?'):,} items (prefilled, "
+           f"so writes evict), counted over {cfg.get('mixed_seconds', '?')} s after "
+           f"{cfg.get('mixed_warmup_seconds', '?')} s of warm-up. Inserted = committed "
+           "(Redis: stored in the sampler's memory, not merely pushed).",
+           "",
+           *mixed_table(report),
+           "",
+           "## 3. Ape-X (the in-network replay paper's workload)",
+           "",
+           f"{apex.get('actors', 4)} actor processes push batches of {apex.get('push', 200)} "
+           f"Atari transitions (state and next_state uint8[4,84,84], action int64, reward "
+           f"float32, one priority each: {apex.get('push_mb', 11.3):.1f} MB); "
+           f"one learner samples {apex.get('sample', 512)} prioritized items (exponent 0.6) "
+           f"and updates their {apex.get('sample', 512)} priorities. "
+           "Push latency: from the first step handed to the system until the 200 items are "
+           "committed (Reprise, Reverb: flush returned; cpprb: add returned; Redis: RPUSH "
+           "returned, i.e. in Redis, not yet in the learner's memory). Sample latency: sample "
+           "with all four fields as numpy + priority update. "
+           f"Table: {cfg.get('apex_table_items', '?'):,} transitions (prefilled, FIFO "
+           "eviction; the paper's 65,536 and the issue's 100k-200k do not fit this "
+           f"machine's memory beside the peers: 200k x 56 KB = 11 GB), "
+           f"{cfg.get('apex_seconds', '?')} s measured after {cfg.get('apex_warmup_seconds', '?')} s "
+           "of warm-up. Latency in ms, lower is better; the ratio columns are peer / Reprise "
+           "(> 1: Reprise is faster).",
+           "",
+           "### 3a. Back to back (every actor and the learner as fast as they can)",
+           "",
+           "What each system sustains decides how much work the others compete with on "
+           f"{h['cpus']} cores: compare the throughput rows too.",
+           "",
+           *apex_table(report, "apex"),
+           "",
+           f"### 3b. Paced (each actor pushes every {apex.get('paced_actor_period_s', '?')} s, "
+           f"staggered: {apex.get('actors', 4) * apex.get('push', 200) / apex.get('paced_actor_period_s', 1):,.0f} "
+           f"transitions/s in all; the learner starts a round every "
+           f"{1000 * apex.get('paced_learner_period_s', 0):.0f} ms)",
+           "",
+           "The same offered load for every system, below what every system's actors "
+           "sustain: latency without the CPU saturation of 3a. A call that overruns its slot "
+           "is followed at once by the next (the learner rounds row shows who could not keep "
+           "the learner's pace).",
+           "",
+           *apex_table(report, "apex-paced"),
+           "",
+           "## Against the issue's goals",
+           "",
+           *goals(report),
+           ""]
+    busy = {n: s["loadavg_1m_before"] for n, s in report["systems"].items()
+            if s.get("loadavg_1m_before", 0) > 1.0}
+    if busy:
+        out += ["**Warning:** the machine was busy (1-minute load average before the system "
+                "started: " + ", ".join(f"{SHORT[n]} {v}" for n, v in busy.items()) +
+                "; part of that can be the previous system's own run).", ""]
+    out.append("## Systems")
+    for name, *_ in SYSTEMS:
+        s = report["systems"].get(name, {})
+        if "results" not in s:
+            out.append(f"- **{DISPLAY[name]}**: not run: {s.get('skipped') or s.get('error')}")
+            continue
+        vers = ", ".join(f"{k} {v}" for k, v in s["versions"].items())
+        out.append(f"- **{DISPLAY[name]}** ({vers}; {s.get('wall_s', '?')} s)")
+        for note in s.get("notes", []):
+            out.append(f"  - {note}")
+        for key, e in s["results"].items():
+            if "path" in e:
+                out.append(f"  - `{key}`: {e['path']}")
+            for k in ("note", "error", "skipped", "unsupported"):
+                if e.get(k):
+                    out.append(f"  - `{key}` {k}: {e[k]}")
+            if key.startswith("apex") and "learner_commit_lag" in e and e["learner_commit_lag"].get("n"):
+                lag = e["learner_commit_lag"]
+                out.append(f"  - `{key}` push -> in the learner's sum tree: p50 "
+                           f"{fmt_ms(lag['p50_ms'])} ms, p99 {fmt_ms(lag['p99_ms'])} ms; "
+                           f"batches still queued in Redis at the end: "
+                           f"{e.get('learner_backlog_at_end')}; actors throttled "
+                           f"{sum(v for k, v in e.items() if k.endswith('_throttled_s')):.1f} s "
+                           "in all (queue > 32 batches)")
+    return "\n".join(out) + "\n"
+
+
+# --- main -----------------------------------------------------------------------------------
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="tiny tables, short runs")
+    ap.add_argument("--systems", default=",".join(n for n, *_ in SYSTEMS),
+                    help="comma-separated subset of " + ",".join(n for n, *_ in SYSTEMS))
+    ap.add_argument("--only", default=None,
+                    help="passed to every system: run only workloads whose key contains one "
+                         "of these comma-separated substrings (writer1, mixed, apex, 400B, ...)")
+    ap.add_argument("--budget-scale", type=float, default=1.0,
+                    help="multiply every system's time budget")
+    ap.add_argument("--reprise-python", default=sys.executable,
+                    help="interpreter with reprise installed (default: this one)")
+    args = ap.parse_args()
+    wanted = [s for s in args.systems.split(",") if s]
+    unknown = set(wanted) - {n for n, *_ in SYSTEMS}
+    if unknown:
+        ap.error(f"unknown systems {sorted(unknown)}")
+
+    os.makedirs(OUT, exist_ok=True)
+    now = dt.datetime.now()
+    stem = f"serving-{now:%Y%m%d-%H%M%S}" + ("-quick" if args.quick else "")
+    report = {"date": now.isoformat(timespec="seconds"), "quick": args.quick,
+              "host": host_info(), "systems": {}, "config": {},
+              "issue_reference_p50_ms": ISSUE_REF}
+
+    print("measuring single-core memcpy ...", file=sys.stderr, flush=True)
+    report["memcpy"] = memcpy_in_subprocess(2**26 if args.quick else 2**30,
+                                            3 if args.quick else 7)
+    print(f"memcpy: {report['memcpy']['gb_per_s']:.2f} GB/s", file=sys.stderr, flush=True)
+
+    for name, script, venv, budget in SYSTEMS:
+        if name not in wanted:
+            report["systems"][name] = {"skipped": "not selected (--systems)"}
+            continue
+        python, why = interpreter_for(venv, args.reprise_python)
+        if python is None:
+            print(f"\n== {name}: SKIPPED: {why}", file=sys.stderr, flush=True)
+            report["systems"][name] = {"skipped": why}
+            continue
+        b = (120 if args.quick else budget) * args.budget_scale
+        sys_args = ["--budget", str(b)] + (["--quick"] if args.quick else [])
+        if args.only:
+            sys_args += ["--only", args.only]
+        load = os.getloadavg()[0]
+        if load > 1.0:
+            print(f"WARNING: load average {load:.2f} before {name}", file=sys.stderr, flush=True)
+        result = run_system(name, python, script, sys_args, timeout=b + 240,
+                            log_path=os.path.join(OUT, f"{stem}-{name}.log"))
+        result["loadavg_1m_before"] = round(load, 2)
+        report["systems"][name] = result
+        if "config" in result and not report["config"]:
+            report["config"] = result["config"]
+
+    md = build_markdown(report)
+    with open(os.path.join(OUT, stem + ".json"), "w") as f:
+        json.dump(report, f, indent=1)
+    with open(os.path.join(OUT, stem + ".md"), "w") as f:
+        f.write(md)
+    print()
+    print(md)
+    print(f"wrote {os.path.join(OUT, stem + '.json')} and .md", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

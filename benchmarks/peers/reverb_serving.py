@@ -1,0 +1,380 @@
+"""dm-reverb side of the serving comparison; run with benchmarks/.venvs/reverb/bin/python.
+
+As Reverb's users run it: one ``reverb.Server`` in its own process (this script with
+``--serve``) holding every table, and every writer/actor/sampler/learner a spawned
+process with its own ``reverb.Client`` over loopback gRPC. Paths (the fastest Reverb
+documents for each job):
+
+* writer1 step / mixed writers: ``StructuredWriter`` (items made in C++ from an
+  ``x[-1:]`` pattern, constant priority), one ``append`` per step, ``flush()`` every
+  32 items (Reverb warns and slows past ~40 pending items; REVERB_FLUSH_EVERY /
+  REVERB_FLUSH_KEEP change the interval and ``block_until_num_items``) and at the end
+  of every timed round. Reverb has no batched insert: the batch rows say so.
+* mixed sampler: one persistent ``TrajectoryDataset`` stream, ``.batch(256)``,
+  ``max_in_flight_samples_per_worker=256``.
+* apex actors: ``TrajectoryWriter(num_keep_alive_refs=1, validate_items=False)``, per
+  transition ``append`` + ``create_item(table, priority, {f: history[f][-1]})``
+  (per-item priorities need ``TrajectoryWriter``; ``StructuredWriter`` priorities are
+  per config), ``flush`` every 32 items and ``flush()`` after 200: the items are then
+  in the table. Learner: persistent ``TrajectoryDataset.from_table_signature(...,
+  max_in_flight_samples_per_worker=512).batch(512)`` + ``Client.mutate_priorities`` of
+  the 512 keys. The stream samples up to 512 items ahead of the priority updates (as
+  in training with Reverb); REVERB_SAMPLE_PATH=client uses ``Client.sample(table, 512)``
+  instead (a new stream per call, no sampling ahead).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import numpy as np  # noqa: E402
+
+from serving_common import (APEX_ACTORS, APEX_FRAME, APEX_POOL, APEX_PUSH,  # noqa: E402
+                            APEX_SAMPLE, APEX_VARIANTS, Bench, Group, N_WRITERS,
+                            PRIORITY_EXPONENT, PriorityStream, SAMPLE_BATCH, STEPS_PER_CALL,
+                            WRITER_SIZES, Window, apex_entry, apex_pool, apex_priorities,
+                            apex_timing, count_in_window, latencies_in_window, make_config,
+                            mixed_entry, payload, timed_rounds, writer1_entry)
+
+FLUSH_EVERY = int(os.environ.get("REVERB_FLUSH_EVERY", "32"))
+FLUSH_KEEP = int(os.environ.get("REVERB_FLUSH_KEEP", "0"))   # block_until_num_items
+SAMPLE_PATH = os.environ.get("REVERB_SAMPLE_PATH", "dataset")
+
+
+# --- server process -------------------------------------------------------------------------
+def serve(spec_json: str) -> None:
+    import reverb
+    import tensorflow as tf
+
+    tables = []
+    for t in json.loads(spec_json):
+        sampler = (reverb.selectors.Prioritized(priority_exponent=t["exponent"])
+                   if t["sampler"] == "prioritized" else reverb.selectors.Uniform())
+        sig = {f: tf.TensorSpec(shape, getattr(tf, dtype)) for f, (shape, dtype) in t["fields"].items()}
+        tables.append(reverb.Table(name=t["name"], sampler=sampler, remover=reverb.selectors.Fifo(),
+                                   max_size=t["max_size"],
+                                   rate_limiter=reverb.rate_limiters.MinSize(1), signature=sig))
+    server = reverb.Server(tables=tables, port=None)
+    print(f"READY {server.port}", flush=True)
+    sys.stdin.read()
+    server.stop()
+
+
+class ServerProcess:
+    def __init__(self, specs: list[dict]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--serve", json.dumps(specs)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        if not line.startswith("READY "):
+            self.proc.kill()
+            raise RuntimeError(f"reverb server did not start: {line!r}")
+        self.address = f"localhost:{int(line.split()[1])}"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def rss_mib(self) -> float | None:
+        try:
+            with open(f"/proc/{self.proc.pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        return int(line.split()[1]) / 1024
+        except OSError:
+            return None
+        return None
+
+
+# --- writers (in any process) ----------------------------------------------------------------
+def structured_writer(client, table: str):
+    from reverb import structured_writer as sw
+    pattern = sw.pattern_from_transform({"x": None}, lambda ref: {"x": ref["x"][-1:]})
+    w = client.structured_writer([sw.create_config(pattern, table=table,
+                                                   priority=sw.constant_priority_fn(1.0))])
+    return w
+
+
+def step_loop(w, rows: np.ndarray):
+    steps = [{"x": r} for r in rows]
+
+    def call() -> None:
+        append, flush = w.append, w.flush
+        for i, s in enumerate(steps, 1):
+            append(s)
+            if i % FLUSH_EVERY == 0:
+                flush(block_until_num_items=FLUSH_KEEP)
+    return call
+
+
+def x_table(name: str, floats: int, items: int) -> dict:
+    return {"name": name, "sampler": "uniform", "max_size": items,
+            "fields": {"x": [[1, floats], "float32"]}}
+
+
+# --- child processes -------------------------------------------------------------------------
+def writer1_child(address: str, table: str, floats: int, capacity: int, quick: bool):
+    import reverb
+    cfg = make_config(quick, None)
+    w = structured_writer(reverb.Client(address), table)
+    call = step_loop(w, payload(STEPS_PER_CALL, floats))
+    t_end = time.monotonic() + (20 if not quick else 5)   # wrap the table once (time-capped)
+    for _ in range(-(-capacity // STEPS_PER_CALL) + 1):
+        call()
+        if time.monotonic() > t_end:
+            break
+    w.flush()
+
+    def run(_start):
+        return {"rates": timed_rounds(call, w.flush, STEPS_PER_CALL, cfg)}
+    return run
+
+
+def mixed_writer_child(address: str, table: str, seed: int, warmup: float, seconds: float):
+    import reverb
+    w = structured_writer(reverb.Client(address), table)
+    call = step_loop(w, payload(STEPS_PER_CALL, 100, seed))
+    call()
+    w.flush()
+
+    def run(start):
+        out = count_in_window(Window(start, warmup, seconds), call, STEPS_PER_CALL)
+        w.flush()
+        return out
+    return run
+
+
+def dataset_iter(address: str, table: str, batch: int):
+    import reverb
+    ds = reverb.TrajectoryDataset.from_table_signature(
+        server_address=address, table=table, max_in_flight_samples_per_worker=batch)
+    return iter(ds.batch(batch, drop_remainder=True))
+
+
+def mixed_sampler_child(address: str, table: str, warmup: float, seconds: float):
+    it = dataset_iter(address, table, SAMPLE_BATCH)
+    next(it).data["x"].numpy()
+
+    def run(start):
+        return count_in_window(Window(start, warmup, seconds),
+                               lambda: next(it).data["x"].numpy(), SAMPLE_BATCH)
+    return run
+
+
+def apex_writer_steps(pool: dict) -> list[dict]:
+    return [{k: v[i] for k, v in pool.items()} for i in range(len(pool["action"]))]
+
+
+def apex_push_fn(client, table: str, steps: list[dict], prios: np.ndarray):
+    w = client.trajectory_writer(num_keep_alive_refs=1, validate_items=False)
+    state = {"i": 0}
+    n_pool = len(steps)
+
+    def push() -> None:
+        i = state["i"]
+        append, create = w.append, w.create_item
+        hist = None
+        for j in range(i, i + APEX_PUSH):
+            append(steps[j])
+            if hist is None:  # column histories update in place; fetch them once per push
+                hist = w.history
+            create(table, priority=float(prios[j]),
+                   trajectory={f: hist[f][-1] for f in ("state", "next_state", "action", "reward")})
+            if (j - i + 1) % FLUSH_EVERY == 0:
+                w.flush(block_until_num_items=FLUSH_KEEP)
+        w.flush()
+        state["i"] = (i + APEX_PUSH) % (n_pool - APEX_PUSH)
+    return push, w
+
+
+def apex_actor_child(address: str, seed: int, warmup: float, seconds: float, timing: tuple):
+    import reverb
+    pool = apex_pool(APEX_POOL, seed)
+    push, w = apex_push_fn(reverb.Client(address), "apex", apex_writer_steps(pool),
+                           apex_priorities(APEX_POOL, seed))
+    push()
+
+    def run(start):
+        lat = latencies_in_window(Window(start, warmup, seconds), push, *timing)
+        w.close()
+        return {"lat": lat, "seconds": seconds}
+    return run
+
+
+def apex_learner_child(address: str, warmup: float, seconds: float, timing: tuple):
+    import reverb
+    client = reverb.Client(address)
+    new = PriorityStream(APEX_SAMPLE)
+    if SAMPLE_PATH == "client":
+        def get():
+            samples = list(client.sample("apex", num_samples=APEX_SAMPLE))
+            keys = [s[0].info.key for s in samples]
+            _ = np.stack([s[0].data["state"] for s in samples])
+            return keys
+    else:
+        it = dataset_iter(address, "apex", APEX_SAMPLE)
+
+        def get():
+            s = next(it)
+            st = s.data["state"].numpy()
+            assert st.shape == (APEX_SAMPLE, *APEX_FRAME), st.shape
+            for f in ("next_state", "action", "reward"):
+                s.data[f].numpy()
+            return s.info.key.numpy().tolist()
+
+    def round_() -> None:
+        keys = get()
+        client.mutate_priorities("apex", updates=dict(zip(keys, new.next().tolist())))
+
+    round_()
+
+    def run(start):
+        return {"lat": latencies_in_window(Window(start, warmup, seconds), round_, *timing),
+                "seconds": seconds}
+    return run
+
+
+# --- workloads ---------------------------------------------------------------------------------
+class Reverb:
+    def __init__(self, bench: Bench) -> None:
+        import reverb
+        self.reverb = reverb
+        self.bench = bench
+        self.cfg = cfg = bench.cfg
+        specs = [x_table(f"w1_{label}", size // 4, cfg.writer_capacity(size))
+                 for label, size in WRITER_SIZES]
+        specs.append(x_table("mixed", 100, cfg.mixed_table_items))
+        specs.append({"name": "apex", "sampler": "prioritized", "exponent": PRIORITY_EXPONENT,
+                      "max_size": cfg.apex_table_items,
+                      "fields": {"state": [list(APEX_FRAME), "uint8"],
+                                 "next_state": [list(APEX_FRAME), "uint8"],
+                                 "action": [[], "int64"], "reward": [[], "float32"]}})
+        self.server = ServerProcess(specs)
+        self.client = reverb.Client(self.server.address)
+
+    def close(self) -> None:
+        self.server.stop()
+
+    def size(self, table: str) -> int:
+        return self.client.server_info()[table].current_size
+
+    def writer1(self, label: str, size: int) -> dict:
+        cfg = self.cfg
+        table = f"w1_{label}"
+        g = Group(cfg, self.bench.log)
+        g.add("writer", writer1_child, self.server.address, table, size // 4,
+              cfg.writer_capacity(size), cfg.quick)
+        res = g.run()
+        n = self.size(table)
+        rss = self.server.rss_mib()
+        self.client.reset(table)
+        return writer1_entry(res["writer"]["rates"], size,
+                             f"StructuredWriter(x[-1:]).append per step, flush(block_until_num_items="
+                             f"{FLUSH_KEEP}) every {FLUSH_EVERY} items; flush() ends each round",
+                             table_items=n, server_rss_mib=rss)
+
+    def mixed(self) -> dict:
+        cfg = self.cfg
+        n = cfg.mixed_table_items
+        w = structured_writer(self.client, "mixed")
+        call = step_loop(w, payload(STEPS_PER_CALL, 100))
+        t0 = time.monotonic()
+        for _ in range(-(-n // STEPS_PER_CALL)):
+            call()
+            if time.monotonic() - t0 > (60 if not cfg.quick else 10):
+                break
+        w.flush()
+        filled = self.size("mixed")
+        g = Group(cfg, self.bench.log)
+        for i in range(N_WRITERS):
+            g.add(f"writer{i}", mixed_writer_child, self.server.address, "mixed", 10 + i,
+                  cfg.mixed_warmup_seconds, cfg.mixed_seconds)
+        g.add("sampler", mixed_sampler_child, self.server.address, "mixed",
+              cfg.mixed_warmup_seconds, cfg.mixed_seconds)
+        res = g.run()
+        rss = self.server.rss_mib()
+        self.client.reset("mixed")
+        return mixed_entry(res, "4 x StructuredWriter step loop (flush every 32); sampler "
+                                "TrajectoryDataset(max_in_flight=256).batch(256)",
+                           table_items_at_start=filled, server_rss_mib=rss)
+
+    def apex(self, variant: str) -> dict:
+        cfg = self.cfg
+        n = cfg.apex_table_items
+        pool = apex_pool(1024, 99)
+        steps = apex_writer_steps(pool)
+        prios = apex_priorities(1024, 98)
+        push, w = apex_push_fn(self.client, "apex", steps, prios)
+        t0 = time.monotonic()
+        limit = 90 if not cfg.quick else 15
+        while self.size("apex") < n and time.monotonic() - t0 < limit:
+            for _ in range(10):
+                push()
+        w.close()
+        fill_s = time.monotonic() - t0
+        filled = self.size("apex")
+        del pool, steps
+        g = Group(cfg, self.bench.log)
+        for i in range(APEX_ACTORS):
+            g.add(f"actor{i}", apex_actor_child, self.server.address, 20 + i,
+                  cfg.apex_warmup_seconds, cfg.apex_seconds, apex_timing(variant, "actor", i))
+        g.add("learner", apex_learner_child, self.server.address, cfg.apex_warmup_seconds,
+              cfg.apex_seconds, apex_timing(variant, "learner"))
+        res = g.run()
+        rss = self.server.rss_mib()
+        n_end = self.size("apex")
+        self.client.reset("apex")
+        sample = ("Client.sample('apex', 512) (new stream per call)" if SAMPLE_PATH == "client"
+                  else "TrajectoryDataset.from_table_signature(max_in_flight_samples_per_worker=512)"
+                       ".batch(512), all 4 fields .numpy()")
+        note = None
+        if filled < n:
+            note = f"table prefilled to {filled:,} of {n:,} items in {fill_s:.0f}s (limit {limit}s)"
+        e = apex_entry(res, "actor: TrajectoryWriter(num_keep_alive_refs=1, validate_items=False), "
+                            "200 x (append + create_item(priority)), flush every "
+                            f"{FLUSH_EVERY}, flush() at the end; learner: {sample} + "
+                            "Client.mutate_priorities(512)",
+                       table_items_at_start=filled, table_items_at_end=n_end,
+                       prefill_s=round(fill_s, 1), server_rss_mib=rss)
+        if note:
+            e["note"] = note
+        return e
+
+
+def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "--serve":
+        serve(sys.argv[2])
+        return
+    bench = Bench("reverb")
+    from importlib.metadata import version
+    for pkg in ("dm-reverb", "tensorflow"):
+        bench.versions[pkg] = version(pkg)
+    s = Reverb(bench)
+    bench.notes.append(f"reverb.Server in its own process; every client over gRPC at {s.server.address}")
+    try:
+        for label, size in WRITER_SIZES:
+            bench.run(f"writer1[{label},step]", s.writer1, label, size)
+            bench.cannot(f"writer1[{label},batch]", "Reverb has no batched insert (one append per step)")
+        bench.run("mixed[step]", s.mixed)
+        bench.cannot("mixed[batch]", "Reverb has no batched insert (one append per step)")
+        for variant in APEX_VARIANTS:
+            bench.run(variant, s.apex, variant)
+    finally:
+        s.close()
+    bench.finish()
+
+
+if __name__ == "__main__":
+    main()
