@@ -42,6 +42,8 @@ pub struct LocalServer {
     path: PathBuf,
     shared: Arc<Shared>,
     accept: Option<JoinHandle<()>>,
+    /// Holds the name (see `naming::claim_name`) until the server is dropped.
+    _lock: std::fs::File,
 }
 
 impl LocalServer {
@@ -70,12 +72,14 @@ impl LocalServer {
             None => format!("reprise-{}-{}", std::process::id(), SERVER_COUNTER.fetch_add(1, Ordering::Relaxed)),
         };
         naming::check_name(&name)?;
-        let path = naming::socket_dir()?.join(format!("{name}.sock"));
-        naming::claim_socket(&path, &name)?;
+        let dir = naming::socket_dir()?;
+        let lock = naming::claim_name(&dir, &name)?;
+        let path = dir.join(format!("{name}.sock"));
         if let Some(dir) = stores[0].path().parent() {
             naming::remove_stale_stores(dir);
         }
         let listener = UnixListener::bind(&path).map_err(|e| Error::Io(format!("cannot listen at {}: {e}", path.display())))?;
+        listener.set_nonblocking(true).map_err(|e| Error::Io(format!("cannot configure {}: {e}", path.display())))?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
             .map_err(|e| Error::Io(format!("cannot make {} private: {e}", path.display())))?;
         let shared = Arc::new(Shared {
@@ -93,7 +97,7 @@ impl LocalServer {
                 .spawn(move || accept_loop(listener, shared))
                 .map_err(|e| Error::Io(format!("cannot start the server thread: {e}")))?
         };
-        Ok(LocalServer { name, path, shared, accept: Some(accept) })
+        Ok(LocalServer { name, path, shared, accept: Some(accept), _lock: lock })
     }
 
     pub fn name(&self) -> &str {
@@ -114,9 +118,8 @@ impl LocalServer {
     /// removes the socket. Idempotent.
     pub fn stop(&mut self) {
         let Some(accept) = self.accept.take() else { return };
+        // The accept loop polls the flag; then wake every connection's read or wait.
         self.shared.stopping.store(true, Ordering::SeqCst);
-        // Wake the accept loop, then every connection's blocked read or wait.
-        let _ = UnixStream::connect(&self.path);
         let _ = accept.join();
         for s in self.shared.conns.lock().values() {
             let _ = s.shutdown(std::net::Shutdown::Both);
@@ -135,13 +138,22 @@ impl Drop for LocalServer {
     }
 }
 
+/// Accepts connections until the server stops, checking the stop flag at least
+/// every 50 ms (the listener is non-blocking), so stopping never depends on the
+/// socket file still being there.
 fn accept_loop(listener: UnixListener, shared: Arc<Shared>) {
+    use std::os::fd::AsRawFd;
     let mut next = 0u64;
-    for stream in listener.incoming() {
-        if shared.stopping.load(Ordering::SeqCst) {
-            break;
+    while !shared.stopping.load(Ordering::SeqCst) {
+        let mut fds = libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd for the open listener.
+        if unsafe { libc::poll(&mut fds, 1, 50) } <= 0 {
+            continue;
         }
-        let Ok(stream) = stream else { continue };
+        let Ok((stream, _)) = listener.accept() else { continue };
+        if stream.set_nonblocking(false).is_err() {
+            continue;
+        }
         // The socket is 0600 already; the peer check also stops a process that
         // got hold of it some other way.
         if naming::peer_uid(&stream) != Some(naming::my_uid()) {

@@ -49,19 +49,36 @@ pub fn check_name(name: &str) -> Result<()> {
     }
 }
 
-/// Makes `path` free for a new server: an error if a live server answers there,
-/// else removes the stale socket of one that died.
-pub fn claim_socket(path: &Path, name: &str) -> Result<()> {
-    if std::fs::symlink_metadata(path).is_err() {
-        return Ok(());
-    }
-    if UnixStream::connect(path).is_ok() {
+/// Takes the name: an exclusive `flock` on `<dir>/<name>.lock`, held for the
+/// server's life and dropped by the kernel when its process dies. Whoever holds it
+/// owns the socket path, so a socket found there now is a dead server's and is
+/// removed. Two servers starting at once cannot both win.
+pub fn claim_name(dir: &Path, name: &str) -> Result<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let lock_path = dir.join(format!("{name}.lock"));
+    let lock = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&lock_path)
+        .map_err(|e| Error::Io(format!("cannot open {}: {e}", lock_path.display())))?;
+    // SAFETY: flock on a file descriptor we own; no memory is involved.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         return Err(Error::InvalidArgument(format!(
-            "a replay server named '{name}' is already running at unix://{}; stop it or choose another name",
-            path.display()
+            "a replay server named '{name}' is already running (unix://{}); stop it or choose another name",
+            dir.join(format!("{name}.sock")).display()
         )));
     }
-    std::fs::remove_file(path).map_err(|e| Error::Io(format!("cannot remove the stale socket {}: {e}", path.display())))
+    let socket = dir.join(format!("{name}.sock"));
+    match std::fs::remove_file(&socket) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(Error::Io(format!("cannot remove the stale socket {}: {e}", socket.display()))),
+    }
+    Ok(lock)
 }
 
 fn alive(pid: i32) -> bool {
