@@ -43,7 +43,7 @@ pub struct LocalServer {
     shared: Arc<Shared>,
     accept: Option<JoinHandle<()>>,
     /// Holds the name (see `naming::claim_name`) until the server is dropped.
-    _lock: std::fs::File,
+    _lock: naming::NameLock,
 }
 
 impl LocalServer {

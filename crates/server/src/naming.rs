@@ -53,32 +53,55 @@ pub fn check_name(name: &str) -> Result<()> {
 /// server's life and dropped by the kernel when its process dies. Whoever holds it
 /// owns the socket path, so a socket found there now is a dead server's and is
 /// removed. Two servers starting at once cannot both win.
-pub fn claim_name(dir: &Path, name: &str) -> Result<std::fs::File> {
+pub fn claim_name(dir: &Path, name: &str) -> Result<NameLock> {
     use std::os::fd::AsRawFd;
     use std::os::unix::fs::OpenOptionsExt;
     let lock_path = dir.join(format!("{name}.lock"));
-    let lock = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .open(&lock_path)
-        .map_err(|e| Error::Io(format!("cannot open {}: {e}", lock_path.display())))?;
-    // SAFETY: flock on a file descriptor we own; no memory is involved.
-    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        return Err(Error::InvalidArgument(format!(
-            "a replay server named '{name}' is already running (unix://{}); stop it or choose another name",
-            dir.join(format!("{name}.sock")).display()
-        )));
+    // A holder removes the lock file when it stops; a file we opened just before
+    // that is no longer the name's, so check we locked the file at the path.
+    for _ in 0..16 {
+        let lock = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&lock_path)
+            .map_err(|e| Error::Io(format!("cannot open {}: {e}", lock_path.display())))?;
+        // SAFETY: flock on a file descriptor we own; no memory is involved.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "a replay server named '{name}' is already running (unix://{}); stop it or choose another name",
+                dir.join(format!("{name}.sock")).display()
+            )));
+        }
+        let held = lock.metadata().map(|m| (m.dev(), m.ino())).ok();
+        let at_path = std::fs::metadata(&lock_path).map(|m| (m.dev(), m.ino())).ok();
+        if held.is_none() || held != at_path {
+            continue;
+        }
+        let socket = dir.join(format!("{name}.sock"));
+        match std::fs::remove_file(&socket) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::Io(format!("cannot remove the stale socket {}: {e}", socket.display()))),
+        }
+        return Ok(NameLock { _file: lock, path: lock_path });
     }
-    let socket = dir.join(format!("{name}.sock"));
-    match std::fs::remove_file(&socket) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(Error::Io(format!("cannot remove the stale socket {}: {e}", socket.display()))),
+    Err(Error::Io(format!("could not take the lock {} (it kept changing)", lock_path.display())))
+}
+
+/// A server's hold on its name. Dropping it removes the lock file, still holding
+/// the lock, so a stopped server leaves nothing behind.
+pub struct NameLock {
+    _file: std::fs::File,
+    path: PathBuf,
+}
+
+impl Drop for NameLock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
     }
-    Ok(lock)
 }
 
 fn alive(pid: i32) -> bool {
