@@ -47,6 +47,31 @@ enum Target<'a> {
     Table(&'a Table),
 }
 
+impl Target<'_> {
+    fn name(&self) -> &str {
+        match self {
+            Target::Name(name) => name,
+            Target::Table(t) => t.name(),
+        }
+    }
+}
+
+/// The native table behind a `Table` argument, or None for a table name.
+fn table_object<'py>(py: Python<'py>, table: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyTable>>> {
+    if table.cast::<PyString>().is_ok() {
+        return Ok(None);
+    }
+    match table.cast::<PyTable>() {
+        Ok(t) => Ok(Some(t.clone())),
+        Err(_) => table
+            .getattr("_native")
+            .ok()
+            .and_then(|n| n.cast_into::<PyTable>().ok())
+            .map(Some)
+            .ok_or_else(|| invalid(py, format!("table must be a Table or a table name, got {}", crate::arrays::type_name(table)))),
+    }
+}
+
 impl PyWriter {
     pub fn new(writer: AnyWriter, fields: Arc<Vec<FieldInfo>>) -> PyWriter {
         PyWriter { inner: Mutex::new(Some(writer)), fields }
@@ -107,31 +132,16 @@ impl PyWriter {
         if num_steps < 1 {
             return Err(invalid(py, format!("num_steps must be >= 1, got {num_steps}")));
         }
-        let holder;
-        let target = if let Ok(name) = table.cast::<PyString>() {
-            Target::Name(name.to_string())
-        } else {
-            holder = match table.cast::<PyTable>() {
-                Ok(t) => t.clone(),
-                Err(_) => table
-                    .getattr("_native")
-                    .ok()
-                    .and_then(|n| n.cast_into::<PyTable>().ok())
-                    .ok_or_else(|| invalid(py, format!("table must be a Table or a table name, got {}", crate::arrays::type_name(table))))?,
-            };
-            Target::Table(&holder.get().table)
+        let holder = table_object(py, table)?;
+        let target = match &holder {
+            None => Target::Name(table.cast::<PyString>()?.to_string()),
+            Some(t) => Target::Table(&t.get().table),
         };
         let n = num_steps as u64;
         let signals = Signals::default();
         let check = || signals.check();
         self.with(py, |w| match w {
-            AnyWriter::Client(w) => {
-                let name = match &target {
-                    Target::Name(name) => name.as_str(),
-                    Target::Table(t) => t.name(),
-                };
-                w.create_item(name, n, priority).map(|_| None).map_err(py_err(py))
-            }
+            AnyWriter::Client(w) => w.create_item(target.name(), n, priority).map(|_| None).map_err(py_err(py)),
             AnyWriter::Local(w) => {
                 let call = |w: &mut Writer, wait: Wait<'_>| match &target {
                     Target::Name(name) => w.create_item_in(name, n, priority, wait),
@@ -158,11 +168,10 @@ impl PyWriter {
         if num_steps < 1 {
             return Err(invalid(py, format!("num_steps must be >= 1, got {num_steps}")));
         }
-        let name: String = match table.cast::<PyString>() {
-            Ok(s) => s.to_string(),
-            Err(_) => table.getattr("name").and_then(|n| n.extract()).map_err(|_| {
-                invalid(py, format!("table must be a Table or a table name, got {}", crate::arrays::type_name(table)))
-            })?,
+        let holder = table_object(py, table)?;
+        let target = match &holder {
+            None => Target::Name(table.cast::<PyString>()?.to_string()),
+            Some(t) => Target::Table(&t.get().table),
         };
         let priorities = crate::arrays::Vector::<f64>::new(py, "priorities", priorities, None)?;
         let p = priorities.as_slice();
@@ -170,11 +179,18 @@ impl PyWriter {
         let signals = Signals::default();
         let check = || signals.check();
         self.with(py, |w| match w {
-            AnyWriter::Client(w) => w.create_items(&name, n, p).map(|_| None).map_err(py_err(py)),
+            AnyWriter::Client(w) => w.create_items(target.name(), n, p).map(|_| None).map_err(py_err(py)),
             AnyWriter::Local(w) => {
-                let table = w.table(&name).map_err(py_err(py))?;
+                let named;
+                let table = match &target {
+                    Target::Table(t) => *t,
+                    Target::Name(name) => {
+                        named = w.table(name).map_err(py_err(py))?;
+                        &named
+                    }
+                };
                 let keys = py
-                    .detach(|| w.create_items(&table, n, p, Wait { timeout, interrupt: Some(&check) }))
+                    .detach(|| w.create_items(table, n, p, Wait { timeout, interrupt: Some(&check) }))
                     .map_err(|e| to_py(py, e, None, signals.take()))?;
                 Ok(Some(numpy::PyArray1::from_vec(py, keys)))
             }
