@@ -591,3 +591,50 @@ def test_create_item_returns_distinct_keys_listed_by_the_table(scalar_store):
     assert len(set(keys)) == 3
     assert [k for k, *_ in table.items()] == keys
     assert [p for _, p, _, _ in table.items()] == [0.0, 1.0, 2.0]
+
+
+def _fifo_values(table, n):
+    """The ``x`` windows of the first n items, oldest first (Fifo sampler)."""
+    return [row.tolist() for row in table.sample(n, timeout=0).data["x"]]
+
+
+@pytest.mark.parametrize("num_steps", [1, 2, 3])
+def test_create_items_makes_one_item_per_step_of_an_extend(make_store, num_steps):
+    store = make_store(capacity=256, block_steps=4)
+    table = rp.Table("t", store, sampler=rp.selectors.Fifo(), max_size=64, max_times_sampled=1)
+    with store.writer() as w:
+        w.extend({"x": np.arange(10, dtype=np.int64)})
+        keys = w.create_items(table, num_steps, [1.0, 2.0, 3.0, 4.0])
+    assert keys.dtype == np.uint64 and len(keys) == 4
+    assert [p for _, p, _, _ in table.items()] == [1.0, 2.0, 3.0, 4.0]
+    ends = [6, 7, 8, 9]
+    assert _fifo_values(table, 4) == [list(range(e - num_steps + 1, e + 1)) for e in ends]
+
+
+def test_create_items_longer_than_the_episode_changes_nothing(make_store):
+    store = make_store(capacity=256, block_steps=4)
+    table = rp.Table("t", store, max_size=64)
+    with store.writer() as w:
+        w.extend({"x": np.arange(4, dtype=np.int64)})
+        with pytest.raises(rp.errors.InvalidArgument, match=r"4 items of 2 steps .* need 5 steps"):
+            w.create_items("t", 2, [1.0] * 4)
+        with pytest.raises(rp.errors.InvalidArgument, match="priority"):
+            w.create_items("t", 1, [1.0, float("nan")])
+        assert table.size == 0
+        assert len(w.create_items("t", 2, [1.0] * 3)) == 3
+
+
+def test_create_items_through_a_client_writer(make_store):
+    store = make_store(capacity=256, block_steps=4)
+    table = rp.Table("t", store, sampler=rp.selectors.Fifo(), max_size=64, max_times_sampled=1)
+    server = rp.Server([table])
+    try:
+        client = rp.Client(server.local_address)
+        with client.writer(max_sequence_length=8) as w:
+            w.extend({"x": np.arange(5, dtype=np.int64)})
+            assert w.create_items("t", 2, np.array([1.0, 2.0, 3.0])) is None
+            w.flush(timeout=5)
+        assert table.size == 3
+        assert [row.tolist() for row in client.sample("t", 3, timeout=0).data["x"]] == [[1, 2], [2, 3], [3, 4]]
+    finally:
+        server.stop()
