@@ -1024,3 +1024,17 @@ def test_raw_requests_the_real_client_never_sends_are_refused(served):
     assert sorted(p for _, p, _, _ in t.items()) == [1.0, 3.0, 4.0]
     t.reset()
     assert wait_until(lambda: store.free_blocks == store.num_blocks, 2), (store.free_blocks, store.num_blocks)
+
+
+def test_a_closed_client_fails_clearly_and_its_writers_keep_working(make_store, serve):
+    store = make_store(capacity=256, block_steps=4)
+    table = rp.Table("t", store, max_size=64)
+    server = serve([table])
+    with rp.Client(server.local_address) as client:
+        w = client.writer()
+    with pytest.raises(rp.errors.RepriseError, match="connection"):
+        client.info()
+    w.append({"x": 1})
+    w.create_item("t", 1, 1.0)
+    w.close()
+    assert table.size == 1

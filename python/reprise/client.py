@@ -65,5 +65,16 @@ class Client:
         """``{table name: table.info()}``."""
         return self._native.info()
 
+    def close(self):
+        """Closes this client's connection; writers it made keep theirs until closed."""
+        self._native.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
     def __repr__(self):
         return f"Client({self._address!r}, tables={self.tables})"

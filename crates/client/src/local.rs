@@ -175,6 +175,12 @@ impl LocalClient {
         Ok(LocalClient { shared: Arc::new(Shared { path: path.to_path_buf(), info, stream: Mutex::new(stream) }) })
     }
 
+    /// Closes this client's connection (writers have their own). Later calls on
+    /// it fail; samples already taken stay valid.
+    pub fn close(&self) {
+        let _ = self.shared.stream.lock().shutdown(std::net::Shutdown::Both);
+    }
+
     pub fn server_pid(&self) -> u32 {
         self.shared.info.pid
     }

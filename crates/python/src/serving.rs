@@ -80,6 +80,10 @@ impl PyClient {
         self.client.table_names()
     }
 
+    fn close(&self) {
+        self.client.close();
+    }
+
     #[getter]
     fn server_pid(&self) -> u32 {
         self.client.server_pid()
