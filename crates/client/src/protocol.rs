@@ -214,36 +214,6 @@ pub fn timeout_from_wire(ms: i64) -> Option<std::time::Duration> {
     (ms >= 0).then(|| std::time::Duration::from_millis(ms as u64))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn frames_round_trip() {
-        let mut f = Frame::new(CREATE);
-        f.u32(7).f64(1.5).str("replay").ranges(&[RowRange { start: 3, len: 2 }]);
-        let bytes = f.finish();
-        let (kind, body) = read_frame(&mut &bytes[..]).unwrap();
-        assert_eq!(kind, CREATE);
-        let mut r = Reader::new(&body);
-        assert_eq!((r.u32().unwrap(), r.f64().unwrap(), r.str().unwrap()), (7, 1.5, "replay".into()));
-        assert_eq!(r.ranges().unwrap(), vec![RowRange { start: 3, len: 2 }]);
-        r.done().unwrap();
-    }
-
-    #[test]
-    fn truncated_and_oversized_frames_are_corrupt() {
-        let mut f = Frame::new(HELLO);
-        f.u64(1);
-        let bytes = f.finish();
-        let (_, body) = read_frame(&mut &bytes[..]).unwrap();
-        assert!(Reader::new(&body[..3]).u64().unwrap_err().to_string().contains("truncated"));
-        let huge = ((MAX_FRAME + 1) as u32).to_le_bytes();
-        assert!(matches!(read_frame(&mut &huge[..]), Err(Error::Corrupt(_))));
-        let mut r = Reader::new(&[255, 255, 255, 255]);
-        assert!(r.count(10, "items").unwrap_err().to_string().contains("at most 10"));
-    }
-}
 
 /// Table counters on the wire, in a fixed order shared by both sides.
 pub fn put_info(f: &mut Frame, i: &reprise_core::TableInfo) {
@@ -284,4 +254,35 @@ pub fn get_info(r: &mut Reader<'_>) -> Result<reprise_core::TableInfo> {
         blocked_insert_seconds: f[3],
         blocked_sample_seconds: f[4],
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip() {
+        let mut f = Frame::new(CREATE);
+        f.u32(7).f64(1.5).str("replay").ranges(&[RowRange { start: 3, len: 2 }]);
+        let bytes = f.finish();
+        let (kind, body) = read_frame(&mut &bytes[..]).unwrap();
+        assert_eq!(kind, CREATE);
+        let mut r = Reader::new(&body);
+        assert_eq!((r.u32().unwrap(), r.f64().unwrap(), r.str().unwrap()), (7, 1.5, "replay".into()));
+        assert_eq!(r.ranges().unwrap(), vec![RowRange { start: 3, len: 2 }]);
+        r.done().unwrap();
+    }
+
+    #[test]
+    fn truncated_and_oversized_frames_are_corrupt() {
+        let mut f = Frame::new(HELLO);
+        f.u64(1);
+        let bytes = f.finish();
+        let (_, body) = read_frame(&mut &bytes[..]).unwrap();
+        assert!(Reader::new(&body[..3]).u64().unwrap_err().to_string().contains("truncated"));
+        let huge = ((MAX_FRAME + 1) as u32).to_le_bytes();
+        assert!(matches!(read_frame(&mut &huge[..]), Err(Error::Corrupt(_))));
+        let mut r = Reader::new(&[255, 255, 255, 255]);
+        assert!(r.count(10, "items").unwrap_err().to_string().contains("at most 10"));
+    }
 }

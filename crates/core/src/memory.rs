@@ -141,6 +141,40 @@ impl Drop for Region {
     }
 }
 
+
+/// Asks the kernel to back `v`'s buffer with transparent huge pages (where THP is
+/// in `madvise` mode). Large random-access indexes (sum trees, item slots) then
+/// miss the TLB far less often. Only a hint: failures are ignored.
+pub fn advise_huge_pages<T>(v: &[T]) {
+    const HUGE: usize = 2 << 20;
+    let bytes = std::mem::size_of_val(v);
+    if bytes < HUGE {
+        return;
+    }
+    let start = (v.as_ptr() as usize).next_multiple_of(HUGE);
+    let end = (v.as_ptr() as usize + bytes) & !(HUGE - 1);
+    if end > start {
+        // SAFETY: [start, end) lies inside `v`'s live allocation; MADV_HUGEPAGE
+        // changes only how the kernel backs the pages, never their contents.
+        unsafe {
+            libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
+        }
+    }
+}
+
+/// Hints the CPU to start loading `value` (used before random accesses to many
+/// items of a large table).
+#[inline]
+pub fn prefetch<T>(value: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch never faults and changes no memory; `value` is a valid reference.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(value as *const T as *const i8)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = value;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -180,37 +214,4 @@ mod tests {
         let e = Region::create(Path::new("/nonexistent-reprise-dir"), 100).err().unwrap();
         assert!(e.to_string().contains("/nonexistent-reprise-dir"), "{e}");
     }
-}
-
-/// Asks the kernel to back `v`'s buffer with transparent huge pages (where THP is
-/// in `madvise` mode). Large random-access indexes (sum trees, item slots) then
-/// miss the TLB far less often. Only a hint: failures are ignored.
-pub fn advise_huge_pages<T>(v: &[T]) {
-    const HUGE: usize = 2 << 20;
-    let bytes = std::mem::size_of_val(v);
-    if bytes < HUGE {
-        return;
-    }
-    let start = (v.as_ptr() as usize).next_multiple_of(HUGE);
-    let end = (v.as_ptr() as usize + bytes) & !(HUGE - 1);
-    if end > start {
-        // SAFETY: [start, end) lies inside `v`'s live allocation; MADV_HUGEPAGE
-        // changes only how the kernel backs the pages, never their contents.
-        unsafe {
-            libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
-        }
-    }
-}
-
-/// Hints the CPU to start loading `value` (used before random accesses to many
-/// items of a large table).
-#[inline]
-pub fn prefetch<T>(value: &T) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch never faults and changes no memory; `value` is a valid reference.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(value as *const T as *const i8)
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = value;
 }

@@ -31,9 +31,12 @@ fn ops() -> impl Strategy<Value = Vec<Op>> {
 }
 
 /// The reference: present items as (slot, seq, priority), nothing clever.
+/// A present item in the reference: (slot, seq, priority).
+type Entry = (u32, u64, f64);
+
 #[derive(Default)]
 struct Model {
-    items: Vec<(u32, u64, f64)>,
+    items: Vec<Entry>,
     free: Vec<u32>,
     next_slot: u32,
     next_seq: u64,
@@ -45,7 +48,7 @@ impl Model {
         let Some(item) = find(pick.slot) else {
             return Err(format!("picked absent slot {}", pick.slot));
         };
-        let by = |better: &dyn Fn(&(u32, u64, f64), &(u32, u64, f64)) -> bool| {
+        let by = |better: &dyn Fn(&Entry, &Entry) -> bool| {
             let mut best = self.items[0];
             for e in &self.items[1..] {
                 if better(e, &best) {
