@@ -18,20 +18,14 @@ and one ``.log`` per system.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import os
-import subprocess
 import sys
-import threading
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from compare_core import host_info, interpreter_for, memcpy_in_subprocess, si  # noqa: E402
-
-OUT = os.path.join(HERE, "out")
+from driver_common import (add_budget_args, add_common_args, machine_lines,  # noqa: E402
+                           run_systems, si, start_report, wanted_systems, write_outputs)
 
 # name, script, venv (None: this interpreter), budget seconds in a full run
 SYSTEMS = [
@@ -47,54 +41,6 @@ SHORT = {"reprise": "Reprise", "cpprb": "cpprb", "reverb": "Reverb", "redis": "R
 
 # The issue's reference numbers for Reverb and Redis on this machine (p50, ms).
 ISSUE_REF = {"reverb": {"push": 86.0, "sample": 49.0}, "redis": {"push": 117.0, "sample": 12.0}}
-
-
-# --- running systems ------------------------------------------------------------------------
-def run_system(name: str, python: str, script: str, args: list[str], timeout: float,
-               log_path: str) -> dict:
-    cmd = [python, os.path.join(HERE, script), *args]
-    print(f"\n== {name}: {' '.join(cmd)}", file=sys.stderr, flush=True)
-    t0 = time.perf_counter()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                cwd=HERE, start_new_session=True)
-        chunks: list[str] = []
-        reader = threading.Thread(target=lambda: chunks.append(proc.stdout.read()), daemon=True)
-        reader.start()
-        killed = threading.Event()
-
-        def kill() -> None:  # the system's whole process group: its servers and children too
-            killed.set()
-            try:
-                os.killpg(proc.pid, 9)
-            except ProcessLookupError:
-                pass
-
-        watchdog = threading.Timer(timeout, kill)
-        watchdog.start()
-        try:
-            for line in proc.stderr:
-                log.write(line)
-                if line.startswith(f"[{name} ") or "Traceback" in line:
-                    sys.stderr.write(line)
-                    sys.stderr.flush()
-            proc.wait()
-        finally:
-            watchdog.cancel()
-        reader.join(timeout=10)
-        if killed.is_set():
-            return {"error": f"killed after {timeout:.0f}s", "log": log_path}
-    wall = time.perf_counter() - t0
-    stdout = "".join(chunks).strip()
-    if proc.returncode != 0 or not stdout:
-        return {"error": f"exit {proc.returncode}; see {log_path}", "log": log_path}
-    try:
-        result = json.loads(stdout.splitlines()[-1])
-    except json.JSONDecodeError as exc:
-        return {"error": f"bad JSON ({exc}); see {log_path}", "log": log_path}
-    result["wall_s"] = round(wall, 1)
-    result["log"] = log_path
-    return result
 
 
 # --- tables -----------------------------------------------------------------------------------
@@ -304,17 +250,12 @@ def apex_goal(report: dict, key: str, how: str) -> list[str]:
 
 def build_markdown(report: dict) -> str:
     h = report["host"]
-    m = report["memcpy"]
     cfg = report.get("config") or {}
     apex = cfg.get("apex", {})
     out = [f"# Serving comparison, {report['date']}" + (" (QUICK: tiny tables, noisy)"
                                                         if report["quick"] else ""),
            "",
-           f"Machine: {h.get('cpu_model', '?')}, {h['cpus']} cores, {h.get('mem_gib', '?')} GiB, "
-           f"GPU: {h['gpu'] or 'none'}; {h['platform']}.",
-           f"Single-core memcpy (numpy, {m['bytes'] / 2**30:.3g} GiB buffer, median): "
-           f"assign {m['numpy_assign']['gb_per_s']:.2f} GB/s, "
-           f"np.copyto {m['np_copyto']['gb_per_s']:.2f} GB/s.",
+           *machine_lines(report),
            "",
            "Every writer, sampler, actor and learner is its own spawned process; servers run "
            "in their own process (Reprise: the benchmark's main process; Reverb: a child "
@@ -420,65 +361,23 @@ def build_markdown(report: dict) -> str:
 # --- main -----------------------------------------------------------------------------------
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="tiny tables, short runs")
-    ap.add_argument("--systems", default=",".join(n for n, *_ in SYSTEMS),
-                    help="comma-separated subset of " + ",".join(n for n, *_ in SYSTEMS))
+    add_common_args(ap, SYSTEMS, "tiny tables, short runs")
     ap.add_argument("--only", default=None,
                     help="passed to every system: run only workloads whose key contains one "
                          "of these comma-separated substrings (writer1, mixed, apex, 400B, ...)")
-    ap.add_argument("--budget-scale", type=float, default=1.0,
-                    help="multiply every system's time budget")
-    ap.add_argument("--reprise-python", default=sys.executable,
-                    help="interpreter with reprise installed (default: this one)")
+    add_budget_args(ap)
     args = ap.parse_args()
-    wanted = [s for s in args.systems.split(",") if s]
-    unknown = set(wanted) - {n for n, *_ in SYSTEMS}
-    if unknown:
-        ap.error(f"unknown systems {sorted(unknown)}")
+    wanted = wanted_systems(ap, args, SYSTEMS)
 
-    os.makedirs(OUT, exist_ok=True)
-    now = dt.datetime.now()
-    stem = f"serving-{now:%Y%m%d-%H%M%S}" + ("-quick" if args.quick else "")
-    report = {"date": now.isoformat(timespec="seconds"), "quick": args.quick,
-              "host": host_info(), "systems": {}, "config": {},
-              "issue_reference_p50_ms": ISSUE_REF}
-
-    print("measuring single-core memcpy ...", file=sys.stderr, flush=True)
-    report["memcpy"] = memcpy_in_subprocess(2**26 if args.quick else 2**30,
-                                            3 if args.quick else 7)
-    print(f"memcpy: {report['memcpy']['gb_per_s']:.2f} GB/s", file=sys.stderr, flush=True)
-
-    for name, script, venv, budget in SYSTEMS:
-        if name not in wanted:
-            report["systems"][name] = {"skipped": "not selected (--systems)"}
-            continue
-        python, why = interpreter_for(venv, args.reprise_python)
-        if python is None:
-            print(f"\n== {name}: SKIPPED: {why}", file=sys.stderr, flush=True)
-            report["systems"][name] = {"skipped": why}
-            continue
-        b = (120 if args.quick else budget) * args.budget_scale
-        sys_args = ["--budget", str(b)] + (["--quick"] if args.quick else [])
-        if args.only:
-            sys_args += ["--only", args.only]
-        load = os.getloadavg()[0]
-        if load > 1.0:
-            print(f"WARNING: load average {load:.2f} before {name}", file=sys.stderr, flush=True)
-        result = run_system(name, python, script, sys_args, timeout=b + 240,
-                            log_path=os.path.join(OUT, f"{stem}-{name}.log"))
-        result["loadavg_1m_before"] = round(load, 2)
-        report["systems"][name] = result
-        if "config" in result and not report["config"]:
-            report["config"] = result["config"]
-
-    md = build_markdown(report)
-    with open(os.path.join(OUT, stem + ".json"), "w") as f:
-        json.dump(report, f, indent=1)
-    with open(os.path.join(OUT, stem + ".md"), "w") as f:
-        f.write(md)
-    print()
-    print(md)
-    print(f"wrote {os.path.join(OUT, stem + '.json')} and .md", file=sys.stderr)
+    stem, report = start_report("serving", args.quick, issue_reference_p50_ms=ISSUE_REF)
+    run_systems(report, stem, SYSTEMS, wanted, args, quick_budget=120,
+                extra_args=["--only", args.only] if args.only else [],
+                load_limit=1.0,
+                load_warning=lambda name, load: f"WARNING: load average {load:.2f} before {name}",
+                timeout=lambda b: b + 240,
+                echo=lambda name, line: line.startswith(f"[{name} ") or "Traceback" in line,
+                process_group=True)
+    write_outputs(stem, report, build_markdown(report))
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from serving_common import (APEX_ACTORS, APEX_FRAME, APEX_POOL, APEX_PUSH,  # no
                             APEX_SAMPLE, APEX_VARIANTS, Bench, Group, N_WRITERS,
                             PRIORITY_EXPONENT, PriorityStream, SAMPLE_BATCH, STEPS_PER_CALL,
                             WRITER_SIZES, Window, apex_entry, apex_pool, apex_priorities,
-                            apex_timing, count_in_window, latencies_in_window, make_config,
+                            apex_timing, count_in_window, latency_run, make_config,
                             mixed_entry, payload, timed_rounds, writer1_entry)
 
 BLOCK_STEPS = 64
@@ -139,11 +139,7 @@ def apex_actor_child(addr: str, seed: int, warmup: float, seconds: float, timing
 
     push()
 
-    def run(start):
-        lat = latencies_in_window(Window(start, warmup, seconds), push, *timing)
-        w.close()
-        return {"lat": lat, "seconds": seconds}
-    return run
+    return latency_run(push, warmup, seconds, timing, after=w.close)
 
 
 def apex_learner_child(addr: str, warmup: float, seconds: float, timing: tuple):
@@ -159,10 +155,7 @@ def apex_learner_child(addr: str, warmup: float, seconds: float, timing: tuple):
 
     round_()
 
-    def run(start):
-        return {"lat": latencies_in_window(Window(start, warmup, seconds), round_, *timing),
-                "seconds": seconds}
-    return run
+    return latency_run(round_, warmup, seconds, timing)
 
 
 # --- workloads (in the server process) ----------------------------------------------------

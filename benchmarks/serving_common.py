@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-MiB = 1 << 20
+from bench_common import MiB, PriorityStream  # noqa: F401  (one copy for both harnesses)
 
 WRITER_SIZES = [("400B", 400), ("400KB", 400_000)]
 STEPS_PER_CALL = 256           # writer1/mixed: steps between clock checks / one batched call
@@ -139,19 +139,6 @@ def apex_batches(pool: dict, seed: int):
         i += 1
 
 
-class PriorityStream:
-    def __init__(self, batch: int, seed: int = 2, dtype=np.float64) -> None:
-        rng = np.random.default_rng(seed)
-        self._pool = (rng.random(batch * 64) * 10.0 + 0.01).astype(dtype)
-        self._batch = batch
-        self._i = 0
-
-    def next(self) -> np.ndarray:
-        i = self._i
-        self._i = (i + 1) % 64
-        return self._pool[i * self._batch:(i + 1) * self._batch]
-
-
 # --- timing -------------------------------------------------------------------------------
 def now() -> float:
     """CLOCK_MONOTONIC: one clock for every process on this host."""
@@ -246,6 +233,18 @@ def latencies_in_window(win: Window, call, period: float = 0.0, phase: float = 0
         if period:
             next_t = max(next_t + period, t1)
     return lat
+
+
+def latency_run(call, warmup: float, seconds: float, timing: tuple, after=None):
+    """The ``run(start)`` of an Ape-X actor or learner child: latencies of ``call``
+    in the window (see :func:`latencies_in_window`, ``timing`` = (period, phase)),
+    then ``after()`` if given (e.g. closing a writer)."""
+    def run(start):
+        lat = latencies_in_window(Window(start, warmup, seconds), call, *timing)
+        if after is not None:
+            after()
+        return {"lat": lat, "seconds": seconds}
+    return run
 
 
 def apex_timing(variant: str, role: str, index: int = 0) -> tuple[float, float]:

@@ -28,7 +28,7 @@ from serving_common import (APEX_ACTORS, APEX_FRAME, APEX_POOL, APEX_SAMPLE,  # 
                             PRIORITY_EXPONENT, PriorityStream, SAMPLE_BATCH, STEPS_PER_CALL,
                             WRITER_SIZES, Window, apex_batches, apex_entry, apex_pool,
                             apex_priorities, apex_timing, count_in_window,
-                            latencies_in_window, make_config, mixed_entry, mp_context,
+                            latency_run, make_config, mixed_entry, mp_context,
                             payload, timed_rounds, writer1_entry)
 
 
@@ -96,10 +96,7 @@ def apex_actor_child(rb, seed: int, warmup: float, seconds: float, timing: tuple
 
     push()
 
-    def run(start):
-        return {"lat": latencies_in_window(Window(start, warmup, seconds), push, *timing),
-                "seconds": seconds}
-    return run
+    return latency_run(push, warmup, seconds, timing)
 
 
 def apex_learner_child(rb, warmup: float, seconds: float, timing: tuple):
@@ -112,10 +109,7 @@ def apex_learner_child(rb, warmup: float, seconds: float, timing: tuple):
 
     round_()
 
-    def run(start):
-        return {"lat": latencies_in_window(Window(start, warmup, seconds), round_, *timing),
-                "seconds": seconds}
-    return run
+    return latency_run(round_, warmup, seconds, timing)
 
 
 # --- workloads ----------------------------------------------------------------------------

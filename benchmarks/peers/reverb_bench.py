@@ -20,9 +20,7 @@ the fastest Reverb documents (override with the environment variables below):
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 import time
 
@@ -34,63 +32,11 @@ import numpy as np  # noqa: E402
 from bench_common import (PRIO_ITEM_BYTES, Bench, PriorityStream, Workload,  # noqa: E402
                           check_batch, fill_rows, floats_for, payload,
                           prio_fill_priorities)
+from reverb_common import ServerProcess, serve, x_table  # noqa: E402
 
 FLUSH_EVERY = int(os.environ.get("REVERB_FLUSH_EVERY", "32"))
 FLUSH_KEEP = int(os.environ.get("REVERB_FLUSH_KEEP", "0"))  # block_until_num_items
 PRIO_LEVELS = 16  # StructuredWriter priorities are per config: one config per level
-
-
-# --- server process -------------------------------------------------------------------
-def serve(spec_json: str) -> None:
-    """Build the tables described by spec_json, print the port, serve until stdin closes."""
-    import reverb
-    import tensorflow as tf
-
-    tables = []
-    for t in json.loads(spec_json):
-        if t["sampler"] == "prioritized":
-            sampler = reverb.selectors.Prioritized(priority_exponent=t["exponent"])
-        else:
-            sampler = reverb.selectors.Uniform()
-        tables.append(reverb.Table(
-            name=t["name"], sampler=sampler, remover=reverb.selectors.Fifo(),
-            max_size=t["max_size"], rate_limiter=reverb.rate_limiters.MinSize(1),
-            signature={"x": tf.TensorSpec([1, t["floats"]], tf.float32)}))
-    server = reverb.Server(tables=tables, port=None)
-    print(f"READY {server.port}", flush=True)
-    sys.stdin.read()  # the benchmark closes stdin (or dies): stop
-    server.stop()
-
-
-class ServerProcess:
-    def __init__(self, specs: list[dict]) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--serve", json.dumps(specs)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline()
-        if not line.startswith("READY "):
-            self.proc.kill()
-            raise RuntimeError(f"reverb server did not start: {line!r}")
-        self.address = f"localhost:{int(line.split()[1])}"
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def rss_mib(self) -> float | None:
-        try:
-            with open(f"/proc/{self.proc.pid}/status") as f:
-                for line in f:
-                    if line.startswith("VmRSS:"):
-                        return int(line.split()[1]) / 1024
-        except OSError:
-            return None
-        return None
 
 
 # --- benchmark process ----------------------------------------------------------------
@@ -109,13 +55,12 @@ class ReverbSystem:
         for _, size in cfg.sizes:
             k = floats_for(size)
             cap = cfg.insert_capacity(size)
-            specs.append(dict(name=f"batched_{k}", sampler="uniform", max_size=cap, floats=k))
-            specs.append(dict(name=f"step_{k}", sampler="uniform", max_size=cap, floats=k))
-            specs.append(dict(name=f"uniform_{k}", sampler="uniform",
-                              max_size=cfg.sample_items(size), floats=k))
-        specs.append(dict(name="prio", sampler="prioritized", exponent=0.6,
-                          max_size=cfg.prio_table_items, floats=floats_for(PRIO_ITEM_BYTES)))
-        self.server = ServerProcess(specs)
+            specs.append(x_table(f"batched_{k}", k, cap))
+            specs.append(x_table(f"step_{k}", k, cap))
+            specs.append(x_table(f"uniform_{k}", k, cfg.sample_items(size)))
+        specs.append(dict(x_table("prio", floats_for(PRIO_ITEM_BYTES), cfg.prio_table_items),
+                          sampler="prioritized", exponent=0.6))
+        self.server = ServerProcess(os.path.abspath(__file__), specs, stop_timeout=30)
         self.client = reverb.Client(self.server.address)
 
     def close(self) -> None:

@@ -25,9 +25,7 @@ documents for each job):
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 import time
 
@@ -40,62 +38,13 @@ from serving_common import (APEX_ACTORS, APEX_FRAME, APEX_POOL, APEX_PUSH,  # no
                             APEX_SAMPLE, APEX_VARIANTS, Bench, Group, N_WRITERS,
                             PRIORITY_EXPONENT, PriorityStream, SAMPLE_BATCH, STEPS_PER_CALL,
                             WRITER_SIZES, Window, apex_entry, apex_pool, apex_priorities,
-                            apex_timing, count_in_window, latencies_in_window, make_config,
+                            apex_timing, count_in_window, latency_run, make_config,
                             mixed_entry, payload, timed_rounds, writer1_entry)
+from reverb_common import ServerProcess, serve, x_table  # noqa: E402
 
 FLUSH_EVERY = int(os.environ.get("REVERB_FLUSH_EVERY", "32"))
 FLUSH_KEEP = int(os.environ.get("REVERB_FLUSH_KEEP", "0"))   # block_until_num_items
 SAMPLE_PATH = os.environ.get("REVERB_SAMPLE_PATH", "dataset")
-
-
-# --- server process -------------------------------------------------------------------------
-def serve(spec_json: str) -> None:
-    import reverb
-    import tensorflow as tf
-
-    tables = []
-    for t in json.loads(spec_json):
-        sampler = (reverb.selectors.Prioritized(priority_exponent=t["exponent"])
-                   if t["sampler"] == "prioritized" else reverb.selectors.Uniform())
-        sig = {f: tf.TensorSpec(shape, getattr(tf, dtype)) for f, (shape, dtype) in t["fields"].items()}
-        tables.append(reverb.Table(name=t["name"], sampler=sampler, remover=reverb.selectors.Fifo(),
-                                   max_size=t["max_size"],
-                                   rate_limiter=reverb.rate_limiters.MinSize(1), signature=sig))
-    server = reverb.Server(tables=tables, port=None)
-    print(f"READY {server.port}", flush=True)
-    sys.stdin.read()
-    server.stop()
-
-
-class ServerProcess:
-    def __init__(self, specs: list[dict]) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--serve", json.dumps(specs)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline()
-        if not line.startswith("READY "):
-            self.proc.kill()
-            raise RuntimeError(f"reverb server did not start: {line!r}")
-        self.address = f"localhost:{int(line.split()[1])}"
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def rss_mib(self) -> float | None:
-        try:
-            with open(f"/proc/{self.proc.pid}/status") as f:
-                for line in f:
-                    if line.startswith("VmRSS:"):
-                        return int(line.split()[1]) / 1024
-        except OSError:
-            return None
-        return None
 
 
 # --- writers (in any process) ----------------------------------------------------------------
@@ -117,11 +66,6 @@ def step_loop(w, rows: np.ndarray):
             if i % FLUSH_EVERY == 0:
                 flush(block_until_num_items=FLUSH_KEEP)
     return call
-
-
-def x_table(name: str, floats: int, items: int) -> dict:
-    return {"name": name, "sampler": "uniform", "max_size": items,
-            "fields": {"x": [[1, floats], "float32"]}}
 
 
 # --- child processes -------------------------------------------------------------------------
@@ -206,11 +150,7 @@ def apex_actor_child(address: str, seed: int, warmup: float, seconds: float, tim
                            apex_priorities(APEX_POOL, seed))
     push()
 
-    def run(start):
-        lat = latencies_in_window(Window(start, warmup, seconds), push, *timing)
-        w.close()
-        return {"lat": lat, "seconds": seconds}
-    return run
+    return latency_run(push, warmup, seconds, timing, after=w.close)
 
 
 def apex_learner_child(address: str, warmup: float, seconds: float, timing: tuple):
@@ -240,10 +180,7 @@ def apex_learner_child(address: str, warmup: float, seconds: float, timing: tupl
 
     round_()
 
-    def run(start):
-        return {"lat": latencies_in_window(Window(start, warmup, seconds), round_, *timing),
-                "seconds": seconds}
-    return run
+    return latency_run(round_, warmup, seconds, timing)
 
 
 # --- workloads ---------------------------------------------------------------------------------
@@ -261,7 +198,7 @@ class Reverb:
                       "fields": {"state": [list(APEX_FRAME), "uint8"],
                                  "next_state": [list(APEX_FRAME), "uint8"],
                                  "action": [[], "int64"], "reward": [[], "float32"]}})
-        self.server = ServerProcess(specs)
+        self.server = ServerProcess(os.path.abspath(__file__), specs, stop_timeout=60)
         self.client = reverb.Client(self.server.address)
 
     def close(self) -> None:

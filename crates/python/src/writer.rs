@@ -42,12 +42,13 @@ pub struct PyWriter {
     fields: Arc<Vec<FieldInfo>>,
 }
 
-enum Target<'a> {
+/// Which table an item goes to: a table object, or a name looked up on the store.
+enum Target {
     Name(String),
-    Table(&'a Table),
+    Table(Table),
 }
 
-impl Target<'_> {
+impl Target {
     fn name(&self) -> &str {
         match self {
             Target::Name(name) => name,
@@ -56,20 +57,23 @@ impl Target<'_> {
     }
 }
 
-/// The native table behind a `Table` argument, or None for a table name.
-fn table_object<'py>(py: Python<'py>, table: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyTable>>> {
-    if table.cast::<PyString>().is_ok() {
-        return Ok(None);
+/// The target of `create_item(s)` (a `Table` or a table name) and `num_steps`, checked.
+fn target(py: Python<'_>, table: &Bound<'_, PyAny>, num_steps: i64) -> PyResult<(Target, u64)> {
+    if num_steps < 1 {
+        return Err(invalid(py, format!("num_steps must be >= 1, got {num_steps}")));
     }
-    match table.cast::<PyTable>() {
-        Ok(t) => Ok(Some(t.clone())),
+    if let Ok(name) = table.cast::<PyString>() {
+        return Ok((Target::Name(name.to_string()), num_steps as u64));
+    }
+    let native = match table.cast::<PyTable>() {
+        Ok(t) => t.clone(),
         Err(_) => table
             .getattr("_native")
             .ok()
             .and_then(|n| n.cast_into::<PyTable>().ok())
-            .map(Some)
-            .ok_or_else(|| invalid(py, format!("table must be a Table or a table name, got {}", crate::arrays::type_name(table)))),
-    }
+            .ok_or_else(|| invalid(py, format!("table must be a Table or a table name, got {}", crate::arrays::type_name(table))))?,
+    };
+    Ok((Target::Table(native.get().table.clone()), num_steps as u64))
 }
 
 impl PyWriter {
@@ -129,15 +133,7 @@ impl PyWriter {
     #[pyo3(signature = (table, num_steps, priority, timeout=None))]
     fn create_item(&self, py: Python<'_>, table: &Bound<'_, PyAny>, num_steps: i64, priority: f64, timeout: Option<f64>) -> PyResult<Option<u64>> {
         let timeout = timeout::parse(py, timeout)?;
-        if num_steps < 1 {
-            return Err(invalid(py, format!("num_steps must be >= 1, got {num_steps}")));
-        }
-        let holder = table_object(py, table)?;
-        let target = match &holder {
-            None => Target::Name(table.cast::<PyString>()?.to_string()),
-            Some(t) => Target::Table(&t.get().table),
-        };
-        let n = num_steps as u64;
+        let (target, n) = target(py, table, num_steps)?;
         let signals = Signals::default();
         let check = || signals.check();
         self.with(py, |w| match w {
@@ -165,32 +161,20 @@ impl PyWriter {
     #[pyo3(signature = (table, num_steps, priorities, timeout=None))]
     fn create_items<'py>(&self, py: Python<'py>, table: &Bound<'py, PyAny>, num_steps: i64, priorities: &Bound<'py, PyAny>, timeout: Option<f64>) -> PyResult<Option<Bound<'py, numpy::PyArray1<u64>>>> {
         let timeout = timeout::parse(py, timeout)?;
-        if num_steps < 1 {
-            return Err(invalid(py, format!("num_steps must be >= 1, got {num_steps}")));
-        }
-        let holder = table_object(py, table)?;
-        let target = match &holder {
-            None => Target::Name(table.cast::<PyString>()?.to_string()),
-            Some(t) => Target::Table(&t.get().table),
-        };
+        let (target, n) = target(py, table, num_steps)?;
         let priorities = crate::arrays::Vector::<f64>::new(py, "priorities", priorities, None)?;
         let p = priorities.as_slice();
-        let n = num_steps as u64;
         let signals = Signals::default();
         let check = || signals.check();
         self.with(py, |w| match w {
             AnyWriter::Client(w) => w.create_items(target.name(), n, p).map(|_| None).map_err(py_err(py)),
             AnyWriter::Local(w) => {
-                let named;
-                let table = match &target {
-                    Target::Table(t) => *t,
-                    Target::Name(name) => {
-                        named = w.table(name).map_err(py_err(py))?;
-                        &named
-                    }
+                let table = match target {
+                    Target::Table(t) => t,
+                    Target::Name(name) => w.table(&name).map_err(py_err(py))?,
                 };
                 let keys = py
-                    .detach(|| w.create_items(table, n, p, Wait { timeout, interrupt: Some(&check) }))
+                    .detach(|| w.create_items(&table, n, p, Wait { timeout, interrupt: Some(&check) }))
                     .map_err(|e| to_py(py, e, None, signals.take()))?;
                 Ok(Some(numpy::PyArray1::from_vec(py, keys)))
             }

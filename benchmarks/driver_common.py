@@ -1,0 +1,280 @@
+"""What the comparison drivers (``compare_core.py``, ``compare_serving.py``) share:
+the machine description, the single-core memcpy baseline, finding each system's
+interpreter, running one system's script as a subprocess and collecting its JSON
+object, the loop over the systems, and writing the ``.json`` / ``.md`` files.
+
+Standard library only at import time (numpy is imported inside
+:func:`measure_memcpy`), so any venv's python can run this file as a script:
+``python driver_common.py --memcpy-only NBYTES ROUNDS`` prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from typing import Callable
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+VENVS = os.path.join(HERE, ".venvs")
+OUT = os.path.join(HERE, "out")
+
+
+# --- machine --------------------------------------------------------------------------
+def host_info() -> dict:
+    info = {"cpus": os.cpu_count(), "platform": platform.platform(),
+            "python": platform.python_version(), "gpu": None}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    info["cpu_model"] = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    info["mem_gib"] = round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    try:
+        r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
+        if r.returncode == 0 and r.stdout.strip():
+            info["gpu"] = r.stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return info
+
+
+def memcpy_in_subprocess(nbytes: int, rounds: int) -> dict:
+    """Run :func:`measure_memcpy` in a fresh interpreter (its 2 buffers are freed
+    before any system runs): this one if it has numpy, else a peer venv's."""
+    candidates = [sys.executable] + [os.path.join(VENVS, v, "bin", "python")
+                                     for v in ("cpprb", "redis", "torchrl", "reverb")]
+    for py in candidates:
+        if not os.access(py, os.X_OK):
+            continue
+        if subprocess.run([py, "-c", "import numpy"], capture_output=True).returncode:
+            continue
+        r = subprocess.run([py, os.path.abspath(__file__), "--memcpy-only", str(nbytes),
+                            str(rounds)], capture_output=True, text=True)
+        if r.returncode == 0:
+            out = json.loads(r.stdout.strip().splitlines()[-1])
+            out["python"] = py
+            return out
+        print(r.stderr, file=sys.stderr)
+    raise SystemExit("no python with numpy found to measure memcpy")
+
+
+def measure_memcpy(nbytes: int, rounds: int) -> dict:
+    """Single-core copy bandwidth: ``dst[...] = src`` and ``np.copyto`` into a
+    preallocated, already-touched buffer. GB/s counts the bytes copied once (as the
+    systems' GB/s counts payload bytes), decimal GB."""
+    import numpy as np
+
+    src = np.full(nbytes, 7, dtype=np.uint8)
+    dst = np.empty_like(src)
+    dst[...] = src  # fault in every page of dst
+    out = {"bytes": nbytes}
+    for name, fn in (("numpy_assign", lambda: dst.__setitem__(Ellipsis, src)),
+                     ("np_copyto", lambda: np.copyto(dst, src))):
+        times = []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        rates = [nbytes / t / 1e9 for t in times]
+        out[name] = {"gb_per_s": statistics.median(rates), "rounds": rates}
+    out["gb_per_s"] = max(out["numpy_assign"]["gb_per_s"], out["np_copyto"]["gb_per_s"])
+    out["numpy"] = np.__version__
+    return out
+
+
+def memcpy_only_main() -> bool:
+    """Handle ``--memcpy-only NBYTES ROUNDS`` (how :func:`memcpy_in_subprocess` calls
+    this file); True if it did."""
+    if len(sys.argv) == 4 and sys.argv[1] == "--memcpy-only":
+        print(json.dumps(measure_memcpy(int(sys.argv[2]), int(sys.argv[3]))))
+        return True
+    return False
+
+
+# --- running systems ------------------------------------------------------------------
+def interpreter_for(venv: str | None, reprise_python: str) -> tuple[str | None, str | None]:
+    """(python, reason it is missing)."""
+    if venv is None:
+        r = subprocess.run([reprise_python, "-c", "import reprise"], capture_output=True,
+                           text=True)
+        if r.returncode != 0:
+            last = (r.stderr.strip().splitlines() or ["?"])[-1]
+            return None, f"`import reprise` fails in {reprise_python}: {last}"
+        return reprise_python, None
+    py = os.path.join(VENVS, venv, "bin", "python")
+    if not os.access(py, os.X_OK):
+        return None, f"venv missing ({py}); run `bash benchmarks/setup_peers.sh {venv}`"
+    return py, None
+
+
+def run_system(name: str, python: str, script: str, args: list[str], timeout: float,
+               log_path: str, echo: Callable[[str], bool],
+               process_group: bool = False) -> dict:
+    """Run ``script`` (relative to benchmarks/) with ``python``; its stdout is one JSON
+    line at the end, its stderr (progress) goes to ``log_path`` and, for lines where
+    ``echo(line)`` is true, to our stderr. Past ``timeout`` seconds it is killed: with
+    ``process_group`` it runs in a session of its own and the whole group is killed
+    (its servers and children too), else only the process."""
+    cmd = [python, os.path.join(HERE, script), *args]
+    print(f"\n== {name}: {' '.join(cmd)}", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, cwd=HERE, start_new_session=process_group)
+        chunks: list[str] = []
+        reader = threading.Thread(target=lambda: chunks.append(proc.stdout.read()), daemon=True)
+        reader.start()
+        killed = threading.Event()
+
+        def kill() -> None:
+            killed.set()
+            if not process_group:
+                proc.kill()
+                return
+            try:
+                os.killpg(proc.pid, 9)
+            except ProcessLookupError:
+                pass
+
+        watchdog = threading.Timer(timeout, kill)
+        watchdog.start()
+        try:
+            for line in proc.stderr:
+                log.write(line)
+                if echo(line):
+                    sys.stderr.write(line)
+                    sys.stderr.flush()
+            proc.wait()
+        finally:
+            watchdog.cancel()
+        reader.join(timeout=10)
+        if killed.is_set():
+            return {"error": f"killed after {timeout:.0f}s", "log": log_path}
+    wall = time.perf_counter() - t0
+    stdout = "".join(chunks).strip()
+    if proc.returncode != 0 or not stdout:
+        return {"error": f"exit {proc.returncode}; see {log_path}", "log": log_path}
+    try:
+        result = json.loads(stdout.splitlines()[-1])
+    except json.JSONDecodeError as exc:
+        return {"error": f"bad JSON ({exc}); see {log_path}", "log": log_path}
+    result["wall_s"] = round(wall, 1)
+    result["log"] = log_path
+    return result
+
+
+# --- a driver's main ------------------------------------------------------------------
+def add_common_args(ap, systems: list, quick_help: str) -> None:
+    """The options both drivers take (``--only`` is the serving driver's own)."""
+    ap.add_argument("--quick", action="store_true", help=quick_help)
+    ap.add_argument("--systems", default=",".join(n for n, *_ in systems),
+                    help="comma-separated subset of " + ",".join(n for n, *_ in systems))
+
+
+def add_budget_args(ap) -> None:
+    ap.add_argument("--budget-scale", type=float, default=1.0,
+                    help="multiply every system's time budget")
+    ap.add_argument("--reprise-python", default=sys.executable,
+                    help="interpreter with reprise installed (default: this one)")
+
+
+def wanted_systems(ap, args, systems: list) -> list[str]:
+    wanted = [s for s in args.systems.split(",") if s]
+    unknown = set(wanted) - {n for n, *_ in systems}
+    if unknown:
+        ap.error(f"unknown systems {sorted(unknown)}")
+    return wanted
+
+
+def start_report(prefix: str, quick: bool, **extra) -> tuple[str, dict]:
+    """(file stem, report with date, host and the memcpy baseline)."""
+    os.makedirs(OUT, exist_ok=True)
+    now = dt.datetime.now()
+    stem = f"{prefix}-{now:%Y%m%d-%H%M%S}" + ("-quick" if quick else "")
+    report = {"date": now.isoformat(timespec="seconds"), "quick": quick,
+              "host": host_info(), "systems": {}, "config": {}, **extra}
+
+    print("measuring single-core memcpy ...", file=sys.stderr, flush=True)
+    report["memcpy"] = memcpy_in_subprocess(2**26 if quick else 2**30, 3 if quick else 7)
+    print(f"memcpy: {report['memcpy']['gb_per_s']:.2f} GB/s", file=sys.stderr, flush=True)
+    return stem, report
+
+
+def run_systems(report: dict, stem: str, systems: list, wanted: list[str], args, *,
+                quick_budget: float, extra_args: list[str],
+                load_limit: float, load_warning: Callable[[str, float], str],
+                timeout: Callable[[float], float], echo: Callable[[str, str], bool],
+                process_group: bool) -> None:
+    """Run every selected system in turn, one subprocess each, into report["systems"]."""
+    for name, script, venv, budget in systems:
+        if name not in wanted:
+            report["systems"][name] = {"skipped": "not selected (--systems)"}
+            continue
+        python, why = interpreter_for(venv, args.reprise_python)
+        if python is None:
+            print(f"\n== {name}: SKIPPED: {why}", file=sys.stderr, flush=True)
+            report["systems"][name] = {"skipped": why}
+            continue
+        b = (quick_budget if args.quick else budget) * args.budget_scale
+        sys_args = ["--budget", str(b)] + (["--quick"] if args.quick else []) + extra_args
+        load = os.getloadavg()[0]
+        if load > load_limit:
+            print(load_warning(name, load), file=sys.stderr, flush=True)
+        result = run_system(name, python, script, sys_args, timeout=timeout(b),
+                            log_path=os.path.join(OUT, f"{stem}-{name}.log"),
+                            echo=lambda line, name=name: echo(name, line),
+                            process_group=process_group)
+        result["loadavg_1m_before"] = round(load, 2)
+        report["systems"][name] = result
+        if "config" in result and not report["config"]:
+            report["config"] = result["config"]
+
+
+def write_outputs(stem: str, report: dict, md: str) -> None:
+    with open(os.path.join(OUT, stem + ".json"), "w") as f:
+        json.dump(report, f, indent=1)
+    with open(os.path.join(OUT, stem + ".md"), "w") as f:
+        f.write(md)
+    print()
+    print(md)
+    print(f"wrote {os.path.join(OUT, stem + '.json')} and .md", file=sys.stderr)
+
+
+# --- tables -----------------------------------------------------------------------------
+def si(x: float) -> str:
+    for div, suf in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if x >= div:
+            return f"{x / div:.3g}{suf}"
+    return f"{x:.3g}"
+
+
+def machine_lines(report: dict) -> list[str]:
+    """The markdown lines describing the machine and its memcpy baseline."""
+    h = report["host"]
+    m = report["memcpy"]
+    return [f"Machine: {h.get('cpu_model', '?')}, {h['cpus']} cores, {h.get('mem_gib', '?')} GiB, "
+            f"GPU: {h['gpu'] or 'none'}; {h['platform']}.",
+            f"Single-core memcpy (numpy, {m['bytes'] / 2**30:.3g} GiB buffer, median): "
+            f"assign {m['numpy_assign']['gb_per_s']:.2f} GB/s, "
+            f"np.copyto {m['np_copyto']['gb_per_s']:.2f} GB/s."]
+
+
+if __name__ == "__main__":
+    if not memcpy_only_main():
+        raise SystemExit(f"usage: {sys.argv[0]} --memcpy-only NBYTES ROUNDS")

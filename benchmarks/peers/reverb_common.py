@@ -1,0 +1,75 @@
+"""The Reverb server process both Reverb scripts (``reverb_bench.py``,
+``reverb_serving.py``) use: one ``reverb.Server`` holding every table, in its own
+process (the calling script started with ``--serve SPECS``), reached over loopback
+gRPC. Imported from the script's own directory; run with the reverb venv's python.
+
+A table spec is a dict: ``name``, ``sampler`` ("uniform" or "prioritized", then
+``exponent``), ``max_size`` and ``fields`` ({field: [shape, tf dtype name]}); every
+table evicts FIFO and has a ``MinSize(1)`` rate limiter.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+
+def x_table(name: str, floats: int, items: int) -> dict:
+    """Spec of a uniform table of one-step items with one float32[1, floats] field."""
+    return {"name": name, "sampler": "uniform", "max_size": items,
+            "fields": {"x": [[1, floats], "float32"]}}
+
+
+def serve(spec_json: str) -> None:
+    """Build the tables described by spec_json, print the port, serve until stdin closes."""
+    import reverb
+    import tensorflow as tf
+
+    tables = []
+    for t in json.loads(spec_json):
+        sampler = (reverb.selectors.Prioritized(priority_exponent=t["exponent"])
+                   if t["sampler"] == "prioritized" else reverb.selectors.Uniform())
+        sig = {f: tf.TensorSpec(shape, getattr(tf, dtype)) for f, (shape, dtype) in t["fields"].items()}
+        tables.append(reverb.Table(name=t["name"], sampler=sampler, remover=reverb.selectors.Fifo(),
+                                   max_size=t["max_size"],
+                                   rate_limiter=reverb.rate_limiters.MinSize(1), signature=sig))
+    server = reverb.Server(tables=tables, port=None)
+    print(f"READY {server.port}", flush=True)
+    sys.stdin.read()  # the benchmark closes stdin (or dies): stop
+    server.stop()
+
+
+class ServerProcess:
+    """``script --serve SPECS`` as a child process (``script`` calls :func:`serve`);
+    ``stop`` closes its stdin and waits up to ``stop_timeout`` s before killing it."""
+
+    def __init__(self, script: str, specs: list[dict], stop_timeout: float) -> None:
+        self.stop_timeout = stop_timeout
+        self.proc = subprocess.Popen(
+            [sys.executable, script, "--serve", json.dumps(specs)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        if not line.startswith("READY "):
+            self.proc.kill()
+            raise RuntimeError(f"reverb server did not start: {line!r}")
+        self.address = f"localhost:{int(line.split()[1])}"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=self.stop_timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def rss_mib(self) -> float | None:
+        try:
+            with open(f"/proc/{self.proc.pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        return int(line.split()[1]) / 1024
+        except OSError:
+            return None
+        return None
