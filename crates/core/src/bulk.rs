@@ -56,9 +56,7 @@ impl Table {
                 return Err(invalid!("field '{}': expected {} bytes for [{n}, {steps}] of {}, got {}", f.name, f.row_bytes() * n * steps, f.describe(), c.len()));
             }
         }
-        for (i, &p) in priorities.iter().enumerate() {
-            self.check_priority(p, || format!("table '{}' item {i}", self.name()))?;
-        }
+        self.check_priorities(priorities, |i| format!("table '{}' item {i}", self.name()))?;
         let claim = store.claim_rows((n * steps) as u64)?;
         for (col, src) in columns.iter().enumerate() {
             let row_bytes = store.row_bytes(col);

@@ -279,6 +279,22 @@ impl Table {
         self.shared.state.lock().size
     }
 
+    /// Checks many priorities (see [`Table::check_priority`]); `what(i)` names the
+    /// i-th in an error. One pass with no per-item work in the common case.
+    pub fn check_priorities(&self, priorities: &[f64], what: impl Fn(usize) -> String) -> Result<()> {
+        let c = &self.shared.config;
+        let may_overflow = [c.sampler, c.remover]
+            .iter()
+            .any(|s| matches!(s, SelectorSpec::Prioritized { priority_exponent } if *priority_exponent > 1.0));
+        if !may_overflow && priorities.iter().all(|&p| p.is_finite() && p >= 0.0) {
+            return Ok(());
+        }
+        for (i, &p) in priorities.iter().enumerate() {
+            self.check_priority(p, || what(i))?;
+        }
+        Ok(())
+    }
+
     /// Checks a priority for this table: finite, >= 0, and with a finite weight
     /// under a Prioritized selector's exponent.
     pub fn check_priority(&self, priority: f64, what: impl Fn() -> String) -> Result<()> {
@@ -347,13 +363,10 @@ impl Table {
             }
             for _ in 0..permits {
                 if st.size >= sh.config.max_size {
-                    let mut picks = std::mem::take(&mut st.picks);
-                    picks.clear();
                     let state = &mut *st;
-                    state.remover.sample(1, &mut state.rng, &mut picks);
-                    st.remove(picks[0].slot, &sh.store);
-                    st.num_evictions += 1;
-                    st.picks = picks;
+                    let victim = state.remover.pick(&mut state.rng);
+                    state.remove(victim.slot, &sh.store);
+                    state.num_evictions += 1;
                 }
                 let key = st.insert(&items[keys.len()], &sh.store);
                 keys.push(key);
@@ -497,9 +510,7 @@ impl Table {
                 priorities.len()
             ));
         }
-        for (k, &p) in keys.iter().zip(priorities) {
-            self.check_priority(p, || format!("table '{}' key {k}", self.name()))?;
-        }
+        self.check_priorities(priorities, |i| format!("table '{}' key {}", self.name(), keys[i]))?;
         let mut st = self.shared.state.lock();
         let mut slots = Vec::with_capacity(keys.len());
         let mut present = Vec::with_capacity(keys.len());

@@ -34,9 +34,13 @@ impl Selector for Ordered {
     fn remove(&mut self, slot: u32) {
         self.order.remove(slot);
     }
-    fn sample(&mut self, n: usize, _rng: &mut Rng, out: &mut Vec<Pick>) {
+    fn sample(&mut self, n: usize, rng: &mut Rng, out: &mut Vec<Pick>) {
+        let pick = self.pick(rng);
+        out.extend((0..n).map(|_| pick));
+    }
+    fn pick(&mut self, _rng: &mut Rng) -> Pick {
         let slot = if self.newest_first { self.order.newest() } else { self.order.oldest() };
-        out.extend((0..n).map(|_| Pick { slot, probability: 1.0 }));
+        Pick { slot, probability: 1.0 }
     }
     fn len(&self) -> usize {
         self.order.len()

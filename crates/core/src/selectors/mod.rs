@@ -43,6 +43,12 @@ pub trait Selector: Send {
     fn remove(&mut self, slot: u32);
     /// Appends `n` picks (with replacement) to `out`. Requires `len() > 0`.
     fn sample(&mut self, n: usize, rng: &mut Rng, out: &mut Vec<Pick>);
+    /// One pick (the remover's eviction path). Requires `len() > 0`.
+    fn pick(&mut self, rng: &mut Rng) -> Pick {
+        let mut out = Vec::with_capacity(1);
+        self.sample(1, rng, &mut out);
+        out[0]
+    }
     fn len(&self) -> usize;
     fn is_empty(&self) -> bool {
         self.len() == 0
