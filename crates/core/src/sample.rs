@@ -60,7 +60,7 @@ impl SampleBatch {
 
 /// Drawn items whose rows can be copied out: a [`SampleBatch`] in process, or a
 /// same-host client's sample read straight from the shared columns.
-pub trait Collect {
+pub trait Collect: Sync {
     fn items(&self) -> &[SampledItem];
     fn table_size(&self) -> u64;
     fn columns(&self) -> &Columns;
@@ -78,24 +78,55 @@ pub trait Collect {
 
     /// Copies column `col` into `dst`, laid out `[n, t_max, row]`. Rows past an
     /// item's length are left as they are (callers pass zeroed memory when ragged).
+    /// Large copies are split across threads (at least [`PARALLEL_BYTES`] each, at
+    /// most one per available core): one core cannot saturate memory bandwidth.
     fn gather(&self, col: usize, t_max: u32, dst: &mut [u8]) {
-        const AHEAD: usize = 8;
         let (items, columns) = (self.items(), self.columns());
-        let row = columns.row_bytes(col);
-        let stride = t_max as usize * row;
+        let stride = t_max as usize * columns.row_bytes(col);
         assert_eq!(dst.len(), stride * items.len(), "gather destination has the wrong size");
-        let prefetch = |i: usize| {
-            if let Some(item) = items.get(i) {
-                columns.prefetch(col, &item.window.ranges()[0], 1024);
-            }
-        };
-        (0..AHEAD).for_each(prefetch);
-        for (i, item) in items.iter().enumerate() {
-            prefetch(i + AHEAD);
-            let at = i * stride;
-            let bytes = item.length as usize * row;
-            columns.read_ranges(col, item.window.ranges(), &mut dst[at..at + bytes]);
+        if dst.len() < 2 * PARALLEL_BYTES || items.len() < 2 {
+            return gather_items(columns, items, col, stride, dst);
         }
+        let threads = (dst.len() / PARALLEL_BYTES).clamp(1, cores()).min(items.len());
+        let per = items.len().div_ceil(threads);
+        std::thread::scope(|s| {
+            let mut parts = items.chunks(per).zip(dst.chunks_mut(per * stride));
+            let first = parts.next();
+            for (its, out) in parts {
+                s.spawn(move || gather_items(columns, its, col, stride, out));
+            }
+            if let Some((its, out)) = first {
+                gather_items(columns, its, col, stride, out);
+            }
+        });
+    }
+}
+
+/// Bytes a gather thread copies at least (below that, one thread).
+pub const PARALLEL_BYTES: usize = 4 << 20;
+
+/// Cores this process may use (read once: the lookup parses cgroup files).
+fn cores() -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// Copies column `col` of `items` into `dst` (`stride` bytes per item),
+/// prefetching a few items ahead so random rows' memory latency overlaps.
+fn gather_items(columns: &Columns, items: &[SampledItem], col: usize, stride: usize, dst: &mut [u8]) {
+    const AHEAD: usize = 8;
+    let row = columns.row_bytes(col);
+    let prefetch = |i: usize| {
+        if let Some(item) = items.get(i) {
+            columns.prefetch(col, &item.window.ranges()[0], 1024);
+        }
+    };
+    (0..AHEAD).for_each(prefetch);
+    for (i, item) in items.iter().enumerate() {
+        prefetch(i + AHEAD);
+        let at = i * stride;
+        let bytes = item.length as usize * row;
+        columns.read_ranges(col, item.window.ranges(), &mut dst[at..at + bytes]);
     }
 }
 

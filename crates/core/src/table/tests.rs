@@ -307,3 +307,21 @@ fn an_interrupt_check_stops_a_blocked_sample_with_its_partial_result() {
     }
     assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 3);
 }
+
+#[test]
+fn large_gathers_split_across_threads_copy_every_row_in_place() {
+    let row = 64 << 10;
+    let sig = Signature::new(vec![Field::new("x", DType::UInt8, vec![row]).unwrap()]).unwrap();
+    let s = Store::new(sig, 256, 8, None).unwrap();
+    let mut c = config("q", SelectorSpec::Fifo, SelectorSpec::Fifo, 256);
+    c.max_times_sampled = 1;
+    let t = Table::new(c, &s).unwrap();
+    let n = 200;
+    let data: Vec<u8> = (0..n).flat_map(|i| (0..row).map(move |j| (i * 7 + j / 4096) as u8)).collect();
+    t.insert_batch(&[&data], n, 1, &vec![1.0; n], None).unwrap();
+    let b = t.sample(n, Some(Duration::ZERO)).unwrap();
+    assert!(b.items.len() * row > 2 * crate::sample::PARALLEL_BYTES);
+    let mut out = vec![0u8; n * row];
+    b.gather(0, 1, &mut out);
+    assert!(out == data, "rows differ after a parallel gather");
+}
