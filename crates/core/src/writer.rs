@@ -261,8 +261,9 @@ impl Writer<Store> {
         }
         let window = self.window(table.name(), num_steps)?;
         table.check_priority(priority, || format!("table '{}' new item", table.name()))?;
+        // The window lies in this writer's rows and the priority is checked.
         let item = NewItem { window, priority };
-        match table.insert(std::slice::from_ref(&item), wait) {
+        match table.insert_checked(std::slice::from_ref(&item), wait.into()) {
             Ok(keys) => Ok(keys[0]),
             Err(Error::Timeout { message, .. }) => Err(Error::Timeout { message, partial: Partial::Nothing }),
             Err(Error::Interrupted { .. }) => Err(Error::Interrupted { partial: Partial::Nothing }),
@@ -278,8 +279,9 @@ impl Writer<Store> {
             return Err(invalid!("table '{}' is over a different store than this writer", table.name()));
         }
         let windows = self.windows(table.name(), num_steps, priorities.len() as u64)?;
+        table.check_priorities(priorities, |i| format!("table '{}' item {i}", table.name()))?;
         let items: Vec<NewItem> = windows.into_iter().zip(priorities).map(|(window, &priority)| NewItem { window, priority }).collect();
-        table.insert(&items, wait)
+        table.insert_checked(&items, wait.into())
     }
 
     /// The table named `table` over this writer's store.
