@@ -90,6 +90,17 @@ impl Columns {
         self.region.path()
     }
 
+    /// The whole mapped region: base address and length in bytes (for registering
+    /// it with a GPU; rows are valid only under the ownership rules above).
+    pub fn memory(&self) -> (*mut u8, usize) {
+        (self.region.base(), self.region.len())
+    }
+
+    /// Byte offset of column `col` in the region.
+    pub fn offset(&self, col: usize) -> usize {
+        self.columns[col].offset
+    }
+
     /// Bytes of one row of column `col`.
     pub fn row_bytes(&self, col: usize) -> usize {
         self.columns[col].row_bytes

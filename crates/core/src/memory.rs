@@ -131,6 +131,11 @@ impl Region {
     pub fn base(&self) -> *mut u8 {
         self.base.as_ptr()
     }
+
+    /// Mapped length in bytes.
+    pub fn len(&self) -> usize {
+        self._map.len()
+    }
 }
 
 impl Drop for Region {

@@ -21,6 +21,7 @@ use crate::invalid;
 use crate::item::{check_priority, for_each_block, window_len, Item, NewItem};
 use crate::rate_limiter::{RateLimiter, RateLimiterConfig};
 use crate::sample::{SampleBatch, SampledItem};
+use crate::selectors::external::{Candidate, Change};
 use crate::selectors::{Pick, Prioritized, Rng, Selector, SelectorSpec};
 use crate::store::Store;
 use crate::wait::Wait;
@@ -40,6 +41,9 @@ pub struct TableConfig {
     /// items in the oldest block be evicted? (False for queues and stacks, whose
     /// items are meant to be consumed, never dropped.)
     pub evict_when_store_full: bool,
+    /// The sampler's picks are made outside the table, from a mirror of its items
+    /// (GPU selection in `reprise.torch`): see [`crate::selectors::external`].
+    pub external_selection: bool,
 }
 
 /// Counters and settings reported by `info()`.
@@ -235,7 +239,7 @@ impl Table {
             slots: Vec::new(),
             free_slots: Vec::new(),
             size: 0,
-            sampler: config.sampler.build(),
+            sampler: if config.external_selection { config.sampler.build_external() } else { config.sampler.build() },
             remover: config.remover.build(),
             limiter: RateLimiter::new(config.rate_limiter),
             rng,
@@ -419,15 +423,59 @@ impl Table {
     /// cannot return it. When the deadline passes first, fails with `Timeout`
     /// whose partial result holds the items drawn so far.
     pub fn sample<'w>(&self, n: usize, wait: impl Into<Wait<'w>>) -> Result<SampleBatch> {
-        let wait = wait.into();
+        if self.shared.config.external_selection {
+            return Err(invalid!(
+                "table '{}' selects items on a device (selection_device): sample it through its Python Table",
+                self.name()
+            ));
+        }
+        let batch = SampleBatch::new(self.shared.store.clone(), 0);
+        self.sample_into(batch, n, wait.into()).map(|(batch, _)| batch)
+    }
+
+    /// External selection: draws up to `n` items in total into `batch` (which may
+    /// hold draws of earlier calls) from `candidates`, waiting for the rate limiter
+    /// as [`Table::sample`] does. Returns the batch and whether the candidates ran
+    /// out first (then the caller synchronises its mirror, picks again and calls
+    /// again with the same batch).
+    pub fn sample_candidates<'w>(
+        &self,
+        batch: Option<SampleBatch>,
+        n: usize,
+        wait: impl Into<Wait<'w>>,
+        candidates: &[Candidate],
+    ) -> Result<(SampleBatch, bool)> {
+        let sh = &*self.shared;
+        if !sh.config.external_selection {
+            return Err(invalid!("table '{}' selects on the host; candidates are only for external selection", self.name()));
+        }
+        let batch = batch.unwrap_or_else(|| SampleBatch::new(sh.store.clone(), 0));
+        if !batch.store().same(&sh.store) {
+            return Err(invalid!("table '{}': the sample being extended comes from another store", self.name()));
+        }
+        {
+            let mut st = sh.state.lock();
+            st.sampler.external().expect("external selection keeps an external sampler").set_candidates(candidates.iter().copied());
+        }
+        self.sample_into(batch, n, wait.into())
+    }
+
+    /// The slots whose items changed since the last call (external selection).
+    pub fn drain_changes(&self) -> Result<Vec<Change>> {
+        let mut st = self.shared.state.lock();
+        match st.sampler.external() {
+            Some(ext) => Ok(ext.drain_changes()),
+            None => Err(invalid!("table '{}' selects on the host; it has no external changes", self.name())),
+        }
+    }
+
+    fn sample_into(&self, mut batch: SampleBatch, n: usize, wait: Wait<'_>) -> Result<(SampleBatch, bool)> {
         if n == 0 {
             return Err(invalid!("table '{}': sample size must be >= 1, got 0", self.name()));
         }
         let sh = &*self.shared;
         let deadline = wait.deadline();
         let mut st = sh.state.lock();
-        let mut batch = SampleBatch::new(sh.store.clone(), st.size);
-        let mut first = true;
         while batch.len() < n {
             let permits = if st.size == 0 { 0 } else { st.limiter.sample_permits((n - batch.len()) as u64, st.size) };
             if permits == 0 {
@@ -450,17 +498,21 @@ impl Table {
                 }
                 continue;
             }
-            if first {
+            if batch.is_empty() {
                 batch.table_size = st.size;
-                first = false;
             }
-            self.draw(&mut st, permits as usize, &mut batch);
+            let starved = self.draw(&mut st, permits as usize, &mut batch);
             sh.insert_cv.notify_all();
+            if starved {
+                return Ok((batch, true));
+            }
         }
-        Ok(batch)
+        Ok((batch, false))
     }
 
-    fn draw(&self, st: &mut MutexGuard<'_, State>, count: usize, batch: &mut SampleBatch) {
+    /// Draws up to `count` items (fewer when the table empties). Returns true when
+    /// an external sampler's candidates ran out first.
+    fn draw(&self, st: &mut MutexGuard<'_, State>, count: usize, batch: &mut SampleBatch) -> bool {
         let sh = &*self.shared;
         let max_times = sh.config.max_times_sampled;
         let mut picks = std::mem::take(&mut st.picks);
@@ -494,9 +546,15 @@ impl Table {
                     st.num_evictions += 1;
                 }
             }
-            left -= chunk;
+            let starved = picks.len() < chunk;
+            left -= picks.len();
+            if starved {
+                st.picks = picks;
+                return true;
+            }
         }
         st.picks = picks;
+        false
     }
 
     /// Sets new priorities. Keys no longer in the table are skipped; returns how

@@ -201,6 +201,15 @@ impl<B: BlockSource> Writer<B> {
         Ok(())
     }
 
+    /// The rows of the last `num_steps` steps appended (for stores whose step data
+    /// lives elsewhere, such as GPU memory: the caller writes those rows itself).
+    pub fn recent_rows(&self, num_steps: u64) -> Result<Window> {
+        if num_steps == 0 || num_steps > self.kept {
+            return Err(invalid!("asked for the rows of the last {num_steps} steps; the writer holds {}", self.kept));
+        }
+        Ok(self.window_back(num_steps, 0))
+    }
+
     /// The rows of `num_steps` steps ending `back` steps before the newest.
     fn window_back(&self, num_steps: u64, back: u64) -> Window {
         let mut ranges: Vec<RowRange> = Vec::new();
@@ -281,6 +290,26 @@ impl Writer<Store> {
         let windows = self.windows(table.name(), num_steps, priorities.len() as u64)?;
         table.check_priorities(priorities, |i| format!("table '{}' item {i}", table.name()))?;
         let items: Vec<NewItem> = windows.into_iter().zip(priorities).map(|(window, &priority)| NewItem { window, priority }).collect();
+        table.insert_checked(&items, wait.into())
+    }
+
+    /// Creates one item per priority: `n` items of `num_steps` steps that tile the
+    /// last `n * num_steps` steps, oldest first (a batch of `n` episodes written
+    /// back to back), in one insert. Returns their keys.
+    pub fn create_tiled_items<'w>(&mut self, table: &Table, num_steps: u64, priorities: &[f64], wait: impl Into<Wait<'w>>) -> Result<Vec<u64>> {
+        if !table.store().same(&self.source) {
+            return Err(invalid!("table '{}' is over a different store than this writer", table.name()));
+        }
+        let n = priorities.len() as u64;
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        self.check_window(table.name(), num_steps, (n - 1) * num_steps)?;
+        table.check_priorities(priorities, |i| format!("table '{}' item {i}", table.name()))?;
+        let items: Vec<NewItem> = (0..n)
+            .zip(priorities)
+            .map(|(j, &priority)| NewItem { window: self.window_back(num_steps, (n - 1 - j) * num_steps), priority })
+            .collect();
         table.insert_checked(&items, wait.into())
     }
 

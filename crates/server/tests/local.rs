@@ -23,6 +23,7 @@ fn setup(name: &str) -> (Store, Table, LocalServer) {
             rate_limiter: RateLimiterConfig::min_size(1).unwrap(),
             seed: Some(0),
             evict_when_store_full: true,
+            external_selection: false,
         },
         &store,
     )

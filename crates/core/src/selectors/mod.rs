@@ -4,15 +4,19 @@
 //! *slots* (dense indices the table assigns to live items). Adding a selector means
 //! one new file and one line in [`SelectorSpec::build`].
 
+pub mod external;
 mod heap;
 mod insertion_order;
 mod prioritized;
 pub mod sum_tree;
+mod top_k;
 mod uniform;
 
+pub use external::External;
 pub use heap::Heap;
 pub use insertion_order::Ordered;
 pub use prioritized::Prioritized;
+pub use top_k::TopK;
 pub use uniform::Uniform;
 
 use crate::invalid;
@@ -54,6 +58,10 @@ pub trait Selector: Send {
         self.len() == 0
     }
     fn clear(&mut self);
+    /// The external selector, when picks are made outside the table.
+    fn external(&mut self) -> Option<&mut External> {
+        None
+    }
 }
 
 /// The configuration of a selector: what users pass and checkpoints record.
@@ -65,6 +73,7 @@ pub enum SelectorSpec {
     Prioritized { priority_exponent: f64 },
     MaxHeap,
     MinHeap,
+    TopK,
 }
 
 impl SelectorSpec {
@@ -89,7 +98,17 @@ impl SelectorSpec {
             }
             SelectorSpec::MaxHeap => Box::new(Heap::new(true)),
             SelectorSpec::MinHeap => Box::new(Heap::new(false)),
+            SelectorSpec::TopK => Box::new(TopK::default()),
         }
+    }
+
+    /// The selector a table keeps when this sampler's picks are made outside it.
+    pub fn build_external(&self) -> Box<dyn Selector> {
+        let order = match self {
+            SelectorSpec::Uniform | SelectorSpec::Prioritized { .. } | SelectorSpec::TopK => external::Order::Draws,
+            SelectorSpec::Fifo | SelectorSpec::Lifo | SelectorSpec::MaxHeap | SelectorSpec::MinHeap => external::Order::Repeat,
+        };
+        Box::new(External::new(order))
     }
 
     /// `Prioritized(priority_exponent=0.6)`.
@@ -106,7 +125,7 @@ impl SelectorSpec {
     pub fn uses_priorities(&self) -> bool {
         matches!(
             self,
-            SelectorSpec::Prioritized { .. } | SelectorSpec::MaxHeap | SelectorSpec::MinHeap
+            SelectorSpec::Prioritized { .. } | SelectorSpec::MaxHeap | SelectorSpec::MinHeap | SelectorSpec::TopK
         )
     }
 }

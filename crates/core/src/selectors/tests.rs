@@ -119,6 +119,15 @@ fn run(spec: SelectorSpec, ops: Vec<Op>) -> std::result::Result<(), TestCaseErro
                 let mut out = Vec::new();
                 sel.sample(n, &mut rng, &mut out);
                 prop_assert_eq!(out.len(), n);
+                if spec == SelectorSpec::TopK {
+                    // The ranking (priority descending, oldest first), repeated.
+                    let mut ranked = model.items.clone();
+                    ranked.sort_by(|a, b| b.2.partial_cmp(&a.2).unwrap().then(a.1.cmp(&b.1)));
+                    let want: Vec<u32> = ranked.iter().cycle().take(n).map(|e| e.0).collect();
+                    prop_assert_eq!(out.iter().map(|p| p.slot).collect::<Vec<_>>(), want);
+                    prop_assert!(out.iter().all(|p| p.probability == 1.0));
+                    continue;
+                }
                 for pick in out {
                     model.expected(spec, pick).map_err(TestCaseError::fail)?;
                 }
@@ -140,6 +149,7 @@ proptest! {
     }
     #[test] fn max_heap_matches_reference(ops in ops()) { run(SelectorSpec::MaxHeap, ops)?; }
     #[test] fn min_heap_matches_reference(ops in ops()) { run(SelectorSpec::MinHeap, ops)?; }
+    #[test] fn top_k_matches_reference(ops in ops()) { run(SelectorSpec::TopK, ops)?; }
 }
 
 /// Pearson chi-square of observed counts against expected probabilities.

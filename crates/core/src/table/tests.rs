@@ -24,6 +24,7 @@ fn config(name: &str, sampler: SelectorSpec, remover: SelectorSpec, max_size: u6
         rate_limiter: RateLimiterConfig::min_size(1).unwrap(),
         seed: Some(0),
         evict_when_store_full: true,
+        external_selection: false,
     }
 }
 
@@ -324,4 +325,83 @@ fn large_gathers_split_across_threads_copy_every_row_in_place() {
     let mut out = vec![0u8; n * row];
     b.gather(0, 1, &mut out);
     assert!(out == data, "rows differ after a parallel gather");
+}
+
+/// Candidates for the items whose single step holds each of `values`, by the
+/// mirror's view of the table (slot and sequence from the drained changes).
+fn candidates(t: &Table, mirror: &mut std::collections::HashMap<u32, (u64, f64)>, keys: &[u64], values: &[i64], want: &[i64]) -> Vec<Candidate> {
+    for ch in t.drain_changes().unwrap() {
+        match ch.item {
+            Some(item) => mirror.insert(ch.slot, item),
+            None => mirror.remove(&ch.slot),
+        };
+    }
+    want.iter()
+        .map(|w| {
+            let key = keys[values.iter().position(|v| v == w).unwrap()];
+            let slot = key as u32;
+            let (seq, _) = mirror.get(&slot).copied().unwrap_or((u64::MAX, 0.0));
+            Candidate { slot, seq, probability: 0.5 }
+        })
+        .collect()
+}
+
+#[test]
+fn external_draws_use_each_candidate_once_and_skip_stale_ones() {
+    let s = store(64);
+    let mut c = config("g", SelectorSpec::Uniform, SelectorSpec::Fifo, 10);
+    c.external_selection = true;
+    let t = Table::new(c, &s).unwrap();
+    let vals = [1, 2, 3, 4];
+    let keys = put(&t, &vals, &[1.0; 4]);
+    let mut mirror = Default::default();
+    let cands = candidates(&t, &mut mirror, &keys, &vals, &[3, 3, 1]);
+    assert_eq!(mirror.len(), 4);
+    // Host sampling is refused: the picks come from outside.
+    assert!(matches!(t.sample(1, None), Err(Error::InvalidArgument(_))));
+    let (b, starved) = t.sample_candidates(None, 3, None, &cands).unwrap();
+    assert!(!starved);
+    assert_eq!(values(&t, &b), vec![3, 3, 1]);
+    assert!(b.items.iter().all(|i| i.probability == 0.5));
+    assert_eq!(b.items[1].times_sampled, 2);
+    // Deleted items are skipped; running out of candidates is reported.
+    t.delete(&[keys[2]]);
+    let cands = candidates(&t, &mut mirror, &keys, &vals, &[2]);
+    let stale = Candidate { slot: keys[2] as u32, seq: 2, probability: 0.5 };
+    let (b, starved) = t.sample_candidates(Some(b), 6, None, &[stale, cands[0]]).unwrap();
+    assert!(starved);
+    assert_eq!(values(&t, &b), vec![3, 3, 1, 2]);
+    assert_eq!(mirror.len(), 3);
+    assert_eq!(t.info().num_samples, 4);
+}
+
+#[test]
+fn external_repeat_order_draws_the_first_until_it_is_used_up() {
+    let s = store(64);
+    let mut c = config("q", SelectorSpec::Fifo, SelectorSpec::Fifo, 10);
+    c.external_selection = true;
+    c.max_times_sampled = 2;
+    let t = Table::new(c, &s).unwrap();
+    let vals = [10, 20, 30];
+    let keys = put(&t, &vals, &[1.0; 3]);
+    let mut mirror = Default::default();
+    let cands = candidates(&t, &mut mirror, &keys, &vals, &[10, 20, 30]);
+    let (b, starved) = t.sample_candidates(None, 5, None, &cands).unwrap();
+    assert!(!starved);
+    // Each item twice (max_times_sampled), in the given order: as the host Fifo.
+    assert_eq!(values(&t, &b), vec![10, 10, 20, 20, 30]);
+    assert_eq!(t.size(), 1);
+    let changes = t.drain_changes().unwrap();
+    assert_eq!(changes.iter().filter(|c| c.item.is_none()).count(), 2);
+}
+
+#[test]
+fn top_k_draws_the_best_items_in_order() {
+    let s = store(64);
+    let t = Table::new(config("k", SelectorSpec::TopK, SelectorSpec::Fifo, 10), &s).unwrap();
+    put(&t, &[1, 2, 3, 4], &[0.5, 3.0, 3.0, 1.0]);
+    let b = t.sample(3, None).unwrap();
+    assert_eq!(values(&t, &b), vec![2, 3, 4]);
+    let b = t.sample(6, None).unwrap();
+    assert_eq!(values(&t, &b), vec![2, 3, 4, 1, 2, 3]);
 }

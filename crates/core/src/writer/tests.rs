@@ -31,6 +31,7 @@ fn table(s: &Store, name: &str, max_size: u64) -> Table {
         rate_limiter: RateLimiterConfig::min_size(1).unwrap(),
         seed: Some(1),
         evict_when_store_full: true,
+        external_selection: false,
     };
     Table::new(c, s).unwrap()
 }
