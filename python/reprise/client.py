@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from . import _native
 from ._convert import as_int
-from .errors import InvalidArgument
+from .errors import InvalidArgument, NotFound
 from .sample import Sample
+from .signature import Field
+from .torch._device import is_host_device
 
 
 class Client:
@@ -23,6 +25,7 @@ class Client:
                                   "local clients are authenticated by the socket's permissions")
         self._address = address
         self._native = _native.Client(address)
+        self._host_views: dict = {}
 
     @property
     def address(self) -> str:
@@ -46,9 +49,31 @@ class Client:
     def sample(self, table: str, n: int, timeout: float | None = None, fields: list[str] | None = None,
                device: str | None = None) -> Sample:
         """Draws n items from ``table`` (as ``Table.sample``)."""
-        if device not in (None, "cpu"):
-            raise InvalidArgument(f"device {device!r} is not available in this build; use 'cpu' or None")
-        return self._native.sample(table, as_int("n", n), timeout, fields)
+        n = as_int("n", n)
+        if is_host_device(device):
+            return self._native.sample(table, n, timeout, fields)
+        from .torch import resolve
+        from .torch.collect import collect_rows
+        dev = resolve(device)
+        columns = self._columns_for(table, dev)
+        if fields is not None:
+            for f in fields:
+                if f not in columns.fields:
+                    raise NotFound(f"unknown field '{f}'; expected one of {columns.fields}")
+        return collect_rows(self._native.sample_rows(table, n, timeout), columns, fields)
+
+    def _columns_for(self, table: str, device):
+        """The server's shared-memory columns of ``table``'s store, registered for
+        ``device`` once per store."""
+        (address, nbytes), layout, capacity, fields = self._native.store_memory(table)
+        key = (address, device)
+        views = self._host_views.get(key)
+        if views is None:
+            from .torch.columns import HostColumns
+            signature = {name: Field(tuple(shape), dtype) for name, shape, dtype in fields}
+            views = HostColumns((address, nbytes), layout, signature, capacity, device, owner=self._native)
+            self._host_views[key] = views
+        return views
 
     def update_priorities(self, table: str, keys, priorities) -> int:
         """Sets priorities by key; keys no longer present are skipped. Returns how many applied."""
@@ -67,6 +92,12 @@ class Client:
 
     def close(self):
         """Closes this client's connection; writers it made keep theirs until closed."""
+        if self._host_views:
+            from .torch.collect import wait_released
+            wait_released()
+            for views in self._host_views.values():
+                views.close()
+            self._host_views.clear()
         self._native.close()
 
     def __enter__(self):

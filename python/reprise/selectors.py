@@ -42,6 +42,12 @@ class MinHeap(Selector):
     """The item with the lowest priority (ties: oldest first)."""
 
 
+class TopK(Selector):
+    """A draw of n is the n items with the highest priorities, best first (ties:
+    oldest first); past the table's size the ranking repeats. As a remover it
+    evicts the highest priority (like MaxHeap)."""
+
+
 @dataclass(frozen=True, repr=False)
 class Prioritized(Selector):
     """Item i with probability p_i^a / sum_k p_k^a, a = ``priority_exponent``.
@@ -64,4 +70,4 @@ class Prioritized(Selector):
         return f"Prioritized(priority_exponent={self.priority_exponent})"
 
 
-__all__ = ["Selector", "Fifo", "Lifo", "Uniform", "Prioritized", "MaxHeap", "MinHeap"]
+__all__ = ["Selector", "Fifo", "Lifo", "Uniform", "Prioritized", "MaxHeap", "MinHeap", "TopK"]

@@ -39,6 +39,16 @@ class Server:
                     f"{arg}={value!r}: remote serving and checkpoints are not available in this build; "
                     "same-host clients connect to server.local_address"
                 )
+        for t in tables:
+            if t.store._device_columns is not None:
+                raise InvalidArgument(
+                    f"table '{t.name}' is over a device store ({t.store.device}): its data lives in this "
+                    "process's GPU memory, which other processes cannot map; serve a host store"
+                )
+            if t._selection is not None:
+                raise InvalidArgument(
+                    f"table '{t.name}' selects on a device (selection_device): sample it in this process"
+                )
         self._tables = tables
         self._native = _native.Server([t._native for t in tables], name)
 

@@ -9,6 +9,7 @@ from . import _native
 from ._convert import as_int
 from .errors import InvalidArgument
 from .signature import Field
+from .torch._device import is_host_device
 
 
 class Store:
@@ -29,18 +30,28 @@ class Store:
                 raise InvalidArgument(f"field names must be non-empty strings, got {name!r}")
             if not isinstance(f, Field):
                 raise InvalidArgument(f"field '{name}' must be a reprise.Field, got {type(f).__name__}")
-        if device not in (None, "cpu"):
-            raise InvalidArgument(
-                f"device {device!r} is not available: this build keeps stores in host shared memory "
-                "(device='cpu' or None)"
-            )
         capacity = as_int("capacity", capacity, minimum=1)
         block_steps = as_int("block_steps", block_steps, minimum=1)
+        self._device = None
+        self._device_columns = None
+        if not is_host_device(device):
+            from .torch import resolve
+            from .torch.device_store import INDEX_FIELD
+            if INDEX_FIELD in signature:
+                raise InvalidArgument(f"field name {INDEX_FIELD!r} is reserved")
+            self._device = resolve(device)
+            # The host keeps blocks and items over a one-byte-per-step index store.
+            index_signature = [(INDEX_FIELD, [], "uint8")]
+        else:
+            index_signature = [(name, list(f.shape), f.dtype) for name, f in signature.items()]
         self._signature = dict(signature)
         self._native = _native.Store(
-            [(name, list(f.shape), f.dtype) for name, f in signature.items()],
-            capacity, block_steps, None if directory is None else os.fspath(directory),
+            index_signature, capacity, block_steps, None if directory is None else os.fspath(directory),
         )
+        if self._device is not None:
+            from .torch.columns import DeviceColumns
+            self._device_columns = DeviceColumns(self._signature, self._native.capacity, self._device)
+        self._host_views: dict = {}
         self._closed = False
 
     @property
@@ -65,6 +76,11 @@ class Store:
         return self._native.free_blocks
 
     @property
+    def device(self) -> str:
+        """Where the step data lives: "cpu" (host shared memory) or a CUDA device."""
+        return "cpu" if self._device is None else str(self._device)
+
+    @property
     def path(self) -> str:
         """The shared-memory file behind the columns."""
         return os.fspath(self._native.path)
@@ -78,15 +94,40 @@ class Store:
         recent steps of an episode referenced (items can be at most that long);
         without it, the whole current episode."""
         self._check_open()
-        return self._native.writer(
-            None if max_sequence_length is None else as_int("max_sequence_length", max_sequence_length, 1)
-        )
+        msl = None if max_sequence_length is None else as_int("max_sequence_length", max_sequence_length, 1)
+        native = self._native.writer(msl)
+        if self._device_columns is not None:
+            from .torch.device_store import DeviceWriter
+            return DeviceWriter(native, self, msl)
+        return native
+
+    def _columns_for(self, device):
+        """The columns as tensors on ``device`` (a resolved torch.device): the device
+        store's own, or the shared memory registered for that device (once)."""
+        if self._device_columns is not None:
+            if device != self._device:
+                raise InvalidArgument(f"this store keeps its data on {self._device}; sample it to that device or to the host")
+            return self._device_columns
+        views = self._host_views.get(device)
+        if views is None:
+            self._check_open()
+            from .torch.columns import HostColumns
+            views = HostColumns(self._native.memory(), self._native.column_layout(), self._signature,
+                                self._native.capacity, device, owner=self._native)
+            self._host_views[device] = views
+        return views
 
     def close(self):
         """Removes the shared-memory file. Tables and writers already over the store
         keep working until they are gone; no new writer or table can be made."""
         if not self._closed:
             self._closed = True
+            if self._host_views:
+                from .torch.collect import wait_released
+                wait_released()  # gathers in flight finish reading before unregistering
+            for views in self._host_views.values():
+                views.close()
+            self._host_views.clear()
             self._native.unlink()
 
     def _check_open(self):

@@ -3,13 +3,21 @@ a rate limiter."""
 
 from __future__ import annotations
 
+import time
+
 from . import _native
 from ._convert import as_int
-from .errors import InvalidArgument
+from .errors import InvalidArgument, NotFound
 from .rate_limiters import MinSize, Queue, RateLimiter, Stack
 from .sample import Sample
 from .selectors import Fifo, Lifo, Selector, Uniform
 from .store import Store
+from .torch._device import is_host_device
+
+
+def collect_on(rows, columns, fields, stream=None):
+    from .torch.collect import collect_rows
+    return collect_rows(rows, columns, fields, stream)
 
 
 class Table:
@@ -43,10 +51,10 @@ class Table:
                 raise InvalidArgument(f"table '{name}': {role} must be a reprise.selectors selector, got {sel!r}")
         if not isinstance(rate_limiter, RateLimiter):
             raise InvalidArgument(f"table '{name}': rate_limiter must be a reprise.rate_limiters limiter, got {rate_limiter!r}")
-        if selection_device not in (None, "cpu"):
-            raise InvalidArgument(
-                f"table '{name}': selection_device {selection_device!r} is not available in this build; use 'cpu' or None"
-            )
+        selection = None
+        if not is_host_device(selection_device):
+            from .torch import resolve
+            selection = resolve(selection_device)
         max_size = store.capacity if max_size is None else as_int(f"table '{name}': max_size", max_size)
         max_times_sampled = as_int(f"table '{name}': max_times_sampled", max_times_sampled)
         if seed is not None:
@@ -55,8 +63,13 @@ class Table:
         self._sampler, self._remover, self._rate_limiter = sampler, remover, rate_limiter
         self._native = _native.Table(
             name, store._native, sampler._spec(), remover._spec(), max_size, rate_limiter._spec(),
-            max_times_sampled, seed, bool(evict_when_store_full),
+            max_times_sampled, seed, bool(evict_when_store_full), selection is not None,
         )
+        self._selection = None
+        if selection is not None:
+            from .torch.selection import DeviceSelection
+            kind, exponent = sampler._spec()
+            self._selection = DeviceSelection(self._native, kind, exponent, selection, seed, max_size)
 
     @classmethod
     def queue(cls, name: str, store: Store, max_size: int, seed: int | None = None) -> "Table":
@@ -90,17 +103,93 @@ class Table:
         """Inserts n items of T steps each from ``{field: array[n, T, ...]}`` (each item
         its own episode) with one copy per column. ``priorities``: n numbers or one.
         Returns the keys (np.uint64[n]). Blocks on the rate limiter up to ``timeout``;
-        on ``Timeout`` the exception's ``partial`` holds the keys already inserted."""
+        on ``Timeout`` the exception's ``partial`` holds the keys already inserted.
+        For a device store the arrays may be torch tensors (on the device: no copy
+        through the host)."""
+        if self._store._device_columns is not None:
+            from .torch.device_store import insert
+            return insert(self, data, priorities, timeout)
         return self._native.insert(data, priorities, timeout)
 
     def sample(self, n: int, timeout: float | None = None, fields: list[str] | None = None,
-               device: str | None = None) -> Sample:
+               device=None) -> Sample:
         """Draws n items (with replacement, by the sampler). ``fields`` limits which
-        fields are copied out. On ``Timeout`` the exception's ``partial`` is a Sample
-        of the items drawn before the deadline (they count as sampled)."""
-        if device not in (None, "cpu"):
-            raise InvalidArgument(f"device {device!r} is not available in this build; use 'cpu' or None")
-        return self._native.sample(as_int("n", n), timeout, fields)
+        fields are collected. On ``Timeout`` the exception's ``partial`` is a Sample
+        of the items drawn before the deadline (they count as sampled).
+
+        ``device="cuda"``: ``data`` holds torch tensors on that GPU, gathered straight
+        from the store's memory by the GPU (no staging copy on the host); the other
+        fields stay numpy. The tensors are ready on the current CUDA stream."""
+        n = as_int("n", n)
+        if is_host_device(device) and self._selection is None and self._store._device_columns is None:
+            return self._native.sample(n, timeout, fields)
+        self._check_fields(fields)
+        rows = self._sample_rows(n, timeout)
+        if is_host_device(device):
+            if self._store._device_columns is None:
+                return rows.to_sample(fields)
+            s = collect_on(rows, self._store._columns_for(self._store._device), fields)
+            s.data = {k: v.cpu().numpy() for k, v in s.data.items()}
+            return s
+        from .torch import resolve
+        return collect_on(rows, self._store._columns_for(resolve(device)), fields)
+
+    def iterate(self, batch_size: int, device=None, prefetch: int = 2, timeout: float | None = None,
+                fields: list[str] | None = None, num_batches: int | None = None):
+        """Yields samples of ``batch_size`` for ever (or ``num_batches`` times).
+
+        With ``device="cuda"`` the next ``prefetch`` batches are gathered on a side
+        CUDA stream while the caller uses the current one; each batch is ready on the
+        caller's current stream when it is yielded. ``update_priorities`` for a batch
+        applies at once; batches already in flight were drawn before it."""
+        batch_size = as_int("batch_size", batch_size, 1)
+        prefetch = as_int("prefetch", prefetch, 0)
+        if num_batches is not None:
+            num_batches = as_int("num_batches", num_batches, 0)
+        self._check_fields(fields)
+        if is_host_device(device):
+            return self._iterate_host(batch_size, timeout, fields, num_batches)
+        from .torch import iterate, resolve
+        dev = resolve(device)
+        columns = self._store._columns_for(dev)
+
+        def draw(stream):
+            return collect_on(self._sample_rows(batch_size, timeout), columns, fields, stream)
+
+        return iterate(draw, dev, prefetch, num_batches)
+
+    def _iterate_host(self, batch_size, timeout, fields, num_batches):
+        produced = 0
+        while num_batches is None or produced < num_batches:
+            yield self.sample(batch_size, timeout, fields)
+            produced += 1
+
+    def _check_fields(self, fields):
+        if fields is None:
+            return
+        if isinstance(fields, str) or not all(isinstance(f, str) for f in fields):
+            raise InvalidArgument(f"fields must be a list of field names, got {fields!r}")
+        known = list(self._store.signature)
+        for f in fields:
+            if f not in known:
+                raise NotFound(f"unknown field '{f}'; expected one of {known}")
+
+    def _sample_rows(self, n: int, timeout):
+        """Draws n items and returns their held rows (a native ``SampleRows``)."""
+        if self._selection is None:
+            return self._native.sample_rows(n, timeout)
+        sel = self._selection
+        deadline = None if timeout is None else time.monotonic() + max(0.0, float(timeout))
+        rows = None
+        with sel.lock:
+            while True:
+                sel.sync()
+                need = n - (0 if rows is None else len(rows))
+                slots, seqs, probabilities = sel.draw(need)
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                rows, starved = self._native.sample_candidates(rows, n, left, slots, seqs, probabilities)
+                if not starved:
+                    return rows
 
     def update_priorities(self, keys, priorities) -> int:
         """Sets priorities by key. Keys no longer in the table (evicted since they were

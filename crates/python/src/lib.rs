@@ -5,6 +5,7 @@ use pyo3::prelude::*;
 
 mod arrays;
 mod errors;
+mod rows;
 mod sample;
 mod serving;
 mod store;
@@ -17,6 +18,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<store::PyStore>()?;
     m.add_class::<writer::PyWriter>()?;
     m.add_class::<table::PyTable>()?;
+    m.add_class::<rows::PySampleRows>()?;
     m.add_class::<serving::PyServer>()?;
     m.add_class::<serving::PyClient>()?;
     m.add_function(wrap_pyfunction!(table::rate_limiter_preset, m)?)?;

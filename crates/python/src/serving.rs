@@ -7,6 +7,8 @@ use parking_lot::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use reprise_client::LocalClient;
+
+use crate::rows::{Drawn, PySampleRows};
 use reprise_server::LocalServer;
 
 use crate::arrays::{field_infos, Vector};
@@ -125,6 +127,41 @@ impl PyClient {
                 Err(err)
             }
         }
+    }
+
+    /// Draws n items and keeps their rows held (the server keeps them from being
+    /// reused until the returned `SampleRows` is released).
+    #[pyo3(signature = (table, n, timeout=None))]
+    fn sample_rows(&self, py: Python<'_>, table: &str, n: i64, timeout: Option<f64>) -> PyResult<PySampleRows> {
+        let timeout = timeout::parse(py, timeout)?;
+        if n < 1 || n > u32::MAX as i64 {
+            return Err(invalid(py, format!("sample size must be >= 1, got {n}")));
+        }
+        let signals = Signals::default();
+        let check = || signals.check();
+        let (sample, error) = py
+            .detach(|| self.client.sample(table, n as u32, timeout, Some(&check)))
+            .map_err(|e| to_py(py, e, None, signals.take()))?;
+        match error {
+            None => Ok(PySampleRows::new(Drawn::Client(sample))),
+            Some(e) => {
+                let err = to_py(py, e, None, None);
+                if !reprise_core::Collect::items(&sample).is_empty() {
+                    err.value(py).setattr("partial", sample_object(py, sample, None)?)?;
+                }
+                Err(err)
+            }
+        }
+    }
+
+    /// For `table`'s store as mapped in this process: `(address, length)`,
+    /// `[(field, byte offset, row bytes)]`, capacity and `[(field, shape, dtype)]`.
+    #[allow(clippy::type_complexity)]
+    fn store_memory(&self, py: Python<'_>, table: &str) -> PyResult<((usize, usize), Vec<(String, usize, usize)>, u64, Vec<(String, Vec<usize>, String)>)> {
+        let columns = self.client.columns(Some(table)).map_err(py_err(py))?;
+        let (base, len) = columns.memory();
+        let fields = columns.signature().fields().iter().map(|f| (f.name.clone(), f.shape.clone(), f.dtype.name().to_string())).collect();
+        Ok(((base as usize, len), crate::store::layout(&columns), columns.capacity(), fields))
     }
 
     fn update_priorities(&self, py: Python<'_>, table: &str, keys: &Bound<'_, PyAny>, priorities: &Bound<'_, PyAny>) -> PyResult<u64> {

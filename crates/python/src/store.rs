@@ -93,9 +93,31 @@ impl PyStore {
         Ok(PyWriter::new(AnyWriter::Local(w), self.fields.clone()))
     }
 
+    /// `(address, length)` of the mapped columns (for GPU registration).
+    fn memory(&self) -> (usize, usize) {
+        let (base, len) = self.store.columns().memory();
+        (base as usize, len)
+    }
+
+    /// `[(field, byte offset, row bytes)]` in signature order.
+    fn column_layout(&self) -> Vec<(String, usize, usize)> {
+        layout(self.store.columns())
+    }
+
     /// Removes the shared-memory file; mapped memory lives on while in use.
     fn unlink(&self) {
         self.store.unlink();
     }
 }
 
+
+/// `[(field, byte offset, row bytes)]` of a store's columns.
+pub fn layout(columns: &reprise_core::Columns) -> Vec<(String, usize, usize)> {
+    columns
+        .signature()
+        .fields()
+        .iter()
+        .enumerate()
+        .map(|(c, f)| (f.name.clone(), columns.offset(c), columns.row_bytes(c)))
+        .collect()
+}

@@ -7,7 +7,10 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use reprise_core::{RateLimiterConfig, SelectorSpec, Table, TableConfig, TableInfo, Wait};
 
+use reprise_core::selectors::external::Candidate;
+
 use crate::arrays::{views, FieldInfo, Vector};
+use crate::rows::{Drawn, PySampleRows};
 use crate::errors::{invalid, not_found, py_err, to_py};
 use crate::sample::sample_object;
 use crate::store::PyStore;
@@ -27,8 +30,9 @@ fn selector(py: Python<'_>, role: &str, (name, exponent): (String, f64)) -> PyRe
         "Prioritized" => SelectorSpec::Prioritized { priority_exponent: exponent },
         "MaxHeap" => SelectorSpec::MaxHeap,
         "MinHeap" => SelectorSpec::MinHeap,
+        "TopK" => SelectorSpec::TopK,
         other => {
-            return Err(invalid(py, format!("unknown {role} '{other}': expected Fifo, Lifo, Uniform, Prioritized, MaxHeap or MinHeap")))
+            return Err(invalid(py, format!("unknown {role} '{other}': expected Fifo, Lifo, Uniform, Prioritized, MaxHeap, MinHeap or TopK")))
         }
     })
 }
@@ -43,7 +47,7 @@ fn non_negative(py: Python<'_>, what: &str, v: i64, min: i64) -> PyResult<u64> {
 #[pymethods]
 impl PyTable {
     #[new]
-    #[pyo3(signature = (name, store, sampler, remover, max_size, rate_limiter, max_times_sampled=0, seed=None, evict_when_store_full=true))]
+    #[pyo3(signature = (name, store, sampler, remover, max_size, rate_limiter, max_times_sampled=0, seed=None, evict_when_store_full=true, external_selection=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -56,6 +60,7 @@ impl PyTable {
         max_times_sampled: i64,
         seed: Option<u64>,
         evict_when_store_full: bool,
+        external_selection: bool,
     ) -> PyResult<Self> {
         let (spi, min_size, min_diff, max_diff) = rate_limiter;
         let min_size = non_negative(py, "min_size_to_sample", min_size, 1)?;
@@ -68,6 +73,7 @@ impl PyTable {
             rate_limiter: RateLimiterConfig::new(spi, min_size, min_diff, max_diff).map_err(py_err(py))?,
             seed,
             evict_when_store_full,
+            external_selection,
             name,
         };
         let table = Table::new(config, &store.store).map_err(py_err(py))?;
@@ -80,8 +86,8 @@ impl PyTable {
     }
 
     #[getter]
-    fn size(&self) -> u64 {
-        self.table.size()
+    fn size(&self, py: Python<'_>) -> u64 {
+        py.detach(|| self.table.size())
     }
 
     /// Inserts n items of T steps from `{field: array[n, T, ...]}`; returns keys.
@@ -126,6 +132,70 @@ impl PyTable {
         sample_object(py, batch, select.as_deref())
     }
 
+    /// Draws n items and keeps their rows held: a `SampleRows` for a collector.
+    #[pyo3(signature = (n, timeout=None))]
+    fn sample_rows(&self, py: Python<'_>, n: i64, timeout: Option<f64>) -> PyResult<PySampleRows> {
+        let timeout = timeout::parse(py, timeout)?;
+        let n = non_negative(py, &format!("table '{}': sample size", self.table.name()), n, 1)? as usize;
+        let signals = Signals::default();
+        let check = || signals.check();
+        let wait = Wait { timeout, interrupt: Some(&check) };
+        let batch = py.detach(|| self.table.sample(n, wait)).map_err(|e| to_py(py, e, None, signals.take()))?;
+        Ok(PySampleRows::new(Drawn::Local(batch)))
+    }
+
+    /// External selection: draws up to n items in total into `rows` (a fresh
+    /// batch when None) from candidates `(slots, seqs, probabilities)`. Returns
+    /// `(rows, starved)`; `starved` means the candidates ran out first.
+    #[pyo3(signature = (rows, n, timeout, slots, seqs, probabilities))]
+    #[allow(clippy::too_many_arguments)]
+    fn sample_candidates(
+        &self,
+        py: Python<'_>,
+        rows: Option<PyRef<'_, PySampleRows>>,
+        n: i64,
+        timeout: Option<f64>,
+        slots: &Bound<'_, PyAny>,
+        seqs: &Bound<'_, PyAny>,
+        probabilities: &Bound<'_, PyAny>,
+    ) -> PyResult<(PySampleRows, bool)> {
+        let timeout = timeout::parse(py, timeout)?;
+        let n = non_negative(py, &format!("table '{}': sample size", self.table.name()), n, 1)? as usize;
+        let slots = Vector::<i64>::new(py, "slots", slots, None)?;
+        let seqs = Vector::<i64>::new(py, "seqs", seqs, Some(slots.len()))?;
+        let probabilities = Vector::<f64>::new(py, "probabilities", probabilities, Some(slots.len()))?;
+        let candidates: Vec<Candidate> = slots
+            .as_slice()
+            .iter()
+            .zip(seqs.as_slice())
+            .zip(probabilities.as_slice())
+            .filter(|((&slot, &seq), _)| (0..=u32::MAX as i64).contains(&slot) && seq >= 0)
+            .map(|((&slot, &seq), &probability)| Candidate { slot: slot as u32, seq: seq as u64, probability })
+            .collect();
+        let batch = match rows {
+            Some(r) => Some(r.take_local(py)?),
+            None => None,
+        };
+        let signals = Signals::default();
+        let check = || signals.check();
+        let wait = Wait { timeout, interrupt: Some(&check) };
+        let (batch, starved) = py
+            .detach(|| self.table.sample_candidates(batch, n, wait, &candidates))
+            .map_err(|e| to_py(py, e, None, signals.take()))?;
+        Ok((PySampleRows::new(Drawn::Local(batch)), starved))
+    }
+
+    /// External selection: `(slots, seqs, priorities)` of every slot that changed
+    /// since the last call; seq is -1 where the slot is now empty.
+    fn drain_changes<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<f64>>)> {
+        let changes = py.detach(|| self.table.drain_changes()).map_err(py_err(py))?;
+        Ok((
+            PyArray1::from_iter(py, changes.iter().map(|c| c.slot as i64)),
+            PyArray1::from_iter(py, changes.iter().map(|c| c.item.map_or(-1, |(seq, _)| seq as i64))),
+            PyArray1::from_iter(py, changes.iter().map(|c| c.item.map_or(0.0, |(_, p)| p))),
+        ))
+    }
+
     /// Sets priorities; keys no longer present are skipped. Returns how many applied.
     fn update_priorities(&self, py: Python<'_>, keys: &Bound<'_, PyAny>, priorities: &Bound<'_, PyAny>) -> PyResult<usize> {
         let keys = Vector::<u64>::new(py, "keys", keys, None)?;
@@ -146,12 +216,13 @@ impl PyTable {
     }
 
     fn info<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        info_dict(py, &self.table.info())
+        let info = py.detach(|| self.table.info());
+        info_dict(py, &info)
     }
 
     /// `[(key, priority, times_sampled, length)]` in insertion order.
-    fn items(&self) -> Vec<(u64, f64, u32, u32)> {
-        self.table.items().into_iter().map(|i| (i.key, i.priority, i.times_sampled, i.length)).collect()
+    fn items(&self, py: Python<'_>) -> Vec<(u64, f64, u32, u32)> {
+        py.detach(|| self.table.items()).into_iter().map(|i| (i.key, i.priority, i.times_sampled, i.length)).collect()
     }
 }
 

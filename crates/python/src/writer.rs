@@ -181,6 +181,43 @@ impl PyWriter {
         })
     }
 
+    /// Row numbers of the last `num_steps` steps appended, oldest first (for stores
+    /// whose step data lives on a device: the caller writes those rows).
+    fn recent_rows<'py>(&self, py: Python<'py>, num_steps: i64) -> PyResult<Bound<'py, numpy::PyArray1<i64>>> {
+        let k = u64::try_from(num_steps).map_err(|_| invalid(py, format!("num_steps must be >= 1, got {num_steps}")))?;
+        let window = self.with(py, |w| match w {
+            AnyWriter::Local(w) => w.recent_rows(k).map_err(py_err(py)),
+            AnyWriter::Client(_) => Err(invalid(py, "recent_rows is for in-process writers".into())),
+        })?;
+        let rows = window.ranges().iter().flat_map(|r| (r.start..r.start + r.len as u64).map(|x| x as i64));
+        Ok(numpy::PyArray1::from_iter(py, rows))
+    }
+
+    /// Creates n items of `num_steps` steps that tile the last n * num_steps steps
+    /// (n episodes written back to back), one per priority. Returns their keys.
+    #[pyo3(signature = (table, num_steps, priorities, timeout=None))]
+    fn create_tiled_items<'py>(&self, py: Python<'py>, table: &Bound<'py, PyAny>, num_steps: i64, priorities: &Bound<'py, PyAny>, timeout: Option<f64>) -> PyResult<Bound<'py, numpy::PyArray1<u64>>> {
+        let timeout = timeout::parse(py, timeout)?;
+        let (target, n) = target(py, table, num_steps)?;
+        let priorities = crate::arrays::Vector::<f64>::new(py, "priorities", priorities, None)?;
+        let p = priorities.as_slice();
+        let signals = Signals::default();
+        let check = || signals.check();
+        self.with(py, |w| match w {
+            AnyWriter::Client(_) => Err(invalid(py, "create_tiled_items is for in-process writers".into())),
+            AnyWriter::Local(w) => {
+                let table = match target {
+                    Target::Table(t) => t,
+                    Target::Name(name) => w.table(&name).map_err(py_err(py))?,
+                };
+                let keys = py
+                    .detach(|| w.create_tiled_items(&table, n, p, Wait { timeout, interrupt: Some(&check) }))
+                    .map_err(|e| to_py(py, e, None, signals.take()))?;
+                Ok(numpy::PyArray1::from_vec(py, keys))
+            }
+        })
+    }
+
     /// Ends the episode: items never span episodes.
     fn end_episode(&self, py: Python<'_>) -> PyResult<()> {
         self.with(py, |w| match w {

@@ -1,0 +1,134 @@
+//! `SampleRows`: drawn items whose rows are still held, for collectors that read
+//! the rows themselves (the GPU path in `reprise.torch`). Holding it keeps the
+//! rows from being reused by writers; `release()` lets them go.
+
+use numpy::{PyArray1, PyArray2, PyArrayMethods};
+use parking_lot::Mutex;
+use pyo3::prelude::*;
+use reprise_client::ClientSample;
+use reprise_core::{Collect, SampleBatch};
+
+use crate::errors::invalid;
+use crate::sample::sample_object;
+
+/// A sample drawn in process or by a same-host client.
+pub enum Drawn {
+    Local(SampleBatch),
+    Client(ClientSample),
+}
+
+impl Drawn {
+    pub fn collect(&self) -> &dyn Collect {
+        match self {
+            Drawn::Local(b) => b,
+            Drawn::Client(c) => c,
+        }
+    }
+}
+
+#[pyclass(name = "SampleRows", module = "reprise._native", frozen)]
+pub struct PySampleRows {
+    inner: Mutex<Option<Drawn>>,
+}
+
+impl PySampleRows {
+    pub fn new(drawn: Drawn) -> PySampleRows {
+        PySampleRows { inner: Mutex::new(Some(drawn)) }
+    }
+
+    /// Takes the in-process batch out (to extend it); the object is released.
+    pub fn take_local(&self, py: Python<'_>) -> PyResult<SampleBatch> {
+        match self.inner.lock().take() {
+            Some(Drawn::Local(b)) => Ok(b),
+            Some(other) => {
+                *self.inner.lock() = Some(other);
+                Err(invalid(py, "this sample was drawn through a client; it cannot be extended".into()))
+            }
+            None => Err(released(py)),
+        }
+    }
+
+    fn with<R>(&self, py: Python<'_>, f: impl FnOnce(&dyn Collect) -> R) -> PyResult<R> {
+        let guard = self.inner.lock();
+        match guard.as_ref() {
+            Some(d) => Ok(f(d.collect())),
+            None => Err(released(py)),
+        }
+    }
+}
+
+fn released(py: Python<'_>) -> PyErr {
+    invalid(py, "this sample's rows were released".into())
+}
+
+type Meta<'py> = (
+    Bound<'py, PyArray1<u64>>,
+    Bound<'py, PyArray1<f64>>,
+    Bound<'py, PyArray1<f64>>,
+    Bound<'py, PyArray1<i64>>,
+    u64,
+    Bound<'py, PyArray1<i64>>,
+);
+
+#[pymethods]
+impl PySampleRows {
+    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
+        self.with(py, |c| c.items().len())
+    }
+
+    /// `(keys, probabilities, priorities, times_sampled, table_size, lengths)`.
+    fn meta<'py>(&self, py: Python<'py>) -> PyResult<Meta<'py>> {
+        let guard = self.inner.lock();
+        let c = guard.as_ref().ok_or_else(|| released(py))?.collect();
+        let items = c.items();
+        Ok((
+            PyArray1::from_iter(py, items.iter().map(|i| i.key)),
+            PyArray1::from_iter(py, items.iter().map(|i| i.probability)),
+            PyArray1::from_iter(py, items.iter().map(|i| i.priority)),
+            PyArray1::from_iter(py, items.iter().map(|i| i.times_sampled as i64)),
+            c.table_size(),
+            PyArray1::from_iter(py, items.iter().map(|i| i.length as i64)),
+        ))
+    }
+
+    /// Row numbers `[n, T]` (T = longest item) of every step, -1 past an item's end.
+    fn row_index<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<i64>>> {
+        let (rows, n, t) = self.with(py, |c| {
+            let t = c.max_length() as usize;
+            let mut rows = vec![-1i64; c.items().len() * t];
+            for (i, item) in c.items().iter().enumerate() {
+                let mut at = i * t;
+                for r in item.window.ranges() {
+                    for k in 0..r.len as u64 {
+                        rows[at] = (r.start + k) as i64;
+                        at += 1;
+                    }
+                }
+            }
+            (rows, c.items().len(), t)
+        })?;
+        Ok(PyArray1::from_vec(py, rows).reshape([n, t])?)
+    }
+
+    /// The rows copied out on the host: a `reprise.Sample` of numpy arrays. Releases.
+    #[pyo3(signature = (fields=None))]
+    fn to_sample<'py>(&self, py: Python<'py>, fields: Option<Vec<String>>) -> PyResult<Bound<'py, PyAny>> {
+        let drawn = self.inner.lock().take().ok_or_else(|| released(py))?;
+        let select = crate::table::select_fields(py, drawn.collect().columns().signature(), fields)?;
+        match drawn {
+            Drawn::Local(b) => sample_object(py, b, select.as_deref()),
+            Drawn::Client(c) => sample_object(py, c, select.as_deref()),
+        }
+    }
+
+    /// Lets the rows go (writers may reuse them). Idempotent.
+    fn release(&self, py: Python<'_>) {
+        let drawn = self.inner.lock().take();
+        py.detach(move || drop(drawn));
+    }
+
+    #[getter]
+    fn released(&self) -> bool {
+        self.inner.lock().is_none()
+    }
+}

@@ -1,0 +1,19 @@
+"""The GPU path: zero-copy collection from shared memory into CUDA tensors,
+device stores, GPU selection and prefetching iteration.
+
+Needs the ``gpu`` extra (torch; triton for the fastest selection kernels). Users
+reach it through ``Table.sample(n, device="cuda")``, ``Client.sample(...,
+device="cuda")``, ``Table.iterate(...)``, ``Store(..., device="cuda")`` and
+``Table(..., selection_device="cuda")``; nothing here needs importing directly.
+
+Without CUDA every entry point raises ``InvalidArgument`` naming what is missing.
+``emulate_cuda(True)`` runs the same code with "cuda" mapped to the CPU (no
+streams, no registration): the test suite uses it so that CI, which has no GPU,
+covers the logic of this package.
+"""
+
+from ._device import emulate_cuda, resolve
+from .collect import collect_rows
+from .iterate import iterate
+
+__all__ = ["collect_rows", "emulate_cuda", "iterate", "resolve"]

@@ -1,0 +1,116 @@
+"""Devices, streams and events for the GPU path, with a CPU emulation for CI."""
+
+from __future__ import annotations
+
+import contextlib
+
+from ..errors import InvalidArgument
+
+_EMULATE = False
+
+
+def emulate_cuda(on: bool = True) -> None:
+    """Map "cuda" devices to the CPU (for testing the GPU path without a GPU)."""
+    global _EMULATE
+    _EMULATE = bool(on)
+
+
+def emulated() -> bool:
+    return _EMULATE
+
+
+def torch_module():
+    try:
+        import torch
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise InvalidArgument(
+            "the GPU path needs PyTorch: pip install 'reprise[gpu]' (torch, triton)"
+        ) from e
+    return torch
+
+
+def resolve(device):
+    """A ``torch.device`` for a GPU-path ``device`` argument ("cuda", "cuda:1",
+    a torch.device). Refuses CPU devices (they use the host path) and CUDA devices
+    that this process cannot use."""
+    torch = torch_module()
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise InvalidArgument(f"device {device!r} is not a device: expected 'cuda', 'cuda:N', 'cpu' or None") from e
+    if dev.type != "cuda":
+        raise InvalidArgument(f"device {device!r}: expected a CUDA device ('cuda' or 'cuda:N'), 'cpu' or None")
+    if _EMULATE:
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise InvalidArgument(
+            f"device {device!r} was asked for but CUDA is not available to this process "
+            f"(torch {torch.__version__}, torch.cuda.is_available() is False); use device='cpu' or None"
+        )
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    if index >= torch.cuda.device_count():
+        raise InvalidArgument(f"device {device!r}: this process sees {torch.cuda.device_count()} CUDA device(s)")
+    return torch.device("cuda", index)
+
+
+def is_host_device(device) -> bool:
+    """True for the host path: None, "cpu" or a CPU torch.device."""
+    if device is None:
+        return True
+    if isinstance(device, str):
+        return device == "cpu"
+    return getattr(device, "type", None) == "cpu"
+
+
+class _CpuEvent:
+    """An event on the emulated device: work is synchronous, so always complete."""
+
+    def record(self, stream=None):
+        pass
+
+    def query(self):
+        return True
+
+    def synchronize(self):
+        pass
+
+    def wait(self, stream=None):
+        pass
+
+
+class _CpuStream:
+    def wait_stream(self, other):
+        pass
+
+    def wait_event(self, event):
+        pass
+
+    def synchronize(self):
+        pass
+
+
+def new_event(dev):
+    if dev.type == "cpu":
+        return _CpuEvent()
+    torch = torch_module()
+    # blocking: a thread waiting on it sleeps instead of spinning a core.
+    return torch.cuda.Event(blocking=True)
+
+
+def new_stream(dev):
+    if dev.type == "cpu":
+        return _CpuStream()
+    return torch_module().cuda.Stream(device=dev)
+
+
+def current_stream(dev):
+    if dev.type == "cpu":
+        return _CpuStream()
+    return torch_module().cuda.current_stream(dev)
+
+
+def use_stream(stream):
+    """``with use_stream(s):`` runs the block's device work on ``s``."""
+    if isinstance(stream, _CpuStream):
+        return contextlib.nullcontext()
+    return torch_module().cuda.stream(stream)

@@ -1,0 +1,160 @@
+"""Collection: gathering the rows of a drawn sample into one device tensor per
+field, ``[n, T, *shape]``, zero past each item's length.
+
+The rows are read where they are (host shared memory registered with CUDA, or a
+device store's GPU columns) by one gather kernel per field; nothing is staged on
+the host. The draw's ``SampleRows`` keeps the rows from being reused by writers
+until the kernels that read them have finished: a CUDA event is recorded after
+them and a releaser thread lets the rows go once it has passed — so an item
+evicted meanwhile never has its rows overwritten under a running gather.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+import numpy as np
+
+from ..sample import Sample
+from ._device import current_stream, new_event, torch_module
+
+
+class _Releaser:
+    """Lets sampled rows go once the device work reading them has completed."""
+
+    def __init__(self):
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Condition()
+        self._pending = 0
+        self._thread = None
+
+    def hold(self, event, rows):
+        with self._lock:
+            self._pending += 1
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="reprise-release", daemon=True)
+                self._thread.start()
+        self._queue.put((event, rows))
+
+    def _run(self):
+        while True:
+            event, rows = self._queue.get()
+            try:
+                event.synchronize()  # a blocking-sync event: sleeps, does not spin
+            finally:
+                rows.release()
+                with self._lock:
+                    self._pending -= 1
+                    self._lock.notify_all()
+
+    def pending(self) -> int:
+        with self._lock:
+            return self._pending
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Waits until every held sample was released; False on timeout."""
+        with self._lock:
+            return self._lock.wait_for(lambda: self._pending == 0, timeout)
+
+
+RELEASER = _Releaser()
+
+
+def wait_released(timeout: float | None = None) -> bool:
+    """Blocks until the rows of every GPU-collected sample are released."""
+    return RELEASER.wait(timeout)
+
+
+class _IndexStaging:
+    """Pinned host buffers for row indices, reused once the copy that read them ran."""
+
+    SLOTS = 4
+
+    def __init__(self, device):
+        self.device = device
+        self._bufs = [None] * self.SLOTS
+        self._events = [None] * self.SLOTS
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def to_device(self, rows: np.ndarray, stream):
+        torch = torch_module()
+        if self.device.type == "cpu":
+            return torch.from_numpy(rows)
+        with self._lock:
+            k = self._next
+            self._next = (k + 1) % self.SLOTS
+            if self._events[k] is not None:
+                self._events[k].synchronize()
+            buf = self._bufs[k]
+            if buf is None or buf.numel() < rows.size:
+                buf = torch.empty(max(rows.size, 4096), dtype=torch.int64, pin_memory=True)
+                self._bufs[k] = buf
+            host = buf[: rows.size]
+            host.numpy()[:] = rows
+            out = host.to(self.device, non_blocking=True)
+            event = new_event(self.device)
+            event.record(stream)
+            self._events[k] = event
+        return out
+
+
+_STAGING: dict = {}
+_STAGING_LOCK = threading.Lock()
+
+
+def _staging(device):
+    with _STAGING_LOCK:
+        s = _STAGING.get(device)
+        if s is None:
+            s = _STAGING[device] = _IndexStaging(device)
+        return s
+
+
+def collect_rows(rows, columns, fields=None, stream=None) -> Sample:
+    """Gathers ``rows`` (a ``SampleRows``) from ``columns`` (``HostColumns`` or
+    ``DeviceColumns``) into a ``Sample`` whose ``data`` holds device tensors.
+
+    Work is queued on ``stream`` (default: the current stream); the tensors are
+    ready when that stream reaches this point. The rows are released once it has.
+    """
+    torch = torch_module()
+    dev = columns.device
+    names = columns.fields if fields is None else list(fields)
+    if stream is None:
+        stream = current_stream(dev)
+    try:
+        keys, probabilities, priorities, times_sampled, table_size, lengths = rows.meta()
+        index = rows.row_index()
+        n, t = index.shape
+        ragged = bool((lengths != t).any())
+        flat = index.reshape(-1)
+        if ragged:
+            flat = np.where(flat < 0, 0, flat)
+        data = {}
+        from ._device import use_stream
+        with use_stream(stream):
+            if hasattr(columns, "wait_for_writes"):
+                columns.wait_for_writes(stream)
+            idx = _staging(dev).to_device(np.ascontiguousarray(flat), stream)
+            mask = None
+            if ragged:
+                pad = torch.from_numpy(np.ascontiguousarray(index.reshape(-1, 1) < 0))
+                mask = pad.to(dev, non_blocking=False) if dev.type != "cpu" else pad
+            for name in names:
+                words = torch.index_select(columns.views[name], 0, idx)
+                if mask is not None:
+                    words.masked_fill_(mask, 0)
+                data[name] = columns.as_field(name, words, (n, t))
+            event = new_event(dev)
+            event.record(stream)
+    except BaseException:
+        rows.release()
+        raise
+    if dev.type == "cpu":
+        rows.release()
+    else:
+        RELEASER.hold(event, rows)
+    return Sample(keys=keys, probabilities=probabilities, priorities=priorities, times_sampled=times_sampled,
+                  table_size=int(table_size), lengths=lengths, data=data)

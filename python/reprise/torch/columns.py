@@ -1,0 +1,172 @@
+"""Column views for the GPU path: a store's columns as device tensors.
+
+Every column is viewed as ``[capacity, words]`` of the widest integer word that
+divides its row (8, 4, 2 or 1 bytes), so one gather kernel serves every dtype and
+copies whole rows with wide loads; results are re-viewed as the field's dtype.
+
+* ``HostColumns``: shared-memory columns registered with CUDA (page-locked and
+  mapped into the device's address space, once per process and region), so that
+  kernels read rows straight from host memory over PCIe: no staging copy.
+* ``DeviceColumns``: columns allocated in GPU memory (``Store(device="cuda")``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import numpy as np
+
+from .._convert import to_field_array
+from ..errors import InvalidArgument, RepriseError
+from ._device import torch_module
+
+_WORDS = ((8, "int64"), (4, "int32"), (2, "int16"), (1, "uint8"))
+# cudaHostRegisterPortable | cudaHostRegisterMapped
+_REGISTER_FLAGS = 0x01 | 0x02
+_ALREADY_REGISTERED = 712  # cudaErrorHostMemoryAlreadyRegistered
+
+
+def word_for(row_bytes: int, offset: int = 0):
+    """The widest integer dtype whose size divides both ``row_bytes`` and ``offset``."""
+    torch = torch_module()
+    for size, name in _WORDS:
+        if row_bytes % size == 0 and offset % size == 0:
+            return getattr(torch, name), row_bytes // size
+    raise AssertionError("unreachable: 1 divides everything")
+
+
+def torch_dtype(name: str):
+    torch = torch_module()
+    return {"bool": torch.bool}.get(name) or getattr(torch, name)
+
+
+class _Mapped:
+    """Exposes registered host memory through ``__cuda_array_interface__``."""
+
+    def __init__(self, address: int, nbytes: int, owner):
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes,), "typestr": "|u1", "data": (address, False), "version": 3, "strides": None,
+        }
+        self._owner = owner
+
+
+class ColumnViews:
+    """``views[field]``: a ``[capacity, words]`` tensor; ``field_shapes[field]``:
+    (shape, dtype name)."""
+
+    def __init__(self, signature: dict, device):
+        self.device = device
+        self.fields = list(signature)
+        self.field_shapes = {name: (tuple(f.shape), f.dtype) for name, f in signature.items()}
+        self.views: dict = {}
+
+    def as_field(self, name: str, words, leading: tuple):
+        """Re-views a gathered ``[rows, words]`` tensor as ``[*leading, *shape]`` of the field's dtype."""
+        shape, dtype = self.field_shapes[name]
+        return words.view(torch_dtype(dtype)).view(*leading, *shape)
+
+
+class HostColumns(ColumnViews):
+    """A store's shared-memory columns, mapped for the device."""
+
+    def __init__(self, memory: tuple[int, int], layout, signature: dict, capacity: int, device, owner):
+        super().__init__(signature, device)
+        torch = torch_module()
+        address, nbytes = memory
+        self._address, self._registered = address, False
+        if device.type == "cuda":
+            with torch.cuda.device(device):
+                err = torch.cuda.cudart().cudaHostRegister(address, nbytes, _REGISTER_FLAGS)
+            code = int(getattr(err, "value", err))
+            if code not in (0, _ALREADY_REGISTERED):
+                raise RepriseError(
+                    f"cudaHostRegister of the store's {nbytes} bytes of shared memory failed with CUDA error {code}; "
+                    "the GPU cannot read it in place (is the memory lock limit, ulimit -l, too low?)"
+                )
+            self._registered = code == 0
+            base = torch.as_tensor(_Mapped(address, nbytes, owner), device=device)
+        else:
+            buf = (ctypes.c_uint8 * nbytes).from_address(address)
+            base = torch.from_numpy(np.ctypeslib.as_array(buf))
+            base._reprise_owner = owner  # keep the mapping alive with the view
+        for name, offset, row_bytes in layout:
+            word, words = word_for(row_bytes, offset)
+            col = base[offset:offset + capacity * row_bytes]
+            self.views[name] = col.view(word).view(capacity, words)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter teardown
+            pass
+
+    def close(self):
+        """Unregisters the memory (before it is unmapped). The views must not be used after."""
+        if self._registered:
+            torch = torch_module()
+            with torch.cuda.device(self.device):
+                torch.cuda.cudart().cudaHostUnregister(self._address)
+            self._registered = False
+        self.views.clear()
+
+
+class DeviceColumns(ColumnViews):
+    """Columns in GPU memory for ``capacity`` steps."""
+
+    def __init__(self, signature: dict, capacity: int, device):
+        super().__init__(signature, device)
+        torch = torch_module()
+        for name, f in signature.items():
+            row_bytes = int(np.prod(f.shape, dtype=np.int64)) * np.dtype(f.dtype).itemsize
+            word, words = word_for(row_bytes)
+            try:
+                self.views[name] = torch.zeros((capacity, words), dtype=word, device=device)
+            except RuntimeError as e:  # out of device memory
+                raise InvalidArgument(
+                    f"device store: field '{name}' needs {capacity * row_bytes} bytes on {device}: {e}"
+                ) from e
+        self._writes_lock = threading.Lock()
+        self._writes: dict = {}  # stream -> event after the latest write on it
+
+    def as_words(self, name: str, value, lead: tuple, what: str):
+        """Checks ``value`` (``[*lead, *shape]`` of the field's dtype: a tensor on any
+        device, or what the host writer accepts) and returns it as ``[rows, words]``
+        on the device, rows = prod(lead)."""
+        torch = torch_module()
+        shape, dtype = self.field_shapes[name]
+        want = torch_dtype(dtype)
+        if not isinstance(value, torch.Tensor):
+            if isinstance(value, np.ndarray) and value.dtype != np.dtype(dtype):
+                raise InvalidArgument(f"{what}field '{name}' expects {dtype}, got an array of {value.dtype}")
+            arr = to_field_array(value, dtype, name, f"{dtype}{list(shape)}")
+            value = torch.from_numpy(np.ascontiguousarray(arr))
+        elif value.dtype != want:
+            raise InvalidArgument(f"{what}field '{name}' expects {dtype}, got tensor of {value.dtype}")
+        expected = (*lead, *shape)
+        if tuple(value.shape) != expected:
+            raise InvalidArgument(f"{what}field '{name}' expects shape {list(expected)}, got {list(value.shape)}")
+        rows = int(np.prod(lead, dtype=np.int64))
+        value = value.to(self.device, non_blocking=True).contiguous()
+        word = self.views[name].dtype
+        return value.reshape(rows, -1).view(torch.uint8).view(word).view(rows, -1)
+
+    def write(self, fields_words: dict, rows):
+        """Writes ``{field: [k, words]}`` at row numbers ``rows`` (a device int64 [k]),
+        on the current stream, and records the write for readers on other streams."""
+        from ._device import current_stream, new_event
+        for name, words in fields_words.items():
+            self.views[name].index_copy_(0, rows, words)
+        stream = current_stream(self.device)
+        event = new_event(self.device)
+        event.record(stream)
+        with self._writes_lock:
+            self._writes[stream] = event
+
+    def wait_for_writes(self, stream):
+        """Makes ``stream`` wait for every write recorded so far (items published
+        after their rows were written, so a reader that found an item sees its rows)."""
+        with self._writes_lock:
+            events = list(self._writes.values())
+        for e in events:
+            stream.wait_event(e)
