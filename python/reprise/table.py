@@ -54,7 +54,10 @@ class Table:
         selection = None
         if not is_host_device(selection_device):
             from .torch import resolve
-            selection = resolve(selection_device)
+            try:
+                selection = resolve(selection_device)
+            except InvalidArgument as e:
+                raise InvalidArgument(f"table '{name}': selection_device: {e}") from None
         max_size = store.capacity if max_size is None else as_int(f"table '{name}': max_size", max_size)
         max_times_sampled = as_int(f"table '{name}': max_times_sampled", max_times_sampled)
         if seed is not None:
@@ -69,7 +72,7 @@ class Table:
         if selection is not None:
             from .torch.selection import DeviceSelection
             kind, exponent = sampler._spec()
-            self._selection = DeviceSelection(self._native, kind, exponent, selection, seed, max_size)
+            self._selection = DeviceSelection(self._native, kind, exponent, selection, seed, max_size, max_times_sampled)
 
     @classmethod
     def queue(cls, name: str, store: Store, max_size: int, seed: int | None = None) -> "Table":
@@ -124,15 +127,18 @@ class Table:
         if is_host_device(device) and self._selection is None and self._store._device_columns is None:
             return self._native.sample(n, timeout, fields)
         self._check_fields(fields)
-        rows = self._sample_rows(n, timeout)
         if is_host_device(device):
-            if self._store._device_columns is None:
-                return rows.to_sample(fields)
-            s = collect_on(rows, self._store._columns_for(self._store._device), fields)
+            columns = None if self._store._device_columns is None else self._store._device_columns
+        else:
+            from .torch import resolve
+            columns = self._store._columns_for(resolve(device))  # before drawing: bad devices change nothing
+        rows = self._sample_rows(n, timeout)
+        if columns is None:
+            return rows.to_sample(fields)
+        s = collect_on(rows, columns, fields)
+        if is_host_device(device):
             s.data = {k: v.cpu().numpy() for k, v in s.data.items()}
-            return s
-        from .torch import resolve
-        return collect_on(rows, self._store._columns_for(resolve(device)), fields)
+        return s
 
     def iterate(self, batch_size: int, device=None, prefetch: int = 2, timeout: float | None = None,
                 fields: list[str] | None = None, num_batches: int | None = None):

@@ -239,7 +239,7 @@ impl Table {
             slots: Vec::new(),
             free_slots: Vec::new(),
             size: 0,
-            sampler: if config.external_selection { config.sampler.build_external() } else { config.sampler.build() },
+            sampler: if config.external_selection { config.sampler.build_external(config.max_times_sampled) } else { config.sampler.build() },
             remover: config.remover.build(),
             limiter: RateLimiter::new(config.rate_limiter),
             rng,

@@ -92,9 +92,7 @@ class _CpuStream:
 def new_event(dev):
     if dev.type == "cpu":
         return _CpuEvent()
-    torch = torch_module()
-    # blocking: a thread waiting on it sleeps instead of spinning a core.
-    return torch.cuda.Event(blocking=True)
+    return torch_module().cuda.Event()
 
 
 def new_stream(dev):

@@ -11,8 +11,8 @@ evicted meanwhile never has its rows overwritten under a running gather.
 
 from __future__ import annotations
 
-import queue
 import threading
+import time
 
 import numpy as np
 
@@ -21,41 +21,64 @@ from ._device import current_stream, new_event, torch_module
 
 
 class _Releaser:
-    """Lets sampled rows go once the device work reading them has completed."""
+    """Lets sampled rows go once the device work reading them has completed.
+
+    Completed events are found by polling (``event.query()``, which never blocks):
+    at every collect and from a sweeper thread that runs only while rows are held,
+    a few times per millisecond. Nothing here ever waits on the GPU while holding
+    the GIL, so the caller's thread is not slowed down."""
+
+    SWEEP_SECONDS = 0.0005
 
     def __init__(self):
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._held: list = []
         self._lock = threading.Condition()
-        self._pending = 0
         self._thread = None
 
     def hold(self, event, rows):
         with self._lock:
-            self._pending += 1
+            self._held.append((event, rows))
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="reprise-release", daemon=True)
                 self._thread.start()
-        self._queue.put((event, rows))
+            self._lock.notify_all()
+
+    def sweep(self) -> int:
+        """Releases the rows whose gathers have completed; returns how many are still held."""
+        with self._lock:
+            if not self._held:
+                return 0
+            done, held = [], []
+            for h in self._held:
+                (done if h[0].query() else held).append(h)
+            self._held = held
+            left = len(held)
+        for _, rows in done:
+            rows.release()
+        if done:
+            with self._lock:
+                self._lock.notify_all()
+        return left
 
     def _run(self):
         while True:
-            event, rows = self._queue.get()
-            try:
-                event.synchronize()  # a blocking-sync event: sleeps, does not spin
-            finally:
-                rows.release()
-                with self._lock:
-                    self._pending -= 1
-                    self._lock.notify_all()
+            with self._lock:
+                self._lock.wait_for(lambda: bool(self._held))
+            time.sleep(self.SWEEP_SECONDS)
+            self.sweep()
 
     def pending(self) -> int:
         with self._lock:
-            return self._pending
+            return len(self._held)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Waits until every held sample was released; False on timeout."""
-        with self._lock:
-            return self._lock.wait_for(lambda: self._pending == 0, timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.sweep():
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(self.SWEEP_SECONDS)
+        return True
 
 
 RELEASER = _Releaser()
@@ -156,5 +179,6 @@ def collect_rows(rows, columns, fields=None, stream=None) -> Sample:
         rows.release()
     else:
         RELEASER.hold(event, rows)
+        RELEASER.sweep()
     return Sample(keys=keys, probabilities=probabilities, priorities=priorities, times_sampled=times_sampled,
                   table_size=int(table_size), lengths=lengths, data=data)

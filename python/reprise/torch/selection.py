@@ -33,9 +33,12 @@ RANDOM = ("Uniform", "Prioritized")
 
 
 class DeviceSelection:
-    def __init__(self, native, kind: str, exponent: float, device, seed: int | None, max_size: int):
+    def __init__(self, native, kind: str, exponent: float, device, seed: int | None, max_size: int,
+                 max_times_sampled: int = 0):
         torch = torch_module()
         self.native, self.kind, self.exponent, self.device = native, kind, float(exponent), device
+        # With max_times_sampled the table draws one at a time: TopK repeats its best.
+        self.tile = kind == "TopK" and max_times_sampled == 0
         self.lock = threading.Lock()
         self.capacity = 0
         self.seq = torch.empty(0, dtype=torch.int64, device=device)
@@ -106,7 +109,7 @@ class DeviceSelection:
             slots = self._ordered(n)
             if slots.numel() == 0:
                 return _empty()
-            if self.kind == "TopK":
+            if self.tile:
                 reps = -(-n // slots.numel())
                 slots = slots.repeat(reps)[:n]
             probs = torch.ones(slots.numel(), dtype=torch.float64, device=self.device)

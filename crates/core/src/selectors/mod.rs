@@ -103,8 +103,11 @@ impl SelectorSpec {
     }
 
     /// The selector a table keeps when this sampler's picks are made outside it.
-    pub fn build_external(&self) -> Box<dyn Selector> {
+    /// With `max_times_sampled` a table draws one pick at a time, so TopK, whose
+    /// one pick is its best item, repeats that item as the heaps do.
+    pub fn build_external(&self, max_times_sampled: u32) -> Box<dyn Selector> {
         let order = match self {
+            SelectorSpec::TopK if max_times_sampled > 0 => external::Order::Repeat,
             SelectorSpec::Uniform | SelectorSpec::Prioritized { .. } | SelectorSpec::TopK => external::Order::Draws,
             SelectorSpec::Fifo | SelectorSpec::Lifo | SelectorSpec::MaxHeap | SelectorSpec::MinHeap => external::Order::Repeat,
         };

@@ -1,0 +1,402 @@
+"""The GPU path, run twice: emulated (``emulate_cuda``: the same code with "cuda"
+mapped to the CPU; what CI runs) and on a real CUDA device when there is one."""
+
+import numpy as np
+import pytest
+
+import reprise as rp
+
+torch = pytest.importorskip("torch")
+rt = pytest.importorskip("reprise.torch")
+from reprise.torch.collect import wait_released  # noqa: E402
+
+HAS_CUDA = torch.cuda.is_available()
+
+
+@pytest.fixture(params=["emulated", pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device"))])
+def backend(request):
+    rt.emulate_cuda(request.param == "emulated")
+    yield request.param
+    wait_released(10)
+    rt.emulate_cuda(False)
+
+
+SIG = {
+    "obs": rp.Field((3, 2), "float32"),
+    "act": rp.Field((), "int64"),
+    "flag": rp.Field((), "bool"),
+    "half": rp.Field((5,), "float16"),
+    "u16": rp.Field((3,), "uint16"),
+    "u64": rp.Field((), "uint64"),
+    "f64": rp.Field((2,), "float64"),
+}
+
+
+def step(i):
+    return {
+        "obs": np.full((3, 2), i, np.float32) + np.arange(6, dtype=np.float32).reshape(3, 2) / 10,
+        "act": np.int64(i),
+        "flag": np.bool_(i % 2),
+        "half": np.full(5, i % 100, np.float16),
+        "u16": np.array([i, i + 1, i + 2], np.uint16),
+        "u64": np.uint64(2**63 + i),
+        "f64": np.array([i, -i], np.float64),
+    }
+
+
+def host(x):
+    return x.cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+
+def fill(store, tables, episodes=6, length=7, lengths=(1, 3)):
+    """Episodes written step by step, items of several lengths (ragged samples,
+    windows across block boundaries)."""
+    i = 0
+    with store.writer() as w:
+        for _ in range(episodes):
+            for t in range(length):
+                w.append(step(i))
+                i += 1
+                for n in lengths:
+                    if t + 1 >= n:
+                        for table in tables:
+                            w.create_item(table, n, float(1 + i % 5))
+            w.end_episode()
+    return i
+
+
+def same_sample(a, b):
+    np.testing.assert_array_equal(a.keys, b.keys)
+    np.testing.assert_array_equal(a.lengths, b.lengths)
+    np.testing.assert_allclose(a.probabilities, b.probabilities)
+    assert set(a.data) == set(b.data)
+    for k in a.data:
+        np.testing.assert_array_equal(host(a.data[k]), host(b.data[k]), err_msg=k)
+
+
+def test_cuda_sample_equals_host_sample(backend, make_store):
+    store = make_store(SIG, capacity=512, block_steps=4)
+    t1 = rp.Table("a", store, sampler=rp.selectors.Prioritized(0.7), max_size=400, seed=3)
+    t2 = rp.Table("b", store, sampler=rp.selectors.Prioritized(0.7), max_size=400, seed=3)
+    fill(store, [t1, t2])
+    for n in (1, 5, 64):
+        g = t1.sample(n, device="cuda")
+        h = t2.sample(n)
+        same_sample(g, h)
+        for k, v in g.data.items():
+            assert isinstance(v, torch.Tensor)
+            assert v.device.type == ("cuda" if backend == "cuda" else "cpu")
+            assert v.dtype == rt.columns.torch_dtype(SIG[k].dtype)
+        assert g.data["obs"].shape == (n, int(g.lengths.max()), 3, 2)
+    # Padding past an item's end is zero.
+    g = t1.sample(64, device="cuda", fields=["obs", "act"])
+    assert set(g.data) == {"obs", "act"}
+    short = np.nonzero(g.lengths < 3)[0]
+    assert len(short) > 0
+    for i in short:
+        assert not host(g.data["obs"][i, g.lengths[i]:]).any()
+
+
+def test_rows_are_held_until_the_gather_finished_then_released(backend, make_store):
+    store = make_store(SIG, capacity=256, block_steps=4)
+    t = rp.Table("t", store, max_size=200, seed=0)
+    fill(store, [t], episodes=2)
+    before = [store._native.block_refcount(b) for b in range(store.num_blocks)]
+    s = t.sample(32, device="cuda")
+    assert wait_released(10)
+    after = [store._native.block_refcount(b) for b in range(store.num_blocks)]
+    assert after == before
+    # Evicting the sampled items does not disturb data already collected.
+    t.reset()
+    expected = np.concatenate([[k] for k in host(s.data["act"])[:, 0]])
+    assert len(expected) == 32
+
+
+def test_bad_device_and_fields(backend, make_store):
+    store = make_store(SIG, capacity=64, block_steps=4)
+    t = rp.Table("t", store, max_size=60)
+    fill(store, [t], episodes=1)
+    n = t.info()["num_samples"]
+    with pytest.raises(rp.errors.NotFound, match="unknown field 'nope'"):
+        t.sample(2, device="cuda", fields=["nope"])
+    with pytest.raises(rp.errors.InvalidArgument, match="expected a CUDA device"):
+        t.sample(2, device="meta")
+    with pytest.raises(rp.errors.InvalidArgument, match="not a device"):
+        t.sample(2, device="gpu please")
+    assert t.info()["num_samples"] == n
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="needs a machine without CUDA")
+def test_cuda_without_a_device_is_a_clear_error(make_store):
+    rt.emulate_cuda(False)
+    store = make_store(SIG, capacity=64, block_steps=4)
+    t = rp.Table("t", store, max_size=60)
+    fill(store, [t], episodes=1)
+    for call in (lambda: t.sample(1, device="cuda"),
+                 lambda: rp.Store(SIG, capacity=8, device="cuda"),
+                 lambda: rp.Table("g", store, selection_device="cuda"),
+                 lambda: next(iter(t.iterate(2, device="cuda")))):
+        with pytest.raises(rp.errors.InvalidArgument, match="CUDA is not available"):
+            call()
+    assert t.info()["num_samples"] == 0
+
+
+# --- device stores -------------------------------------------------------------------
+
+def test_device_store_round_trip(backend):
+    dev = "cuda"
+    store = rp.Store(SIG, capacity=256, block_steps=4, device=dev)
+    try:
+        assert store.device.startswith("cuda") or backend == "emulated"
+        t = rp.Table("t", store, sampler=rp.selectors.Fifo(), max_size=100)
+        target = "cuda" if backend == "cuda" else "cpu"
+        with store.writer() as w:
+            for i in range(5):
+                w.append({k: torch.from_numpy(np.asarray(v)).to(target) for k, v in step(i).items()})
+            w.create_item(t, 3, 1.0)
+            w.extend({k: np.stack([step(i)[k] for i in range(5, 9)]) for k in SIG})
+            w.create_items(t, 2, [1.0, 2.0])
+        s = t.sample(1, device="cuda")
+        np.testing.assert_array_equal(host(s.data["act"]), [[2, 3, 4]])
+        np.testing.assert_array_equal(host(s.data["u64"]), [[2**63 + 2, 2**63 + 3, 2**63 + 4]])
+        hs = t.sample(1)  # to the host: numpy
+        assert isinstance(hs.data["obs"], np.ndarray)
+        np.testing.assert_array_equal(hs.data["f64"][0, :, 0], [2, 3, 4])
+        # Batch insert from device tensors.
+        data = {k: torch.from_numpy(np.stack([np.stack([step(100 + 3 * j + u)[k] for u in range(3)]) for j in range(4)])).to(target)
+                for k in SIG}
+        keys = t.insert(data, priorities=[1, 2, 3, 4])
+        assert len(keys) == 4
+        items = {k: i for i, k in enumerate(keys)}
+        t2 = rp.Table("all", store, sampler=rp.selectors.Lifo(), max_size=100)
+        t2.insert(data, priorities=1.0)
+        s = t2.sample(1, device="cuda")
+        np.testing.assert_array_equal(host(s.data["act"]), [[109, 110, 111]])
+        np.testing.assert_allclose(host(s.data["obs"]), host(data["obs"][3:4]))
+        assert items
+    finally:
+        store.close()
+
+
+def test_device_store_bad_input_changes_nothing(backend):
+    store = rp.Store({"x": rp.Field((2,), "float32")}, capacity=64, block_steps=4, device="cuda")
+    try:
+        t = rp.Table("t", store, max_size=50)
+        free = store.free_blocks
+        w = store.writer()
+        cases = [
+            ({"x": torch.zeros(3)}, "expects shape \\[2\\]"),
+            ({"x": torch.zeros(2, dtype=torch.float64)}, "expects float32"),
+            ({"y": torch.zeros(2)}, "missing \\['x'\\]"),
+            ({"x": np.zeros(2, np.float64)}, "expects float32"),
+        ]
+        for step_, msg in cases:
+            with pytest.raises(rp.errors.InvalidArgument, match=msg):
+                w.append(step_)
+        assert w.episode_steps == 0
+        with pytest.raises(rp.errors.InvalidArgument, match="expects shape \\[2, 1, 2\\]"):
+            t.insert({"x": torch.zeros(2, 1, 3)}, priorities=1.0)
+        with pytest.raises(rp.errors.InvalidArgument, match="priorit"):
+            t.insert({"x": torch.zeros(2, 1, 2)}, priorities=[1.0, float("nan")])
+        w.close()
+        assert t.size == 0 and store.free_blocks == free
+        with pytest.raises(rp.errors.InvalidArgument, match="cannot map|serve a host store"):
+            rp.Server([t])
+    finally:
+        store.close()
+
+
+# --- GPU selection ---------------------------------------------------------------------
+
+def scalar_store(make_store, capacity=4096):
+    return make_store({"x": rp.Field((), "int64")}, capacity=capacity, block_steps=8)
+
+
+def put(table, values, priorities):
+    return table.insert({"x": np.asarray(values, np.int64).reshape(-1, 1)}, priorities=priorities)
+
+
+@pytest.mark.parametrize("sampler", [rp.selectors.Fifo(), rp.selectors.Lifo(), rp.selectors.MaxHeap(),
+                                     rp.selectors.MinHeap(), rp.selectors.TopK()])
+@pytest.mark.parametrize("max_times", [0, 1, 2])
+def test_ordered_gpu_selection_matches_the_host(backend, make_store, sampler, max_times):
+    rng = np.random.default_rng(max_times)
+    store = scalar_store(make_store)
+    host_t = rp.Table("h", store, sampler=sampler, max_size=64, max_times_sampled=max_times, seed=1)
+    gpu_t = rp.Table("g", store, sampler=sampler, max_size=64, max_times_sampled=max_times, seed=1,
+                     selection_device="cuda")
+    for rnd in range(6):
+        vals = rng.integers(0, 1000, size=10)
+        pr = rng.integers(0, 4, size=10).astype(float)  # ties on purpose
+        put(host_t, vals, pr)
+        put(gpu_t, vals, pr)
+        if rnd % 2:
+            k = gpu_t.items()[::3]
+            host_t.update_priorities([i[0] - 0 for i in host_t.items()[::3]], [7.0] * len(k))
+            gpu_t.update_priorities([i[0] for i in k], [7.0] * len(k))
+        n = int(rng.integers(1, 12))
+        a = host_t.sample(n, timeout=0)
+        b = gpu_t.sample(n, device="cuda", timeout=0)
+        np.testing.assert_array_equal(a.data["x"], host(b.data["x"]))
+        np.testing.assert_array_equal(a.times_sampled, b.times_sampled)
+        assert host_t.size == gpu_t.size
+
+
+def chi_square_ok(counts, expected, p=1e-4):
+    from math import isfinite
+    stat = float(((counts - expected) ** 2 / expected).sum())
+    # Wilson-Hilferty approximation of the chi-square quantile.
+    k = len(counts) - 1
+    z = 3.719  # 1e-4 upper quantile of N(0,1)
+    crit = k * (1 - 2 / (9 * k) + z * (2 / (9 * k)) ** 0.5) ** 3
+    assert isfinite(stat)
+    return stat < crit, stat, crit
+
+
+@pytest.mark.parametrize("exponent", [None, 0.0, 0.6, 1.0])
+def test_random_gpu_selection_distribution(backend, make_store, exponent):
+    store = scalar_store(make_store)
+    sampler = rp.selectors.Uniform() if exponent is None else rp.selectors.Prioritized(exponent)
+    t = rp.Table("g", store, sampler=sampler, max_size=100, seed=5, selection_device="cuda")
+    pr = np.arange(1, 21, dtype=float)
+    pr[3] = 0.0
+    keys = put(t, np.arange(20), pr)
+    t.delete(keys[5:6])  # a removed item is never drawn
+    draws = 40_000
+    counts = np.zeros(20)
+    s = None
+    for _ in range(8):
+        s = t.sample(draws // 8, device="cuda")
+        counts += np.bincount(host(s.data["x"])[:, 0], minlength=20)
+    w = np.ones(20) if exponent is None else pr ** exponent
+    w[5] = 0
+    expected = w / w.sum() * draws
+    assert counts[5] == 0
+    if exponent not in (None, 0.0):
+        assert counts[3] == 0
+    ok, stat, crit = chi_square_ok(counts[expected > 0], expected[expected > 0])
+    assert ok, (stat, crit, counts, expected)
+    want_p = (w / w.sum())[host(s.data["x"])[:, 0]]
+    np.testing.assert_allclose(s.probabilities, want_p, rtol=1e-9)
+
+
+def test_gpu_selection_is_reproducible_and_tracks_updates(backend, make_store):
+    store = scalar_store(make_store)
+    ts = [rp.Table(f"g{i}", store, sampler=rp.selectors.Prioritized(1.0), max_size=100, seed=11,
+                   selection_device="cuda") for i in range(2)]
+    for t in ts:
+        put(t, np.arange(10), np.ones(10))
+    a, b = (t.sample(50, device="cuda") for t in ts)
+    np.testing.assert_array_equal(host(a.data["x"]), host(b.data["x"]))
+    t = ts[0]
+    keys = [k for k, *_ in t.items()]
+    t.update_priorities(keys, [0.0] * 9 + [1.0])  # only the last remains drawable
+    s = t.sample(30, device="cuda")
+    assert set(host(s.data["x"])[:, 0]) == {9}
+    np.testing.assert_allclose(s.probabilities, 1.0)
+
+
+def test_gpu_selection_max_times_sampled_and_limiter(backend, make_store):
+    store = scalar_store(make_store)
+    t = rp.Table("q", store, sampler=rp.selectors.Uniform(), max_size=100, max_times_sampled=1, seed=2,
+                 selection_device="cuda", rate_limiter=rp.rate_limiters.MinSize(1))
+    put(t, np.arange(30), np.ones(30))
+    s = t.sample(30, device="cuda", timeout=0)
+    assert sorted(host(s.data["x"])[:, 0]) == list(range(30))  # each exactly once
+    assert t.size == 0
+    with pytest.raises(rp.errors.Timeout) as e:
+        t.sample(3, device="cuda", timeout=0.05)
+    assert e.value.partial is None
+    put(t, [7, 8], [1, 1])
+    with pytest.raises(rp.errors.Timeout) as e:
+        t.sample(3, timeout=0.05)
+    assert sorted(e.value.partial.data["x"][:, 0]) == [7, 8]
+    assert t.info()["num_samples"] == 32
+
+
+# --- iterate ---------------------------------------------------------------------------
+
+def test_iterate_prefetches_complete_batches(backend, make_store):
+    store = make_store(SIG, capacity=512, block_steps=4)
+    t = rp.Table("a", store, sampler=rp.selectors.Uniform(), max_size=400, seed=3)
+    fill(store, [t])
+    seen = 0
+    for s in t.iterate(batch_size=16, device="cuda", prefetch=3, num_batches=10):
+        assert s.data["obs"].shape[0] == 16
+        act = host(s.data["act"])
+        obs = host(s.data["obs"])
+        for i in range(16):
+            for j in range(s.lengths[i]):
+                np.testing.assert_allclose(obs[i, j], step(int(act[i, j]))["obs"])
+        t.update_priorities(s.keys, np.full(16, 2.0))
+        seen += 1
+    assert seen == 10
+    host_batches = list(t.iterate(batch_size=4, num_batches=3))
+    assert len(host_batches) == 3 and isinstance(host_batches[0].data["obs"], np.ndarray)
+    with pytest.raises(rp.errors.InvalidArgument, match="batch_size"):
+        next(iter(t.iterate(batch_size=0, device="cuda")))
+
+
+# --- clients ---------------------------------------------------------------------------
+
+def test_client_cuda_sample_equals_host(backend, make_store):
+    store = make_store(SIG, capacity=512, block_steps=4)
+    t1 = rp.Table("a", store, sampler=rp.selectors.Prioritized(1.0), max_size=400, seed=3)
+    t2 = rp.Table("b", store, sampler=rp.selectors.Prioritized(1.0), max_size=400, seed=3)
+    fill(store, [t1, t2])
+    server = rp.Server([t1, t2])
+    try:
+        client = rp.Client(server.local_address)
+        g = client.sample("a", 40, device="cuda")
+        h = client.sample("b", 40)
+        same_sample(g, h)
+        with pytest.raises(rp.errors.NotFound):
+            client.sample("a", 1, device="cuda", fields=["zzz"])
+        client.close()
+        assert wait_released(10)
+    finally:
+        server.stop()
+
+
+# --- device sum tree -------------------------------------------------------------------
+
+def test_sum_tree_matches_prefix_sums(backend):
+    from reprise.torch.sum_tree import SumTree
+    dev = rt.resolve("cuda")
+    tree = SumTree(1000, dev)
+    g = np.random.default_rng(0)
+    w = g.random(1000)
+    w[g.random(1000) < 0.3] = 0
+    slots = torch.arange(1000, device=dev)
+    tree.set(slots, torch.as_tensor(w, device=dev))
+    assert abs(float(tree.total()) - w.sum()) < 1e-9
+    u = torch.as_tensor(g.random(5000) * w.sum(), device=dev)
+    got = host(tree.find(u))
+    want = np.searchsorted(np.cumsum(w), host(u), side="right")
+    np.testing.assert_array_equal(got, want)
+    assert (w[got] > 0).all()
+    # Batched updates recompute the parents exactly.
+    idx = g.choice(1000, 200, replace=False)
+    w[idx] = g.random(200)
+    tree.set(torch.as_tensor(idx, device=dev), torch.as_tensor(w[idx], device=dev))
+    assert abs(float(tree.total()) - w.sum()) < 1e-9
+    if backend == "cuda":  # the Triton kernels against the torch ops
+        ref = SumTree(1000, dev, use_triton=False)
+        ref.set(slots, torch.as_tensor(w, device=dev))
+        torch.testing.assert_close(tree.tree, ref.tree)
+        np.testing.assert_array_equal(host(tree.find(u)), host(ref.find(u)))
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
+def test_dlpack_export(make_store):
+    rt.emulate_cuda(False)
+    store = make_store(SIG, capacity=64, block_steps=4)
+    t = rp.Table("t", store, max_size=60, seed=0)
+    fill(store, [t], episodes=1)
+    s = t.sample(8, device="cuda")
+    x = s.data["obs"]
+    y = torch.from_dlpack(x.__dlpack__())
+    assert y.data_ptr() == x.data_ptr()
+    cupy = pytest.importorskip("cupy")
+    c = cupy.from_dlpack(x)
+    np.testing.assert_array_equal(cupy.asnumpy(c), host(x))
