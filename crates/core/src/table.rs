@@ -523,10 +523,18 @@ impl Table {
             picks.clear();
             let state = &mut **st;
             state.sampler.sample(chunk, &mut state.rng, &mut picks);
-            for pick in &picks {
+            // Items are read in pick order with the slot a few picks ahead already
+            // requested: random slots of a large table miss every cache, and a
+            // bounded distance keeps enough loads in flight without overflowing
+            // the core's miss buffers (prefetching a whole batch up front does).
+            const AHEAD: usize = 12;
+            for pick in picks.iter().take(AHEAD) {
                 crate::memory::prefetch(&st.slots[pick.slot as usize]);
             }
-            for pick in &picks {
+            for (i, pick) in picks.iter().enumerate() {
+                if let Some(next) = picks.get(i + AHEAD) {
+                    crate::memory::prefetch(&st.slots[next.slot as usize]);
+                }
                 let item = st.item(pick.slot);
                 item.times_sampled += 1;
                 let sampled = SampledItem {

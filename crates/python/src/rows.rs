@@ -110,6 +110,35 @@ impl PySampleRows {
         Ok(PyArray1::from_vec(py, rows).reshape([n, t])?)
     }
 
+    /// Writes the row numbers of `row_index` into the start of `out` (flat, int64)
+    /// and returns `(n, T, ragged)`; ragged means some entries are -1 (padding).
+    fn fill_index(&self, py: Python<'_>, out: &Bound<'_, numpy::PyArray1<i64>>) -> PyResult<(usize, usize, bool)> {
+        let mut out = out.try_readwrite().map_err(|e| invalid(py, format!("fill_index needs a writable int64 array: {e}")))?;
+        let dst = out.as_slice_mut().map_err(|e| invalid(py, format!("fill_index needs a contiguous array: {e}")))?;
+        let r = self.with(py, |c| {
+            let (n, t) = (c.items().len(), c.max_length() as usize);
+            if dst.len() < n * t {
+                return Err(n * t);
+            }
+            let mut ragged = false;
+            for (i, item) in c.items().iter().enumerate() {
+                let mut at = i * t;
+                for r in item.window.ranges() {
+                    for k in 0..r.len as u64 {
+                        dst[at] = (r.start + k) as i64;
+                        at += 1;
+                    }
+                }
+                if at < (i + 1) * t {
+                    ragged = true;
+                    dst[at..(i + 1) * t].fill(-1);
+                }
+            }
+            Ok((n, t, ragged))
+        })?;
+        r.map_err(|need| invalid(py, format!("fill_index: the array holds {} entries, {need} are needed", dst.len())))
+    }
+
     /// The rows copied out on the host: a `reprise.Sample` of numpy arrays. Releases.
     #[pyo3(signature = (fields=None))]
     fn to_sample<'py>(&self, py: Python<'py>, fields: Option<Vec<String>>) -> PyResult<Bound<'py, PyAny>> {

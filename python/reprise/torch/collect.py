@@ -11,13 +11,14 @@ evicted meanwhile never has its rows overwritten under a running gather.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
 import numpy as np
 
 from ..sample import Sample
-from ._device import current_stream, new_event, torch_module
+from ._device import current_stream, new_event, torch_module, use_stream
 
 
 class _Releaser:
@@ -90,9 +91,11 @@ def wait_released(timeout: float | None = None) -> bool:
 
 
 class _IndexStaging:
-    """Pinned host buffers for row indices, reused once the copy that read them ran."""
+    """Pinned host buffers that row indices are written into (by the native
+    sample, no temporary) and copied to the device from; a buffer is reused once
+    the event recorded after the gather that read it has passed."""
 
-    SLOTS = 4
+    SLOTS = 8
 
     def __init__(self, device):
         self.device = device
@@ -101,26 +104,24 @@ class _IndexStaging:
         self._next = 0
         self._lock = threading.Lock()
 
-    def to_device(self, rows: np.ndarray, stream):
+    def take(self, need: int):
+        """A free ``(slot, pinned int64 tensor of >= need entries)``."""
         torch = torch_module()
-        if self.device.type == "cpu":
-            return torch.from_numpy(rows)
         with self._lock:
             k = self._next
             self._next = (k + 1) % self.SLOTS
-            if self._events[k] is not None:
-                self._events[k].synchronize()
-            buf = self._bufs[k]
-            if buf is None or buf.numel() < rows.size:
-                buf = torch.empty(max(rows.size, 4096), dtype=torch.int64, pin_memory=True)
-                self._bufs[k] = buf
-            host = buf[: rows.size]
-            host.numpy()[:] = rows
-            out = host.to(self.device, non_blocking=True)
-            event = new_event(self.device)
-            event.record(stream)
-            self._events[k] = event
-        return out
+        event = self._events[k]
+        if event is not None:
+            event.synchronize()
+            self._events[k] = None
+        buf = self._bufs[k]
+        if buf is None or buf.numel() < need:
+            buf = torch.empty(max(need, 1 << 14), dtype=torch.int64, pin_memory=self.device.type == "cuda")
+            self._bufs[k] = buf
+        return k, buf
+
+    def done(self, k: int, event):
+        self._events[k] = event
 
 
 _STAGING: dict = {}
@@ -128,11 +129,11 @@ _STAGING_LOCK = threading.Lock()
 
 
 def _staging(device):
-    with _STAGING_LOCK:
-        s = _STAGING.get(device)
-        if s is None:
-            s = _STAGING[device] = _IndexStaging(device)
-        return s
+    s = _STAGING.get(device)
+    if s is None:
+        with _STAGING_LOCK:
+            s = _STAGING.setdefault(device, _IndexStaging(device))
+    return s
 
 
 def collect_rows(rows, columns, fields=None, stream=None) -> Sample:
@@ -144,27 +145,27 @@ def collect_rows(rows, columns, fields=None, stream=None) -> Sample:
     """
     torch = torch_module()
     dev = columns.device
-    names = columns.fields if fields is None else list(fields)
-    if stream is None:
-        stream = current_stream(dev)
+    names = columns.fields if fields is None else fields
+    staging = _staging(dev)
     try:
         keys, probabilities, priorities, times_sampled, table_size, lengths = rows.meta()
-        index = rows.row_index()
-        n, t = index.shape
-        ragged = bool((lengths != t).any())
-        flat = index.reshape(-1)
-        if ragged:
-            flat = np.where(flat < 0, 0, flat)
-        data = {}
-        from ._device import use_stream
-        with use_stream(stream):
-            if hasattr(columns, "wait_for_writes"):
-                columns.wait_for_writes(stream)
-            idx = _staging(dev).to_device(np.ascontiguousarray(flat), stream)
+        k, buf = staging.take(len(keys) * max(1, int(lengths.max(initial=1))))
+        n, t, ragged = rows.fill_index(buf.numpy())
+        context = use_stream(stream) if stream is not None else contextlib.nullcontext()
+        with context:
+            if stream is None:
+                stream = current_stream(dev)
+            wait = getattr(columns, "wait_for_writes", None)
+            if wait is not None:
+                wait(stream)
+            idx = buf[: n * t]
+            if dev.type != "cpu":
+                idx = idx.to(dev, non_blocking=True)
             mask = None
             if ragged:
-                pad = torch.from_numpy(np.ascontiguousarray(index.reshape(-1, 1) < 0))
-                mask = pad.to(dev, non_blocking=False) if dev.type != "cpu" else pad
+                mask = (idx < 0).view(-1, 1)
+                idx = idx.clamp(min=0)
+            data = {}
             for name in names:
                 words = torch.index_select(columns.views[name], 0, idx)
                 if mask is not None:
@@ -172,6 +173,7 @@ def collect_rows(rows, columns, fields=None, stream=None) -> Sample:
                 data[name] = columns.as_field(name, words, (n, t))
             event = new_event(dev)
             event.record(stream)
+        staging.done(k, event)
     except BaseException:
         rows.release()
         raise

@@ -41,6 +41,22 @@ def torch_dtype(name: str):
     return {"bool": torch.bool}.get(name) or getattr(torch, name)
 
 
+_REGISTERED: dict = {}  # (address, device index) -> [registered by us, views using it]
+_REGISTERED_LOCK = threading.Lock()
+
+
+def _clear_last_error():
+    """A failed runtime call leaves its error for the next launch check to find;
+    reset it through the process's own libcudart (best effort)."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "libcudart.so" in line}
+        for path in paths:
+            ctypes.CDLL(path).cudaGetLastError()
+    except OSError:
+        pass
+
+
 class _Mapped:
     """Exposes registered host memory through ``__cuda_array_interface__``."""
 
@@ -76,15 +92,24 @@ class HostColumns(ColumnViews):
         address, nbytes = memory
         self._address, self._registered = address, False
         if device.type == "cuda":
-            with torch.cuda.device(device):
-                err = torch.cuda.cudart().cudaHostRegister(address, nbytes, _REGISTER_FLAGS)
-            code = int(getattr(err, "value", err))
-            if code not in (0, _ALREADY_REGISTERED):
-                raise RepriseError(
-                    f"cudaHostRegister of the store's {nbytes} bytes of shared memory failed with CUDA error {code}; "
-                    "the GPU cannot read it in place (is the memory lock limit, ulimit -l, too low?)"
-                )
-            self._registered = code == 0
+            self._key = (address, device.index)
+            with _REGISTERED_LOCK:
+                users = _REGISTERED.get(self._key)
+                if users is None:
+                    with torch.cuda.device(device):
+                        err = torch.cuda.cudart().cudaHostRegister(address, nbytes, _REGISTER_FLAGS)
+                    code = int(getattr(err, "value", err))
+                    if code == _ALREADY_REGISTERED:  # by someone else in this process: usable as is
+                        _clear_last_error()
+                    elif code != 0:
+                        _clear_last_error()
+                        raise RepriseError(
+                            f"cudaHostRegister of the store's {nbytes} bytes of shared memory failed with CUDA error "
+                            f"{code}; the GPU cannot read it in place (is the locked-memory limit, ulimit -l, too low?)"
+                        )
+                    users = _REGISTERED[self._key] = [code == 0, 0]
+                users[1] += 1
+            self._registered = True
             base = torch.as_tensor(_Mapped(address, nbytes, owner), device=device)
         else:
             buf = (ctypes.c_uint8 * nbytes).from_address(address)
@@ -104,10 +129,16 @@ class HostColumns(ColumnViews):
     def close(self):
         """Unregisters the memory (before it is unmapped). The views must not be used after."""
         if self._registered:
-            torch = torch_module()
-            with torch.cuda.device(self.device):
-                torch.cuda.cudart().cudaHostUnregister(self._address)
             self._registered = False
+            torch = torch_module()
+            with _REGISTERED_LOCK:
+                users = _REGISTERED[self._key]
+                users[1] -= 1
+                if users[1] == 0:
+                    del _REGISTERED[self._key]
+                    if users[0]:
+                        with torch.cuda.device(self.device):
+                            torch.cuda.cudart().cudaHostUnregister(self._address)
         self.views.clear()
 
 
