@@ -337,7 +337,7 @@ def pinned_gbps(ctx: Ctx, nbytes: int) -> float | None:
 def fill_host_table(ctx: Ctx, table, k: int, n: int, rng) -> float:
     """Inserts n one-step items of float32[k] (a reused block of random normals)."""
     row = 4 * k
-    chunk = max(1, min(65_536, n, (64 << 20) // row))
+    chunk = aligned_chunk(n, 65_536, (64 << 20) // row)
     src = rng.standard_normal((chunk, 1, k), dtype=np.float32)
     ones = np.ones(chunk)
     t0 = time.perf_counter()
@@ -347,8 +347,22 @@ def fill_host_table(ctx: Ctx, table, k: int, n: int, rng) -> float:
         table.insert({"x": src[:m]}, priorities=ones[:m])
         done += m
     fill_s = time.perf_counter() - t0
-    assert table.size == n, (table.size, n)
+    check_filled(table, n)
     return fill_s
+
+
+def aligned_chunk(n: int, most: int, by_bytes: int) -> int:
+    """Items per insert call: <= most, <= by_bytes, a multiple of the 64-step block when
+    it can be (each device-store insert starts a fresh block, so an unaligned chunk
+    would leave partial blocks behind and the store would evict)."""
+    c = max(1, min(n, most, by_bytes))
+    return c - c % 64 if c >= 64 and c < n else c
+
+
+def check_filled(table, n: int):
+    info = table.info()
+    assert table.size == n, (f"table holds {table.size} of {n} items after the fill "
+                             f"(store evictions: {info.get('num_store_evictions')})")
 
 
 def check_sample(s, b: int, k: int, dev: torch.device):
@@ -398,6 +412,7 @@ def sec_collect(ctx: Ctx) -> dict:
             return res
 
         guarded(ctx, cell, "reprise", reprise_row)
+        ctx.save()
         if ctx.trl is not None and not ctx.args.no_peers:
             peer = cell["torchrl"] = {}
             for b in cfg.batches:
@@ -607,7 +622,7 @@ def sec_table_prio(ctx: Ctx) -> dict:
                 stop = min(n, start + 65_536)
                 table.insert({"x": data[start:stop]}, priorities=prios[start:stop])
             res["fill_s"] = time.perf_counter() - t0
-            assert table.size == n
+            check_filled(table, n)
             t0 = time.perf_counter()
             s = table.sample(16, device="cuda")  # the first draw mirrors all n items
             ctx.sync()
@@ -673,7 +688,7 @@ def sec_device(ctx: Ctx) -> dict:
             table = rp.Table("d", store, sampler=rp.selectors.Uniform(), remover=rp.selectors.Fifo(),
                              max_size=n, seed=0)
             try:
-                chunk = max(1, min(65_536, n, (256 << 20) // row))
+                chunk = aligned_chunk(n, 65_536, (256 << 20) // row)
                 gen = torch.Generator(device=ctx.dev).manual_seed(3)
                 src = torch.randn(chunk, 1, k, device=ctx.dev, generator=gen)
                 ones = np.ones(chunk)
@@ -687,7 +702,7 @@ def sec_device(ctx: Ctx) -> dict:
                 ctx.sync()
                 res["fill_s"] = time.perf_counter() - t0
                 res["fill_gbps"] = n * row / res["fill_s"] / GB
-                assert table.size == n
+                check_filled(table, n)
                 del src
                 for b in cfg.dev_batches:
                     def measure():
@@ -710,6 +725,7 @@ def sec_device(ctx: Ctx) -> dict:
             return res
 
         guarded(ctx, cell, "reprise", reprise_row)
+        ctx.save()
         if ctx.trl is not None and not ctx.args.no_peers:
             peer = cell["torchrl"] = {}
             for b in cfg.dev_batches:
@@ -782,29 +798,31 @@ def summary_rows(results: dict) -> list[list[str]]:
                 fmt(pg, "GB/s") if pg else (cell_err(p) or ("-" if not peer else cell_err(peer) or "-")),
                 f"{ratio:.2f}x" if ratio else "-", ">= 3x", verdict(None if ratio is None else ratio >= 3))
 
-    lat = results.get("latency", {})
-    r = lat.get("sample_to_device", {})
-    med = r.get("us_median")
-    peer = (col.get("configs", {}).get("400B", {}).get("torchrl", {}) or {}).get("b256", {})
-    pm = peer.get("us_median") if isinstance(peer, dict) else None
-    add("latency sample 256 x 400 B -> GPU (median)",
-        f"{fmt(med, 'us')} (p99 {fmt(r.get('us_p99'), 'us')})" if med else (cell_err(r) or cell_err(lat) or "-"),
-        fmt(pm, "us") if pm else "-", f"{pm / med:.2f}x" if med and pm else "-", "<= 50 us",
-        verdict(None if med is None else med <= 50))
-    it = lat.get("iterate_prefetch2", {})
-    add("iterate prefetch=2, 256 x 400 B", fmt(it.get("batches_per_s"), "batches/s") if it.get("batches_per_s")
-        else (cell_err(it) or "-"), "-", "-", "-", "-")
+    if "latency" in results:
+        lat = results.get("latency", {})
+        r = lat.get("sample_to_device", {})
+        med = r.get("us_median")
+        peer = (col.get("configs", {}).get("400B", {}).get("torchrl", {}) or {}).get("b256", {})
+        pm = peer.get("us_median") if isinstance(peer, dict) else None
+        add("latency sample 256 x 400 B -> GPU (median)",
+            f"{fmt(med, 'us')} (p99 {fmt(r.get('us_p99'), 'us')})" if med else (cell_err(r) or cell_err(lat) or "-"),
+            fmt(pm, "us") if pm else "-", f"{pm / med:.2f}x" if med and pm else "-", "<= 50 us",
+            verdict(None if med is None else med <= 50))
+        it = lat.get("iterate_prefetch2", {})
+        add("iterate prefetch=2, 256 x 400 B", fmt(it.get("batches_per_s"), "batches/s") if it.get("batches_per_s")
+            else (cell_err(it) or "-"), "-", "-", "-", "-")
 
-    st = results.get("sumtree", {})
-    r, p = st.get("reprise", {}), st.get("torchrl", {})
-    us = r.get("round", {}).get("us_median") if isinstance(r, dict) else None
-    pus = p.get("us_median") if isinstance(p, dict) else None
-    ratio = pus / us if us and pus else None
-    ok = None if us is None else (us <= 1000 and (ratio is None or ratio >= 3))
-    add(f"prioritized {st.get('slots', 0):,} slots: find+set {st.get('batch', 0):,} (SumTree)",
-        fmt(us, "us") if us else (cell_err(r) or cell_err(st) or "-"),
-        fmt(pus, "us") if pus else (cell_err(p) or "-"), f"{ratio:.2f}x" if ratio else "-",
-        "<= 1 ms, >= 3x", verdict(ok))
+    if "sumtree" in results:
+        st = results.get("sumtree", {})
+        r, p = st.get("reprise", {}), st.get("torchrl", {})
+        us = r.get("round", {}).get("us_median") if isinstance(r, dict) else None
+        pus = p.get("us_median") if isinstance(p, dict) else None
+        ratio = pus / us if us and pus else None
+        ok = None if us is None else (us <= 1000 and (ratio is None or ratio >= 3))
+        add(f"prioritized {st.get('slots', 0):,} slots: find+set {st.get('batch', 0):,} (SumTree)",
+            fmt(us, "us") if us else (cell_err(r) or cell_err(st) or "-"),
+            fmt(pus, "us") if pus else (cell_err(p) or "-"), f"{ratio:.2f}x" if ratio else "-",
+            "<= 1 ms, >= 3x", verdict(ok))
 
     tp = results.get("table_prio", {})
     peer = tp.get("torchrl", {})

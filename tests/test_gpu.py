@@ -400,3 +400,16 @@ def test_dlpack_export(make_store):
     cupy = pytest.importorskip("cupy")
     c = cupy.from_dlpack(x)
     np.testing.assert_array_equal(cupy.asnumpy(c), host(x))
+
+
+def test_device_store_inserts_pack_blocks(backend):
+    store = rp.Store({"x": rp.Field((), "int32")}, capacity=64, block_steps=8, device="cuda")
+    try:
+        t = rp.Table("t", store, sampler=rp.selectors.Fifo(), max_size=64)
+        for i in range(12):
+            t.insert({"x": torch.arange(5 * i, 5 * i + 5, dtype=torch.int32).reshape(5, 1)}, priorities=1.0)
+        assert t.size == 60 and t.info()["num_store_evictions"] == 0
+        s = t.sample(1)
+        assert s.data["x"][0, 0] == 0
+    finally:
+        store.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Mapping
 
 from . import _native
@@ -52,6 +53,8 @@ class Store:
             from .torch.columns import DeviceColumns
             self._device_columns = DeviceColumns(self._signature, self._native.capacity, self._device)
         self._host_views: dict = {}
+        self._insert_writer = None  # device stores: the writer of Table.insert
+        self._insert_lock = threading.Lock()
         self._closed = False
 
     @property
@@ -128,6 +131,9 @@ class Store:
             for views in self._host_views.values():
                 views.close()
             self._host_views.clear()
+            if self._insert_writer is not None:
+                self._insert_writer.close()
+                self._insert_writer = None
             self._native.unlink()
 
     def _check_open(self):

@@ -29,10 +29,24 @@ def torch_module():
     return torch
 
 
+_CUDA_READY: dict = {}  # index -> torch.device, once that device resolved
+
+
 def resolve(device):
     """A ``torch.device`` for a GPU-path ``device`` argument ("cuda", "cuda:1",
     a torch.device). Refuses CPU devices (they use the host path) and CUDA devices
     that this process cannot use."""
+    if device == "cuda" and _CUDA_READY and not _EMULATE:  # the common case, fast
+        hit = _CUDA_READY.get(torch_module().cuda.current_device())
+        if hit is not None:
+            return hit
+    dev = _resolve(device)
+    if dev.type == "cuda":
+        _CUDA_READY[dev.index] = dev
+    return dev
+
+
+def _resolve(device):
     torch = torch_module()
     try:
         dev = torch.device(device)

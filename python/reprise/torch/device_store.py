@@ -106,13 +106,22 @@ def insert(table, data, priorities, timeout):
     columns = store._device_columns
     (n, t), words = _words(columns, data, lambda d: _leading(columns, d, 2, "insert: "), "insert: ")
     p = as_priorities(priorities, n)
+    bad = np.flatnonzero(~np.isfinite(p) | (p < 0))
+    if bad.size:
+        i = int(bad[0])
+        raise InvalidArgument(f"table '{table.name}' item {i}: priority must be finite and >= 0, got {p[i]}")
     if n == 0 or t == 0:
         raise InvalidArgument(f"insert: expected at least one item of at least one step, got [n, T] = [{n}, {t}]")
-    w = store._native.writer(None)
-    try:
-        w.extend({INDEX_FIELD: np.zeros(n * t, np.uint8)})
-        torch = torch_module()
-        columns.write(words, torch.from_numpy(w.recent_rows(n * t)).to(columns.device, non_blocking=True))
-        return w.create_tiled_items(table._native, t, p, timeout)
-    finally:
-        w.close()
+    # One writer per store for batch inserts: consecutive inserts fill its
+    # current block instead of each leaving a partly used one behind.
+    with store._insert_lock:
+        if store._insert_writer is None:
+            store._insert_writer = store._native.writer(None)
+        w = store._insert_writer
+        try:
+            w.extend({INDEX_FIELD: np.zeros(n * t, np.uint8)})
+            torch = torch_module()
+            columns.write(words, torch.from_numpy(w.recent_rows(n * t)).to(columns.device, non_blocking=True))
+            return w.create_tiled_items(table._native, t, p, timeout)
+        finally:
+            w.end_episode()
