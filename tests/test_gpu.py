@@ -413,3 +413,30 @@ def test_device_store_inserts_pack_blocks(backend):
         assert s.data["x"][0, 0] == 0
     finally:
         store.close()
+
+
+def test_concurrent_cuda_samples_from_threads(backend, make_store):
+    import threading
+    store = make_store(SIG, capacity=1024, block_steps=4)
+    t = rp.Table("t", store, sampler=rp.selectors.Uniform(), max_size=900, seed=1)
+    fill(store, [t], episodes=8)
+    errors = []
+
+    def worker():
+        try:
+            for _ in range(15):
+                s = t.sample(24, device="cuda")
+                act, obs = host(s.data["act"]), host(s.data["obs"])
+                for i in range(24):
+                    for j in range(s.lengths[i]):
+                        np.testing.assert_allclose(obs[i, j], step(int(act[i, j]))["obs"])
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker) for _ in range(12)]  # more threads than staging slots
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors[0]
+    assert t.info()["num_samples"] == 12 * 15 * 24

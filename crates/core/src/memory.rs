@@ -151,15 +151,25 @@ impl Drop for Region {
 /// in `madvise` mode). Large random-access indexes (sum trees, item slots) then
 /// miss the TLB far less often. Only a hint: failures are ignored.
 pub fn advise_huge_pages<T>(v: &[T]) {
+    advise_huge_pages_raw(v.as_ptr() as usize, std::mem::size_of_val(v));
+}
+
+/// [`advise_huge_pages`] for a whole allocation, also the part not yet written
+/// (a `Vec`'s spare capacity: advised before first touch, it is faulted in as
+/// huge pages).
+pub fn advise_huge_pages_vec<T>(v: &Vec<T>) {
+    advise_huge_pages_raw(v.as_ptr() as usize, v.capacity() * std::mem::size_of::<T>());
+}
+
+fn advise_huge_pages_raw(at: usize, bytes: usize) {
     const HUGE: usize = 2 << 20;
-    let bytes = std::mem::size_of_val(v);
     if bytes < HUGE {
         return;
     }
-    let start = (v.as_ptr() as usize).next_multiple_of(HUGE);
-    let end = (v.as_ptr() as usize + bytes) & !(HUGE - 1);
+    let start = at.next_multiple_of(HUGE);
+    let end = (at + bytes) & !(HUGE - 1);
     if end > start {
-        // SAFETY: [start, end) lies inside `v`'s live allocation; MADV_HUGEPAGE
+        // SAFETY: [start, end) lies inside a live allocation; MADV_HUGEPAGE
         // changes only how the kernel backs the pages, never their contents.
         unsafe {
             libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
@@ -172,10 +182,16 @@ pub fn advise_huge_pages<T>(v: &[T]) {
 #[inline]
 pub fn prefetch<T>(value: &T) {
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch never faults and changes no memory; `value` is a valid reference.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(value as *const T as *const i8)
-    };
+    {
+        let start = value as *const T as usize;
+        let end = start + std::mem::size_of::<T>().max(1) - 1;
+        // Every cache line the value touches (a value may straddle two).
+        for line in (start & !63..=end).step_by(64) {
+            // SAFETY: a prefetch never faults and changes no memory; the lines hold
+            // parts of a valid reference.
+            unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(line as *const i8) };
+        }
+    }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = value;
 }

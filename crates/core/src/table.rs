@@ -235,8 +235,13 @@ impl Table {
             Some(seed) => Rng::seed_from_u64(seed),
             None => Rng::seed_from_u64(rand::random()),
         };
+        // Slots are read at random by every draw: reserve them up front (address
+        // space only) and ask for huge pages, so a large table does not pay a TLB
+        // miss on nearly every pick.
+        let slots = Vec::with_capacity(config.max_size.min(1 << 24) as usize);
+        crate::memory::advise_huge_pages_vec(&slots);
         let state = State {
-            slots: Vec::new(),
+            slots,
             free_slots: Vec::new(),
             size: 0,
             sampler: if config.external_selection { config.sampler.build_external(config.max_times_sampled) } else { config.sampler.build() },

@@ -101,27 +101,39 @@ class _IndexStaging:
         self.device = device
         self._bufs = [None] * self.SLOTS
         self._events = [None] * self.SLOTS
+        self._busy = [False] * self.SLOTS
         self._next = 0
         self._lock = threading.Lock()
 
     def take(self, need: int):
-        """A free ``(slot, pinned int64 tensor of >= need entries)``."""
+        """A free ``(slot, pinned int64 tensor of >= need entries)``; slot -1 is a
+        one-off buffer (when every slot is in use by other threads)."""
         torch = torch_module()
+        pinned = self.device.type == "cuda"
         with self._lock:
             k = self._next
             self._next = (k + 1) % self.SLOTS
+            if self._busy[k]:
+                k = -1
+            else:
+                self._busy[k] = True
+        if k < 0:
+            return -1, torch.empty(need, dtype=torch.int64, pin_memory=pinned)
         event = self._events[k]
         if event is not None:
             event.synchronize()
             self._events[k] = None
         buf = self._bufs[k]
         if buf is None or buf.numel() < need:
-            buf = torch.empty(max(need, 1 << 14), dtype=torch.int64, pin_memory=self.device.type == "cuda")
+            buf = torch.empty(max(need, 1 << 14), dtype=torch.int64, pin_memory=pinned)
             self._bufs[k] = buf
         return k, buf
 
     def done(self, k: int, event):
-        self._events[k] = event
+        """Slot ``k`` may be reused once ``event`` has passed (None: at once)."""
+        if k >= 0:
+            self._events[k] = event
+            self._busy[k] = False
 
 
 _STAGING: dict = {}
@@ -147,6 +159,7 @@ def collect_rows(rows, columns, fields=None, stream=None) -> Sample:
     dev = columns.device
     names = columns.fields if fields is None else fields
     staging = _staging(dev)
+    k = -1
     try:
         keys, probabilities, priorities, times_sampled, table_size, lengths = rows.meta()
         k, buf = staging.take(len(keys) * max(1, int(lengths.max(initial=1))))
@@ -175,6 +188,7 @@ def collect_rows(rows, columns, fields=None, stream=None) -> Sample:
             event.record(stream)
         staging.done(k, event)
     except BaseException:
+        staging.done(k, None)
         rows.release()
         raise
     if dev.type == "cpu":

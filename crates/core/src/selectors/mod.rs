@@ -170,6 +170,30 @@ impl SlotSet {
         self.slots[rng.random_range(0..self.slots.len())]
     }
 
+    /// `n` uniform picks, the same draws as `n` calls of [`SlotSet::pick`]. The
+    /// positions are drawn first and each read a few picks after it was requested:
+    /// a large set misses the caches on every random read.
+    pub fn pick_batch(&self, n: usize, rng: &mut Rng, mut f: impl FnMut(u32)) {
+        use rand::Rng as _;
+        const AHEAD: usize = 16;
+        let len = self.slots.len();
+        let mut ring = [0usize; AHEAD];
+        for (i, at) in ring.iter_mut().enumerate().take(n.min(AHEAD)) {
+            *at = rng.random_range(0..len);
+            crate::memory::prefetch(&self.slots[*at]);
+            let _ = i;
+        }
+        for i in 0..n {
+            let at = ring[i % AHEAD];
+            if i + AHEAD < n {
+                let next = rng.random_range(0..len);
+                crate::memory::prefetch(&self.slots[next]);
+                ring[i % AHEAD] = next;
+            }
+            f(self.slots[at]);
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.slots.len()
     }

@@ -17,7 +17,8 @@ impl Selector for Uniform {
     }
     fn sample(&mut self, n: usize, rng: &mut Rng, out: &mut Vec<Pick>) {
         let probability = 1.0 / self.set.len() as f64;
-        out.extend((0..n).map(|_| Pick { slot: self.set.pick(rng), probability }));
+        out.reserve(n);
+        self.set.pick_batch(n, rng, |slot| out.push(Pick { slot, probability }));
     }
     fn len(&self) -> usize {
         self.set.len()
