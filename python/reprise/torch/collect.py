@@ -30,6 +30,7 @@ class _Releaser:
     the GIL, so the caller's thread is not slowed down."""
 
     SWEEP_SECONDS = 0.0005
+    SWEEP_AT = 8  # a collect sweeps itself once this many samples are held
 
     def __init__(self):
         self._held: list = []
@@ -39,10 +40,14 @@ class _Releaser:
     def hold(self, event, rows):
         with self._lock:
             self._held.append((event, rows))
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="reprise-release", daemon=True)
-                self._thread.start()
-            self._lock.notify_all()
+            if len(self._held) == 1:  # the sweeper may be waiting for work
+                if self._thread is None or not self._thread.is_alive():
+                    self._thread = threading.Thread(target=self._run, name="reprise-release", daemon=True)
+                    self._thread.start()
+                self._lock.notify_all()
+            many = len(self._held) > self.SWEEP_AT
+        if many:
+            self.sweep()
 
     def sweep(self) -> int:
         """Releases the rows whose gathers have completed; returns how many are still held."""
@@ -166,9 +171,9 @@ def collect_rows(rows, columns, fields=None, stream=None) -> Sample:
         n, t, ragged = rows.fill_index(buf.numpy())
         context = use_stream(stream) if stream is not None else contextlib.nullcontext()
         with context:
-            if stream is None:
-                stream = current_stream(dev)
             wait = getattr(columns, "wait_for_writes", None)
+            if wait is not None and stream is None:
+                stream = current_stream(dev)
             if wait is not None:
                 wait(stream)
             idx = buf[: n * t]
@@ -185,7 +190,7 @@ def collect_rows(rows, columns, fields=None, stream=None) -> Sample:
                     words.masked_fill_(mask, 0)
                 data[name] = columns.as_field(name, words, (n, t))
             event = new_event(dev)
-            event.record(stream)
+            event.record() if stream is None else event.record(stream)  # None: the current stream
         staging.done(k, event)
     except BaseException:
         staging.done(k, None)
@@ -195,6 +200,5 @@ def collect_rows(rows, columns, fields=None, stream=None) -> Sample:
         rows.release()
     else:
         RELEASER.hold(event, rows)
-        RELEASER.sweep()
     return Sample(keys=keys, probabilities=probabilities, priorities=priorities, times_sampled=times_sampled,
                   table_size=int(table_size), lengths=lengths, data=data)
