@@ -440,3 +440,45 @@ def test_concurrent_cuda_samples_from_threads(backend, make_store):
         th.join()
     assert not errors, errors[0]
     assert t.info()["num_samples"] == 12 * 15 * 24
+
+
+def test_partial_samples_are_collected_like_whole_ones(backend, make_store):
+    for device_store in (False, True):
+        if device_store:
+            store = rp.Store(SIG, capacity=256, block_steps=4, device="cuda")
+        else:
+            store = make_store(SIG, capacity=256, block_steps=4)
+        try:
+            q = rp.Table.queue("q", store, max_size=10)
+            with store.writer() as w:
+                for i in range(5):
+                    w.append(step(i))
+                    w.create_item(q, 1, 1.0)
+            with pytest.raises(rp.errors.Timeout) as e:
+                q.sample(7, device="cuda", timeout=0.05, fields=["act", "obs"])
+            p = e.value.partial
+            assert set(p.data) == {"act", "obs"} and isinstance(p.data["act"], torch.Tensor)
+            np.testing.assert_array_equal(host(p.data["act"])[:, 0], [0, 1, 2, 3, 4])
+            with store.writer() as w:
+                for i in (3, 4):
+                    w.append(step(i))
+                    w.create_item(q, 1, 1.0)
+            # iterate yields the batches drawn before a timeout, then raises it.
+            got = []
+            it = q.iterate(batch_size=1, device="cuda", prefetch=3, timeout=0.05, fields=["act"])
+            with pytest.raises(rp.errors.Timeout) as e:
+                for s in it:
+                    got.append(int(host(s.data["act"])[0, 0]))
+            assert got == [3, 4] and e.value.partial is None
+            put_back = {k: np.stack([step(9)[k]]) for k in SIG}
+            with store.writer() as w:
+                w.extend(put_back)
+                w.create_item(q, 1, 1.0)
+            with pytest.raises(rp.errors.Timeout) as e:
+                q.sample(2, timeout=0.05)  # to the host
+            assert isinstance(e.value.partial.data["obs"], np.ndarray)
+            assert set(e.value.partial.data) == set(SIG)
+            assert e.value.partial.data["act"][0, 0] == 9
+        finally:
+            if device_store:
+                store.close()

@@ -60,7 +60,14 @@ class Client:
             for f in fields:
                 if f not in columns.fields:
                     raise NotFound(f"unknown field '{f}'; expected one of {columns.fields}")
-        return collect_rows(self._native.sample_rows(table, n, timeout), columns, fields)
+        try:
+            rows = self._native.sample_rows(table, n, timeout)
+        except BaseException as e:
+            partial = getattr(e, "partial", None)
+            if isinstance(partial, _native.SampleRows):
+                e.partial = collect_rows(partial, columns, fields)
+            raise
+        return collect_rows(rows, columns, fields)
 
     def _columns_for(self, table: str, device):
         """The server's shared-memory columns of ``table``'s store, registered for

@@ -15,9 +15,16 @@ from .store import Store
 from .torch._device import is_host_device
 
 
-def collect_on(rows, columns, fields, stream=None):
+def _collect(rows, columns, fields, to_host=False, stream=None) -> Sample:
+    """A Sample of ``rows``: copied on the host (``columns`` None) or gathered from
+    ``columns`` on their device (then moved to numpy when ``to_host``)."""
+    if columns is None:
+        return rows.to_sample(fields)
     from .torch.collect import collect_rows
-    return collect_rows(rows, columns, fields, stream)
+    s = collect_rows(rows, columns, fields, stream)
+    if to_host:
+        s.data = {k: v.cpu().numpy() for k, v in s.data.items()}
+    return s
 
 
 class Table:
@@ -132,13 +139,19 @@ class Table:
         else:
             from .torch import resolve
             columns = self._store._columns_for(resolve(device))  # before drawing: bad devices change nothing
-        rows = self._sample_rows(n, timeout)
-        if columns is None:
-            return rows.to_sample(fields)
-        s = collect_on(rows, columns, fields)
-        if is_host_device(device):
-            s.data = {k: v.cpu().numpy() for k, v in s.data.items()}
-        return s
+        return self._draw(n, timeout, fields, columns, to_host=is_host_device(device))
+
+    def _draw(self, n, timeout, fields, columns, to_host=False, stream=None) -> Sample:
+        """Draws n items and collects them from ``columns`` (None: on the host). A
+        partial draw (timeout, interrupt) is collected the same way into ``err.partial``."""
+        try:
+            rows = self._sample_rows(n, timeout)
+        except BaseException as e:
+            rows = getattr(e, "partial", None)
+            if isinstance(rows, _native.SampleRows):
+                e.partial = _collect(rows, columns, fields, to_host, stream)
+            raise
+        return _collect(rows, columns, fields, to_host, stream)
 
     def iterate(self, batch_size: int, device=None, prefetch: int = 2, timeout: float | None = None,
                 fields: list[str] | None = None, num_batches: int | None = None):
@@ -160,7 +173,7 @@ class Table:
         columns = self._store._columns_for(dev)
 
         def draw(stream):
-            return collect_on(self._sample_rows(batch_size, timeout), columns, fields, stream)
+            return self._draw(batch_size, timeout, fields, columns, stream=stream)
 
         return iterate(draw, dev, prefetch, num_batches)
 

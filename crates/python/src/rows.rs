@@ -57,6 +57,31 @@ impl PySampleRows {
     }
 }
 
+/// Converts a core error of a draw whose rows a collector will read: a partial
+/// result becomes a `SampleRows` (the caller collects it as it would the whole
+/// sample, on the same device and fields), not a host `Sample`.
+pub fn rows_error(py: Python<'_>, e: reprise_core::Error, signal: Option<PyErr>) -> PyErr {
+    use reprise_core::error::{Error, Partial};
+    let (e, partial) = match e {
+        Error::Timeout { message, partial: Partial::Sampled(b) } if !b.is_empty() => {
+            (Error::Timeout { message, partial: Partial::Nothing }, Some(*b))
+        }
+        Error::Interrupted { partial: Partial::Sampled(b) } if !b.is_empty() => (Error::Interrupted { partial: Partial::Nothing }, Some(*b)),
+        other => (other, None),
+    };
+    let err = crate::errors::to_py(py, e, None, signal);
+    if let Some(batch) = partial {
+        let rows = match Bound::new(py, PySampleRows::new(Drawn::Local(batch))) {
+            Ok(r) => r,
+            Err(e) => return e,
+        };
+        if let Err(e) = err.value(py).setattr("partial", rows) {
+            return e;
+        }
+    }
+    err
+}
+
 fn released(py: Python<'_>) -> PyErr {
     invalid(py, "this sample's rows were released".into())
 }

@@ -145,9 +145,10 @@ impl PyClient {
         match error {
             None => Ok(PySampleRows::new(Drawn::Client(sample))),
             Some(e) => {
+                // The partial draw goes back as SampleRows, for the caller to collect.
                 let err = to_py(py, e, None, None);
                 if !reprise_core::Collect::items(&sample).is_empty() {
-                    err.value(py).setattr("partial", sample_object(py, sample, None)?)?;
+                    err.value(py).setattr("partial", Bound::new(py, PySampleRows::new(Drawn::Client(sample)))?)?;
                 }
                 Err(err)
             }

@@ -10,7 +10,7 @@ use reprise_core::{RateLimiterConfig, SelectorSpec, Table, TableConfig, TableInf
 use reprise_core::selectors::external::Candidate;
 
 use crate::arrays::{views, FieldInfo, Vector};
-use crate::rows::{Drawn, PySampleRows};
+use crate::rows::{rows_error, Drawn, PySampleRows};
 use crate::errors::{invalid, not_found, py_err, to_py};
 use crate::sample::sample_object;
 use crate::store::PyStore;
@@ -140,7 +140,7 @@ impl PyTable {
         let signals = Signals::default();
         let check = || signals.check();
         let wait = Wait { timeout, interrupt: Some(&check) };
-        let batch = py.detach(|| self.table.sample(n, wait)).map_err(|e| to_py(py, e, None, signals.take()))?;
+        let batch = py.detach(|| self.table.sample(n, wait)).map_err(|e| rows_error(py, e, signals.take()))?;
         Ok(PySampleRows::new(Drawn::Local(batch)))
     }
 
@@ -181,7 +181,7 @@ impl PyTable {
         let wait = Wait { timeout, interrupt: Some(&check) };
         let (batch, starved) = py
             .detach(|| self.table.sample_candidates(batch, n, wait, &candidates))
-            .map_err(|e| to_py(py, e, None, signals.take()))?;
+            .map_err(|e| rows_error(py, e, signals.take()))?;
         Ok((PySampleRows::new(Drawn::Local(batch)), starved))
     }
 

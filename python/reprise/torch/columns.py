@@ -171,7 +171,7 @@ class DeviceColumns(ColumnViews):
             if isinstance(value, np.ndarray) and value.dtype != np.dtype(dtype):
                 raise InvalidArgument(f"{what}field '{name}' expects {dtype}, got an array of {value.dtype}")
             arr = to_field_array(value, dtype, name, f"{dtype}{list(shape)}")
-            value = torch.from_numpy(np.ascontiguousarray(arr))
+            value = torch.from_numpy(arr if arr.flags.c_contiguous else arr.copy())  # keeps 0-d arrays 0-d
         elif value.dtype != want:
             raise InvalidArgument(f"{what}field '{name}' expects {dtype}, got tensor of {value.dtype}")
         expected = (*lead, *shape)

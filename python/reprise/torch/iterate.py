@@ -6,7 +6,9 @@ the event recorded after its gather (the caller never sees a half-written batch)
 and its tensors are marked as used on the current stream (so the caching
 allocator does not give their memory to the next side-stream gather while the
 caller's kernels may still read it). Priority updates for batch i go to the
-host table at once; batches already in flight were drawn before them.
+host table at once; batches already in flight were drawn before them. When a
+draw fails (a timeout), the batches drawn before it are yielded first, then the
+error is raised (its ``partial`` holds what that draw got).
 """
 
 from __future__ import annotations
@@ -33,9 +35,15 @@ def iterate(draw, device, prefetch: int, num_batches: int | None):
         launched += 1
 
     produced = 0
+    failed = None  # a draw's error, raised once the batches already in flight are out
     while num_batches is None or produced < num_batches:
-        while len(inflight) < prefetch + 1 and (num_batches is None or launched < num_batches):
-            launch()
+        while failed is None and len(inflight) < prefetch + 1 and (num_batches is None or launched < num_batches):
+            try:
+                launch()
+            except Exception as e:  # noqa: BLE001 - re-raised below, after the batches drawn before it
+                failed = e
+        if not inflight:
+            break
         sample, ready = inflight.popleft()
         cur = current_stream(device)
         cur.wait_event(ready)
@@ -44,3 +52,5 @@ def iterate(draw, device, prefetch: int, num_batches: int | None):
                 t.record_stream(cur)
         produced += 1
         yield sample
+    if failed is not None:
+        raise failed
