@@ -482,3 +482,34 @@ def test_partial_samples_are_collected_like_whole_ones(backend, make_store):
         finally:
             if device_store:
                 store.close()
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
+def test_rows_under_a_running_gather_are_not_reused(make_store):
+    """The stream is kept busy so the gather runs late; meanwhile the sampled
+    items are evicted and writers cycle the whole store. The gathered rows must
+    still be the ones sampled: their blocks come back only after the gather's event."""
+    rt.emulate_cuda(False)
+    store = make_store({"x": rp.Field((256,), "int64")}, capacity=256, block_steps=8)
+    t = rp.Table("t", store, sampler=rp.selectors.Fifo(), max_size=32)
+    with store.writer() as w:
+        for i in range(32):
+            w.append({"x": np.full(256, i, np.int64)})
+            w.create_item(t, 1, 1.0)
+    torch.cuda._sleep(2_000_000_000)  # about a second of GPU time queued before the gather
+    s = t.sample(32, device="cuda")
+    held = store.num_blocks - store.free_blocks
+    t.reset()
+    written = 0
+    with store.writer() as w:  # try to overwrite everything: only free blocks can be taken
+        for i in range(300):
+            try:
+                w.append({"x": np.full(256, 1000 + i, np.int64)})
+                written += 1
+            except rp.errors.ResourceExhausted:
+                break
+            w.end_episode()
+    torch.cuda.synchronize()
+    np.testing.assert_array_equal(host(s.data["x"])[:, 0, 0], np.zeros(32))  # Fifo: the oldest, 32 times
+    assert held >= 1
+    assert wait_released(10)
