@@ -1,6 +1,8 @@
 """The GPU path, run twice: emulated (``emulate_cuda``: the same code with "cuda"
 mapped to the CPU; what CI runs) and on a real CUDA device when there is one."""
 
+import time
+
 import numpy as np
 import pytest
 
@@ -496,8 +498,14 @@ def test_rows_under_a_running_gather_are_not_reused(make_store):
         for i in range(32):
             w.append({"x": np.full(256, i, np.int64)})
             w.create_item(t, 1, 1.0)
+    for _ in range(10):  # registration and pinned staging buffers: their allocation waits for an idle device
+        t.sample(32, device="cuda")
+    torch.cuda.synchronize()
+    assert wait_released(10)
     torch.cuda._sleep(2_000_000_000)  # about a second of GPU time queued before the gather
+    start = time.perf_counter()
     s = t.sample(32, device="cuda")
+    assert time.perf_counter() - start < 0.5, "the sample waited for the device: the race is not exercised"
     held = store.num_blocks - store.free_blocks
     t.reset()
     written = 0
