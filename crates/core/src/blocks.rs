@@ -103,6 +103,30 @@ impl BlockAllocator {
         debug_assert!(previous > 0, "retained block {block} that nobody held");
     }
 
+    /// Takes specific free blocks out of the free queue with one reference each
+    /// (restoring a checkpoint). Fails, changing nothing, if one is not free.
+    pub fn reserve(&self, blocks: &[u32]) -> Result<()> {
+        let mut st = self.state.lock();
+        let mut wanted = vec![false; self.refcounts.len()];
+        for &b in blocks {
+            wanted[b as usize] = true;
+        }
+        let found = st.free.iter().filter(|&&b| wanted[b as usize]).count();
+        if found != blocks.len() {
+            return Err(Error::InvalidArgument(format!(
+                "{} of the {} blocks to restore are in use; restore into a new store",
+                blocks.len() - found,
+                blocks.len()
+            )));
+        }
+        st.free.retain(|&b| !wanted[b as usize]);
+        drop(st);
+        for &b in blocks {
+            self.refcounts[b as usize].store(1, Ordering::Release);
+        }
+        Ok(())
+    }
+
     /// Drops a reference; the last one returns the block to the free queue.
     pub fn release(&self, block: u32) {
         let previous = self.refcounts[block as usize].fetch_sub(1, Ordering::AcqRel);

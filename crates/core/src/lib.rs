@@ -20,6 +20,7 @@ pub mod rate_limiter;
 pub mod sample;
 pub mod selectors;
 pub mod signature;
+pub mod snapshot;
 pub mod store;
 pub mod table;
 pub mod wait;

@@ -77,39 +77,39 @@ pub struct ItemInfo {
     pub length: u32,
 }
 
-struct Slot {
-    generation: u32,
-    item: Option<Item>,
+pub(crate) struct Slot {
+    pub(crate) generation: u32,
+    pub(crate) item: Option<Item>,
 }
 
-struct State {
-    slots: Vec<Slot>,
-    free_slots: Vec<u32>,
-    size: u64,
-    sampler: Box<dyn Selector>,
-    remover: Box<dyn Selector>,
-    limiter: RateLimiter,
-    rng: Rng,
-    next_seq: u64,
-    num_inserts: u64,
-    num_samples: u64,
-    num_evictions: u64,
-    num_deletes: u64,
-    num_store_evictions: u64,
-    picks: Vec<Pick>,
+pub(crate) struct State {
+    pub(crate) slots: Vec<Slot>,
+    pub(crate) free_slots: Vec<u32>,
+    pub(crate) size: u64,
+    pub(crate) sampler: Box<dyn Selector>,
+    pub(crate) remover: Box<dyn Selector>,
+    pub(crate) limiter: RateLimiter,
+    pub(crate) rng: Rng,
+    pub(crate) next_seq: u64,
+    pub(crate) num_inserts: u64,
+    pub(crate) num_samples: u64,
+    pub(crate) num_evictions: u64,
+    pub(crate) num_deletes: u64,
+    pub(crate) num_store_evictions: u64,
+    pub(crate) picks: Vec<Pick>,
     /// For each store block, the slots of the items that reference it (oldest
     /// first while removals are FIFO).
-    block_items: Vec<VecDeque<u32>>,
+    pub(crate) block_items: Vec<VecDeque<u32>>,
 }
 
 pub(crate) struct Shared {
-    config: TableConfig,
-    store: Store,
-    state: Mutex<State>,
+    pub(crate) config: TableConfig,
+    pub(crate) store: Store,
+    pub(crate) state: Mutex<State>,
     /// Signalled when inserting may have become possible.
-    insert_cv: Condvar,
+    pub(crate) insert_cv: Condvar,
     /// Signalled when sampling may have become possible.
-    sample_cv: Condvar,
+    pub(crate) sample_cv: Condvar,
 }
 
 /// A handle to one table; clones share it.
@@ -135,6 +135,36 @@ enum Woke {
 }
 
 impl State {
+    /// An empty table's state.
+    pub(crate) fn new(config: &TableConfig, rng: Rng) -> State {
+        // Slots are read at random by every draw: reserve them up front (address
+        // space only) and ask for huge pages, so a large table does not pay a TLB
+        // miss on nearly every pick.
+        let slots = Vec::with_capacity(config.max_size.min(1 << 24) as usize);
+        crate::memory::advise_huge_pages_vec(&slots);
+        State {
+            slots,
+            free_slots: Vec::new(),
+            size: 0,
+            sampler: if config.external_selection {
+                config.sampler.build_external(config.max_times_sampled)
+            } else {
+                config.sampler.build()
+            },
+            remover: config.remover.build(),
+            limiter: RateLimiter::new(config.rate_limiter),
+            rng,
+            next_seq: 0,
+            num_inserts: 0,
+            num_samples: 0,
+            num_evictions: 0,
+            num_deletes: 0,
+            num_store_evictions: 0,
+            picks: Vec::new(),
+            block_items: Vec::new(),
+        }
+    }
+
     fn lookup(&self, key: u64) -> Option<u32> {
         let (generation, slot) = slot_of(key);
         let s = self.slots.get(slot as usize)?;
@@ -235,28 +265,7 @@ impl Table {
             Some(seed) => Rng::seed_from_u64(seed),
             None => Rng::seed_from_u64(rand::random()),
         };
-        // Slots are read at random by every draw: reserve them up front (address
-        // space only) and ask for huge pages, so a large table does not pay a TLB
-        // miss on nearly every pick.
-        let slots = Vec::with_capacity(config.max_size.min(1 << 24) as usize);
-        crate::memory::advise_huge_pages_vec(&slots);
-        let state = State {
-            slots,
-            free_slots: Vec::new(),
-            size: 0,
-            sampler: if config.external_selection { config.sampler.build_external(config.max_times_sampled) } else { config.sampler.build() },
-            remover: config.remover.build(),
-            limiter: RateLimiter::new(config.rate_limiter),
-            rng,
-            next_seq: 0,
-            num_inserts: 0,
-            num_samples: 0,
-            num_evictions: 0,
-            num_deletes: 0,
-            num_store_evictions: 0,
-            picks: Vec::new(),
-            block_items: Vec::new(),
-        };
+        let state = State::new(&config, rng);
         let shared = Arc::new(Shared {
             config,
             store: store.clone(),

@@ -58,6 +58,16 @@ pub trait Selector: Send {
         self.len() == 0
     }
     fn clear(&mut self);
+    /// Internal order that picks depend on beyond the items themselves (the dense
+    /// slot order of a uniform pick), for checkpoints; `None` when there is none.
+    fn order(&self) -> Option<Vec<u32>> {
+        None
+    }
+    /// Restores [`Selector::order`] over the same present slots; false when
+    /// `order` is not a permutation of them.
+    fn set_order(&mut self, _order: &[u32]) -> bool {
+        true
+    }
     /// The external selector, when picks are made outside the table.
     fn external(&mut self) -> Option<&mut External> {
         None
@@ -201,6 +211,30 @@ impl SlotSet {
     pub fn clear(&mut self) {
         self.slots.clear();
         self.pos.clear();
+    }
+
+    pub fn order(&self) -> Vec<u32> {
+        self.slots.clone()
+    }
+
+    /// Rearranges the dense order to `order`; false (and unchanged) unless it
+    /// holds exactly the present slots.
+    pub fn set_order(&mut self, order: &[u32]) -> bool {
+        if order.len() != self.slots.len() {
+            return false;
+        }
+        let mut seen = vec![false; self.pos.len()];
+        for &s in order {
+            match self.pos.get(s as usize) {
+                Some(&p) if p != ABSENT && !seen[s as usize] => seen[s as usize] = true,
+                _ => return false,
+            }
+        }
+        self.slots.copy_from_slice(order);
+        for (i, &s) in order.iter().enumerate() {
+            self.pos[s as usize] = i as u32;
+        }
+        true
     }
 }
 

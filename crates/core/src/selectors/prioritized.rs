@@ -65,6 +65,12 @@ impl Selector for Prioritized {
         self.present.len()
     }
 
+    fn order(&self) -> Option<Vec<u32>> {
+        Some(self.present.order())
+    }
+    fn set_order(&mut self, order: &[u32]) -> bool {
+        self.present.set_order(order)
+    }
     fn clear(&mut self) {
         self.tree = SumTree::default();
         self.present.clear();

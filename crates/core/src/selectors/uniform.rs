@@ -23,6 +23,12 @@ impl Selector for Uniform {
     fn len(&self) -> usize {
         self.set.len()
     }
+    fn order(&self) -> Option<Vec<u32>> {
+        Some(self.set.order())
+    }
+    fn set_order(&mut self, order: &[u32]) -> bool {
+        self.set.set_order(order)
+    }
     fn clear(&mut self) {
         self.set.clear();
     }

@@ -5,6 +5,7 @@ use std::thread;
 use std::time::Duration;
 
 use super::*;
+use crate::item::RowRange;
 use crate::sample::Collect;
 use crate::signature::{DType, Field, Signature};
 use crate::writer::Writer;
@@ -404,4 +405,88 @@ fn top_k_draws_the_best_items_in_order() {
     assert_eq!(values(&t, &b), vec![2, 3, 4]);
     let b = t.sample(6, None).unwrap();
     assert_eq!(values(&t, &b), vec![2, 3, 4, 1, 2, 3]);
+}
+
+/// A copy of `t` over a new store: the snapshot's blocks written back at the same rows.
+fn restored(t: &Table) -> (Store, Table) {
+    let (snap, pins) = t.snapshot();
+    let src = t.store();
+    let dst = Store::new(src.signature().clone(), src.capacity(), src.block_steps(), None).unwrap();
+    let reserved = dst.reserve_blocks(pins.blocks()).unwrap();
+    let bs = src.block_steps() as u64;
+    for &b in pins.blocks() {
+        let range = RowRange { start: b as u64 * bs, len: bs as u32 };
+        let mut buf = vec![0u8; bs as usize * src.row_bytes(0)];
+        src.columns().read_ranges(0, &[range], &mut buf);
+        dst.write_reserved(&reserved, 0, range.start, &buf).unwrap();
+    }
+    let t2 = Table::restore(&snap, &dst).unwrap();
+    drop(reserved);
+    drop(pins);
+    (dst, t2)
+}
+
+#[test]
+fn restored_tables_continue_exactly() {
+    for (sampler, remover) in [
+        (SelectorSpec::Uniform, SelectorSpec::Fifo),
+        (SelectorSpec::Prioritized { priority_exponent: 0.7 }, SelectorSpec::Uniform),
+        (SelectorSpec::Fifo, SelectorSpec::Lifo),
+        (SelectorSpec::MaxHeap, SelectorSpec::MinHeap),
+        (SelectorSpec::TopK, SelectorSpec::Fifo),
+    ] {
+        let s = store(256);
+        let mut c = config("t", sampler, remover, 20);
+        c.max_times_sampled = 3;
+        c.rate_limiter = RateLimiterConfig::sample_to_insert_ratio(2.0, 2, 1000.0).unwrap();
+        let t = Table::new(c, &s).unwrap();
+        let keys = put(&t, &(0..30).collect::<Vec<_>>(), &(0..30).map(|i| (i % 7) as f64).collect::<Vec<_>>());
+        t.delete(&keys[25..27]);
+        t.sample(9, None).unwrap();
+        let (_s2, t2) = restored(&t);
+        assert_eq!(t.items(), t2.items());
+        assert_eq!(t.info(), t2.info());
+        for round in 0..6 {
+            let a = t.sample(5, Some(Duration::ZERO));
+            let b = t2.sample(5, Some(Duration::ZERO));
+            match (a, b) {
+                (Ok(a), Ok(b)) => {
+                    assert_eq!(values(&t, &a), values(&t2, &b), "{sampler:?} round {round}");
+                    assert_eq!(a.items.iter().map(|i| (i.key, i.times_sampled)).collect::<Vec<_>>(),
+                               b.items.iter().map(|i| (i.key, i.times_sampled)).collect::<Vec<_>>());
+                }
+                (Err(_), Err(_)) => {}
+                (a, b) => panic!("{sampler:?}: {a:?} vs {b:?}"),
+            }
+            let k1 = put(&t, &[100 + round], &[1.5]);
+            let k2 = put(&t2, &[100 + round], &[1.5]);
+            assert_eq!(k1, k2, "future keys continue the same way");
+            assert_eq!(t.info(), t2.info());
+        }
+    }
+}
+
+#[test]
+fn restore_refuses_inconsistent_snapshots() {
+    let s = store(64);
+    let t = Table::new(config("t", SelectorSpec::Uniform, SelectorSpec::Fifo, 10), &s).unwrap();
+    put(&t, &[1, 2, 3], &[1.0; 3]);
+    let (snap, pins) = t.snapshot();
+    let dst = store(64);
+    let _reserved = dst.reserve_blocks(pins.blocks()).unwrap();
+    let mut bad = snap.clone();
+    bad.items[1].key ^= 1 << 40;
+    assert!(matches!(Table::restore(&bad, &dst), Err(Error::Corrupt(m)) if m.contains("does not match slot")));
+    let mut bad = snap.clone();
+    bad.items[0].ranges[0].start = 1 << 40;
+    assert!(matches!(Table::restore(&bad, &dst), Err(Error::Corrupt(m)) if m.contains("outside the store")));
+    let mut bad = snap.clone();
+    bad.rng = "{".into();
+    assert!(matches!(Table::restore(&bad, &dst), Err(Error::Corrupt(m)) if m.contains("random generator")));
+    let mut bad = snap.clone();
+    bad.sampler_order = Some(vec![0, 0, 1]);
+    assert!(matches!(Table::restore(&bad, &dst), Err(Error::Corrupt(m)) if m.contains("sampler order")));
+    assert_eq!(dst.table_names(), Vec::<String>::new());
+    // Blocks already in use cannot be reserved again.
+    assert!(dst.reserve_blocks(pins.blocks()).is_err());
 }

@@ -1,0 +1,283 @@
+//! Snapshots of tables and the blocks they reference, for checkpoints.
+//!
+//! [`Table::snapshot`] copies a table's whole index under its lock (items with
+//! their slots, keys, windows, priorities and sample counts; free slots and
+//! generations, so future keys continue as they would have; selector order and
+//! random generator; limiter and counters) and pins every block its items
+//! reference. The table keeps running while the caller writes the referenced
+//! rows: pinned blocks are never reused, and rows an item references are never
+//! written again, so the copy is consistent without copy-on-write.
+//!
+//! [`Table::restore`] rebuilds a table from a snapshot over a store whose rows
+//! were written back at the same row numbers (see [`Store::reserve_blocks`]).
+//! Every field is checked; anything inconsistent is [`Error::Corrupt`].
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::error::{Error, Result};
+use crate::item::{for_each_block, window_len, Item, RowRange, Window};
+use crate::rate_limiter::RateLimiter;
+use crate::selectors::Rng;
+use crate::store::Store;
+use crate::table::{Shared, Slot, State, Table, TableConfig};
+
+/// One item of a snapshot.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ItemRecord {
+    pub slot: u32,
+    pub key: u64,
+    pub seq: u64,
+    pub ranges: Vec<RowRange>,
+    pub priority: f64,
+    pub times_sampled: u32,
+}
+
+/// Everything a table needs to continue exactly where it was.
+#[derive(Clone, Debug)]
+pub struct TableSnapshot {
+    pub config: TableConfig,
+    /// In insertion order.
+    pub items: Vec<ItemRecord>,
+    /// The generation of every slot, present or free.
+    pub generations: Vec<u32>,
+    /// Free slots, in the order they will be reused (last first).
+    pub free_slots: Vec<u32>,
+    pub next_seq: u64,
+    /// num_inserts, num_samples, num_evictions, num_deletes, num_store_evictions.
+    pub counters: [u64; 5],
+    pub limiter_inserts: u64,
+    pub limiter_samples: u64,
+    pub blocked_insert_seconds: f64,
+    pub blocked_sample_seconds: f64,
+    /// The random generator, as JSON.
+    pub rng: String,
+    pub sampler_order: Option<Vec<u32>>,
+    pub remover_order: Option<Vec<u32>>,
+}
+
+/// References on blocks; released when dropped.
+pub struct Pins {
+    store: Store,
+    blocks: Vec<u32>,
+}
+
+impl Pins {
+    /// The pinned blocks, ascending.
+    pub fn blocks(&self) -> &[u32] {
+        &self.blocks
+    }
+}
+
+impl Drop for Pins {
+    fn drop(&mut self) {
+        for &b in &self.blocks {
+            self.store.allocator().release(b);
+        }
+    }
+}
+
+fn corrupt(table: &str, what: impl std::fmt::Display) -> Error {
+    Error::Corrupt(format!("table '{table}': {what}"))
+}
+
+impl Table {
+    /// A consistent copy of the index plus a pin on every referenced block.
+    pub fn snapshot(&self) -> (TableSnapshot, Pins) {
+        let sh = &*self.shared;
+        let st = sh.state.lock();
+        let mut items: Vec<ItemRecord> = Vec::with_capacity(st.size as usize);
+        let mut blocks: Vec<u32> = Vec::new();
+        for (slot, s) in st.slots.iter().enumerate() {
+            if let Some(item) = &s.item {
+                for_each_block(item.window.ranges(), sh.store.block_steps(), |b| blocks.push(b));
+                items.push(ItemRecord {
+                    slot: slot as u32,
+                    key: item.key,
+                    seq: item.seq,
+                    ranges: item.window.ranges().to_vec(),
+                    priority: item.priority,
+                    times_sampled: item.times_sampled,
+                });
+            }
+        }
+        blocks.sort_unstable();
+        blocks.dedup();
+        let alloc = sh.store.allocator();
+        for &b in &blocks {
+            alloc.retain(b); // live: items reference it, and we hold the table lock
+        }
+        items.sort_by_key(|i| i.seq);
+        let snapshot = TableSnapshot {
+            config: sh.config.clone(),
+            items,
+            generations: st.slots.iter().map(|s| s.generation).collect(),
+            free_slots: st.free_slots.clone(),
+            next_seq: st.next_seq,
+            counters: [st.num_inserts, st.num_samples, st.num_evictions, st.num_deletes, st.num_store_evictions],
+            limiter_inserts: st.limiter.inserts,
+            limiter_samples: st.limiter.samples,
+            blocked_insert_seconds: st.limiter.blocked_insert.as_secs_f64(),
+            blocked_sample_seconds: st.limiter.blocked_sample.as_secs_f64(),
+            rng: serde_json::to_string(&st.rng).expect("a PCG state serialises"),
+            sampler_order: st.sampler.order(),
+            remover_order: st.remover.order(),
+        };
+        (snapshot, Pins { store: sh.store.clone(), blocks })
+    }
+
+    /// Rebuilds a table from `snap` over `store`, whose referenced rows hold the
+    /// snapshot's data. The store must not already have a table of that name.
+    pub fn restore(snap: &TableSnapshot, store: &Store) -> Result<Table> {
+        let name = snap.config.name.clone();
+        let fresh = Table::new(snap.config.clone(), store)?;
+        drop(fresh); // validated the config and the name; rebuilt below
+        let rng: Rng = serde_json::from_str(&snap.rng).map_err(|e| corrupt(&name, format!("random generator state: {e}")))?;
+        let n_slots = snap.generations.len();
+        let mut slots: Vec<Slot> = snap.generations.iter().map(|&generation| Slot { generation, item: None }).collect();
+        let mut state = State::new(&snap.config, rng);
+        let mut used = vec![false; n_slots];
+        let mut last_seq = None;
+        for r in &snap.items {
+            let s = r.slot as usize;
+            if s >= n_slots || used[s] {
+                return Err(corrupt(&name, format!("item {} has slot {} (slots: {n_slots}, or used twice)", r.key, r.slot)));
+            }
+            if r.key != ((snap.generations[s] as u64) << 32 | r.slot as u64) {
+                return Err(corrupt(&name, format!("item key {} does not match slot {} generation {}", r.key, r.slot, snap.generations[s])));
+            }
+            if last_seq.is_some_and(|l| r.seq <= l) || r.seq >= snap.next_seq {
+                return Err(corrupt(&name, format!("item {} has sequence {} out of order", r.key, r.seq)));
+            }
+            last_seq = Some(r.seq);
+            if r.ranges.is_empty() || r.ranges.iter().any(|g| g.len == 0 || g.start + g.len as u64 > store.capacity()) {
+                return Err(corrupt(&name, format!("item {} has rows outside the store ({} steps)", r.key, store.capacity())));
+            }
+            if !r.priority.is_finite() || r.priority < 0.0 {
+                return Err(corrupt(&name, format!("item {} has priority {}", r.key, r.priority)));
+            }
+            used[s] = true;
+        }
+        let mut free_seen = vec![false; n_slots];
+        for &f in &snap.free_slots {
+            let f = f as usize;
+            if f >= n_slots || used[f] || free_seen[f] {
+                return Err(corrupt(&name, format!("free slot {f} is out of range or in use")));
+            }
+            free_seen[f] = true;
+        }
+        if snap.free_slots.len() + snap.items.len() != n_slots {
+            return Err(corrupt(&name, "slots are neither free nor used"));
+        }
+        if snap.items.len() as u64 > snap.config.max_size {
+            return Err(corrupt(&name, format!("{} items, more than max_size {}", snap.items.len(), snap.config.max_size)));
+        }
+        let alloc = store.allocator();
+        for r in &snap.items {
+            let s = r.slot as usize;
+            let window = Window::from_ranges(r.ranges.clone());
+            for_each_block(window.ranges(), store.block_steps(), |b| {
+                if state.block_items.len() <= b as usize {
+                    state.block_items.resize_with(b as usize + 1, VecDeque::new);
+                }
+                state.block_items[b as usize].push_back(r.slot);
+            });
+            state.sampler.insert(r.slot, r.seq, r.priority);
+            state.remover.insert(r.slot, r.seq, r.priority);
+            slots[s].item = Some(Item {
+                key: r.key,
+                seq: r.seq,
+                length: window_len(window.ranges()) as u32,
+                window,
+                priority: r.priority,
+                times_sampled: r.times_sampled,
+            });
+        }
+        // References last: every check above is done, nothing can fail now.
+        for r in &snap.items {
+            for_each_block(&r.ranges, store.block_steps(), |b| {
+                if alloc.refcount(b) == 0 {
+                    // The caller reserved the blocks it wrote; anything else is a bug.
+                    panic!("restoring table '{name}': block {b} was not reserved");
+                }
+                alloc.retain(b)
+            });
+        }
+        if let Some(order) = &snap.sampler_order {
+            if !state.sampler.set_order(order) {
+                return Err(corrupt(&name, "sampler order does not match the items"));
+            }
+        }
+        if let Some(order) = &snap.remover_order {
+            if !state.remover.set_order(order) {
+                return Err(corrupt(&name, "remover order does not match the items"));
+            }
+        }
+        state.slots = slots;
+        state.free_slots = snap.free_slots.clone();
+        state.size = snap.items.len() as u64;
+        state.next_seq = snap.next_seq;
+        [state.num_inserts, state.num_samples, state.num_evictions, state.num_deletes, state.num_store_evictions] = snap.counters;
+        let mut limiter = RateLimiter::new(snap.config.rate_limiter);
+        limiter.inserts = snap.limiter_inserts;
+        limiter.samples = snap.limiter_samples;
+        limiter.blocked_insert = Duration::from_secs_f64(snap.blocked_insert_seconds.max(0.0));
+        limiter.blocked_sample = Duration::from_secs_f64(snap.blocked_sample_seconds.max(0.0));
+        state.limiter = limiter;
+        let shared = Arc::new(Shared {
+            config: snap.config.clone(),
+            store: store.clone(),
+            state: Mutex::new(state),
+            insert_cv: Condvar::new(),
+            sample_cv: Condvar::new(),
+        });
+        store.register_table(&name, Arc::downgrade(&shared))?;
+        Ok(Table::from_shared(shared))
+    }
+}
+
+impl Store {
+    /// Takes the given blocks out of the free queue (for writing a checkpoint's
+    /// rows back at their row numbers). They are held by the returned pins.
+    pub fn reserve_blocks(&self, blocks: &[u32]) -> Result<Pins> {
+        let mut sorted = blocks.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        if let Some(&b) = sorted.iter().find(|&&b| b >= self.num_blocks()) {
+            return Err(Error::Corrupt(format!("block {b} is outside the store ({} blocks)", self.num_blocks())));
+        }
+        self.allocator().reserve(&sorted)?;
+        Ok(Pins { store: self.clone(), blocks: sorted })
+    }
+
+    /// Writes whole rows of column `col` starting at `row`, into blocks the
+    /// caller reserved with [`Store::reserve_blocks`].
+    pub fn write_reserved(&self, pins: &Pins, col: usize, row: u64, bytes: &[u8]) -> Result<()> {
+        let sig = self.signature();
+        let Some(f) = sig.fields().get(col) else {
+            return Err(Error::Corrupt(format!("column {col} does not exist")));
+        };
+        let rb = f.row_bytes();
+        if rb == 0 || bytes.len() % rb != 0 {
+            return Err(Error::Corrupt(format!("field '{}': {} bytes are not whole rows of {rb}", f.name, bytes.len())));
+        }
+        let rows = (bytes.len() / rb) as u64;
+        if rows == 0 {
+            return Ok(());
+        }
+        if row + rows > self.capacity() {
+            return Err(Error::Corrupt(format!("field '{}': rows {row}..{} are outside the store", f.name, row + rows)));
+        }
+        let bs = self.block_steps() as u64;
+        for b in row / bs..=(row + rows - 1) / bs {
+            if pins.blocks.binary_search(&(b as u32)).is_err() {
+                return Err(Error::Corrupt(format!("rows {row}..{} fall in block {b}, which was not reserved", row + rows)));
+            }
+        }
+        self.columns().write_rows(col, row, bytes);
+        Ok(())
+    }
+}
