@@ -6,7 +6,7 @@
                      remover=rp.selectors.Fifo(), max_size=50_000)
 """
 
-from . import errors, rate_limiters, selectors
+from . import checkpoint, errors, rate_limiters, selectors
 from ._native import Writer, __version__
 from .client import Client
 from .sample import Sample
@@ -24,6 +24,7 @@ __all__ = [
     "Client",
     "Sample",
     "selectors",
+    "checkpoint",
     "rate_limiters",
     "errors",
     "__version__",

@@ -82,6 +82,24 @@ class Table:
             self._selection = DeviceSelection(self._native, kind, exponent, selection, seed, max_size, max_times_sampled)
 
     @classmethod
+    def _restored(cls, native, store: Store, snapshot: dict) -> "Table":
+        """Wraps a table rebuilt by ``reprise.checkpoint.load``."""
+        from . import selectors as S
+        from .rate_limiters import RateLimiter
+        t = cls.__new__(cls)
+        t._store = store
+
+        def selector(spec):
+            kind, exponent = spec
+            return S.Prioritized(exponent) if kind == "Prioritized" else getattr(S, kind)()
+
+        t._sampler, t._remover = selector(snapshot["sampler"]), selector(snapshot["remover"])
+        t._rate_limiter = RateLimiter(*snapshot["rate_limiter"])
+        t._native = native
+        t._selection = None
+        return t
+
+    @classmethod
     def queue(cls, name: str, store: Store, max_size: int, seed: int | None = None) -> "Table":
         """Fifo in, Fifo out, each item sampled exactly once; inserts block while
         ``max_size`` items wait, samples block while none does."""

@@ -8,6 +8,7 @@ mod errors;
 mod rows;
 mod sample;
 mod serving;
+mod snapshot;
 mod store;
 mod table;
 mod timeout;
@@ -19,6 +20,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<writer::PyWriter>()?;
     m.add_class::<table::PyTable>()?;
     m.add_class::<rows::PySampleRows>()?;
+    m.add_class::<snapshot::PyPins>()?;
     m.add_class::<serving::PyServer>()?;
     m.add_class::<serving::PyClient>()?;
     m.add_function(wrap_pyfunction!(table::rate_limiter_preset, m)?)?;

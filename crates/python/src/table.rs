@@ -44,6 +44,12 @@ fn non_negative(py: Python<'_>, what: &str, v: i64, min: i64) -> PyResult<u64> {
     Ok(v as u64)
 }
 
+impl PyTable {
+    pub fn from_table(table: Table, fields: Arc<Vec<FieldInfo>>) -> PyTable {
+        PyTable { table, fields }
+    }
+}
+
 #[pymethods]
 impl PyTable {
     #[new]
@@ -194,6 +200,17 @@ impl PyTable {
             PyArray1::from_iter(py, changes.iter().map(|c| c.item.map_or(-1, |(seq, _)| seq as i64))),
             PyArray1::from_iter(py, changes.iter().map(|c| c.item.map_or(0.0, |(_, p)| p))),
         ))
+    }
+
+    /// `(snapshot dict, Pins)`: the whole index and a hold on its blocks (checkpoints).
+    fn snapshot<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyDict>, crate::snapshot::PyPins)> {
+        crate::snapshot::snapshot(py, &self.table)
+    }
+
+    /// Rebuilds a table from a snapshot dict over `store` (checkpoints).
+    #[staticmethod]
+    fn restore(py: Python<'_>, store: PyRef<'_, PyStore>, snapshot: &Bound<'_, PyDict>) -> PyResult<PyTable> {
+        crate::snapshot::restore(py, &store, snapshot)
     }
 
     /// Sets priorities; keys no longer present are skipped. Returns how many applied.

@@ -1,0 +1,366 @@
+"""Checkpoints: ``save(path, tables)`` and ``load(path)``.
+
+A checkpoint is a directory, written under a temporary name next to its final
+one and renamed when complete (a crash leaves no partial checkpoint, and the
+previous ones intact):
+
+    ckpt-<unix ns>/
+      MANIFEST.json        format, version, stores, tables, and a size + CRC-32 per file
+      store-<i>.rows       int64 [k, 2]: the (start, count) row runs written, ascending
+      store-<i>.col-<j>    column j's rows of those runs, back to back (zstd when asked)
+      table-<i>.npz        the table's index: items, slots, orders (numpy arrays)
+
+Saving is online: each table's index is copied under its lock (a moment), and
+the blocks it references are pinned, so inserts and samples go on while the rows
+are written; rows an item references are never rewritten, so the copy is
+consistent. Stores shared by several tables are written once. Loading checks
+every file before it builds anything: a truncated, corrupt or other-version
+checkpoint raises ``Corrupt`` naming the file and loads nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import io
+import json
+import os
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from . import _native
+from .errors import Corrupt, InvalidArgument
+from .signature import Field
+
+FORMAT = "reprise-checkpoint"
+VERSION = 1
+MANIFEST = "MANIFEST.json"
+_CHUNK = 64 << 20
+
+
+class _Progress:
+    """A progress bar on a terminal for work that takes more than a second."""
+
+    def __init__(self, total: int, desc: str, enabled: bool | None):
+        self._bar = None
+        if enabled is None:
+            enabled = sys.stderr.isatty()
+        if enabled:
+            try:
+                from tqdm import tqdm
+            except ImportError:
+                return
+            self._bar = tqdm(total=total, desc=desc, unit="B", unit_scale=True, delay=1.0, leave=False)
+
+    def update(self, n: int):
+        if self._bar is not None:
+            self._bar.update(n)
+
+    def close(self):
+        if self._bar is not None:
+            self._bar.close()
+
+
+class _Out:
+    """A file written 0600, with its size and CRC-32, optionally zstd-compressed."""
+
+    def __init__(self, path: Path, compression: str | None):
+        self.path = path
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        self.crc, self.size = 0, 0
+        self._z = None
+        if compression == "zstd":
+            import zstandard
+            self._z = zstandard.ZstdCompressor(level=3).compressobj()
+
+    def _raw(self, data):
+        mv = memoryview(data).cast("B")
+        self.crc = zlib.crc32(mv, self.crc)
+        self.size += len(mv)
+        while mv:
+            n = os.write(self.fd, mv)
+            mv = mv[n:]
+
+    def write(self, data):
+        if self._z is not None:
+            data = self._z.compress(bytes(memoryview(data).cast("B")))
+        if len(data):
+            self._raw(data)
+
+    def close(self) -> dict:
+        if self._z is not None:
+            self._raw(self._z.flush())
+        os.fsync(self.fd)
+        os.close(self.fd)
+        return {"bytes": self.size, "crc32": self.crc}
+
+
+def _columns_view(store):
+    """``{field: uint8 [capacity, row_bytes]}`` views of a host store's columns."""
+    address, nbytes = store._native.memory()
+    buf = np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(address))
+    cap = store.capacity
+    return [(name, buf[off:off + cap * rb].reshape(cap, rb)) for name, off, rb in store._native.column_layout()]
+
+
+def _runs(snapshots) -> np.ndarray:
+    """The row runs referenced by the items of ``snapshots``, merged, ascending: int64 [k, 2]."""
+    starts = np.concatenate([s["range_start"].astype(np.int64) for s in snapshots] or [np.zeros(0, np.int64)])
+    ends = starts + np.concatenate([s["range_len"].astype(np.int64) for s in snapshots] or [np.zeros(0, np.int64)])
+    if starts.size == 0:
+        return np.zeros((0, 2), np.int64)
+    order = np.argsort(starts, kind="stable")
+    starts, ends = starts[order], ends[order]
+    reach = np.maximum.accumulate(ends)
+    new = np.ones(starts.size, bool)
+    new[1:] = starts[1:] > reach[:-1]
+    first = np.flatnonzero(new)
+    last = np.append(first[1:], starts.size) - 1
+    return np.stack([starts[first], reach[last] - starts[first]], axis=1)
+
+
+def save(path, tables, compression: str | None = None, progress: bool | None = None) -> str:
+    """Writes a checkpoint of ``tables`` into a new directory under ``path``;
+    returns its path. ``compression``: None or "zstd" (needs the ``zstandard``
+    package). ``progress``: a bar on stderr when it takes over a second (default:
+    when stderr is a terminal)."""
+    from .table import Table
+    tables = [tables] if isinstance(tables, Table) else list(tables)
+    if not tables or not all(isinstance(t, Table) for t in tables):
+        raise InvalidArgument(f"tables must be a non-empty list of reprise.Table, got {tables!r}")
+    names = [t.name for t in tables]
+    if len(set(names)) != len(names):
+        raise InvalidArgument(f"table names must be unique in a checkpoint, got {names}")
+    if compression not in (None, "zstd"):
+        raise InvalidArgument(f"compression must be None or 'zstd', got {compression!r}")
+    if compression == "zstd":
+        try:
+            import zstandard  # noqa: F401
+        except ImportError as e:
+            raise InvalidArgument("compression='zstd' needs the zstandard package: pip install zstandard") from e
+    for t in tables:
+        if t.store._device_columns is not None:
+            raise InvalidArgument(f"table '{t.name}' is over a device store; checkpoints of device stores are not supported")
+        t.store._check_open()
+    parent = Path(path)
+    parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    final = parent / f"ckpt-{time.time_ns():020d}"
+    tmp = parent / f".{final.name}.tmp-{os.getpid()}"
+    tmp.mkdir(mode=0o700)
+    # Every index first (a moment each), then the data with the tables running.
+    snaps = [t._native.snapshot() for t in tables]
+    stores: list = []
+    for t in tables:
+        if not any(s is t.store for s in stores):
+            stores.append(t.store)
+    files: dict = {}
+    manifest = {"format": FORMAT, "version": VERSION, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "compression": compression, "stores": [], "tables": [], "files": files}
+    try:
+        runs_of = [_runs([snaps[i][0] for i, t in enumerate(tables) if t.store is st]) for st in stores]
+        total = sum(int(r[:, 1].sum()) * sum(rb for _, _, rb in st._native.column_layout()) for r, st in zip(runs_of, stores))
+        bar = _Progress(total, "checkpoint", progress)
+        for i, (st, runs) in enumerate(zip(stores, runs_of)):
+            out = _Out(tmp / f"store-{i}.rows", None)
+            out.write(np.ascontiguousarray(runs))
+            files[out.path.name] = out.close()
+            cols = {}
+            for j, (name, view) in enumerate(_columns_view(st)):
+                out = _Out(tmp / f"store-{i}.col-{j}", compression)
+                for start, count in runs:
+                    for a in range(start, start + count, max(1, _CHUNK // max(view.shape[1], 1))):
+                        b = min(start + count, a + max(1, _CHUNK // max(view.shape[1], 1)))
+                        out.write(view[a:b])
+                        bar.update((b - a) * view.shape[1])
+                files[out.path.name] = out.close()
+                cols[name] = out.path.name
+            manifest["stores"].append({
+                "signature": [[n, list(f.shape), f.dtype] for n, f in st.signature.items()],
+                "capacity": st.capacity, "block_steps": st.block_steps,
+                "rows": f"store-{i}.rows", "columns": cols,
+            })
+        bar.close()
+        for i, (t, (snap, pins)) in enumerate(zip(tables, snaps)):
+            pins.release()
+            arrays = {k: v for k, v in snap.items() if isinstance(v, np.ndarray)}
+            scalars = {k: v for k, v in snap.items() if not isinstance(v, np.ndarray)}
+            buf = io.BytesIO()
+            np.savez(buf, **arrays)
+            out = _Out(tmp / f"table-{i}.npz", None)
+            out.write(buf.getbuffer())
+            files[out.path.name] = out.close()
+            manifest["tables"].append({"file": out.path.name, "store": next(k for k, s in enumerate(stores) if s is t.store),
+                                       "index": scalars})
+        out = _Out(tmp / MANIFEST, None)
+        out.write(json.dumps(manifest, indent=1, sort_keys=True).encode())
+        out.close()
+        _fsync_dir(tmp)
+        os.rename(tmp, final)
+        _fsync_dir(parent)
+    except BaseException:
+        for _, pins in snaps:
+            pins.release()
+        _remove(tmp)
+        raise
+    return str(final)
+
+
+def _fsync_dir(path: Path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _remove(path: Path):
+    if path.exists():
+        for f in path.iterdir():
+            f.unlink()
+        path.rmdir()
+
+
+def checkpoints(path) -> list[str]:
+    """The checkpoints under ``path``, newest first (valid or not)."""
+    parent = Path(path)
+    if not parent.is_dir():
+        return []
+    return [str(p) for p in sorted(parent.glob("ckpt-*"), reverse=True) if p.is_dir()]
+
+
+def _read_manifest(ckpt: Path) -> dict:
+    mpath = ckpt / MANIFEST
+    try:
+        manifest = json.loads(mpath.read_bytes())
+    except FileNotFoundError:
+        raise Corrupt(f"{mpath}: missing: not a complete checkpoint") from None
+    except (OSError, ValueError) as e:
+        raise Corrupt(f"{mpath}: unreadable ({e})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise Corrupt(f"{mpath}: not a Reprise checkpoint manifest")
+    if manifest.get("version") != VERSION:
+        raise Corrupt(f"{mpath}: format version {manifest.get('version')!r}; this Reprise reads version {VERSION}")
+    return manifest
+
+
+def verify(path) -> dict:
+    """Checks a checkpoint's manifest and the size and CRC-32 of every file; returns
+    the manifest or raises ``Corrupt`` naming the first bad file."""
+    ckpt = Path(path)
+    manifest = _read_manifest(ckpt)
+    try:
+        files = dict(manifest["files"])
+        for name, meta in files.items():
+            f = ckpt / name
+            if "/" in name or not f.is_file():
+                raise Corrupt(f"{f}: missing")
+            size = f.stat().st_size
+            if size != meta["bytes"]:
+                raise Corrupt(f"{f}: {size} bytes, the manifest says {meta['bytes']} (truncated?)")
+            crc = 0
+            with open(f, "rb") as fh:
+                while chunk := fh.read(_CHUNK):
+                    crc = zlib.crc32(chunk, crc)
+            if crc != meta["crc32"]:
+                raise Corrupt(f"{f}: checksum mismatch (corrupt)")
+    except (KeyError, TypeError) as e:
+        raise Corrupt(f"{ckpt / MANIFEST}: malformed ({e})") from None
+    return manifest
+
+
+def latest(path) -> str | None:
+    """The newest checkpoint under ``path`` that verifies, or None."""
+    for c in checkpoints(path):
+        try:
+            verify(c)
+            return c
+        except Corrupt:
+            continue
+    return None
+
+
+def _read(ckpt: Path, name: str, compression, what) -> bytes:
+    data = (ckpt / name).read_bytes()
+    if compression == "zstd" and what == "column":
+        import zstandard
+        try:
+            data = zstandard.ZstdDecompressor().decompressobj().decompress(data)
+        except zstandard.ZstdError as e:
+            raise Corrupt(f"{ckpt / name}: cannot decompress ({e})") from None
+    return data
+
+
+def load(path, progress: bool | None = None) -> dict:
+    """Loads a checkpoint (a directory ``save`` returned, or the newest valid one
+    under ``path``) into new stores and tables: ``{name: Table}``."""
+    from .store import Store
+    from .table import Table
+    ckpt = Path(path)
+    if not (ckpt / MANIFEST).exists():
+        found = latest(ckpt)
+        if found is None:
+            raise Corrupt(f"{ckpt}: no valid checkpoint here")
+        ckpt = Path(found)
+    manifest = verify(ckpt)
+    compression = manifest.get("compression")
+    made = []
+    try:
+        stores = []
+        for s in manifest["stores"]:
+            sig = {n: Field(tuple(shape), dtype) for n, shape, dtype in s["signature"]}
+            store = Store(sig, capacity=s["capacity"], block_steps=s["block_steps"])
+            made.append(store)
+            if store.capacity != s["capacity"]:
+                raise Corrupt(f"{ckpt / MANIFEST}: capacity {s['capacity']} is not whole blocks of {s['block_steps']}")
+            raw = _read(ckpt, s["rows"], None, "rows")
+            if len(raw) % 16:
+                raise Corrupt(f"{ckpt / s['rows']}: not whole (start, count) pairs")
+            runs = np.frombuffer(raw, dtype=np.int64).reshape(-1, 2)
+            if (runs < 0).any() or (runs[:, 0] + runs[:, 1] > store.capacity).any():
+                raise Corrupt(f"{ckpt / s['rows']}: rows outside the store")
+            bs = store.block_steps
+            blocks = np.unique(np.concatenate([np.arange(a // bs, (a + c - 1) // bs + 1) for a, c in runs if c > 0]
+                                              or [np.zeros(0, np.int64)])).astype(np.uint32)
+            pins = store._native.reserve_blocks(blocks)
+            layout = store._native.column_layout()
+            total = int(runs[:, 1].sum())
+            bar = _Progress(total * sum(rb for _, _, rb in layout), "load", progress)
+            for j, (name, _, rb) in enumerate(layout):
+                data = np.frombuffer(_read(ckpt, s["columns"][name], compression, "column"), dtype=np.uint8)
+                if data.size != total * rb:
+                    raise Corrupt(f"{ckpt / s['columns'][name]}: {data.size} bytes, expected {total * rb}")
+                at = 0
+                for a, c in runs:
+                    store._native.write_reserved(pins, j, int(a), data[at:at + c * rb])
+                    at += c * rb
+                    bar.update(c * rb)
+            bar.close()
+            stores.append((store, pins))
+        out = {}
+        for t in manifest["tables"]:
+            store, _ = stores[t["store"]]
+            with np.load(ckpt / t["file"], allow_pickle=False) as z:
+                snap = {k: z[k] for k in z.files}
+            snap.update(t["index"])
+            for k in ("sampler_order", "remover_order"):
+                snap.setdefault(k, None)
+            for k in ("sampler", "remover", "rate_limiter", "limiter"):
+                snap[k] = tuple(snap[k])
+            snap["external_selection"] = False  # restored tables select on the host
+            native = _native.Table.restore(store._native, snap)
+            out[native.name] = Table._restored(native, store, snap)
+        for _, pins in stores:
+            pins.release()
+        return out
+    except BaseException as e:
+        for s in made:
+            s.close()
+        if isinstance(e, (KeyError, TypeError, ValueError)) and not isinstance(e, InvalidArgument):
+            raise Corrupt(f"{ckpt}: malformed checkpoint ({type(e).__name__}: {e})") from e
+        raise
+
+
+__all__ = ["save", "load", "verify", "latest", "checkpoints", "FORMAT", "VERSION"]
