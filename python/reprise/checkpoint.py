@@ -147,6 +147,7 @@ def save(path, tables, compression: str | None = None, progress: bool | None = N
         t.store._check_open()
     parent = Path(path)
     parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _remove_stale_temporaries(parent)
     final = parent / f"ckpt-{time.time_ns():020d}"
     tmp = parent / f".{final.name}.tmp-{os.getpid()}"
     tmp.mkdir(mode=0o700)
@@ -221,6 +222,18 @@ def _remove(path: Path):
         for f in path.iterdir():
             f.unlink()
         path.rmdir()
+
+
+def _remove_stale_temporaries(parent: Path):
+    """Removes what saves killed midway left behind (their process is gone)."""
+    for p in parent.glob(".ckpt-*.tmp-*"):
+        try:
+            pid = int(p.name.rsplit("-", 1)[1])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            _remove(p)
+        except (ValueError, PermissionError, OSError):
+            continue
 
 
 def checkpoints(path) -> list[str]:

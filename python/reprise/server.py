@@ -6,6 +6,8 @@ updates) cross the server's Unix socket."""
 
 from __future__ import annotations
 
+import os
+
 from collections.abc import Sequence
 
 from . import _native
@@ -22,8 +24,11 @@ class Server:
     leftovers of a dead one are cleaned up. A client that dies (even by SIGKILL)
     leaves no partial item, and the blocks it held return to the store.
 
-    ``address`` (remote gRPC clients), ``token`` and ``checkpoint_dir`` belong to the
-    remote service and checkpoints, which are not in this build: pass None.
+    ``checkpoint_dir``: ``checkpoint()`` writes there, and at start the newest valid
+    checkpoint in it (if any) is loaded: its tables replace the given tables of the
+    same names, which must be empty (``server.tables`` lists what is served).
+    ``address`` and ``token`` belong to the remote (gRPC) service, which is not in
+    this build: pass None.
     """
 
     def __init__(self, tables: Sequence[Table], address: str | None = None, token: str | None = None,
@@ -33,12 +38,27 @@ class Server:
         tables = list(tables)
         if not tables or not all(isinstance(t, Table) for t in tables):
             raise InvalidArgument(f"tables must be a non-empty list of reprise.Table, got {tables!r}")
-        for arg, value in (("address", address), ("token", token), ("checkpoint_dir", checkpoint_dir)):
+        for arg, value in (("address", address), ("token", token)):
             if value is not None:
                 raise InvalidArgument(
-                    f"{arg}={value!r}: remote serving and checkpoints are not available in this build; "
+                    f"{arg}={value!r}: remote serving is not available in this build; "
                     "same-host clients connect to server.local_address"
                 )
+        self._checkpoint_dir = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
+        self.restored_from = None
+        if self._checkpoint_dir is not None:
+            from . import checkpoint
+            found = checkpoint.latest(self._checkpoint_dir)
+            if found is not None:
+                for t in tables:
+                    if len(t):
+                        raise InvalidArgument(
+                            f"checkpoint_dir {self._checkpoint_dir!r} holds a checkpoint to restore, but table "
+                            f"'{t.name}' is not empty: pass empty tables (or another directory)"
+                        )
+                loaded = checkpoint.load(found)
+                tables = [loaded.get(t.name, t) for t in tables]
+                self.restored_from = found
         for t in tables:
             if t.store._device_columns is not None:
                 raise InvalidArgument(
@@ -69,6 +89,14 @@ class Server:
     @property
     def tables(self) -> list[Table]:
         return list(self._tables)
+
+    def checkpoint(self, compression: str | None = None) -> str:
+        """Writes a checkpoint of the served tables into ``checkpoint_dir`` (online:
+        clients keep inserting and sampling). Returns its path."""
+        if self._checkpoint_dir is None:
+            raise InvalidArgument("this server has no checkpoint_dir: pass checkpoint_dir= to rp.Server")
+        from . import checkpoint
+        return checkpoint.save(self._checkpoint_dir, self._tables, compression=compression)
 
     def stop(self):
         """Closes every client connection (releasing what they held) and removes the socket."""
