@@ -282,3 +282,18 @@ def test_server_checkpoint_and_restart(make_store, tmp_path):
     finally:
         server2.stop()
         served.store.close()
+
+
+def test_a_loaded_full_store_still_makes_room(make_store, tmp_path):
+    store = make_store(SIG, capacity=64, block_steps=8)
+    t = rp.Table("t", store, sampler=S.Fifo(), max_size=64)
+    for i in range(12):
+        t.insert(data(8, 1, 8 * i), 1.0)  # the store wraps: items are evicted to make room
+    loaded = rp.checkpoint.load(rp.checkpoint.save(tmp_path, t))
+    try:
+        t2 = loaded["t"]
+        for i in range(3):
+            np.testing.assert_array_equal(t.insert(data(8, 1, 500 + 8 * i), 1.0), t2.insert(data(8, 1, 500 + 8 * i), 1.0))
+        assert t.items() == t2.items()
+    finally:
+        close_all(loaded)

@@ -306,6 +306,21 @@ def _read(ckpt: Path, name: str, compression, what) -> bytes:
     return data
 
 
+def _oldest_first(blocks: np.ndarray, block_steps: int, manifest: dict, store_index: int, ckpt: Path) -> np.ndarray:
+    """``blocks`` ordered by the oldest item that references each (by insertion
+    order, tables in manifest order): the order store pressure evicts them in."""
+    rank = {}
+    for t in manifest["tables"]:
+        if t["store"] != store_index:
+            continue
+        with np.load(ckpt / t["file"], allow_pickle=False) as z:
+            starts, counts = z["range_start"], z["num_ranges"].astype(np.int64)
+        firsts = starts[np.concatenate([np.zeros(1, np.int64), np.cumsum(counts)[:-1]])] if counts.size else starts[:0]
+        for b in (firsts // block_steps).tolist():
+            rank.setdefault(b, len(rank))
+    return np.array(sorted(blocks.tolist(), key=lambda b: (rank.get(b, len(rank)), b)), dtype=np.uint32)
+
+
 def load(path, progress: bool | None = None) -> dict:
     """Loads a checkpoint (a directory ``save`` returned, or the newest valid one
     under ``path``) into new stores and tables: ``{name: Table}``."""
@@ -322,7 +337,7 @@ def load(path, progress: bool | None = None) -> dict:
     made = []
     try:
         stores = []
-        for s in manifest["stores"]:
+        for s_index, s in enumerate(manifest["stores"]):
             sig = {n: Field(tuple(shape), dtype) for n, shape, dtype in s["signature"]}
             store = Store(sig, capacity=s["capacity"], block_steps=s["block_steps"])
             made.append(store)
@@ -337,7 +352,7 @@ def load(path, progress: bool | None = None) -> dict:
             bs = store.block_steps
             blocks = np.unique(np.concatenate([np.arange(a // bs, (a + c - 1) // bs + 1) for a, c in runs if c > 0]
                                               or [np.zeros(0, np.int64)])).astype(np.uint32)
-            pins = store._native.reserve_blocks(blocks)
+            pins = store._native.reserve_blocks(_oldest_first(blocks, bs, manifest, s_index, ckpt))
             layout = store._native.column_layout()
             total = int(runs[:, 1].sum())
             bar = _Progress(total * sum(rb for _, _, rb in layout), "load", progress)

@@ -120,6 +120,13 @@ impl BlockAllocator {
             )));
         }
         st.free.retain(|&b| !wanted[b as usize]);
+        // Leased now, as far as store-pressure eviction is concerned: their items
+        // must be evictable like any others once the restore is done.
+        for &b in blocks {
+            st.leases[b as usize] = st.leases[b as usize].wrapping_add(1);
+            let stamp = st.leases[b as usize];
+            st.order.push_back((b, stamp));
+        }
         drop(st);
         for &b in blocks {
             self.refcounts[b as usize].store(1, Ordering::Release);

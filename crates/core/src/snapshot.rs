@@ -241,15 +241,20 @@ impl Table {
 
 impl Store {
     /// Takes the given blocks out of the free queue (for writing a checkpoint's
-    /// rows back at their row numbers). They are held by the returned pins.
+    /// rows back at their row numbers), oldest first: store pressure evicts the
+    /// items of the first ones first. They are held by the returned pins.
     pub fn reserve_blocks(&self, blocks: &[u32]) -> Result<Pins> {
         let mut sorted = blocks.to_vec();
         sorted.sort_unstable();
         sorted.dedup();
+        if sorted.len() != blocks.len() {
+            return Err(Error::Corrupt("a block to restore is listed twice".into()));
+        }
         if let Some(&b) = sorted.iter().find(|&&b| b >= self.num_blocks()) {
             return Err(Error::Corrupt(format!("block {b} is outside the store ({} blocks)", self.num_blocks())));
         }
-        self.allocator().reserve(&sorted)?;
+        // In the given order: it becomes the order in which store pressure evicts.
+        self.allocator().reserve(blocks)?;
         Ok(Pins { store: self.clone(), blocks: sorted })
     }
 
