@@ -262,10 +262,19 @@ def test_server_checkpoint_and_restart(make_store, tmp_path):
             w.append({"obs": np.zeros(3, np.float32), "act": 77})
             w.create_item("replay", 1, 1.0)
     path = server.checkpoint()
+    with rp.Client(server.local_address) as c:  # clients ask the server for one
+        from_client = c.checkpoint()
+    assert Path(from_client).parent == tmp_path / "ck" and from_client != path
+    rp.checkpoint.verify(from_client)
+    path = from_client
     server.stop()
     plain = rp.Server([t])
     with pytest.raises(rp.errors.InvalidArgument, match="no checkpoint_dir"):
         plain.checkpoint()
+    with rp.Client(plain.local_address) as c:
+        with pytest.raises(rp.errors.InvalidArgument, match="no checkpoint directory"):
+            c.checkpoint()
+        assert c.info()["replay"]["size"] == 11  # the connection is still fine
     plain.stop()
     fresh_store = make_store(SIG, capacity=256, block_steps=8)
     fresh = rp.Table("replay", fresh_store, sampler=S.Uniform(), max_size=100)

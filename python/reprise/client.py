@@ -93,6 +93,12 @@ class Client:
     def reset(self, table: str):
         self._native.reset(table)
 
+    def checkpoint(self) -> str:
+        """Asks the server to write a checkpoint of its tables into its
+        ``checkpoint_dir`` (online: clients keep working); returns its path.
+        ``InvalidArgument`` when the server has no checkpoint_dir."""
+        return self._native.checkpoint()
+
     def info(self) -> dict:
         """``{table name: table.info()}``."""
         return self._native.info()

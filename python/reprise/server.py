@@ -7,6 +7,7 @@ updates) cross the server's Unix socket."""
 from __future__ import annotations
 
 import os
+import weakref
 
 from collections.abc import Sequence
 
@@ -70,7 +71,16 @@ class Server:
                     f"table '{t.name}' selects on a device (selection_device): sample it in this process"
                 )
         self._tables = tables
-        self._native = _native.Server([t._native for t in tables], name)
+        checkpointer = None
+        if self._checkpoint_dir is not None:
+            me = weakref.ref(self)
+
+            def checkpointer():  # a client's checkpoint(), run on its connection's thread
+                server = me()
+                if server is None:
+                    raise InvalidArgument("the server is gone")
+                return server.checkpoint()
+        self._native = _native.Server([t._native for t in tables], name, checkpointer)
 
     @property
     def local_address(self) -> str:

@@ -305,6 +305,18 @@ impl LocalClient {
         }
     }
 
+    /// Asks the server to write a checkpoint of its tables; returns its path.
+    pub fn checkpoint(&self) -> Result<String> {
+        let (kind, body) = self.shared.call(Frame::new(p::CHECKPOINT))?;
+        if kind != p::CHECKPOINTED {
+            return Err(unexpected(kind));
+        }
+        let mut r = Reader::new(&body);
+        let path = r.str()?;
+        r.done()?;
+        Ok(path)
+    }
+
     pub fn info(&self) -> Result<Vec<TableInfo>> {
         let (kind, body) = self.shared.call(Frame::new(p::INFO))?;
         if kind != p::INFO_OK {

@@ -34,6 +34,8 @@ pub const UPDATE: u8 = 7;
 pub const DELETE: u8 = 8;
 pub const INFO: u8 = 9;
 pub const RESET: u8 = 10;
+/// Write a checkpoint of the served tables (the server's checkpoint directory).
+pub const CHECKPOINT: u8 = 11;
 
 // Replies.
 pub const HELLO_OK: u8 = 129;
@@ -44,6 +46,8 @@ pub const COUNT: u8 = 133;
 pub const INFO_OK: u8 = 134;
 pub const OK: u8 = 135;
 pub const ERROR: u8 = 136;
+/// The path of a checkpoint just written (a string).
+pub const CHECKPOINTED: u8 = 137;
 
 /// Error kinds in an `ERROR` reply.
 pub fn error_code(e: &Error) -> u8 {

@@ -9,6 +9,7 @@ use pyo3::types::PyDict;
 use reprise_client::LocalClient;
 
 use crate::rows::{Drawn, PySampleRows};
+use reprise_server::local::Checkpointer;
 use reprise_server::LocalServer;
 
 use crate::arrays::{field_infos, Vector};
@@ -28,10 +29,28 @@ pub struct PyServer {
 #[pymethods]
 impl PyServer {
     #[new]
-    #[pyo3(signature = (tables, name=None))]
-    fn new(py: Python<'_>, tables: Vec<PyRef<'_, PyTable>>, name: Option<String>) -> PyResult<Self> {
+    #[pyo3(signature = (tables, name=None, checkpoint=None))]
+    fn new(py: Python<'_>, tables: Vec<PyRef<'_, PyTable>>, name: Option<String>, checkpoint: Option<Py<PyAny>>) -> PyResult<Self> {
         let tables = tables.iter().map(|t| t.table.clone()).collect();
-        let server = py.detach(|| LocalServer::start(tables, name.as_deref())).map_err(py_err(py))?;
+        // A client's CHECKPOINT runs the owner's Python checkpoint code on the
+        // connection's thread (which holds no table lock while it waits for the GIL).
+        let checkpoint: Option<Checkpointer> = checkpoint.map(|f| {
+            let f = std::sync::Arc::new(f);
+            std::sync::Arc::new(move || {
+                Python::attach(|py| {
+                    f.call0(py).and_then(|p| p.extract::<String>(py)).map_err(|e| {
+                        let kind = e.get_type(py).name().map(|n| n.to_string()).unwrap_or_default();
+                        let message = format!("checkpoint failed: {kind}: {}", e.value(py));
+                        if kind == "InvalidArgument" {
+                            reprise_core::Error::InvalidArgument(message)
+                        } else {
+                            reprise_core::Error::Io(message)
+                        }
+                    })
+                })
+            }) as Checkpointer
+        });
+        let server = py.detach(|| LocalServer::start_with(tables, name.as_deref(), checkpoint)).map_err(py_err(py))?;
         Ok(PyServer { address: server.address(), name: server.name().to_string(), server: Mutex::new(Some(server)) })
     }
 
@@ -163,6 +182,11 @@ impl PyClient {
         let (base, len) = columns.memory();
         let fields = columns.signature().fields().iter().map(|f| (f.name.clone(), f.shape.clone(), f.dtype.name().to_string())).collect();
         Ok(((base as usize, len), crate::store::layout(&columns), columns.capacity(), fields))
+    }
+
+    /// Asks the server to write a checkpoint; returns its path.
+    fn checkpoint(&self, py: Python<'_>) -> PyResult<String> {
+        py.detach(|| self.client.checkpoint()).map_err(py_err(py))
     }
 
     fn update_priorities(&self, py: Python<'_>, table: &str, keys: &Bound<'_, PyAny>, priorities: &Bound<'_, PyAny>) -> PyResult<u64> {

@@ -27,8 +27,13 @@ use crate::naming;
 
 static SERVER_COUNTER: AtomicU64 = AtomicU64::new(0);
 
+/// Writes a checkpoint of the served tables and returns its path (the owner's
+/// checkpoint code; clients ask for it with a CHECKPOINT request).
+pub type Checkpointer = Arc<dyn Fn() -> Result<String> + Send + Sync>;
+
 struct Shared {
     tables: Vec<Table>,
+    checkpoint: Option<Checkpointer>,
     stores: Vec<Store>,
     table_store: Vec<u32>,
     stopping: AtomicBool,
@@ -50,6 +55,11 @@ impl LocalServer {
     /// Serves `tables` under `name` (default `reprise-<pid>-<n>`). Fails if a live
     /// server already uses the name; cleans up after dead ones.
     pub fn start(tables: Vec<Table>, name: Option<&str>) -> Result<LocalServer> {
+        Self::start_with(tables, name, None)
+    }
+
+    /// [`LocalServer::start`] with a checkpointer for clients' CHECKPOINT requests.
+    pub fn start_with(tables: Vec<Table>, name: Option<&str>, checkpoint: Option<Checkpointer>) -> Result<LocalServer> {
         if tables.is_empty() {
             return Err(Error::InvalidArgument("a server needs at least one table".into()));
         }
@@ -84,6 +94,7 @@ impl LocalServer {
             .map_err(|e| Error::Io(format!("cannot make {} private: {e}", path.display())))?;
         let shared = Arc::new(Shared {
             tables,
+            checkpoint,
             stores,
             table_store,
             stopping: AtomicBool::new(false),
@@ -299,6 +310,16 @@ impl Connection {
                 r.done()?;
                 table.reset();
                 Some(Frame::new(p::OK))
+            }
+            p::CHECKPOINT => {
+                r.done()?;
+                let Some(checkpoint) = self.shared.checkpoint.clone() else {
+                    return Err(Error::InvalidArgument("this server has no checkpoint directory (checkpoint_dir)".into()));
+                };
+                let path = checkpoint()?;
+                let mut f = Frame::new(p::CHECKPOINTED);
+                f.str(&path);
+                Some(f)
             }
             other => return Err(Error::Corrupt(format!("unknown request kind {other}"))),
         };
