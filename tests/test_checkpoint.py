@@ -306,3 +306,27 @@ def test_a_loaded_full_store_still_makes_room(make_store, tmp_path):
         assert t.items() == t2.items()
     finally:
         close_all(loaded)
+
+
+def test_device_store_round_trip(tmp_path):
+    torch = pytest.importorskip("torch")
+    import reprise.torch as rt
+    emulated = not torch.cuda.is_available()
+    rt.emulate_cuda(emulated)
+    try:
+        store = rp.Store(SIG, capacity=128, block_steps=8, device="cuda")
+        t = rp.Table("d", store, sampler=S.Uniform(), max_size=100, seed=4)
+        t.insert({k: torch.from_numpy(v) for k, v in data(20, 2).items()}, priorities=1.0)
+        t.sample(5)
+        loaded = rp.checkpoint.load(rp.checkpoint.save(tmp_path, t))
+        t2 = loaded["d"]
+        assert t2.store._device_columns is not None and t2.store.device == store.device
+        assert t2.items() == t.items()
+        a, b = t.sample(9), t2.sample(9)
+        np.testing.assert_array_equal(a.keys, b.keys)
+        np.testing.assert_array_equal(a.data["obs"], b.data["obs"])
+        np.testing.assert_array_equal(a.data["act"], b.data["act"])
+        t2.store.close()
+        store.close()
+    finally:
+        rt.emulate_cuda(False)

@@ -99,11 +99,29 @@ class _Out:
 
 
 def _columns_view(store):
-    """``{field: uint8 [capacity, row_bytes]}`` views of a host store's columns."""
+    """``[(field, row_bytes, read)]`` where ``read(a, b)`` returns rows [a, b) of the
+    field as uint8 ``[b - a, row_bytes]``: views of a host store's shared memory, or
+    copies from a device store's GPU columns."""
+    if store._device_columns is not None:
+        cols = store._device_columns
+        torch = __import__("torch")
+        if cols.device.type == "cuda":
+            torch.cuda.synchronize(cols.device)  # writes recorded on any stream are done
+
+        def device_reader(name):
+            view = cols.views[name]
+            rb = view.shape[1] * view.element_size()
+            return rb, lambda a, b: view[a:b].cpu().numpy().view(np.uint8).reshape(b - a, rb)
+
+        return [(name, *device_reader(name)) for name in cols.fields]
     address, nbytes = store._native.memory()
     buf = np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(address))
     cap = store.capacity
-    return [(name, buf[off:off + cap * rb].reshape(cap, rb)) for name, off, rb in store._native.column_layout()]
+    out = []
+    for name, off, rb in store._native.column_layout():
+        view = buf[off:off + cap * rb].reshape(cap, rb)
+        out.append((name, rb, lambda a, b, v=view: v[a:b]))
+    return out
 
 
 def _runs(snapshots) -> np.ndarray:
@@ -142,8 +160,6 @@ def save(path, tables, compression: str | None = None, progress: bool | None = N
         except ImportError as e:
             raise InvalidArgument("compression='zstd' needs the zstandard package: pip install zstandard") from e
     for t in tables:
-        if t.store._device_columns is not None:
-            raise InvalidArgument(f"table '{t.name}' is over a device store; checkpoints of device stores are not supported")
         t.store._check_open()
     parent = Path(path)
     parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -162,25 +178,28 @@ def save(path, tables, compression: str | None = None, progress: bool | None = N
                 "compression": compression, "stores": [], "tables": [], "files": files}
     try:
         runs_of = [_runs([snaps[i][0] for i, t in enumerate(tables) if t.store is st]) for st in stores]
-        total = sum(int(r[:, 1].sum()) * sum(rb for _, _, rb in st._native.column_layout()) for r, st in zip(runs_of, stores))
+        views = [_columns_view(st) for st in stores]
+        total = sum(int(r[:, 1].sum()) * sum(rb for _, rb, _ in v) for r, v in zip(runs_of, views))
         bar = _Progress(total, "checkpoint", progress)
         for i, (st, runs) in enumerate(zip(stores, runs_of)):
             out = _Out(tmp / f"store-{i}.rows", None)
             out.write(np.ascontiguousarray(runs))
             files[out.path.name] = out.close()
             cols = {}
-            for j, (name, view) in enumerate(_columns_view(st)):
+            for j, (name, rb, read) in enumerate(views[i]):
                 out = _Out(tmp / f"store-{i}.col-{j}", compression)
+                step = max(1, _CHUNK // max(rb, 1))
                 for start, count in runs:
-                    for a in range(start, start + count, max(1, _CHUNK // max(view.shape[1], 1))):
-                        b = min(start + count, a + max(1, _CHUNK // max(view.shape[1], 1)))
-                        out.write(view[a:b])
-                        bar.update((b - a) * view.shape[1])
+                    for a in range(start, start + count, step):
+                        b = min(start + count, a + step)
+                        out.write(read(a, b))
+                        bar.update((b - a) * rb)
                 files[out.path.name] = out.close()
                 cols[name] = out.path.name
             manifest["stores"].append({
                 "signature": [[n, list(f.shape), f.dtype] for n, f in st.signature.items()],
                 "capacity": st.capacity, "block_steps": st.block_steps,
+                "device": "cpu" if st._device_columns is None else (st.device if st.device != "cpu" else "cuda"),
                 "rows": f"store-{i}.rows", "columns": cols,
             })
         bar.close()
@@ -321,9 +340,22 @@ def _oldest_first(blocks: np.ndarray, block_steps: int, manifest: dict, store_in
     return np.array(sorted(blocks.tolist(), key=lambda b: (rank.get(b, len(rank)), b)), dtype=np.uint32)
 
 
-def load(path, progress: bool | None = None) -> dict:
+def _write_device(store, name, runs, data, rb):
+    import torch
+    cols = store._device_columns
+    rows = np.concatenate([np.arange(a, a + c, dtype=np.int64) for a, c in runs]) if len(runs) else np.zeros(0, np.int64)
+    if rows.size == 0:
+        return
+    word = cols.views[name].dtype
+    words = torch.from_numpy(data.copy()).view(word).view(rows.size, -1).to(cols.device)
+    cols.write({name: words}, torch.from_numpy(rows).to(cols.device))
+
+
+def load(path, progress: bool | None = None, device=None) -> dict:
     """Loads a checkpoint (a directory ``save`` returned, or the newest valid one
-    under ``path``) into new stores and tables: ``{name: Table}``."""
+    under ``path``) into new stores and tables: ``{name: Table}``. Device stores
+    come back on the device they were saved from, or on ``device`` when given."""
+    device_map = device
     from .store import Store
     from .table import Table
     ckpt = Path(path)
@@ -339,7 +371,9 @@ def load(path, progress: bool | None = None) -> dict:
         stores = []
         for s_index, s in enumerate(manifest["stores"]):
             sig = {n: Field(tuple(shape), dtype) for n, shape, dtype in s["signature"]}
-            store = Store(sig, capacity=s["capacity"], block_steps=s["block_steps"])
+            device = s.get("device", "cpu")
+            store = Store(sig, capacity=s["capacity"], block_steps=s["block_steps"],
+                          device=None if device == "cpu" else (device if device_map is None else device_map))
             made.append(store)
             if store.capacity != s["capacity"]:
                 raise Corrupt(f"{ckpt / MANIFEST}: capacity {s['capacity']} is not whole blocks of {s['block_steps']}")
@@ -353,13 +387,20 @@ def load(path, progress: bool | None = None) -> dict:
             blocks = np.unique(np.concatenate([np.arange(a // bs, (a + c - 1) // bs + 1) for a, c in runs if c > 0]
                                               or [np.zeros(0, np.int64)])).astype(np.uint32)
             pins = store._native.reserve_blocks(_oldest_first(blocks, bs, manifest, s_index, ckpt))
-            layout = store._native.column_layout()
+            if store._device_columns is None:
+                layout = [(j, name, rb) for j, (name, _, rb) in enumerate(store._native.column_layout())]
+            else:
+                layout = [(None, name, rb) for name, rb, _ in _columns_view(store)]
             total = int(runs[:, 1].sum())
             bar = _Progress(total * sum(rb for _, _, rb in layout), "load", progress)
-            for j, (name, _, rb) in enumerate(layout):
+            for j, name, rb in layout:
                 data = np.frombuffer(_read(ckpt, s["columns"][name], compression, "column"), dtype=np.uint8)
                 if data.size != total * rb:
                     raise Corrupt(f"{ckpt / s['columns'][name]}: {data.size} bytes, expected {total * rb}")
+                if j is None:  # a device store: one copy of the field's rows
+                    _write_device(store, name, runs, data, rb)
+                    bar.update(total * rb)
+                    continue
                 at = 0
                 for a, c in runs:
                     store._native.write_reserved(pins, j, int(a), data[at:at + c * rb])
