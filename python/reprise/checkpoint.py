@@ -21,6 +21,7 @@ checkpoint raises ``Corrupt`` naming the file and loads nothing.
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import io
 import json
 import os
@@ -154,11 +155,8 @@ def save(path, tables, compression: str | None = None, progress: bool | None = N
         raise InvalidArgument(f"table names must be unique in a checkpoint, got {names}")
     if compression not in (None, "zstd"):
         raise InvalidArgument(f"compression must be None or 'zstd', got {compression!r}")
-    if compression == "zstd":
-        try:
-            import zstandard  # noqa: F401
-        except ImportError as e:
-            raise InvalidArgument("compression='zstd' needs the zstandard package: pip install zstandard") from e
+    if compression == "zstd" and importlib.util.find_spec("zstandard") is None:
+        raise InvalidArgument("compression='zstd' needs the zstandard package: pip install 'reprise[zstd]'")
     for t in tables:
         t.store._check_open()
     parent = Path(path)

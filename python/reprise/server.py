@@ -71,16 +71,16 @@ class Server:
                     f"table '{t.name}' selects on a device (selection_device): sample it in this process"
                 )
         self._tables = tables
-        checkpointer = None
-        if self._checkpoint_dir is not None:
-            me = weakref.ref(self)
+        me = weakref.ref(self)
 
-            def checkpointer():  # a client's checkpoint(), run on its connection's thread
-                server = me()
-                if server is None:
-                    raise InvalidArgument("the server is gone")
-                return server.checkpoint()
-        self._native = _native.Server([t._native for t in tables], name, checkpointer)
+        def checkpointer():  # a client's checkpoint(), run on its connection's thread
+            server = me()
+            if server is None:
+                raise InvalidArgument("the server is gone")
+            return server.checkpoint()
+
+        self._native = _native.Server([t._native for t in tables], name,
+                                      None if self._checkpoint_dir is None else checkpointer)
 
     @property
     def local_address(self) -> str:

@@ -15,8 +15,6 @@ import contextlib
 import threading
 import time
 
-import numpy as np
-
 from ..sample import Sample
 from ._device import current_stream, new_event, torch_module, use_stream
 
