@@ -6,7 +6,7 @@ previous ones intact):
 
     ckpt-<unix ns>/
       MANIFEST.json        format, version, stores, tables, and a size + CRC-32 per file
-      store-<i>.rows       int64 [k, 2]: the (start, count) row runs written, ascending
+      store-<i>.rows       int64 [k, 2]: the (start, count) row runs written, in file order
       store-<i>.col-<j>    column j's rows of those runs, back to back (zstd when asked)
       table-<i>.npz        the table's index: items, slots, orders (numpy arrays)
 
@@ -66,12 +66,16 @@ class _Progress:
 
 
 class _Out:
-    """A file written 0600, with its size and CRC-32, optionally zstd-compressed."""
+    """A file written 0600, with its size and CRC-32, optionally zstd-compressed;
+    small writes are gathered into 4 MB writes."""
+
+    BUFFER = 4 << 20
 
     def __init__(self, path: Path, compression: str | None):
         self.path = path
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         self.crc, self.size = 0, 0
+        self._buf = bytearray()
         self._z = None
         if compression == "zstd":
             import zstandard
@@ -86,14 +90,26 @@ class _Out:
             mv = mv[n:]
 
     def write(self, data):
+        data = memoryview(np.ascontiguousarray(data)).cast("B") if isinstance(data, np.ndarray) else memoryview(data).cast("B")
         if self._z is not None:
-            data = self._z.compress(bytes(memoryview(data).cast("B")))
-        if len(data):
+            data = self._z.compress(data)
+        if len(data) >= self.BUFFER:
+            self._flush()
             self._raw(data)
+            return
+        self._buf += data
+        if len(self._buf) >= self.BUFFER:
+            self._flush()
+
+    def _flush(self):
+        if self._buf:
+            self._raw(self._buf)
+            self._buf = bytearray()
 
     def close(self) -> dict:
         if self._z is not None:
-            self._raw(self._z.flush())
+            self._buf += self._z.flush()
+        self._flush()
         os.fsync(self.fd)
         os.close(self.fd)
         return {"bytes": self.size, "crc32": self.crc}
@@ -141,6 +157,32 @@ def _runs(snapshots) -> np.ndarray:
     return np.stack([starts[first], reach[last] - starts[first]], axis=1)
 
 
+def _pieces(snapshots, block_steps: int) -> np.ndarray:
+    """The referenced rows as ``(block, start, count)`` pieces, one block each,
+    blocks ordered by the oldest item that references them (insertion order):
+    the order a ring store evicts them in."""
+    runs = _runs(snapshots)
+    out = []
+    for start, count in runs.tolist():
+        a, end = start, start + count
+        while a < end:
+            b = min(end, (a // block_steps + 1) * block_steps)
+            out.append((a // block_steps, a, b - a))
+            a = b
+    pieces = np.array(out, dtype=np.int64).reshape(-1, 3)
+    if pieces.size == 0:
+        return pieces
+    seqs = np.concatenate([s["seq"].astype(np.int64) for s in snapshots])
+    firsts = np.concatenate([
+        s["range_start"][np.concatenate([np.zeros(1, np.int64), np.cumsum(s["num_ranges"].astype(np.int64))[:-1]])]
+        if s["num_ranges"].size else s["range_start"][:0] for s in snapshots]).astype(np.int64)
+    by_age = firsts[np.argsort(seqs, kind="stable")] // block_steps
+    blocks, first_seen = np.unique(by_age, return_index=True)
+    rank = dict(zip(blocks.tolist(), np.argsort(np.argsort(first_seen)).tolist()))
+    key = np.array([rank.get(b, len(rank) + b) for b in pieces[:, 0].tolist()], dtype=np.int64)
+    return pieces[np.lexsort((pieces[:, 1], key))]
+
+
 def save(path, tables, compression: str | None = None, progress: bool | None = None) -> str:
     """Writes a checkpoint of ``tables`` into a new directory under ``path``;
     returns its path. ``compression``: None or "zstd" (needs the ``zstandard``
@@ -175,25 +217,35 @@ def save(path, tables, compression: str | None = None, progress: bool | None = N
     manifest = {"format": FORMAT, "version": VERSION, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "compression": compression, "stores": [], "tables": [], "files": files}
     try:
-        runs_of = [_runs([snaps[i][0] for i, t in enumerate(tables) if t.store is st]) for st in stores]
         views = [_columns_view(st) for st in stores]
-        total = sum(int(r[:, 1].sum()) * sum(rb for _, rb, _ in v) for r, v in zip(runs_of, views))
+        mine = [[k for k, t in enumerate(tables) if t.store is st] for st in stores]
+        pieces_of = [_pieces([snaps[k][0] for k in ks], st.block_steps) for ks, st in zip(mine, stores)]
+        total = sum(int(p[:, 2].sum()) * sum(rb for _, rb, _ in v) for p, v in zip(pieces_of, views))
         bar = _Progress(total, "checkpoint", progress)
-        for i, (st, runs) in enumerate(zip(stores, runs_of)):
+        for i, (st, pieces) in enumerate(zip(stores, pieces_of)):
             out = _Out(tmp / f"store-{i}.rows", None)
-            out.write(np.ascontiguousarray(runs))
+            out.write(np.ascontiguousarray(pieces[:, 1:]))
             files[out.path.name] = out.close()
+            outs = [_Out(tmp / f"store-{i}.col-{j}", compression) for j in range(len(views[i]))]
+            # Block by block, oldest items first: each block's pins go as soon as its
+            # rows are written, so writers that need room get the oldest blocks back early.
+            done: list = []
+            for n, (block, start, count) in enumerate(pieces.tolist()):
+                for (name, rb, read), o in zip(views[i], outs):
+                    o.write(read(start, start + count))
+                    bar.update(count * rb)
+                last = n + 1 == len(pieces) or pieces[n + 1, 0] != block
+                if last:
+                    done.append(block)
+                if done and (len(done) >= 64 or n + 1 == len(pieces)):
+                    done.sort()
+                    for k in mine[i]:
+                        snaps[k][1].release_blocks(np.asarray(done, np.uint32))
+                    done = []
             cols = {}
-            for j, (name, rb, read) in enumerate(views[i]):
-                out = _Out(tmp / f"store-{i}.col-{j}", compression)
-                step = max(1, _CHUNK // max(rb, 1))
-                for start, count in runs:
-                    for a in range(start, start + count, step):
-                        b = min(start + count, a + step)
-                        out.write(read(a, b))
-                        bar.update((b - a) * rb)
-                files[out.path.name] = out.close()
-                cols[name] = out.path.name
+            for (name, _, _), o in zip(views[i], outs):
+                files[o.path.name] = o.close()
+                cols[name] = o.path.name
             manifest["stores"].append({
                 "signature": [[n, list(f.shape), f.dtype] for n, f in st.signature.items()],
                 "capacity": st.capacity, "block_steps": st.block_steps,

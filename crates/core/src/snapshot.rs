@@ -70,6 +70,19 @@ impl Pins {
     pub fn blocks(&self) -> &[u32] {
         &self.blocks
     }
+
+    /// Lets these blocks go early (a checkpoint wrote their rows); others stay.
+    /// `done` must be sorted.
+    pub fn release_blocks(&mut self, done: &[u32]) {
+        let alloc = self.store.allocator();
+        self.blocks.retain(|b| {
+            let release = done.binary_search(b).is_ok();
+            if release {
+                alloc.release(*b);
+            }
+            !release
+        });
+    }
 }
 
 impl Drop for Pins {

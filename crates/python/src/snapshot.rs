@@ -29,6 +29,17 @@ impl PyPins {
     fn release(&self) {
         self.pins.lock().take();
     }
+
+    /// Releases these blocks now (their rows are written); the rest stay pinned.
+    fn release_blocks(&self, py: Python<'_>, blocks: &Bound<'_, PyAny>) -> PyResult<()> {
+        let blocks = crate::arrays::Vector::<u32>::new(py, "blocks", blocks, None)?;
+        let mut done = blocks.as_slice().to_vec();
+        done.sort_unstable();
+        if let Some(p) = self.pins.lock().as_mut() {
+            p.release_blocks(&done);
+        }
+        Ok(())
+    }
 }
 
 fn spec_tuple(s: &SelectorSpec) -> (String, f64) {
