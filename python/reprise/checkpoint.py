@@ -70,6 +70,7 @@ class _Out:
     small writes are gathered into 4 MB writes."""
 
     BUFFER = 4 << 20
+    DIRECT = 64 << 10  # larger writes skip the buffer (no extra copy)
 
     def __init__(self, path: Path, compression: str | None):
         self.path = path
@@ -93,7 +94,7 @@ class _Out:
         data = memoryview(np.ascontiguousarray(data)).cast("B") if isinstance(data, np.ndarray) else memoryview(data).cast("B")
         if self._z is not None:
             data = self._z.compress(data)
-        if len(data) >= self.BUFFER:
+        if len(data) >= self.DIRECT:
             self._flush()
             self._raw(data)
             return
