@@ -13,9 +13,10 @@ previous ones intact):
 Saving is online: each table's index is copied under its lock (a moment), and
 the blocks it references are pinned, so inserts and samples go on while the rows
 are written; rows an item references are never rewritten, so the copy is
-consistent. Stores shared by several tables are written once. Loading checks
-every file before it builds anything: a truncated, corrupt or other-version
-checkpoint raises ``Corrupt`` naming the file and loads nothing.
+consistent. Stores shared by several tables are written once. Loading reads
+each file once and checks it as it goes; a truncated, corrupt or other-version
+checkpoint raises ``Corrupt`` naming the file, and the stores it had begun are
+removed: nothing is loaded.
 """
 
 from __future__ import annotations
@@ -365,26 +366,79 @@ def latest(path) -> str | None:
     return None
 
 
-def _read(ckpt: Path, name: str, compression, what) -> bytes:
-    data = (ckpt / name).read_bytes()
-    if compression == "zstd" and what == "column":
-        import zstandard
+class _In:
+    """Reads a checkpoint file front to back while checking its size and CRC-32
+    against the manifest (``finish``); zstd-decompressed when asked."""
+
+    def __init__(self, ckpt: Path, name: str, files: dict, compression: str | None):
+        if "/" in name or name not in files:
+            raise Corrupt(f"{ckpt / MANIFEST}: names a file it has no checksum for: {name!r}")
+        self.path = ckpt / name
+        self.meta = files[name]
         try:
-            data = zstandard.ZstdDecompressor().decompressobj().decompress(data)
-        except zstandard.ZstdError as e:
-            raise Corrupt(f"{ckpt / name}: cannot decompress ({e})") from None
+            self._f = open(self.path, "rb")
+        except OSError as e:
+            raise Corrupt(f"{self.path}: missing or unreadable ({e})") from None
+        self.crc, self.size = 0, 0
+        self._z = None
+        if compression == "zstd":
+            import zstandard
+            self._z = zstandard.ZstdDecompressor().stream_reader(self, read_across_frames=True)
+
+    def read(self, n: int = -1) -> bytes:  # the raw (stored) bytes, checksummed
+        data = self._f.read(n if n is not None and n >= 0 else -1)
+        self.crc = zlib.crc32(data, self.crc)
+        self.size += len(data)
+        return data
+
+    def read_exact(self, n: int) -> bytes:
+        """The next ``n`` bytes of content; ``Corrupt`` when the file ends first."""
+        src = self._z if self._z is not None else self
+        chunks, left = [], n
+        try:
+            while left > 0:
+                c = src.read(min(left, _CHUNK))
+                if not c:
+                    raise Corrupt(f"{self.path}: ends early (truncated?)")
+                chunks.append(c)
+                left -= len(c)
+        except Corrupt:
+            raise
+        except Exception as e:  # noqa: BLE001 - a decompressor's error on damaged data
+            raise Corrupt(f"{self.path}: cannot decompress ({e})") from None
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def finish(self):
+        """Checks that the content is used up and the file matches the manifest."""
+        rest = self.read()
+        self._f.close()
+        if self._z is not None and rest:
+            raise Corrupt(f"{self.path}: more data than the manifest's rows")
+        if self.size != self.meta["bytes"]:
+            raise Corrupt(f"{self.path}: {self.size} bytes, the manifest says {self.meta['bytes']} (truncated?)")
+        if self.crc != self.meta["crc32"]:
+            raise Corrupt(f"{self.path}: checksum mismatch (corrupt)")
+        if rest and self._z is None:
+            raise Corrupt(f"{self.path}: more data than the manifest's rows")
+
+    def close(self):
+        self._f.close()
+
+
+def _whole(ckpt: Path, name: str, files: dict) -> bytes:
+    """A small file's bytes, checked."""
+    f = _In(ckpt, name, files, None)
+    data = f.read()
+    f.finish()
     return data
 
 
-def _oldest_first(blocks: np.ndarray, block_steps: int, manifest: dict, store_index: int, ckpt: Path) -> np.ndarray:
+def _oldest_first(blocks: np.ndarray, block_steps: int, snapshots) -> np.ndarray:
     """``blocks`` ordered by the oldest item that references each (by insertion
     order, tables in manifest order): the order store pressure evicts them in."""
     rank = {}
-    for t in manifest["tables"]:
-        if t["store"] != store_index:
-            continue
-        with np.load(ckpt / t["file"], allow_pickle=False) as z:
-            starts, counts = z["range_start"], z["num_ranges"].astype(np.int64)
+    for z in snapshots:
+        starts, counts = z["range_start"], z["num_ranges"].astype(np.int64)
         firsts = starts[np.concatenate([np.zeros(1, np.int64), np.cumsum(counts)[:-1]])] if counts.size else starts[:0]
         for b in (firsts // block_steps).tolist():
             rank.setdefault(b, len(rank))
@@ -405,20 +459,41 @@ def _write_device(store, name, runs, data, rb):
 def load(path, progress: bool | None = None, device=None) -> dict:
     """Loads a checkpoint (a directory ``save`` returned, or the newest valid one
     under ``path``) into new stores and tables: ``{name: Table}``. Device stores
-    come back on the device they were saved from, or on ``device`` when given."""
-    device_map = device
+    come back on the device they were saved from, or on ``device`` when given.
+
+    Every file is checked (size, CRC-32, consistency) as it is read; on any
+    damage the new stores are closed and ``Corrupt`` names the file: nothing is
+    loaded."""
+    ckpt = Path(path)
+    if (ckpt / MANIFEST).exists():
+        return _load(ckpt, progress, device)
+    for c in checkpoints(ckpt):
+        try:
+            return _load(Path(c), progress, device)
+        except Corrupt:
+            continue
+    raise Corrupt(f"{ckpt}: no valid checkpoint here")
+
+
+def _load(ckpt: Path, progress, device_map) -> dict:
     from .store import Store
     from .table import Table
-    ckpt = Path(path)
-    if not (ckpt / MANIFEST).exists():
-        found = latest(ckpt)
-        if found is None:
-            raise Corrupt(f"{ckpt}: no valid checkpoint here")
-        ckpt = Path(found)
-    manifest = verify(ckpt)
-    compression = manifest.get("compression")
+    manifest = _read_manifest(ckpt)
     made = []
     try:
+        files = dict(manifest["files"])
+        compression = manifest.get("compression")
+        # The indexes first (small): every table file checked before any store exists.
+        snaps = []
+        for t in manifest["tables"]:
+            raw = _whole(ckpt, t["file"], files)
+            try:
+                with np.load(io.BytesIO(raw), allow_pickle=False) as z:
+                    snap = {k: z[k] for k in z.files}
+            except Exception as e:  # noqa: BLE001 - any damage in a checked file
+                raise Corrupt(f"{ckpt / t['file']}: unreadable ({e})") from None
+            snap.update(t["index"])
+            snaps.append(snap)
         stores = []
         for s_index, s in enumerate(manifest["stores"]):
             sig = {n: Field(tuple(shape), dtype) for n, shape, dtype in s["signature"]}
@@ -428,7 +503,7 @@ def load(path, progress: bool | None = None, device=None) -> dict:
             made.append(store)
             if store.capacity != s["capacity"]:
                 raise Corrupt(f"{ckpt / MANIFEST}: capacity {s['capacity']} is not whole blocks of {s['block_steps']}")
-            raw = _read(ckpt, s["rows"], None, "rows")
+            raw = _whole(ckpt, s["rows"], files)
             if len(raw) % 16:
                 raise Corrupt(f"{ckpt / s['rows']}: not whole (start, count) pairs")
             runs = np.frombuffer(raw, dtype=np.int64).reshape(-1, 2)
@@ -437,7 +512,8 @@ def load(path, progress: bool | None = None, device=None) -> dict:
             bs = store.block_steps
             blocks = np.unique(np.concatenate([np.arange(a // bs, (a + c - 1) // bs + 1) for a, c in runs if c > 0]
                                               or [np.zeros(0, np.int64)])).astype(np.uint32)
-            pins = store._native.reserve_blocks(_oldest_first(blocks, bs, manifest, s_index, ckpt))
+            mine = [snap for snap, t in zip(snaps, manifest["tables"]) if t["store"] == s_index]
+            pins = store._native.reserve_blocks(_oldest_first(blocks, bs, mine))
             if store._device_columns is None:
                 layout = [(j, name, rb) for j, (name, _, rb) in enumerate(store._native.column_layout())]
             else:
@@ -445,26 +521,23 @@ def load(path, progress: bool | None = None, device=None) -> dict:
             total = int(runs[:, 1].sum())
             bar = _Progress(total * sum(rb for _, _, rb in layout), "load", progress)
             for j, name, rb in layout:
-                data = np.frombuffer(_read(ckpt, s["columns"][name], compression, "column"), dtype=np.uint8)
-                if data.size != total * rb:
-                    raise Corrupt(f"{ckpt / s['columns'][name]}: {data.size} bytes, expected {total * rb}")
-                if j is None:  # a device store: one copy of the field's rows
-                    _write_device(store, name, runs, data, rb)
-                    bar.update(total * rb)
-                    continue
-                at = 0
-                for a, c in runs:
-                    store._native.write_reserved(pins, j, int(a), data[at:at + c * rb])
-                    at += c * rb
-                    bar.update(c * rb)
+                src = _In(ckpt, s["columns"][name], files, compression)
+                try:
+                    for a, c in runs.tolist():
+                        data = np.frombuffer(src.read_exact(c * rb), dtype=np.uint8)
+                        if j is None:  # a device store
+                            _write_device(store, name, np.array([[a, c]]), data, rb)
+                        else:
+                            store._native.write_reserved(pins, j, int(a), data)
+                        bar.update(c * rb)
+                    src.finish()
+                finally:
+                    src.close()
             bar.close()
             stores.append((store, pins))
         out = {}
-        for t in manifest["tables"]:
+        for t, snap in zip(manifest["tables"], snaps):
             store, _ = stores[t["store"]]
-            with np.load(ckpt / t["file"], allow_pickle=False) as z:
-                snap = {k: z[k] for k in z.files}
-            snap.update(t["index"])
             for k in ("sampler_order", "remover_order"):
                 snap.setdefault(k, None)
             for k in ("sampler", "remover", "rate_limiter", "limiter"):
