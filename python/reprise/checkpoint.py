@@ -229,21 +229,31 @@ def save(path, tables, compression: str | None = None, progress: bool | None = N
             out.write(np.ascontiguousarray(pieces[:, 1:]))
             files[out.path.name] = out.close()
             outs = [_Out(tmp / f"store-{i}.col-{j}", compression) for j in range(len(views[i]))]
-            # Block by block, oldest items first: each block's pins go as soon as its
-            # rows are written, so writers that need room get the oldest blocks back early.
-            done: list = []
-            for n, (block, start, count) in enumerate(pieces.tolist()):
+            # Block by block, oldest items first: each block's pin goes as soon as its
+            # rows are written, so writers that need room get the oldest blocks back
+            # early. Adjacent pieces are written together (up to 32 MB).
+            row_bytes = sum(rb for _, rb, _ in views[i])
+            seg = None  # [first row, end row, blocks]
+
+            def flush(seg):
+                a, b, blocks = seg
                 for (name, rb, read), o in zip(views[i], outs):
-                    o.write(read(start, start + count))
-                    bar.update(count * rb)
-                last = n + 1 == len(pieces) or pieces[n + 1, 0] != block
-                if last:
-                    done.append(block)
-                if done and (len(done) >= 64 or n + 1 == len(pieces)):
-                    done.sort()
-                    for k in mine[i]:
-                        snaps[k][1].release_blocks(np.asarray(done, np.uint32))
-                    done = []
+                    o.write(read(a, b))
+                bar.update((b - a) * row_bytes)
+                done = np.unique(np.asarray(blocks, np.uint32))
+                for k in mine[i]:
+                    snaps[k][1].release_blocks(done)
+
+            for block, start, count in pieces.tolist():
+                if seg is not None and start == seg[1] and (seg[1] - seg[0] + count) * row_bytes <= 32 << 20:
+                    seg[1] += count
+                    seg[2].append(block)
+                    continue
+                if seg is not None:
+                    flush(seg)
+                seg = [start, start + count, [block]]
+            if seg is not None:
+                flush(seg)
             cols = {}
             for (name, _, _), o in zip(views[i], outs):
                 files[o.path.name] = o.close()
