@@ -330,3 +330,19 @@ def test_device_store_round_trip(tmp_path):
         store.close()
     finally:
         rt.emulate_cuda(False)
+
+
+def test_server_restore_onto_a_different_store_is_refused(make_store, tmp_path):
+    store = make_store(SIG, capacity=256, block_steps=8)
+    t = rp.Table("replay", store, max_size=100)
+    t.insert(data(5), 1.0)
+    rp.checkpoint.save(tmp_path, t)
+    before = set(os.listdir("/dev/shm"))
+    other_sig = make_store({"obs": rp.Field((4,), "float32"), "act": rp.Field((), "int64")}, capacity=256, block_steps=8)
+    small = make_store(SIG, capacity=128, block_steps=8)
+    for s_, what in ((other_sig, "signature"), (small, "capacity")):
+        fresh = rp.Table("replay", s_, max_size=100)
+        with pytest.raises(rp.errors.InvalidArgument, match=f"saved from a store with {what}"):
+            rp.Server([fresh], checkpoint_dir=tmp_path)
+        assert len(fresh) == 0
+    assert set(os.listdir("/dev/shm")) - before <= {os.path.basename(other_sig.path), os.path.basename(small.path)}

@@ -58,6 +58,23 @@ class Server:
                             f"'{t.name}' is not empty: pass empty tables (or another directory)"
                         )
                 loaded = checkpoint.load(found)
+                try:
+                    for t in tables:
+                        got = loaded.get(t.name)
+                        if got is None:
+                            continue
+                        for what, mine, saved in (("signature", t.store.signature, got.store.signature),
+                                                  ("capacity", t.store.capacity, got.store.capacity),
+                                                  ("block_steps", t.store.block_steps, got.store.block_steps)):
+                            if mine != saved:
+                                raise InvalidArgument(
+                                    f"checkpoint {found}: table '{t.name}' was saved from a store with {what} "
+                                    f"{saved!r}, but the given table's store has {mine!r}; restore onto a matching store"
+                                )
+                except InvalidArgument:
+                    for s in {id(x.store): x.store for x in loaded.values()}.values():
+                        s.close()
+                    raise
                 tables = [loaded.get(t.name, t) for t in tables]
                 self.restored_from = found
         for t in tables:
