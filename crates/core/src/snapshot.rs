@@ -13,17 +13,14 @@
 //! Every field is checked; anything inconsistent is [`Error::Corrupt`].
 
 use std::collections::VecDeque;
-use std::sync::Arc;
 use std::time::Duration;
-
-use parking_lot::{Condvar, Mutex};
 
 use crate::error::{Error, Result};
 use crate::item::{for_each_block, window_len, Item, RowRange, Window};
 use crate::rate_limiter::RateLimiter;
 use crate::selectors::Rng;
 use crate::store::Store;
-use crate::table::{Shared, Slot, State, Table, TableConfig};
+use crate::table::{Slot, State, Table, TableConfig};
 
 /// One item of a snapshot.
 #[derive(Clone, Debug, PartialEq)]
@@ -146,8 +143,7 @@ impl Table {
     /// snapshot's data. The store must not already have a table of that name.
     pub fn restore(snap: &TableSnapshot, store: &Store) -> Result<Table> {
         let name = snap.config.name.clone();
-        let fresh = Table::new(snap.config.clone(), store)?;
-        drop(fresh); // validated the config and the name; rebuilt below
+        Table::check_config(&snap.config, store)?;
         let rng: Rng = serde_json::from_str(&snap.rng).map_err(|e| corrupt(&name, format!("random generator state: {e}")))?;
         let n_slots = snap.generations.len();
         let mut slots: Vec<Slot> = snap.generations.iter().map(|&generation| Slot { generation, item: None }).collect();
@@ -209,16 +205,15 @@ impl Table {
                 times_sampled: r.times_sampled,
             });
         }
-        // References last: every check above is done, nothing can fail now.
-        for r in &snap.items {
-            for_each_block(&r.ranges, store.block_steps(), |b| {
-                if alloc.refcount(b) == 0 {
-                    // The caller reserved the blocks it wrote; anything else is a bug.
-                    panic!("restoring table '{name}': block {b} was not reserved");
-                }
-                alloc.retain(b)
-            });
-        }
+        let mut limiter = RateLimiter::new(snap.config.rate_limiter);
+        limiter.inserts = snap.limiter_inserts;
+        limiter.samples = snap.limiter_samples;
+        let seconds = |what: &str, s: f64| {
+            Duration::try_from_secs_f64(s).map_err(|_| corrupt(&name, format!("{what} is {s} seconds")))
+        };
+        limiter.blocked_insert = seconds("blocked insert time", snap.blocked_insert_seconds)?;
+        limiter.blocked_sample = seconds("blocked sample time", snap.blocked_sample_seconds)?;
+        state.limiter = limiter;
         if let Some(order) = &snap.sampler_order {
             if !state.sampler.set_order(order) {
                 return Err(corrupt(&name, "sampler order does not match the items"));
@@ -229,26 +224,23 @@ impl Table {
                 return Err(corrupt(&name, "remover order does not match the items"));
             }
         }
+        // References last: every check above is done, nothing can fail now (and
+        // if registering the name does, dropping the table releases them).
+        for r in &snap.items {
+            for_each_block(&r.ranges, store.block_steps(), |b| {
+                if alloc.refcount(b) == 0 {
+                    // The caller reserved the blocks it wrote; anything else is a bug.
+                    panic!("restoring table '{name}': block {b} was not reserved");
+                }
+                alloc.retain(b)
+            });
+        }
         state.slots = slots;
         state.free_slots = snap.free_slots.clone();
         state.size = snap.items.len() as u64;
         state.next_seq = snap.next_seq;
         [state.num_inserts, state.num_samples, state.num_evictions, state.num_deletes, state.num_store_evictions] = snap.counters;
-        let mut limiter = RateLimiter::new(snap.config.rate_limiter);
-        limiter.inserts = snap.limiter_inserts;
-        limiter.samples = snap.limiter_samples;
-        limiter.blocked_insert = Duration::from_secs_f64(snap.blocked_insert_seconds.max(0.0));
-        limiter.blocked_sample = Duration::from_secs_f64(snap.blocked_sample_seconds.max(0.0));
-        state.limiter = limiter;
-        let shared = Arc::new(Shared {
-            config: snap.config.clone(),
-            store: store.clone(),
-            state: Mutex::new(state),
-            insert_cv: Condvar::new(),
-            sample_cv: Condvar::new(),
-        });
-        store.register_table(&name, Arc::downgrade(&shared))?;
-        Ok(Table::from_shared(shared))
+        Table::register(snap.config.clone(), store, state)
     }
 }
 

@@ -240,6 +240,17 @@ impl State {
 
 impl Table {
     pub fn new(config: TableConfig, store: &Store) -> Result<Table> {
+        Self::check_config(&config, store)?;
+        let rng = match config.seed {
+            Some(seed) => Rng::seed_from_u64(seed),
+            None => Rng::seed_from_u64(rand::random()),
+        };
+        let state = State::new(&config, rng);
+        Self::register(config, store, state)
+    }
+
+    /// The checks of a new table's configuration against its store.
+    pub(crate) fn check_config(config: &TableConfig, store: &Store) -> Result<()> {
         if config.name.is_empty() {
             return Err(invalid!("table names must be non-empty"));
         }
@@ -261,11 +272,15 @@ impl Table {
         for (role, spec) in [("sampler", config.sampler), ("remover", config.remover)] {
             spec.validate().map_err(|e| invalid!("table '{}' {role}: {e}", config.name))?;
         }
-        let rng = match config.seed {
-            Some(seed) => Rng::seed_from_u64(seed),
-            None => Rng::seed_from_u64(rand::random()),
-        };
-        let state = State::new(&config, rng);
+        if store.find_table(&config.name).is_some() {
+            return Err(invalid!("a table named '{}' already exists on this store", config.name));
+        }
+        Ok(())
+    }
+
+    /// Makes the table of `state` and registers its name on `store` (if that
+    /// fails, dropping the table releases what its items reference).
+    pub(crate) fn register(config: TableConfig, store: &Store, state: State) -> Result<Table> {
         let shared = Arc::new(Shared {
             config,
             store: store.clone(),

@@ -2,7 +2,7 @@
 //! the rows themselves (the GPU path in `reprise.torch`). Holding it keeps the
 //! rows from being reused by writers; `release()` lets them go.
 
-use numpy::{PyArray1, PyArray2, PyArrayMethods};
+use numpy::{PyArray1, PyArrayMethods};
 use parking_lot::Mutex;
 use pyo3::prelude::*;
 use reprise_client::ClientSample;
@@ -116,27 +116,9 @@ impl PySampleRows {
         ))
     }
 
-    /// Row numbers `[n, T]` (T = longest item) of every step, -1 past an item's end.
-    fn row_index<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<i64>>> {
-        let (rows, n, t) = self.with(py, |c| {
-            let t = c.max_length() as usize;
-            let mut rows = vec![-1i64; c.items().len() * t];
-            for (i, item) in c.items().iter().enumerate() {
-                let mut at = i * t;
-                for r in item.window.ranges() {
-                    for k in 0..r.len as u64 {
-                        rows[at] = (r.start + k) as i64;
-                        at += 1;
-                    }
-                }
-            }
-            (rows, c.items().len(), t)
-        })?;
-        Ok(PyArray1::from_vec(py, rows).reshape([n, t])?)
-    }
-
-    /// Writes the row numbers of `row_index` into the start of `out` (flat, int64)
-    /// and returns `(n, T, ragged)`; ragged means some entries are -1 (padding).
+    /// Writes the row numbers `[n, T]` (T = longest item) of every step into the
+    /// start of `out` (flat, int64, row-major) and returns `(n, T, ragged)`; ragged
+    /// means some entries are -1 (padding past an item's end).
     fn fill_index(&self, py: Python<'_>, out: &Bound<'_, numpy::PyArray1<i64>>) -> PyResult<(usize, usize, bool)> {
         let mut out = out.try_readwrite().map_err(|e| invalid(py, format!("fill_index needs a writable int64 array: {e}")))?;
         let dst = out.as_slice_mut().map_err(|e| invalid(py, format!("fill_index needs a contiguous array: {e}")))?;

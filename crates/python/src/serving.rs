@@ -6,7 +6,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use reprise_client::LocalClient;
+use reprise_client::{ClientSample, LocalClient};
 
 use crate::rows::{Drawn, PySampleRows};
 use reprise_server::local::Checkpointer;
@@ -88,6 +88,28 @@ fn socket_path(py: Python<'_>, address: &str) -> PyResult<PathBuf> {
     }
 }
 
+impl PyClient {
+    /// A draw's sample size and timeout, checked.
+    fn draw_args(py: Python<'_>, n: i64, timeout: Option<f64>) -> PyResult<(u32, Option<std::time::Duration>)> {
+        let timeout = timeout::parse(py, timeout)?;
+        if n < 1 || n > u32::MAX as i64 {
+            return Err(invalid(py, format!("sample size must be >= 1, got {n}")));
+        }
+        Ok((n as u32, timeout))
+    }
+
+    /// A client's draw: the items the server drew, and the error that stopped it
+    /// early (a timeout or interrupt after some draws), if any.
+    fn draw(&self, py: Python<'_>, table: &str, (n, timeout): (u32, Option<std::time::Duration>)) -> PyResult<(ClientSample, Option<PyErr>)> {
+        let signals = Signals::default();
+        let check = || signals.check();
+        let (sample, error) = py
+            .detach(|| self.client.sample(table, n, timeout, Some(&check)))
+            .map_err(|e| to_py(py, e, None, signals.take()))?;
+        Ok((sample, error.map(|e| to_py(py, e, None, None))))
+    }
+}
+
 #[pymethods]
 impl PyClient {
     #[new]
@@ -125,21 +147,13 @@ impl PyClient {
 
     #[pyo3(signature = (table, n, timeout=None, fields=None))]
     fn sample<'py>(&self, py: Python<'py>, table: &str, n: i64, timeout: Option<f64>, fields: Option<Vec<String>>) -> PyResult<Bound<'py, PyAny>> {
-        let timeout = timeout::parse(py, timeout)?;
-        if n < 1 || n > u32::MAX as i64 {
-            return Err(invalid(py, format!("sample size must be >= 1, got {n}")));
-        }
+        let args = Self::draw_args(py, n, timeout)?;
         let columns = self.client.columns(Some(table)).map_err(py_err(py))?;
         let select = select_fields(py, columns.signature(), fields)?;
-        let signals = Signals::default();
-        let check = || signals.check();
-        let (sample, error) = py
-            .detach(|| self.client.sample(table, n as u32, timeout, Some(&check)))
-            .map_err(|e| to_py(py, e, None, signals.take()))?;
+        let (sample, error) = self.draw(py, table, args)?;
         match error {
             None => sample_object(py, sample, select.as_deref()),
-            Some(e) => {
-                let err = to_py(py, e, None, None);
+            Some(err) => {
                 if !reprise_core::Collect::items(&sample).is_empty() {
                     err.value(py).setattr("partial", sample_object(py, sample, select.as_deref())?)?;
                 }
@@ -152,20 +166,11 @@ impl PyClient {
     /// reused until the returned `SampleRows` is released).
     #[pyo3(signature = (table, n, timeout=None))]
     fn sample_rows(&self, py: Python<'_>, table: &str, n: i64, timeout: Option<f64>) -> PyResult<PySampleRows> {
-        let timeout = timeout::parse(py, timeout)?;
-        if n < 1 || n > u32::MAX as i64 {
-            return Err(invalid(py, format!("sample size must be >= 1, got {n}")));
-        }
-        let signals = Signals::default();
-        let check = || signals.check();
-        let (sample, error) = py
-            .detach(|| self.client.sample(table, n as u32, timeout, Some(&check)))
-            .map_err(|e| to_py(py, e, None, signals.take()))?;
+        let (sample, error) = self.draw(py, table, Self::draw_args(py, n, timeout)?)?;
         match error {
             None => Ok(PySampleRows::new(Drawn::Client(sample))),
-            Some(e) => {
+            Some(err) => {
                 // The partial draw goes back as SampleRows, for the caller to collect.
-                let err = to_py(py, e, None, None);
                 if !reprise_core::Collect::items(&sample).is_empty() {
                     err.value(py).setattr("partial", Bound::new(py, PySampleRows::new(Drawn::Client(sample)))?)?;
                 }
@@ -174,8 +179,6 @@ impl PyClient {
         }
     }
 
-    /// For `table`'s store as mapped in this process: `(address, length)`,
-    /// `[(field, byte offset, row bytes)]`, capacity and `[(field, shape, dtype)]`.
     #[allow(clippy::type_complexity)]
     fn store_memory(&self, py: Python<'_>, table: &str) -> PyResult<((usize, usize), Vec<(String, usize, usize)>, u64, Vec<(String, Vec<usize>, String)>)> {
         let columns = self.client.columns(Some(table)).map_err(py_err(py))?;

@@ -42,13 +42,6 @@ impl PyPins {
     }
 }
 
-fn spec_tuple(s: &SelectorSpec) -> (String, f64) {
-    match *s {
-        SelectorSpec::Prioritized { priority_exponent } => ("Prioritized".into(), priority_exponent),
-        other => (format!("{other:?}"), 0.0),
-    }
-}
-
 fn corrupt(py: Python<'_>, what: String) -> PyErr {
     new_error(py, "Corrupt", what)
 }
@@ -59,8 +52,8 @@ pub fn snapshot<'py>(py: Python<'py>, table: &Table) -> PyResult<(Bound<'py, PyD
     let d = PyDict::new(py);
     let c = &s.config;
     d.set_item("name", &c.name)?;
-    d.set_item("sampler", spec_tuple(&c.sampler))?;
-    d.set_item("remover", spec_tuple(&c.remover))?;
+    d.set_item("sampler", c.sampler.to_name())?;
+    d.set_item("remover", c.remover.to_name())?;
     d.set_item("max_size", c.max_size)?;
     d.set_item("max_times_sampled", c.max_times_sampled)?;
     let r = &c.rate_limiter;
@@ -109,16 +102,7 @@ fn array<'py, T: numpy::Element + Copy>(py: Python<'py>, d: &Bound<'py, PyDict>,
 }
 
 fn selector(py: Python<'_>, (name, exponent): (String, f64)) -> PyResult<SelectorSpec> {
-    Ok(match name.as_str() {
-        "Fifo" => SelectorSpec::Fifo,
-        "Lifo" => SelectorSpec::Lifo,
-        "Uniform" => SelectorSpec::Uniform,
-        "Prioritized" => SelectorSpec::Prioritized { priority_exponent: exponent },
-        "MaxHeap" => SelectorSpec::MaxHeap,
-        "MinHeap" => SelectorSpec::MinHeap,
-        "TopK" => SelectorSpec::TopK,
-        other => return Err(corrupt(py, format!("unknown selector '{other}' in a table snapshot"))),
-    })
+    SelectorSpec::from_name(&name, exponent).ok_or_else(|| corrupt(py, format!("unknown selector '{name}' in a table snapshot")))
 }
 
 /// Rebuilds a table from a snapshot dict over `store` (rows written back first).

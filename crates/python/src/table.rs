@@ -23,18 +23,8 @@ pub struct PyTable {
 }
 
 fn selector(py: Python<'_>, role: &str, (name, exponent): (String, f64)) -> PyResult<SelectorSpec> {
-    Ok(match name.as_str() {
-        "Fifo" => SelectorSpec::Fifo,
-        "Lifo" => SelectorSpec::Lifo,
-        "Uniform" => SelectorSpec::Uniform,
-        "Prioritized" => SelectorSpec::Prioritized { priority_exponent: exponent },
-        "MaxHeap" => SelectorSpec::MaxHeap,
-        "MinHeap" => SelectorSpec::MinHeap,
-        "TopK" => SelectorSpec::TopK,
-        other => {
-            return Err(invalid(py, format!("unknown {role} '{other}': expected Fifo, Lifo, Uniform, Prioritized, MaxHeap, MinHeap or TopK")))
-        }
-    })
+    SelectorSpec::from_name(&name, exponent)
+        .ok_or_else(|| invalid(py, format!("unknown {role} '{name}': expected {}", SelectorSpec::NAMES)))
 }
 
 fn non_negative(py: Python<'_>, what: &str, v: i64, min: i64) -> PyResult<u64> {

@@ -55,6 +55,14 @@ impl Target {
             Target::Table(t) => t.name(),
         }
     }
+
+    /// The table itself, a name looked up on the writer's store.
+    fn resolve(self, py: Python<'_>, w: &Writer) -> PyResult<Table> {
+        match self {
+            Target::Table(t) => Ok(t),
+            Target::Name(name) => w.table(&name).map_err(py_err(py)),
+        }
+    }
 }
 
 /// The target of `create_item(s)` (a `Table` or a table name) and `num_steps`, checked.
@@ -169,10 +177,7 @@ impl PyWriter {
         self.with(py, |w| match w {
             AnyWriter::Client(w) => w.create_items(target.name(), n, p).map(|_| None).map_err(py_err(py)),
             AnyWriter::Local(w) => {
-                let table = match target {
-                    Target::Table(t) => t,
-                    Target::Name(name) => w.table(&name).map_err(py_err(py))?,
-                };
+                let table = target.resolve(py, w)?;
                 let keys = py
                     .detach(|| w.create_items(&table, n, p, Wait { timeout, interrupt: Some(&check) }))
                     .map_err(|e| to_py(py, e, None, signals.take()))?;
@@ -206,10 +211,7 @@ impl PyWriter {
         self.with(py, |w| match w {
             AnyWriter::Client(_) => Err(invalid(py, "create_tiled_items is for in-process writers".into())),
             AnyWriter::Local(w) => {
-                let table = match target {
-                    Target::Table(t) => t,
-                    Target::Name(name) => w.table(&name).map_err(py_err(py))?,
-                };
+                let table = target.resolve(py, w)?;
                 let keys = py
                     .detach(|| w.create_tiled_items(&table, n, p, Wait { timeout, interrupt: Some(&check) }))
                     .map_err(|e| to_py(py, e, None, signals.take()))?;

@@ -124,6 +124,32 @@ impl SelectorSpec {
         Box::new(External::new(order))
     }
 
+    /// The names users pass (`selectors.py` class names), in one list.
+    pub const NAMES: &'static str = "Fifo, Lifo, Uniform, Prioritized, MaxHeap, MinHeap or TopK";
+
+    /// The selector called `name` (a `selectors.py` class name); `exponent` is
+    /// Prioritized's and ignored by the others. `None` for an unknown name.
+    pub fn from_name(name: &str, exponent: f64) -> Option<SelectorSpec> {
+        Some(match name {
+            "Fifo" => SelectorSpec::Fifo,
+            "Lifo" => SelectorSpec::Lifo,
+            "Uniform" => SelectorSpec::Uniform,
+            "Prioritized" => SelectorSpec::Prioritized { priority_exponent: exponent },
+            "MaxHeap" => SelectorSpec::MaxHeap,
+            "MinHeap" => SelectorSpec::MinHeap,
+            "TopK" => SelectorSpec::TopK,
+            _ => return None,
+        })
+    }
+
+    /// `(name, exponent)`: the inverse of [`SelectorSpec::from_name`].
+    pub fn to_name(&self) -> (String, f64) {
+        match *self {
+            SelectorSpec::Prioritized { priority_exponent } => ("Prioritized".into(), priority_exponent),
+            other => (format!("{other:?}"), 0.0),
+        }
+    }
+
     /// `Prioritized(priority_exponent=0.6)`.
     pub fn describe(&self) -> String {
         match *self {
