@@ -159,6 +159,19 @@ def _runs(snapshots) -> np.ndarray:
     return np.stack([starts[first], reach[last] - starts[first]], axis=1)
 
 
+def _block_rank(snapshots, block_steps: int) -> dict:
+    """``{block: rank}``: blocks in the order of the oldest item (by insertion
+    sequence) whose first row lies in them — the order a ring store evicts them
+    in. Blocks holding no item's first row are not ranked."""
+    seqs = np.concatenate([s["seq"].astype(np.int64) for s in snapshots] or [np.zeros(0, np.int64)])
+    firsts = np.concatenate([
+        s["range_start"][np.concatenate([np.zeros(1, np.int64), np.cumsum(s["num_ranges"].astype(np.int64))[:-1]])]
+        if s["num_ranges"].size else s["range_start"][:0] for s in snapshots] or [np.zeros(0, np.int64)]).astype(np.int64)
+    by_age = firsts[np.argsort(seqs, kind="stable")] // block_steps
+    blocks, first_seen = np.unique(by_age, return_index=True)
+    return dict(zip(blocks.tolist(), np.argsort(np.argsort(first_seen)).tolist()))
+
+
 def _pieces(snapshots, block_steps: int) -> np.ndarray:
     """The referenced rows as ``(block, start, count)`` pieces, one block each,
     blocks ordered by the oldest item that references them (insertion order):
@@ -174,13 +187,7 @@ def _pieces(snapshots, block_steps: int) -> np.ndarray:
     pieces = np.array(out, dtype=np.int64).reshape(-1, 3)
     if pieces.size == 0:
         return pieces
-    seqs = np.concatenate([s["seq"].astype(np.int64) for s in snapshots])
-    firsts = np.concatenate([
-        s["range_start"][np.concatenate([np.zeros(1, np.int64), np.cumsum(s["num_ranges"].astype(np.int64))[:-1]])]
-        if s["num_ranges"].size else s["range_start"][:0] for s in snapshots]).astype(np.int64)
-    by_age = firsts[np.argsort(seqs, kind="stable")] // block_steps
-    blocks, first_seen = np.unique(by_age, return_index=True)
-    rank = dict(zip(blocks.tolist(), np.argsort(np.argsort(first_seen)).tolist()))
+    rank = _block_rank(snapshots, block_steps)
     key = np.array([rank.get(b, len(rank) + b) for b in pieces[:, 0].tolist()], dtype=np.int64)
     return pieces[np.lexsort((pieces[:, 1], key))]
 
@@ -347,19 +354,11 @@ def verify(path) -> dict:
     manifest = _read_manifest(ckpt)
     try:
         files = dict(manifest["files"])
-        for name, meta in files.items():
-            f = ckpt / name
-            if "/" in name or not f.is_file():
-                raise Corrupt(f"{f}: missing")
-            size = f.stat().st_size
-            if size != meta["bytes"]:
-                raise Corrupt(f"{f}: {size} bytes, the manifest says {meta['bytes']} (truncated?)")
-            crc = 0
-            with open(f, "rb") as fh:
-                while chunk := fh.read(_CHUNK):
-                    crc = zlib.crc32(chunk, crc)
-            if crc != meta["crc32"]:
-                raise Corrupt(f"{f}: checksum mismatch (corrupt)")
+        for name in files:
+            f = _In(ckpt, name, files, None)
+            while f.read(_CHUNK):
+                pass
+            f.finish()
     except (KeyError, TypeError) as e:
         raise Corrupt(f"{ckpt / MANIFEST}: malformed ({e})") from None
     return manifest
@@ -420,15 +419,20 @@ class _In:
 
     def finish(self):
         """Checks that the content is used up and the file matches the manifest."""
+        if self._z is not None:
+            try:
+                extra = self._z.read()  # reads the compressed stream to its end
+            except Exception as e:  # noqa: BLE001 - a decompressor's error on damaged data
+                raise Corrupt(f"{self.path}: cannot decompress ({e})") from None
+            if extra:
+                raise Corrupt(f"{self.path}: more data than the manifest's rows")
         rest = self.read()
         self._f.close()
-        if self._z is not None and rest:
-            raise Corrupt(f"{self.path}: more data than the manifest's rows")
         if self.size != self.meta["bytes"]:
             raise Corrupt(f"{self.path}: {self.size} bytes, the manifest says {self.meta['bytes']} (truncated?)")
         if self.crc != self.meta["crc32"]:
             raise Corrupt(f"{self.path}: checksum mismatch (corrupt)")
-        if rest and self._z is None:
+        if rest:
             raise Corrupt(f"{self.path}: more data than the manifest's rows")
 
     def close(self):
@@ -444,14 +448,9 @@ def _whole(ckpt: Path, name: str, files: dict) -> bytes:
 
 
 def _oldest_first(blocks: np.ndarray, block_steps: int, snapshots) -> np.ndarray:
-    """``blocks`` ordered by the oldest item that references each (by insertion
-    order, tables in manifest order): the order store pressure evicts them in."""
-    rank = {}
-    for z in snapshots:
-        starts, counts = z["range_start"], z["num_ranges"].astype(np.int64)
-        firsts = starts[np.concatenate([np.zeros(1, np.int64), np.cumsum(counts)[:-1]])] if counts.size else starts[:0]
-        for b in (firsts // block_steps).tolist():
-            rank.setdefault(b, len(rank))
+    """``blocks`` in the order the save wrote them (``_block_rank``): the order
+    store pressure evicts them in."""
+    rank = _block_rank(snapshots, block_steps)
     return np.array(sorted(blocks.tolist(), key=lambda b: (rank.get(b, len(rank)), b)), dtype=np.uint32)
 
 

@@ -106,11 +106,8 @@ class Client:
     def close(self):
         """Closes this client's connection; writers it made keep theirs until closed."""
         if self._host_views:
-            from .torch.collect import wait_released
-            wait_released()
-            for views in self._host_views.values():
-                views.close()
-            self._host_views.clear()
+            from .torch.columns import close_all
+            close_all(self._host_views)
         self._native.close()
 
     def __enter__(self):

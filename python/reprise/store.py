@@ -126,11 +126,8 @@ class Store:
         if not self._closed:
             self._closed = True
             if self._host_views:
-                from .torch.collect import wait_released
-                wait_released()  # gathers in flight finish reading before unregistering
-            for views in self._host_views.values():
-                views.close()
-            self._host_views.clear()
+                from .torch.columns import close_all
+                close_all(self._host_views)
             if self._insert_writer is not None:
                 self._insert_writer.close()
                 self._insert_writer = None

@@ -153,7 +153,7 @@ class Table:
             return self._native.sample(n, timeout, fields)
         self._check_fields(fields)
         if is_host_device(device):
-            columns = None if self._store._device_columns is None else self._store._device_columns
+            columns = self._store._device_columns  # None: copied on the host
         else:
             from .torch import resolve
             columns = self._store._columns_for(resolve(device))  # before drawing: bad devices change nothing

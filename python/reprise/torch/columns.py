@@ -142,6 +142,17 @@ class HostColumns(ColumnViews):
         self.views.clear()
 
 
+def close_all(views: dict):
+    """Closes ``{key: HostColumns}`` (a store's or a client's registrations) once
+    the gathers in flight have read their rows, and empties it."""
+    if views:
+        from .collect import wait_released
+        wait_released()
+        for v in views.values():
+            v.close()
+        views.clear()
+
+
 class DeviceColumns(ColumnViews):
     """Columns in GPU memory for ``capacity`` steps."""
 
