@@ -52,6 +52,7 @@ import numpy as np  # noqa: E402
 
 import reprise as rp  # noqa: E402
 from driver_common import OUT, VENVS, host_info  # noqa: E402
+from page_cache import evict, files_of, resident  # noqa: E402
 
 FLOATS = 1024
 ITEM_BYTES = FLOATS * 4
@@ -64,39 +65,8 @@ def log(msg: str) -> None:
 
 
 # --- files and the page cache ----------------------------------------------------------
-def files_of(path: str) -> list[str]:
-    return [os.path.join(r, f) for r, _, fs in os.walk(path) for f in fs]
-
-
 def du(path: str) -> int:
     return sum(os.path.getsize(f) for f in files_of(path))
-
-
-def evict(path: str) -> None:
-    """Drop ``path``'s files from the page cache (written back first; no root needed)."""
-    for f in files_of(path):
-        fd = os.open(f, os.O_RDONLY)
-        try:
-            os.fdatasync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
-def resident(path: str) -> float | None:
-    """Fraction of ``path``'s file bytes in the page cache (util-linux ``fincore``)."""
-    files = files_of(path)
-    try:
-        r = subprocess.run(["fincore", "-b", "-n", "-r", "-o", "RES,SIZE"] + files,
-                           capture_output=True, text=True, timeout=60)
-        res = size = 0
-        for line in r.stdout.splitlines():
-            if line.strip():
-                a, b = line.split()[:2]
-                res, size = res + int(a), size + int(b)
-        return res / size if size else None
-    except (OSError, ValueError, subprocess.TimeoutExpired):
-        return None
 
 
 def disk_baseline(directory: str, nbytes: int) -> dict:

@@ -42,6 +42,9 @@ sys.path.insert(0, HERE)
 
 from reverb_common import ServerProcess, x_table  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(HERE))
+from page_cache import evict, resident  # noqa: E402
+
 FLOATS = 1024  # 4 KB items
 FLUSH_EVERY = 32
 TABLE = "Uniform"
@@ -69,37 +72,6 @@ def dirty_mib() -> float:
             if line.startswith("Dirty:"):
                 return int(line.split()[1]) / 1024
     return float("nan")
-
-
-def evict(path: str) -> None:
-    """Write back, then drop ``path``'s files from the page cache (no root needed)."""
-    os.sync()
-    for root, _, files in os.walk(path):
-        for f in files:
-            fd = os.open(os.path.join(root, f), os.O_RDONLY)
-            try:
-                os.fdatasync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-
-
-def resident(path: str) -> float | None:
-    """Fraction of ``path``'s file bytes in the page cache (util-linux fincore)."""
-    files = [os.path.join(r, f) for r, _, fs in os.walk(path) for f in fs]
-    if not files:
-        return None
-    try:
-        r = subprocess.run(["fincore", "-b", "-n", "-r", "-o", "RES,SIZE"] + files,
-                           capture_output=True, text=True, timeout=60)
-        res = size = 0
-        for line in r.stdout.split("\n"):
-            if line.strip():
-                a, b = line.split()[:2]
-                res, size = res + int(a), size + int(b)
-        return res / size if size else None
-    except (OSError, ValueError, subprocess.TimeoutExpired):
-        return None
 
 
 # --- server process -------------------------------------------------------------------
