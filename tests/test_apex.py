@@ -199,3 +199,36 @@ def test_smoke_learns_and_survives_killed_actor_and_learner(tmp_path):
     assert summary["final_eval_mean_return"] >= 75, (summary["final_eval_mean_return"], summary["evals"])
     assert summary["samples_per_insert"] == pytest.approx(summary["config"]["samples_per_insert"], rel=0.3)
     assert "solved" in output and "wrote" in output
+
+
+def test_atari_observations_network_and_items():
+    """`--env ALE/...`: 4 stacked 84x84 grey frames, the Nature CNN, items over uint8 steps."""
+    pytest.importorskip("ale_py")
+    spec = apex.env_spec("ALE/Pong-v5")
+    assert spec["obs_shape"] == (4, 84, 84) and spec["obs_dtype"] == "uint8" and spec["num_actions"] == 6
+    net = apex.make_network(spec, 64)
+    env = apex.make_env("ALE/Pong-v5", 0)
+    store = rp.Store({"obs": rp.Field(spec["obs_shape"], "uint8"), "action": rp.Field((), "int64"),
+                      "reward": rp.Field((), "float32"), "terminal": rp.Field((), "bool")}, capacity=256)
+    try:
+        table = rp.Table("replay", store)
+        stream = apex.NStepTransitions(store.writer(max_sequence_length=4), "replay", 3, 0.99)
+        obs, _ = env.reset(seed=0)
+        frames = []
+        for _ in range(6):
+            with torch.no_grad():
+                q = net(torch.as_tensor(obs[None]))[0].numpy()
+            a = int(q.argmax())
+            nxt, r, term, trunc, _ = env.step(a)
+            stream.step(obs, q, a, float(r))
+            frames.append(obs)
+            obs = nxt
+        stream.end(obs, q, False)
+        assert table.size == 6
+        s = table.sample(6, timeout=0)
+        assert s.data["obs"].dtype == np.uint8 and s.data["obs"].shape == (6, 4, 4, 84, 84)
+        firsts = {s.data["obs"][i, 0].tobytes() for i in range(6)}
+        assert firsts <= {f.tobytes() for f in frames}
+    finally:
+        env.close()
+        store.close()
