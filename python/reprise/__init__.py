@@ -6,7 +6,7 @@
                      remover=rp.selectors.Fifo(), max_size=50_000)
 """
 
-from . import checkpoint, errors, rate_limiters, selectors
+from . import checkpoint, datasets, errors, rate_limiters, selectors
 from ._native import Writer, __version__
 from .client import Client
 from .sample import Sample
@@ -25,6 +25,7 @@ __all__ = [
     "Sample",
     "selectors",
     "checkpoint",
+    "datasets",
     "rate_limiters",
     "errors",
     "__version__",

@@ -46,7 +46,7 @@ _CHUNK = 64 << 20
 class _Progress:
     """A progress bar on a terminal for work that takes more than a second."""
 
-    def __init__(self, total: int, desc: str, enabled: bool | None):
+    def __init__(self, total: int, desc: str, enabled: bool | None, unit: str = "B"):
         self._bar = None
         if enabled is None:
             enabled = sys.stderr.isatty()
@@ -55,7 +55,7 @@ class _Progress:
                 from tqdm import tqdm
             except ImportError:
                 return
-            self._bar = tqdm(total=total, desc=desc, unit="B", unit_scale=True, delay=1.0, leave=False)
+            self._bar = tqdm(total=total, desc=desc, unit=unit, unit_scale=True, delay=1.0, leave=False)
 
     def update(self, n: int):
         if self._bar is not None:
