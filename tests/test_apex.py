@@ -8,7 +8,6 @@ import subprocess
 import sys
 import time
 
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,9 +20,6 @@ pytest.importorskip("gymnasium")
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
 from reprise.examples import apex  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
-
 
 def reference_transitions(episodes, n, gamma):
     """Plain model: for every transition t of every episode, the steps t..t+k it spans, its
@@ -160,9 +156,9 @@ def test_smoke_learns_and_survives_killed_actor_and_learner(tmp_path):
     trains; both are restarted, training continues from the published parameters, and the
     final greedy policy is far better than random."""
     out = tmp_path / "apex"
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    # The child finds reprise as this process did (installed, or PYTHONPATH in a checkout).
     proc = subprocess.Popen([sys.executable, "-m", "reprise.cli", "demo", "apex", "--smoke", "--out", str(out)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         killed = {}
         deadline = time.monotonic() + 200

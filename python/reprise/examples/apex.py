@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import multiprocessing as mp
 import os
 import signal
@@ -135,7 +134,6 @@ def env_spec(env_id: str) -> dict:
 
 def make_network(spec: dict, hidden: int):
     """A dueling Q network: an MLP for vector observations, the Nature CNN for Atari frames."""
-    import torch
     from torch import nn
 
     class Dueling(nn.Module):
