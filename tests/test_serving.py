@@ -964,9 +964,11 @@ def test_bad_priorities_are_invalid(served, priority):
 
 
 def test_bad_addresses(served, tmp_path):
-    for address in ("127.0.0.1:5000", "localhost:1", "unix://", "/tmp/x.sock", "tcp://127.0.0.1:1"):
-        with pytest.raises(rp.errors.InvalidArgument):
+    for address in ("unix://", "/tmp/x.sock", "tcp://127.0.0.1:1", "", "nohost", "host:port", ":80"):
+        with pytest.raises(rp.errors.InvalidArgument, match="expected"):
             rp.Client(address)
+    with pytest.raises(rp.errors.RepriseError, match="cannot connect to the replay server at 127.0.0.1:1"):
+        rp.Client("127.0.0.1:1")
     with pytest.raises(rp.errors.RepriseError, match="connect"):
         rp.Client(f"unix://{tmp_path}/missing.sock")
     not_a_server = tmp_path / "plain"

@@ -3,6 +3,7 @@
     reprise demo apex [options]       distributed Ape-X DQN on Reprise (CartPole by default)
     reprise demo offline [options]    import a generated dataset, train a Decision Transformer
     reprise import PATH --out DIR     load a D4RL/Minari/npz dataset into a store, save a checkpoint
+    reprise serve --config FILE       serve tables over gRPC (stores, tables, address, token, TLS)
 
 ``reprise <command> --help`` lists each command's options.
 """
@@ -30,11 +31,14 @@ def main(argv: list[str] | None = None) -> int:
     if command == "import":
         from .datasets import main as import_main
         return import_main(rest) or 0
+    if command == "serve":
+        from .serve import main as serve_main
+        return serve_main(rest)
     if command == "--version":
         from . import __version__
         print(__version__)
         return 0
-    print(f"reprise: unknown command {command!r}; expected one of demo, import\n\n{_USAGE}", file=sys.stderr)
+    print(f"reprise: unknown command {command!r}; expected one of demo, import, serve\n\n{_USAGE}", file=sys.stderr)
     return 2
 
 

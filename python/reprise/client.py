@@ -1,31 +1,55 @@
-"""Clients of a replay server on the same host."""
+"""Clients of a replay server: on the same host (shared memory) or remote (gRPC)."""
 
 from __future__ import annotations
 
+import os
+
+import numpy as np
+
 from . import _native
 from ._convert import as_int
-from .errors import InvalidArgument, NotFound
+from .errors import InvalidArgument, NotFound, Timeout
 from .sample import Sample
 from .signature import Field
 from .torch._device import is_host_device
 
 
 class Client:
-    """A connection to ``rp.Server(...).local_address`` from any process of this user
-    on the same host. Tables are named by string; samples are the same ``Sample`` as
-    ``Table.sample`` gives, their rows read in place from shared memory.
+    """A connection to a replay server.
 
-    Thread-safe; each writer has its own connection. A client whose server died gets
-    ``RepriseError`` ("connection to the replay server lost") on its next call.
+    ``Client(server.local_address)`` (``unix:///...``): any process of this user on the
+    same host; steps are written and samples read in place in shared memory.
+    ``Client("host:port", token=...)``: a remote server (``rp.Server(address=...)`` or
+    ``reprise serve``) over gRPC; ``tls=True`` (and ``tls_ca``, a PEM file, for a private
+    CA) for TLS. Both have the same API: tables are named by string, samples are the same
+    ``Sample`` as ``Table.sample`` gives.
+
+    Thread-safe; each writer has its own connection (or stream). A client whose server
+    died gets ``RepriseError`` ("connection to the replay server lost") on its next call.
     """
 
-    def __init__(self, address: str, token: str | None = None):
-        if token is not None:
-            raise InvalidArgument("token: remote (gRPC) clients are not available in this build; "
-                                  "local clients are authenticated by the socket's permissions")
+    def __init__(self, address: str, token: str | None = None, tls: bool = False, tls_ca: str | None = None,
+                 tls_domain: str | None = None, connect_timeout: float | None = None):
+        if not isinstance(address, str):
+            raise InvalidArgument(f"address must be a str ('unix:///...' or 'host:port'), got {type(address).__name__}")
         self._address = address
-        self._native = _native.Client(address)
         self._host_views: dict = {}
+        self._signatures: dict = {}
+        self._remote = not address.startswith("unix://")
+        if not self._remote:
+            if token is not None or tls or tls_ca is not None:
+                raise InvalidArgument("token/tls are for remote 'host:port' addresses; local clients are "
+                                      "authenticated by the socket's permissions")
+            self._native = _native.Client(address)
+            return
+        ca = None
+        if tls_ca is not None:
+            try:
+                with open(os.fspath(tls_ca), "rb") as f:
+                    ca = f.read()
+            except OSError as e:
+                raise InvalidArgument(f"tls_ca {tls_ca!r}: cannot read the CA certificate ({e.strerror})") from None
+        self._native = _native.RemoteClient(address, token, bool(tls), ca, tls_domain, connect_timeout)
 
     @property
     def address(self) -> str:
@@ -50,6 +74,8 @@ class Client:
                device: str | None = None) -> Sample:
         """Draws n items from ``table`` (as ``Table.sample``)."""
         n = as_int("n", n)
+        if self._remote:
+            return self._sample_remote(table, n, timeout, fields, device)
         if is_host_device(device):
             return self._native.sample(table, n, timeout, fields)
         from .torch import resolve
@@ -69,9 +95,38 @@ class Client:
             raise
         return collect_rows(rows, columns, fields)
 
+    def _sample_remote(self, table, n, timeout, fields, device) -> Sample:
+        """A remote draw: the server gathers the rows, they arrive in one message."""
+        dev = None
+        if not is_host_device(device):
+            from .torch import resolve
+            dev = resolve(device)
+        signature = self._signatures.get(table)
+        if signature is None:
+            signature = {name: (tuple(shape), dtype) for name, shape, dtype in self._native.fields(table)}
+            self._signatures[table] = signature
+        d = self._native.sample(table, n, timeout, None if fields is None else list(fields))
+        count, t = len(d["keys"]), d["max_length"]
+        data = {}
+        for name, column in zip(d["fields"], d["columns"]):
+            shape, dtype = signature[name]
+            data[name] = np.frombuffer(column, dtype=dtype).reshape((count, t, *shape))
+        if dev is not None:
+            import torch
+            data = {k: torch.from_numpy(v).to(dev, non_blocking=False) for k, v in data.items()}
+        s = Sample(keys=d["keys"], probabilities=d["probabilities"], priorities=d["priorities"],
+                   times_sampled=d["times_sampled"], table_size=d["table_size"], lengths=d["lengths"], data=data)
+        if d["partial"]:
+            err = Timeout(f"sample from '{table}' timed out after {timeout} s with {count} of {n} items drawn")
+            err.partial = s if count else None
+            raise err
+        return s
+
     def _columns_for(self, table: str, device):
         """The server's shared-memory columns of ``table``'s store, registered for
         ``device`` once per store."""
+        if self._remote:
+            raise InvalidArgument("a remote client has no shared-memory columns")
         (address, nbytes), layout, capacity, fields = self._native.store_memory(table)
         key = (address, device)
         views = self._host_views.get(key)
@@ -108,7 +163,8 @@ class Client:
         if self._host_views:
             from .torch.columns import close_all
             close_all(self._host_views)
-        self._native.close()
+        if not self._remote:
+            self._native.close()
 
     def __enter__(self):
         return self

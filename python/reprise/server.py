@@ -12,6 +12,7 @@ import weakref
 from collections.abc import Sequence
 
 from . import _native
+from ._convert import as_int
 from .errors import InvalidArgument
 from .table import Table
 
@@ -28,23 +29,34 @@ class Server:
     ``checkpoint_dir``: ``checkpoint()`` writes there, and at start the newest valid
     checkpoint in it (if any) is loaded: its tables replace the given tables of the
     same names, which must be empty (``server.tables`` lists what is served).
-    ``address`` and ``token`` belong to the remote (gRPC) service, which is not in
-    this build: pass None.
+    ``address`` (``"host:port"``; port 0 picks a free one, see ``server.address``) also
+    serves the tables over gRPC to remote ``rp.Client("host:port", token=...)``. A
+    ``token`` is required unless the address is loopback, and is then checked on every
+    call. ``tls_cert``/``tls_key`` (PEM files) serve TLS. ``max_message_bytes`` bounds
+    every request and response, ``max_batch_items`` one sample.
     """
 
     def __init__(self, tables: Sequence[Table], address: str | None = None, token: str | None = None,
-                 checkpoint_dir: str | None = None, name: str | None = None):
+                 checkpoint_dir: str | None = None, name: str | None = None, tls_cert: str | None = None,
+                 tls_key: str | None = None, max_message_bytes: int = 64 << 20, max_batch_items: int = 1 << 16):
         if isinstance(tables, Table):
             tables = [tables]
         tables = list(tables)
         if not tables or not all(isinstance(t, Table) for t in tables):
             raise InvalidArgument(f"tables must be a non-empty list of reprise.Table, got {tables!r}")
-        for arg, value in (("address", address), ("token", token)):
-            if value is not None:
-                raise InvalidArgument(
-                    f"{arg}={value!r}: remote serving is not available in this build; "
-                    "same-host clients connect to server.local_address"
-                )
+        if address is None and (token is not None or tls_cert is not None or tls_key is not None):
+            raise InvalidArgument("token and tls_cert/tls_key are for the remote service: pass address='host:port' too")
+        if (tls_cert is None) != (tls_key is None):
+            raise InvalidArgument("TLS needs both tls_cert and tls_key (PEM files)")
+        tls = None
+        if tls_cert is not None:
+            tls = []
+            for what, path in (("tls_cert", tls_cert), ("tls_key", tls_key)):
+                try:
+                    with open(os.fspath(path), "rb") as f:
+                        tls.append(f.read())
+                except OSError as e:
+                    raise InvalidArgument(f"{what} {path!r}: cannot read it ({e.strerror})") from None
         self._checkpoint_dir = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
         self.restored_from = None
         if self._checkpoint_dir is not None:
@@ -96,8 +108,18 @@ class Server:
                 raise InvalidArgument("the server is gone")
             return server.checkpoint()
 
-        self._native = _native.Server([t._native for t in tables], name,
-                                      None if self._checkpoint_dir is None else checkpointer)
+        checkpoint = None if self._checkpoint_dir is None else checkpointer
+        self._native = _native.Server([t._native for t in tables], name, checkpoint)
+        self._grpc = None
+        if address is not None:
+            try:
+                self._grpc = _native.GrpcServer([t._native for t in tables], address, token,
+                                                None if tls is None else tls[0], None if tls is None else tls[1],
+                                                as_int("max_message_bytes", max_message_bytes, 4096),
+                                                as_int("max_batch_items", max_batch_items, 1), 64, checkpoint)
+            except BaseException:
+                self._native.stop()
+                raise
 
     @property
     def local_address(self) -> str:
@@ -105,9 +127,10 @@ class Server:
         return self._native.local_address
 
     @property
-    def address(self) -> None:
-        """The remote (gRPC) address: None, remote serving is not in this build."""
-        return None
+    def address(self) -> str | None:
+        """``host:port`` of the remote (gRPC) service (the port chosen when 0 was
+        given); None without ``address=``."""
+        return None if self._grpc is None else self._grpc.address
 
     @property
     def name(self) -> str:
@@ -125,8 +148,12 @@ class Server:
         from . import checkpoint
         return checkpoint.save(self._checkpoint_dir, self._tables, compression=compression)
 
-    def stop(self):
-        """Closes every client connection (releasing what they held) and removes the socket."""
+    def stop(self, grace: float = 5.0):
+        """Stops the remote service (calls in progress get up to ``grace`` seconds to
+        finish; blocked waits give up), then closes every local client connection
+        (releasing what they held) and removes the socket."""
+        if self._grpc is not None:
+            self._grpc.stop(grace)
         self._native.stop()
 
     def __enter__(self):
@@ -137,4 +164,5 @@ class Server:
         return False
 
     def __repr__(self):
-        return f"Server({self.name!r}, local_address={self.local_address!r}, tables={[t.name for t in self._tables]})"
+        remote = "" if self._grpc is None else f", address={self.address!r}"
+        return f"Server({self.name!r}, local_address={self.local_address!r}{remote}, tables={[t.name for t in self._tables]})"

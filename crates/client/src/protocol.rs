@@ -58,6 +58,7 @@ pub fn error_code(e: &Error) -> u8 {
         Error::ResourceExhausted(_) => 4,
         Error::Corrupt(_) => 5,
         Error::Io(_) | Error::Interrupted { .. } => 6,
+        Error::Unauthenticated(_) => 7,
     }
 }
 
@@ -68,6 +69,7 @@ pub fn error_from(code: u8, message: String) -> Error {
         3 => Error::Timeout { message, partial: Default::default() },
         4 => Error::ResourceExhausted(message),
         5 => Error::Corrupt(message),
+        7 => Error::Unauthenticated(message),
         _ => Error::Io(message),
     }
 }

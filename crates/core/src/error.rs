@@ -35,9 +35,13 @@ pub enum Error {
     /// A checkpoint or message failed validation.
     #[error("{0}")]
     Corrupt(String),
-    /// The operating system refused something (creating or mapping shared memory).
+    /// The operating system refused something (creating or mapping shared memory),
+    /// or a connection failed.
     #[error("{0}")]
     Io(String),
+    /// A remote call without the server's token, or with a wrong one.
+    #[error("{0}")]
+    Unauthenticated(String),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;

@@ -38,6 +38,7 @@ pub fn to_py(py: Python<'_>, e: Error, fields: Option<&[usize]>, signal: Option<
         Error::ResourceExhausted(_) => "ResourceExhausted",
         Error::Corrupt(_) => "Corrupt",
         Error::Io(_) => "RepriseError",
+        Error::Unauthenticated(_) => "Unauthenticated",
     };
     let message = e.to_string();
     let interrupted = matches!(e, Error::Interrupted { .. });

@@ -6,6 +6,7 @@ use pyo3::prelude::*;
 mod arrays;
 mod errors;
 mod rows;
+mod remote;
 mod sample;
 mod serving;
 mod snapshot;
@@ -23,6 +24,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<snapshot::PyPins>()?;
     m.add_class::<serving::PyServer>()?;
     m.add_class::<serving::PyClient>()?;
+    m.add_class::<remote::PyGrpcServer>()?;
+    m.add_class::<remote::PyRemoteClient>()?;
     m.add_function(wrap_pyfunction!(table::rate_limiter_preset, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

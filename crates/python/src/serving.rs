@@ -19,6 +19,25 @@ use crate::table::{info_dict, select_fields, PyTable};
 use crate::timeout::{self, Signals};
 use crate::writer::{AnyWriter, PyWriter};
 
+/// A client's CHECKPOINT runs the owner's Python checkpoint code `f` on the
+/// connection's thread (which holds no table lock while it waits for the GIL).
+pub fn checkpointer(f: Py<PyAny>) -> Checkpointer {
+    let f = Arc::new(f);
+    Arc::new(move || {
+        Python::attach(|py| {
+            f.call0(py).and_then(|p| p.extract::<String>(py)).map_err(|e| {
+                let kind = e.get_type(py).name().map(|n| n.to_string()).unwrap_or_default();
+                let message = format!("checkpoint failed: {kind}: {}", e.value(py));
+                if kind == "InvalidArgument" {
+                    reprise_core::Error::InvalidArgument(message)
+                } else {
+                    reprise_core::Error::Io(message)
+                }
+            })
+        })
+    })
+}
+
 #[pyclass(name = "Server", module = "reprise._native", frozen)]
 pub struct PyServer {
     server: Mutex<Option<LocalServer>>,
@@ -32,24 +51,7 @@ impl PyServer {
     #[pyo3(signature = (tables, name=None, checkpoint=None))]
     fn new(py: Python<'_>, tables: Vec<PyRef<'_, PyTable>>, name: Option<String>, checkpoint: Option<Py<PyAny>>) -> PyResult<Self> {
         let tables = tables.iter().map(|t| t.table.clone()).collect();
-        // A client's CHECKPOINT runs the owner's Python checkpoint code on the
-        // connection's thread (which holds no table lock while it waits for the GIL).
-        let checkpoint: Option<Checkpointer> = checkpoint.map(|f| {
-            let f = std::sync::Arc::new(f);
-            std::sync::Arc::new(move || {
-                Python::attach(|py| {
-                    f.call0(py).and_then(|p| p.extract::<String>(py)).map_err(|e| {
-                        let kind = e.get_type(py).name().map(|n| n.to_string()).unwrap_or_default();
-                        let message = format!("checkpoint failed: {kind}: {}", e.value(py));
-                        if kind == "InvalidArgument" {
-                            reprise_core::Error::InvalidArgument(message)
-                        } else {
-                            reprise_core::Error::Io(message)
-                        }
-                    })
-                })
-            }) as Checkpointer
-        });
+        let checkpoint: Option<Checkpointer> = checkpoint.map(checkpointer);
         let server = py.detach(|| LocalServer::start_with(tables, name.as_deref(), checkpoint)).map_err(py_err(py))?;
         Ok(PyServer { address: server.address(), name: server.name().to_string(), server: Mutex::new(Some(server)) })
     }
@@ -82,8 +84,7 @@ fn socket_path(py: Python<'_>, address: &str) -> PyResult<PathBuf> {
     match address.strip_prefix("unix://") {
         Some(path) if !path.is_empty() => Ok(PathBuf::from(path)),
         _ => Err(invalid(py, format!(
-            "address {address:?}: expected a local server address 'unix:///path/to/socket' (server.local_address); \
-             remote 'host:port' clients are not available in this build"
+            "address {address:?}: expected a local server address 'unix:///path/to/socket' (server.local_address)"
         ))),
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::PyString;
-use reprise_client::ClientWriter;
+use reprise_client::{ClientWriter, RemoteWriter};
 use reprise_core::error::Error;
 use reprise_core::{Table, Wait, Writer};
 
@@ -22,6 +22,7 @@ const BULK_BYTES: usize = 64 * 1024;
 pub enum AnyWriter {
     Local(Writer),
     Client(ClientWriter),
+    Remote(RemoteWriter),
 }
 
 impl AnyWriter {
@@ -31,6 +32,8 @@ impl AnyWriter {
             (AnyWriter::Local(w), Some(t)) => w.extend(columns, t),
             (AnyWriter::Client(w), None) => w.append(columns),
             (AnyWriter::Client(w), Some(t)) => w.extend(columns, t),
+            (AnyWriter::Remote(w), None) => w.append(columns),
+            (AnyWriter::Remote(w), Some(t)) => w.extend(columns, t),
         }
     }
 }
@@ -146,6 +149,7 @@ impl PyWriter {
         let check = || signals.check();
         self.with(py, |w| match w {
             AnyWriter::Client(w) => w.create_item(target.name(), n, priority).map(|_| None).map_err(py_err(py)),
+            AnyWriter::Remote(w) => w.create_item(target.name(), n, priority).map(|_| None).map_err(py_err(py)),
             AnyWriter::Local(w) => {
                 let call = |w: &mut Writer, wait: Wait<'_>| match &target {
                     Target::Name(name) => w.create_item_in(name, n, priority, wait),
@@ -176,6 +180,7 @@ impl PyWriter {
         let check = || signals.check();
         self.with(py, |w| match w {
             AnyWriter::Client(w) => w.create_items(target.name(), n, p).map(|_| None).map_err(py_err(py)),
+            AnyWriter::Remote(w) => w.create_items(target.name(), n, p).map(|_| None).map_err(py_err(py)),
             AnyWriter::Local(w) => {
                 let table = target.resolve(py, w)?;
                 let keys = py
@@ -192,7 +197,7 @@ impl PyWriter {
         let k = u64::try_from(num_steps).map_err(|_| invalid(py, format!("num_steps must be >= 1, got {num_steps}")))?;
         let window = self.with(py, |w| match w {
             AnyWriter::Local(w) => w.recent_rows(k).map_err(py_err(py)),
-            AnyWriter::Client(_) => Err(invalid(py, "recent_rows is for in-process writers".into())),
+            AnyWriter::Client(_) | AnyWriter::Remote(_) => Err(invalid(py, "recent_rows is for in-process writers".into())),
         })?;
         let rows = window.ranges().iter().flat_map(|r| (r.start..r.start + r.len as u64).map(|x| x as i64));
         Ok(numpy::PyArray1::from_iter(py, rows))
@@ -209,7 +214,7 @@ impl PyWriter {
         let signals = Signals::default();
         let check = || signals.check();
         self.with(py, |w| match w {
-            AnyWriter::Client(_) => Err(invalid(py, "create_tiled_items is for in-process writers".into())),
+            AnyWriter::Client(_) | AnyWriter::Remote(_) => Err(invalid(py, "create_tiled_items is for in-process writers".into())),
             AnyWriter::Local(w) => {
                 let table = target.resolve(py, w)?;
                 let keys = py
@@ -228,6 +233,7 @@ impl PyWriter {
                 Ok(())
             }
             AnyWriter::Client(w) => w.end_episode().map_err(py_err(py)),
+            AnyWriter::Remote(w) => w.end_episode().map_err(py_err(py)),
         })
     }
 
@@ -243,6 +249,11 @@ impl PyWriter {
                 let check = || signals.check();
                 py.detach(|| w.flush(timeout, Some(&check))).map_err(|e| to_py(py, e, None, signals.take()))
             }
+            AnyWriter::Remote(w) => {
+                let signals = Signals::default();
+                let check = || signals.check();
+                py.detach(|| w.flush(timeout, Some(&check))).map(|_| ()).map_err(|e| to_py(py, e, None, signals.take()))
+            }
         })
     }
 
@@ -252,6 +263,7 @@ impl PyWriter {
             Ok(match w {
                 AnyWriter::Local(w) => w.episode_steps(),
                 AnyWriter::Client(w) => w.episode_steps(),
+                AnyWriter::Remote(w) => w.episode_steps(),
             })
         })
     }
@@ -264,6 +276,7 @@ impl PyWriter {
         };
         match guard.take() {
             Some(AnyWriter::Client(mut w)) => py.detach(|| w.close()).map_err(py_err(py)),
+            Some(AnyWriter::Remote(mut w)) => py.detach(|| w.close()).map_err(py_err(py)),
             _ => Ok(()),
         }
     }

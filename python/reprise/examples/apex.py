@@ -464,8 +464,14 @@ def learner_main(cfg: Config, address: str, seed: int, started: float) -> None:
             mean_loss = float(np.mean(losses)) if losses else float("nan")
             report(float(np.mean(quick)), len(quick), mean_loss)
             if threshold is not None and np.mean(quick) >= threshold:
-                publish()   # the parameters that pass are the ones actors and the final evaluation see
                 full = evaluate(net, cfg, cfg.eval_episodes, seed=20_000 + step, device=device)
+                if np.mean(full) >= threshold:
+                    # Solved: publish exactly these parameters (the final evaluation's) and stop
+                    # learning; the supervisor ends the run.
+                    publish()
+                    report(float(np.mean(full)), len(full), mean_loss)
+                    while True:
+                        time.sleep(1.0)
                 report(float(np.mean(full)), len(full), mean_loss)
             net.train()
             losses.clear()

@@ -1,0 +1,12 @@
+//! Compiles proto/reprise/v1/replay.proto (with protox: no protoc needed) into the
+//! gRPC client and server code of `reprise_client::pb`.
+fn main() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../proto");
+    println!("cargo:rerun-if-changed={}", root.join("reprise/v1/replay.proto").display());
+    let files = protox::compile(["reprise/v1/replay.proto"], [&root]).expect("proto/reprise/v1/replay.proto must compile");
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_fds(files)
+        .expect("generating the gRPC code");
+}

@@ -1,0 +1,537 @@
+//! The remote client: tables of a `reprise serve` / `rp.Server(address=...)` over gRPC.
+//!
+//! A blocking API over a small tokio runtime owned by the client. Writers batch their
+//! operations (steps column-wise, item creations) into messages and send them on
+//! their own `Insert` stream; `flush` waits until the server has applied everything
+//! sent. Samples go through one `Sample` stream per client (reopened if it breaks).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use reprise_core::error::{Error, Result};
+use reprise_core::TableInfo;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+use tonic::{Request, Status, Streaming};
+
+use crate::pb::{self, replay_client::ReplayClient};
+use crate::status::from_status;
+
+/// Checked while waiting: true stops the wait with `Error::Interrupted`.
+pub type Interrupt<'a> = Option<&'a (dyn Fn() -> bool + Sync)>;
+
+/// Bytes of queued operations that make a writer send a message.
+const SEND_BYTES: usize = 1 << 20;
+/// Queued operations that make a writer send a message.
+const SEND_OPS: usize = 1024;
+/// How often a wait checks its interrupt.
+const POLL: Duration = Duration::from_millis(50);
+
+#[derive(Clone)]
+struct Auth(Option<MetadataValue<Ascii>>);
+
+impl tonic::service::Interceptor for Auth {
+    fn call(&mut self, mut req: Request<()>) -> std::result::Result<Request<()>, Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    }
+}
+
+type Stub = ReplayClient<InterceptedService<Channel, Auth>>;
+
+/// How to reach a server.
+#[derive(Clone, Default)]
+pub struct RemoteOptions {
+    pub token: Option<String>,
+    /// Use TLS, trusting this PEM CA certificate (`None`: the system's roots).
+    pub tls: bool,
+    pub ca_pem: Option<Vec<u8>>,
+    /// The name the server's certificate is checked against (default: the host).
+    pub domain: Option<String>,
+    pub connect_timeout: Option<Duration>,
+}
+
+/// A connection to a remote replay server. Cheap to share between threads.
+pub struct RemoteClient {
+    rt: Arc<tokio::runtime::Runtime>,
+    stub: Stub,
+    layout: pb::Layout,
+    address: String,
+    sampler: Mutex<Option<SampleStream>>,
+}
+
+struct SampleStream {
+    tx: mpsc::Sender<pb::SampleRequest>,
+    rx: Streaming<pb::SampleResponse>,
+}
+
+/// A drawn batch from a remote table: per field `[n, T, row]` bytes, zero past each length.
+pub struct RemoteSample {
+    pub response: pb::SampleResponse,
+}
+
+/// Runs `fut` on `rt`, giving up at `deadline` (Timeout) or when `interrupt` says so.
+fn wait_for<T>(
+    rt: &tokio::runtime::Runtime,
+    fut: impl std::future::Future<Output = Result<T>>,
+    deadline: Option<Instant>,
+    interrupt: Interrupt<'_>,
+    what: &str,
+) -> Result<T> {
+    rt.block_on(async {
+        tokio::pin!(fut);
+        loop {
+            let step = match deadline {
+                Some(d) => d.saturating_duration_since(Instant::now()).min(POLL),
+                None => POLL,
+            };
+            match tokio::time::timeout(step, &mut fut).await {
+                Ok(r) => return r,
+                Err(_) => {
+                    if interrupt.is_some_and(|f| f()) {
+                        return Err(Error::Interrupted { partial: Default::default() });
+                    }
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Err(Error::Timeout { message: format!("{what} timed out"), partial: Default::default() });
+                    }
+                }
+            }
+        }
+    })
+}
+
+fn lost(e: impl std::fmt::Display) -> Error {
+    Error::Io(format!("connection to the replay server lost: {e}"))
+}
+
+impl RemoteClient {
+    /// Connects to `address` (`host:port`) and reads the server's layout.
+    pub fn connect(address: &str, options: RemoteOptions) -> Result<RemoteClient> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("reprise-client")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::Io(format!("cannot start the client runtime: {e}")))?;
+        let port_ok = address.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+        if address.contains("://") || address.contains('/') || !port_ok {
+            return Err(Error::InvalidArgument(format!(
+                "address {address:?}: expected 'host:port' for a remote server (or 'unix:///path' for a local one)"
+            )));
+        }
+        let scheme = if options.tls { "https" } else { "http" };
+        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{address}"))
+            .map_err(|e| Error::InvalidArgument(format!("address {address:?}: expected host:port ({e})")))?
+            .connect_timeout(options.connect_timeout.unwrap_or(Duration::from_secs(10)))
+            .tcp_nodelay(true);
+        if options.tls {
+            let mut tls = ClientTlsConfig::new();
+            tls = match &options.ca_pem {
+                Some(ca) => tls.ca_certificate(Certificate::from_pem(ca)),
+                None => tls.with_enabled_roots(),
+            };
+            if let Some(d) = &options.domain {
+                tls = tls.domain_name(d.clone());
+            }
+            endpoint = endpoint.tls_config(tls).map_err(|e| Error::InvalidArgument(format!("TLS settings: {e}")))?;
+        }
+        let channel = rt
+            .block_on(endpoint.connect())
+            .map_err(|e| Error::Io(format!("cannot connect to the replay server at {address}: {e}{}", source_chain(&e))))?;
+        let token = match options.token {
+            Some(t) => Some(
+                format!("Bearer {t}")
+                    .parse::<MetadataValue<Ascii>>()
+                    .map_err(|_| Error::InvalidArgument("token must be printable ASCII".into()))?,
+            ),
+            None => None,
+        };
+        let stub = ReplayClient::with_interceptor(channel, Auth(token)).max_decoding_message_size(1 << 30).max_encoding_message_size(1 << 30);
+        let mut s = stub.clone();
+        let layout = rt.block_on(s.get_layout(pb::GetLayoutRequest {})).map_err(from_status)?.into_inner();
+        if layout.protocol_version != pb::PROTOCOL_VERSION {
+            return Err(Error::InvalidArgument(format!(
+                "the server speaks protocol version {}, this client {}",
+                layout.protocol_version,
+                pb::PROTOCOL_VERSION
+            )));
+        }
+        Ok(RemoteClient { rt: Arc::new(rt), stub, layout, address: address.to_string(), sampler: Mutex::new(None) })
+    }
+
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    pub fn layout(&self) -> &pb::Layout {
+        &self.layout
+    }
+
+    pub fn table_names(&self) -> Vec<String> {
+        self.layout.tables.iter().map(|t| t.name.clone()).collect()
+    }
+
+    /// The store layout of `table` (`NotFound` for an unknown name).
+    pub fn store_of(&self, table: &str) -> Result<&pb::Store> {
+        let t = self.layout.tables.iter().find(|t| t.name == table).ok_or_else(|| {
+            Error::NotFound(format!("no table named '{table}'; this server has {:?}", self.table_names()))
+        })?;
+        self.layout.stores.get(t.store as usize).ok_or_else(|| Error::Corrupt("layout: table of a missing store".into()))
+    }
+
+    /// A writer into the store of `table` (default: the first table).
+    pub fn writer(&self, table: Option<&str>, max_sequence_length: Option<u64>) -> Result<RemoteWriter> {
+        let table = match table {
+            Some(t) => t.to_string(),
+            None => self.layout.tables.first().map(|t| t.name.clone()).unwrap_or_default(),
+        };
+        let store = self.store_of(&table)?;
+        let rows: Vec<usize> = store.fields.iter().map(field_bytes).collect::<Result<_>>()?;
+        let msl = match max_sequence_length {
+            Some(m) => u32::try_from(m).map_err(|_| Error::InvalidArgument(format!("max_sequence_length must be < 2^32, got {m}")))?,
+            None => 0,
+        };
+        let (tx, rx) = mpsc::channel::<pb::InsertRequest>(8);
+        let mut stub = self.stub.clone();
+        let responses = self
+            .rt
+            .block_on(stub.insert(Request::new(ReceiverStream::new(rx))))
+            .map_err(from_status)?
+            .into_inner();
+        Ok(RemoteWriter {
+            rt: self.rt.clone(),
+            tx: Some(tx),
+            responses,
+            rows,
+            pending: vec![Vec::new(); store.fields.len()],
+            pending_steps: 0,
+            ops: Vec::new(),
+            op_bytes: 0,
+            first: Some((table, msl)),
+            next_flush: 1,
+            episode_steps: 0,
+            failed: None,
+            max_message: self.layout.max_message_bytes as usize,
+        })
+    }
+
+    /// Draws `n` items from `table` (`fields` empty: all). A timeout with items drawn
+    /// returns `Err(Timeout)` together with the partial batch.
+    pub fn sample(&self, table: &str, n: u32, fields: &[String], timeout: Option<Duration>, interrupt: Interrupt<'_>) -> Result<(RemoteSample, bool)> {
+        self.store_of(table)?;
+        let req = pb::SampleRequest {
+            table: table.to_string(),
+            num_items: n,
+            fields: fields.to_vec(),
+            timeout_seconds: timeout.map_or(-1.0, |t| t.as_secs_f64()),
+        };
+        let mut guard = self.sampler.lock();
+        if guard.is_none() {
+            let (tx, rx) = mpsc::channel::<pb::SampleRequest>(4);
+            let mut stub = self.stub.clone();
+            let responses = self.rt.block_on(stub.sample(Request::new(ReceiverStream::new(rx)))).map_err(from_status)?.into_inner();
+            *guard = Some(SampleStream { tx, rx: responses });
+        }
+        let stream = guard.as_mut().expect("opened above");
+        let result = wait_for(
+            &self.rt,
+            async {
+                stream.tx.send(req).await.map_err(lost)?;
+                match stream.rx.message().await {
+                    Ok(Some(r)) => Ok(r),
+                    Ok(None) => Err(lost("the sample stream ended")),
+                    Err(s) => Err(from_status(s)),
+                }
+            },
+            None,
+            interrupt,
+            "sample",
+        );
+        match result {
+            Ok(r) => {
+                let partial = r.partial;
+                Ok((RemoteSample { response: r }, partial))
+            }
+            Err(e) => {
+                *guard = None; // a broken or interrupted stream is not reused
+                Err(e)
+            }
+        }
+    }
+
+    pub fn update_priorities(&self, table: &str, keys: &[u64], priorities: &[f64]) -> Result<u64> {
+        if keys.len() != priorities.len() {
+            return Err(Error::InvalidArgument(format!("{} keys but {} priorities; expected one per key", keys.len(), priorities.len())));
+        }
+        let mut stub = self.stub.clone();
+        let req = pb::UpdatePrioritiesRequest { table: table.into(), keys: keys.to_vec(), priorities: priorities.to_vec() };
+        Ok(self.rt.block_on(stub.update_priorities(req)).map_err(from_status)?.into_inner().count)
+    }
+
+    pub fn delete(&self, table: &str, keys: &[u64]) -> Result<u64> {
+        let mut stub = self.stub.clone();
+        let req = pb::DeleteRequest { table: table.into(), keys: keys.to_vec() };
+        Ok(self.rt.block_on(stub.delete(req)).map_err(from_status)?.into_inner().count)
+    }
+
+    pub fn reset(&self, table: &str) -> Result<()> {
+        let mut stub = self.stub.clone();
+        self.rt.block_on(stub.reset(pb::ResetRequest { table: table.into() })).map_err(from_status)?;
+        Ok(())
+    }
+
+    pub fn checkpoint(&self) -> Result<String> {
+        let mut stub = self.stub.clone();
+        Ok(self.rt.block_on(stub.checkpoint(pb::CheckpointRequest {})).map_err(from_status)?.into_inner().path)
+    }
+
+    pub fn info(&self) -> Result<Vec<TableInfo>> {
+        let mut stub = self.stub.clone();
+        let r = self.rt.block_on(stub.info(pb::InfoRequest {})).map_err(from_status)?.into_inner();
+        Ok(r.tables.into_iter().map(table_info).collect())
+    }
+}
+
+fn source_chain(e: &dyn std::error::Error) -> String {
+    let mut out = String::new();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        out.push_str(&format!(": {s}"));
+        cur = s.source();
+    }
+    out
+}
+
+fn field_bytes(f: &pb::Field) -> Result<usize> {
+    let dtype = reprise_core::DType::from_name(&f.dtype)?;
+    let elements = f.shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d as usize));
+    elements
+        .and_then(|e| e.checked_mul(dtype.itemsize()))
+        .ok_or_else(|| Error::Corrupt(format!("layout: field '{}' is too large", f.name)))
+}
+
+fn table_info(i: pb::TableInfo) -> TableInfo {
+    TableInfo {
+        name: i.name,
+        size: i.size,
+        max_size: i.max_size,
+        max_times_sampled: i.max_times_sampled,
+        sampler: i.sampler,
+        remover: i.remover,
+        num_inserts: i.num_inserts,
+        num_samples: i.num_samples,
+        num_evictions: i.num_evictions,
+        num_deletes: i.num_deletes,
+        num_store_evictions: i.num_store_evictions,
+        rate_limiter: reprise_core::RateLimiterConfig {
+            samples_per_insert: i.samples_per_insert,
+            min_size_to_sample: i.min_size_to_sample,
+            min_diff: i.min_diff,
+            max_diff: i.max_diff,
+        },
+        limiter_inserts: i.limiter_inserts,
+        limiter_samples: i.limiter_samples,
+        blocked_insert_seconds: i.blocked_insert_seconds,
+        blocked_sample_seconds: i.blocked_sample_seconds,
+    }
+}
+
+/// A writer on its own `Insert` stream. Operations are queued and sent in messages;
+/// `flush` returns once the server has applied everything before it.
+pub struct RemoteWriter {
+    rt: Arc<tokio::runtime::Runtime>,
+    tx: Option<mpsc::Sender<pb::InsertRequest>>,
+    responses: Streaming<pb::InsertResponse>,
+    rows: Vec<usize>,
+    pending: Vec<Vec<u8>>,
+    pending_steps: u32,
+    ops: Vec<pb::InsertOp>,
+    op_bytes: usize,
+    first: Option<(String, u32)>,
+    next_flush: u64,
+    episode_steps: u64,
+    failed: Option<String>,
+    max_message: usize,
+}
+
+impl RemoteWriter {
+    fn check(&self) -> Result<()> {
+        match &self.failed {
+            Some(m) => Err(Error::Io(format!("this writer's stream failed earlier: {m}"))),
+            None if self.tx.is_none() => Err(Error::InvalidArgument("this writer is closed".into())),
+            None => Ok(()),
+        }
+    }
+
+    pub fn append(&mut self, columns: &[&[u8]]) -> Result<()> {
+        self.extend(columns, 1)
+    }
+
+    /// Queues `steps` steps (`columns[i]`: steps * row bytes of field i).
+    pub fn extend(&mut self, columns: &[&[u8]], steps: usize) -> Result<()> {
+        self.check()?;
+        if columns.len() != self.rows.len() {
+            return Err(Error::InvalidArgument(format!("{} columns, expected {}", columns.len(), self.rows.len())));
+        }
+        for (i, (c, &row)) in columns.iter().zip(&self.rows).enumerate() {
+            if c.len() != row * steps {
+                return Err(Error::InvalidArgument(format!("column {i}: {} bytes, expected {} for {steps} steps", c.len(), row * steps)));
+            }
+        }
+        let step_bytes: usize = self.rows.iter().sum();
+        if step_bytes * steps + 1024 > self.max_message {
+            return Err(Error::InvalidArgument(format!(
+                "{steps} steps are {} bytes, more than the server's max_message_bytes ({}); write fewer steps per call",
+                step_bytes * steps,
+                self.max_message
+            )));
+        }
+        if (self.pending_steps as usize + steps) * step_bytes + self.op_bytes + 1024 > self.max_message.min(4 * SEND_BYTES) {
+            self.seal_steps();
+            self.send(false)?;
+        }
+        for (p, c) in self.pending.iter_mut().zip(columns) {
+            p.extend_from_slice(c);
+        }
+        self.pending_steps += steps as u32;
+        self.episode_steps += steps as u64;
+        Ok(())
+    }
+
+    /// Moves the queued steps into one `Steps` operation.
+    fn seal_steps(&mut self) {
+        if self.pending_steps == 0 {
+            return;
+        }
+        let columns: Vec<Vec<u8>> = self.pending.iter_mut().map(std::mem::take).collect();
+        self.op_bytes += columns.iter().map(|c| c.len()).sum::<usize>();
+        self.ops.push(pb::InsertOp { op: Some(pb::insert_op::Op::Steps(pb::Steps { num_steps: self.pending_steps, columns: columns.into_iter().map(Into::into).collect() })) });
+        self.pending_steps = 0;
+    }
+
+    fn push(&mut self, op: pb::insert_op::Op, bytes: usize) -> Result<()> {
+        self.seal_steps();
+        self.ops.push(pb::InsertOp { op: Some(op) });
+        self.op_bytes += bytes;
+        if self.op_bytes >= SEND_BYTES || self.ops.len() >= SEND_OPS {
+            self.send(false)?;
+        }
+        Ok(())
+    }
+
+    /// Sends the queued operations (and, first, the stream's header).
+    fn send(&mut self, _force: bool) -> Result<()> {
+        if self.ops.is_empty() && self.first.is_none() {
+            return Ok(());
+        }
+        let (table, msl) = self.first.take().unwrap_or_default();
+        let req = pb::InsertRequest { table, max_sequence_length: msl, timeout_seconds: -1.0, ops: std::mem::take(&mut self.ops) };
+        self.op_bytes = 0;
+        let tx = self.tx.as_ref().ok_or_else(|| Error::InvalidArgument("this writer is closed".into()))?;
+        if self.rt.block_on(tx.send(req)).is_err() {
+            // The server ended the stream: its status says why.
+            let why = self.drain_error();
+            self.failed = Some(why.to_string());
+            return Err(why);
+        }
+        Ok(())
+    }
+
+    fn drain_error(&mut self) -> Error {
+        let responses = &mut self.responses;
+        match self.rt.block_on(async { tokio::time::timeout(Duration::from_secs(5), responses.message()).await }) {
+            Ok(Err(s)) => from_status(s),
+            _ => lost("the insert stream closed"),
+        }
+    }
+
+    pub fn create_item(&mut self, table: &str, num_steps: u64, priority: f64) -> Result<()> {
+        self.check()?;
+        let num_steps = u32::try_from(num_steps).map_err(|_| Error::InvalidArgument(format!("num_steps must be < 2^32, got {num_steps}")))?;
+        self.push(pb::insert_op::Op::CreateItem(pb::CreateItem { table: table.into(), num_steps, priority }), 32 + table.len())
+    }
+
+    pub fn create_items(&mut self, table: &str, num_steps: u64, priorities: &[f64]) -> Result<()> {
+        self.check()?;
+        let num_steps = u32::try_from(num_steps).map_err(|_| Error::InvalidArgument(format!("num_steps must be < 2^32, got {num_steps}")))?;
+        let op = pb::CreateItems { table: table.into(), num_steps, priorities: priorities.to_vec() };
+        self.push(pb::insert_op::Op::CreateItems(op), 32 + table.len() + 8 * priorities.len())
+    }
+
+    pub fn end_episode(&mut self) -> Result<()> {
+        self.check()?;
+        self.episode_steps = 0;
+        self.push(pb::insert_op::Op::EndEpisode(pb::EndEpisode {}), 4)
+    }
+
+    pub fn episode_steps(&self) -> u64 {
+        self.episode_steps
+    }
+
+    /// Sends everything queued and waits until the server has applied it; returns the
+    /// keys of the items created since the last flush.
+    pub fn flush(&mut self, timeout: Option<Duration>, interrupt: Interrupt<'_>) -> Result<Vec<u64>> {
+        self.check()?;
+        let id = self.next_flush;
+        self.next_flush += 1;
+        self.seal_steps();
+        self.ops.push(pb::InsertOp { op: Some(pb::insert_op::Op::Flush(pb::Flush { id })) });
+        self.send(true)?;
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let responses = &mut self.responses;
+        let result = wait_for(
+            &self.rt,
+            async {
+                let mut keys = Vec::new();
+                loop {
+                    match responses.message().await {
+                        Ok(Some(r)) => {
+                            keys.extend(r.keys);
+                            if r.flush_id == id {
+                                return Ok(keys);
+                            }
+                        }
+                        Ok(None) => return Err(lost("the insert stream ended")),
+                        Err(s) => return Err(from_status(s)),
+                    }
+                }
+            },
+            deadline,
+            interrupt,
+            "flush",
+        );
+        if let Err(e) = &result {
+            if !matches!(e, Error::Timeout { .. }) {
+                self.failed = Some(e.to_string());
+            }
+        }
+        result
+    }
+
+    /// Flushes, then ends the stream (the server releases the writer's blocks). Idempotent.
+    pub fn close(&mut self) -> Result<()> {
+        if self.tx.is_none() {
+            return Ok(());
+        }
+        let flushed = if self.failed.is_none() { self.flush(None, None).map(|_| ()) } else { Ok(()) };
+        self.tx = None;
+        flushed
+    }
+}
+
+impl Drop for RemoteWriter {
+    /// Sends what is queued (the server applies it) without waiting, and ends the stream.
+    fn drop(&mut self) {
+        if self.tx.is_some() && self.failed.is_none() {
+            self.seal_steps();
+            let _ = self.send(true);
+        }
+        self.tx = None;
+    }
+}

@@ -1,0 +1,543 @@
+//! The remote service: tables over gRPC (`proto/reprise/v1/replay.proto`), with tonic.
+//!
+//! Each `Insert` stream owns one core [`Writer`] and applies its operations in order,
+//! exactly as an in-process writer would: steps are checked whole before any is
+//! written, and an item exists only once its `CreateItem` has been applied, so a
+//! client that dies mid-stream leaves no partial item (its writer is dropped and its
+//! blocks return). Blocking work (rate limiters, copies) runs on tokio's blocking
+//! threads and gives up when the stream closes or the server stops.
+//!
+//! Security: a bearer token is required whenever the address is not loopback and is
+//! checked on every call; TLS from a PEM certificate and key; every message is
+//! bounded (`max_message_bytes`), as are the items of one sample and the concurrent
+//! requests of one connection.
+
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use reprise_client::pb::{self, replay_server::Replay, replay_server::ReplayServer};
+use reprise_client::status::to_status;
+use reprise_core::error::{Error, Partial, Result};
+use reprise_core::{Collect, SampleBatch, Store, Table, Wait, Writer};
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::local::Checkpointer;
+
+/// Settings of a [`GrpcServer`].
+#[derive(Clone)]
+pub struct GrpcOptions {
+    /// Required unless the address is loopback; compared on every call.
+    pub token: Option<String>,
+    /// PEM certificate chain and private key: serve TLS.
+    pub tls: Option<(Vec<u8>, Vec<u8>)>,
+    /// Largest request or response, bytes.
+    pub max_message_bytes: usize,
+    /// Most items one sample request may ask for.
+    pub max_batch_items: u32,
+    /// Most requests and streams in progress on one connection.
+    pub max_concurrent_per_connection: usize,
+    pub checkpoint: Option<Checkpointer>,
+}
+
+impl Default for GrpcOptions {
+    fn default() -> Self {
+        GrpcOptions {
+            token: None,
+            tls: None,
+            max_message_bytes: 64 << 20,
+            max_batch_items: 1 << 16,
+            max_concurrent_per_connection: 64,
+            checkpoint: None,
+        }
+    }
+}
+
+struct Shared {
+    tables: Vec<Table>,
+    stores: Vec<Store>,
+    table_store: Vec<u32>,
+    options: GrpcOptions,
+    stopping: AtomicBool,
+}
+
+impl Shared {
+    fn table(&self, name: &str) -> std::result::Result<&Table, Status> {
+        self.tables.iter().find(|t| t.name() == name).ok_or_else(|| {
+            let names: Vec<&str> = self.tables.iter().map(|t| t.name()).collect();
+            Status::not_found(format!("no table named '{name}'; this server has {names:?}"))
+        })
+    }
+}
+
+/// A running gRPC service; [`GrpcServer::stop`] (or dropping it) shuts it down.
+pub struct GrpcServer {
+    address: SocketAddr,
+    shared: Arc<Shared>,
+    shutdown: Option<oneshot::Sender<()>>,
+    runtime: Option<tokio::runtime::Runtime>,
+    done: Option<oneshot::Receiver<()>>,
+}
+
+/// True for 127.0.0.0/8, ::1 and "localhost".
+pub fn is_loopback(address: &str) -> bool {
+    let host = address.rsplit_once(':').map_or(address, |(h, _)| h).trim_start_matches('[').trim_end_matches(']');
+    host == "localhost" || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+impl GrpcServer {
+    /// Serves `tables` at `address` (`host:port`; port 0 picks a free one).
+    pub fn start(tables: Vec<Table>, address: &str, options: GrpcOptions) -> Result<GrpcServer> {
+        if tables.is_empty() {
+            return Err(Error::InvalidArgument("a server needs at least one table".into()));
+        }
+        if options.token.as_deref().is_some_and(str::is_empty) {
+            return Err(Error::InvalidArgument("token must not be empty".into()));
+        }
+        if options.token.is_none() && !is_loopback(address) {
+            return Err(Error::InvalidArgument(format!(
+                "address {address:?} is not loopback: a token is required (pass token=...; clients send it as a bearer token)"
+            )));
+        }
+        if options.max_message_bytes < 4096 || options.max_batch_items == 0 || options.max_concurrent_per_connection == 0 {
+            return Err(Error::InvalidArgument("max_message_bytes must be >= 4096 and the other limits >= 1".into()));
+        }
+        let mut stores: Vec<Store> = Vec::new();
+        let mut table_store = Vec::new();
+        for (i, t) in tables.iter().enumerate() {
+            if tables[..i].iter().any(|u| u.name() == t.name()) {
+                return Err(Error::InvalidArgument(format!("two tables named '{}'; table names must be unique", t.name())));
+            }
+            let at = stores.iter().position(|s| s.same(t.store())).unwrap_or_else(|| {
+                stores.push(t.store().clone());
+                stores.len() - 1
+            });
+            table_store.push(at as u32);
+        }
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("reprise-grpc")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::Io(format!("cannot start the gRPC runtime: {e}")))?;
+        let addr: SocketAddr = match address.parse() {
+            Ok(a) => a,
+            Err(_) => std::net::ToSocketAddrs::to_socket_addrs(address)
+                .ok()
+                .and_then(|mut a| a.next())
+                .ok_or_else(|| Error::InvalidArgument(format!("address {address:?}: expected host:port")))?,
+        };
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind(addr))
+            .map_err(|e| Error::InvalidArgument(format!("cannot listen on {address}: {e}")))?;
+        let bound = listener.local_addr().map_err(|e| Error::Io(e.to_string()))?;
+        let mut builder = tonic::transport::Server::builder()
+            .concurrency_limit_per_connection(options.max_concurrent_per_connection)
+            .max_concurrent_streams(options.max_concurrent_per_connection as u32)
+            .tcp_nodelay(true);
+        if let Some((cert, key)) = &options.tls {
+            let identity = tonic::transport::Identity::from_pem(cert, key);
+            builder = builder
+                .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
+                .map_err(|e| Error::InvalidArgument(format!("TLS certificate or key: {e}")))?;
+        }
+        let shared = Arc::new(Shared { tables, stores, table_store, options: options.clone(), stopping: AtomicBool::new(false) });
+        let service = ReplayServer::new(Service { shared: shared.clone() })
+            .max_decoding_message_size(options.max_message_bytes)
+            .max_encoding_message_size(options.max_message_bytes);
+        let token = options.token.clone().map(|t| format!("Bearer {t}"));
+        let service = tonic::service::interceptor::InterceptedService::new(service, move |req: Request<()>| {
+            check_token(token.as_deref(), &req)?;
+            Ok(req)
+        });
+        let (tx, rx) = oneshot::channel::<()>();
+        let (done_tx, done_rx) = oneshot::channel::<()>();
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let router = builder.add_service(service);
+        runtime.spawn(async move {
+            let _ = router
+                .serve_with_incoming_shutdown(incoming, async {
+                    let _ = rx.await;
+                })
+                .await;
+            let _ = done_tx.send(());
+        });
+        Ok(GrpcServer { address: bound, shared, shutdown: Some(tx), runtime: Some(runtime), done: Some(done_rx) })
+    }
+
+    /// `host:port` the service listens on.
+    pub fn address(&self) -> String {
+        self.address.to_string()
+    }
+
+    /// Stops accepting calls, lets the calls in progress finish (up to `grace`;
+    /// blocked waits give up at once), then closes every connection.
+    pub fn stop(&mut self, grace: Duration) {
+        self.shared.stopping.store(true, Ordering::SeqCst);
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let (Some(rt), Some(done)) = (self.runtime.as_ref(), self.done.take()) {
+            let _ = rt.block_on(async { tokio::time::timeout(grace, done).await });
+        }
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_timeout(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for GrpcServer {
+    fn drop(&mut self) {
+        self.stop(Duration::from_secs(5));
+    }
+}
+
+/// Constant-time comparison of the `authorization` header with `expected`.
+fn check_token(expected: Option<&str>, req: &Request<()>) -> std::result::Result<(), Status> {
+    let Some(expected) = expected else { return Ok(()) };
+    let got = req.metadata().get("authorization").map(|v| v.as_bytes()).unwrap_or(b"");
+    let same = got.len() == expected.len() && got.iter().zip(expected.as_bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0;
+    if same {
+        Ok(())
+    } else if got.is_empty() {
+        Err(Status::unauthenticated("this server needs a token: pass token=... (sent as 'authorization: Bearer <token>')"))
+    } else {
+        Err(Status::unauthenticated("wrong token"))
+    }
+}
+
+struct Service {
+    shared: Arc<Shared>,
+}
+
+fn timeout_of(seconds: f64) -> std::result::Result<Option<Duration>, Status> {
+    if seconds.is_nan() {
+        return Err(Status::invalid_argument("timeout_seconds must be a number, got NaN"));
+    }
+    Ok(if seconds < 0.0 || seconds.is_infinite() { None } else { Some(Duration::from_secs_f64(seconds)) })
+}
+
+/// Runs blocking work off the async threads.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> std::result::Result<T, Status> + Send + 'static) -> std::result::Result<T, Status> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| Status::internal(format!("server task failed: {e}")))?
+}
+
+type Stream<T> = Pin<Box<dyn tokio_stream::Stream<Item = std::result::Result<T, Status>> + Send>>;
+
+/// The writer of one insert stream and what it has done since the last response.
+struct StreamWriter {
+    writer: Writer,
+    timeout: Option<Duration>,
+    keys: Vec<u64>,
+}
+
+impl StreamWriter {
+    /// Applies `ops` in order; returns the responses its flushes ask for.
+    fn apply(&mut self, shared: &Shared, ops: Vec<pb::InsertOp>, closed: &(dyn Fn() -> bool + Sync)) -> std::result::Result<Vec<pb::InsertResponse>, Status> {
+        let mut out = Vec::new();
+        for op in ops {
+            match op.op {
+                Some(pb::insert_op::Op::Steps(steps)) => {
+                    let sig = self.writer.store().signature();
+                    if steps.columns.len() != sig.len() {
+                        return Err(Status::invalid_argument(format!(
+                            "steps: {} columns, expected one per field of the signature ({})",
+                            steps.columns.len(),
+                            sig.describe()
+                        )));
+                    }
+                    let n = steps.num_steps as usize;
+                    if n == 0 {
+                        return Err(Status::invalid_argument("steps: num_steps must be >= 1"));
+                    }
+                    for (col, f) in steps.columns.iter().zip(sig.fields()) {
+                        let want = n.checked_mul(f.row_bytes()).unwrap_or(usize::MAX);
+                        if col.len() != want {
+                            return Err(Status::invalid_argument(format!(
+                                "steps: field '{}' has {} bytes for {n} steps; expected {want} ({} per step: {})",
+                                f.name,
+                                col.len(),
+                                f.row_bytes(),
+                                f.describe()
+                            )));
+                        }
+                    }
+                    let cols: Vec<&[u8]> = steps.columns.iter().map(|c| c.as_ref()).collect();
+                    self.writer.extend(&cols, n).map_err(to_status)?;
+                }
+                Some(pb::insert_op::Op::CreateItem(item)) => {
+                    let table = shared.table(&item.table)?;
+                    let wait = Wait { timeout: self.timeout, interrupt: Some(closed) };
+                    let key = self.writer.create_item(table, u64::from(item.num_steps), item.priority, wait).map_err(to_status)?;
+                    self.keys.push(key);
+                }
+                Some(pb::insert_op::Op::CreateItems(items)) => {
+                    let table = shared.table(&items.table)?;
+                    let wait = Wait { timeout: self.timeout, interrupt: Some(closed) };
+                    let keys = self.writer.create_items(table, u64::from(items.num_steps), &items.priorities, wait).map_err(to_status)?;
+                    self.keys.extend(keys);
+                }
+                Some(pb::insert_op::Op::EndEpisode(_)) => self.writer.end_episode(),
+                Some(pb::insert_op::Op::Flush(f)) => out.push(pb::InsertResponse { flush_id: f.id, keys: std::mem::take(&mut self.keys) }),
+                None => return Err(Status::invalid_argument("insert: an operation with no kind set")),
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The response for a drawn batch: its items and the chosen columns, `[n, T, row]`
+/// each, zero past an item's length.
+fn sample_response(batch: &SampleBatch, fields: &[usize], partial: bool, max_bytes: usize) -> std::result::Result<pb::SampleResponse, Status> {
+    let store = batch.store();
+    let t = batch.max_length();
+    let n = batch.len();
+    let bytes: usize = fields.iter().map(|&c| n * t as usize * store.row_bytes(c)).sum();
+    if bytes + 64 * n + 1024 > max_bytes {
+        return Err(Status::resource_exhausted(format!(
+            "a sample of {n} items of up to {t} steps is {bytes} bytes, more than the server's max_message_bytes ({max_bytes}); ask for fewer items or fields"
+        )));
+    }
+    let sig = store.signature();
+    let mut columns = Vec::with_capacity(fields.len());
+    for &c in fields {
+        let mut dst = vec![0u8; n * t as usize * store.row_bytes(c)];
+        batch.gather(c, t, &mut dst);
+        columns.push(dst.into());
+    }
+    Ok(pb::SampleResponse {
+        keys: batch.items.iter().map(|i| i.key).collect(),
+        probabilities: batch.items.iter().map(|i| i.probability).collect(),
+        priorities: batch.items.iter().map(|i| i.priority).collect(),
+        times_sampled: batch.items.iter().map(|i| i.times_sampled).collect(),
+        table_size: batch.table_size,
+        lengths: batch.items.iter().map(|i| i.length).collect(),
+        max_length: t,
+        fields: fields.iter().map(|&c| sig.fields()[c].name.clone()).collect(),
+        columns,
+        partial,
+    })
+}
+
+fn info_message(i: reprise_core::TableInfo) -> pb::TableInfo {
+    pb::TableInfo {
+        name: i.name,
+        size: i.size,
+        max_size: i.max_size,
+        max_times_sampled: i.max_times_sampled,
+        sampler: i.sampler,
+        remover: i.remover,
+        num_inserts: i.num_inserts,
+        num_samples: i.num_samples,
+        num_evictions: i.num_evictions,
+        num_deletes: i.num_deletes,
+        num_store_evictions: i.num_store_evictions,
+        samples_per_insert: i.rate_limiter.samples_per_insert,
+        min_size_to_sample: i.rate_limiter.min_size_to_sample,
+        min_diff: i.rate_limiter.min_diff,
+        max_diff: i.rate_limiter.max_diff,
+        limiter_inserts: i.limiter_inserts,
+        limiter_samples: i.limiter_samples,
+        blocked_insert_seconds: i.blocked_insert_seconds,
+        blocked_sample_seconds: i.blocked_sample_seconds,
+    }
+}
+
+#[tonic::async_trait]
+impl Replay for Service {
+    async fn get_layout(&self, _: Request<pb::GetLayoutRequest>) -> std::result::Result<Response<pb::Layout>, Status> {
+        let s = &self.shared;
+        let stores = s
+            .stores
+            .iter()
+            .map(|st| pb::Store {
+                fields: st
+                    .signature()
+                    .fields()
+                    .iter()
+                    .map(|f| pb::Field { name: f.name.clone(), dtype: f.dtype.name().into(), shape: f.shape.iter().map(|&d| d as u64).collect() })
+                    .collect(),
+                capacity: st.capacity(),
+                block_steps: st.block_steps(),
+            })
+            .collect();
+        let tables = s.tables.iter().zip(&s.table_store).map(|(t, &store)| pb::TableLayout { name: t.name().into(), store }).collect();
+        Ok(Response::new(pb::Layout {
+            stores,
+            tables,
+            max_message_bytes: s.options.max_message_bytes as u64,
+            max_batch_items: s.options.max_batch_items,
+            protocol_version: pb::PROTOCOL_VERSION,
+        }))
+    }
+
+    type InsertStream = Stream<pb::InsertResponse>;
+
+    async fn insert(&self, req: Request<Streaming<pb::InsertRequest>>) -> std::result::Result<Response<Self::InsertStream>, Status> {
+        let mut inbound = req.into_inner();
+        let shared = self.shared.clone();
+        let (tx, rx) = mpsc::channel::<std::result::Result<pb::InsertResponse, Status>>(16);
+        tokio::spawn(async move {
+            let mut writer: Option<Arc<Mutex<StreamWriter>>> = None;
+            loop {
+                let msg = match inbound.message().await {
+                    Ok(Some(m)) => m,
+                    Ok(None) => break,     // the client finished (or died: its writer is dropped below)
+                    Err(_) => break,
+                };
+                let w = match &writer {
+                    Some(w) => w.clone(),
+                    None => {
+                        let made = (|| {
+                            let table = shared.table(&msg.table)?;
+                            let msl = (msg.max_sequence_length > 0).then_some(u64::from(msg.max_sequence_length));
+                            let timeout = timeout_of(msg.timeout_seconds)?;
+                            let w = Writer::new(table.store().clone(), msl).map_err(to_status)?;
+                            Ok::<_, Status>(Arc::new(Mutex::new(StreamWriter { writer: w, timeout, keys: Vec::new() })))
+                        })();
+                        match made {
+                            Ok(w) => {
+                                writer = Some(w.clone());
+                                w
+                            }
+                            Err(status) => {
+                                let _ = tx.send(Err(status)).await;
+                                break;
+                            }
+                        }
+                    }
+                };
+                let (sh, tx2) = (shared.clone(), tx.clone());
+                let result = blocking(move || {
+                    let closed = || tx2.is_closed() || sh.stopping.load(Ordering::Relaxed);
+                    w.lock().apply(&sh, msg.ops, &closed)
+                })
+                .await;
+                match result {
+                    Ok(responses) => {
+                        for r in responses {
+                            if tx.send(Ok(r)).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                    Err(status) => {
+                        let _ = tx.send(Err(status)).await;
+                        break;
+                    }
+                }
+            }
+            // Dropping the writer gives its blocks back; committed items stay.
+            if let Some(w) = writer {
+                let _ = tokio::task::spawn_blocking(move || w.lock().writer.close()).await;
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    type SampleStream = Stream<pb::SampleResponse>;
+
+    async fn sample(&self, req: Request<Streaming<pb::SampleRequest>>) -> std::result::Result<Response<Self::SampleStream>, Status> {
+        let mut inbound = req.into_inner();
+        let shared = self.shared.clone();
+        let (tx, rx) = mpsc::channel::<std::result::Result<pb::SampleResponse, Status>>(4);
+        tokio::spawn(async move {
+            while let Ok(Some(msg)) = inbound.message().await {
+                let (sh, tx2) = (shared.clone(), tx.clone());
+                let result = blocking(move || {
+                    let table = sh.table(&msg.table)?.clone();
+                    let n = msg.num_items;
+                    if n == 0 || n > sh.options.max_batch_items {
+                        return Err(Status::invalid_argument(format!(
+                            "num_items must be from 1 to {} (the server's max_batch_items), got {n}",
+                            sh.options.max_batch_items
+                        )));
+                    }
+                    let sig = table.store().signature();
+                    let fields: Vec<usize> = if msg.fields.is_empty() {
+                        (0..sig.len()).collect()
+                    } else {
+                        msg.fields
+                            .iter()
+                            .map(|f| {
+                                sig.index_of(f).ok_or_else(|| {
+                                    let names: Vec<&str> = sig.fields().iter().map(|x| x.name.as_str()).collect();
+                                    Status::not_found(format!("unknown field '{f}'; expected one of {names:?}"))
+                                })
+                            })
+                            .collect::<std::result::Result<_, _>>()?
+                    };
+                    let timeout = timeout_of(msg.timeout_seconds)?;
+                    let closed = || tx2.is_closed() || sh.stopping.load(Ordering::Relaxed);
+                    let max = sh.options.max_message_bytes;
+                    match table.sample(n as usize, Wait { timeout, interrupt: Some(&closed) }) {
+                        Ok(batch) => sample_response(&batch, &fields, false, max),
+                        Err(Error::Timeout { partial: Partial::Sampled(batch), .. }) => sample_response(&batch, &fields, true, max),
+                        Err(Error::Timeout { .. }) => Ok(pb::SampleResponse { partial: true, fields: Vec::new(), ..Default::default() }),
+                        Err(e) => Err(to_status(e)),
+                    }
+                })
+                .await;
+                let failed = result.is_err();
+                if tx.send(result).await.is_err() || failed {
+                    break;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn update_priorities(&self, req: Request<pb::UpdatePrioritiesRequest>) -> std::result::Result<Response<pb::CountResponse>, Status> {
+        let shared = self.shared.clone();
+        let m = req.into_inner();
+        let count = blocking(move || {
+            let table = shared.table(&m.table)?;
+            if m.keys.len() != m.priorities.len() {
+                return Err(Status::invalid_argument(format!(
+                    "{} keys but {} priorities; expected one priority per key",
+                    m.keys.len(),
+                    m.priorities.len()
+                )));
+            }
+            table.update_priorities(&m.keys, &m.priorities).map_err(to_status)
+        })
+        .await?;
+        Ok(Response::new(pb::CountResponse { count: count as u64 }))
+    }
+
+    async fn delete(&self, req: Request<pb::DeleteRequest>) -> std::result::Result<Response<pb::CountResponse>, Status> {
+        let shared = self.shared.clone();
+        let m = req.into_inner();
+        let count = blocking(move || Ok(shared.table(&m.table)?.delete(&m.keys))).await?;
+        Ok(Response::new(pb::CountResponse { count: count as u64 }))
+    }
+
+    async fn reset(&self, req: Request<pb::ResetRequest>) -> std::result::Result<Response<pb::ResetResponse>, Status> {
+        let shared = self.shared.clone();
+        let m = req.into_inner();
+        blocking(move || {
+            shared.table(&m.table)?.reset();
+            Ok(())
+        })
+        .await?;
+        Ok(Response::new(pb::ResetResponse {}))
+    }
+
+    async fn info(&self, _: Request<pb::InfoRequest>) -> std::result::Result<Response<pb::InfoResponse>, Status> {
+        let tables = self.shared.tables.iter().map(|t| info_message(t.info())).collect();
+        Ok(Response::new(pb::InfoResponse { tables }))
+    }
+
+    async fn checkpoint(&self, _: Request<pb::CheckpointRequest>) -> std::result::Result<Response<pb::CheckpointResponse>, Status> {
+        let Some(f) = self.shared.options.checkpoint.clone() else {
+            return Err(Status::invalid_argument("this server has no checkpoint directory: start it with checkpoint_dir"));
+        };
+        let path = blocking(move || f().map_err(to_status)).await?;
+        Ok(Response::new(pb::CheckpointResponse { path }))
+    }
+}

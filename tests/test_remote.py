@@ -1,0 +1,319 @@
+"""The remote service: a real `reprise serve` process on loopback, and remote clients."""
+
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import reprise as rp
+
+CONFIG = """
+address = "127.0.0.1:0"
+{extra}
+
+[[stores]]
+name = "main"
+capacity = 4096
+block_steps = 16
+fields = {{ obs = {{ shape = [3], dtype = "float32" }}, action = {{ dtype = "int64" }} }}
+
+[[tables]]
+name = "replay"
+store = "main"
+sampler = {{ kind = "Prioritized", priority_exponent = 0.8 }}
+remover = "Fifo"
+max_size = 1000
+seed = 7
+
+[[tables]]
+name = "queue"
+store = "main"
+sampler = "Fifo"
+remover = "Fifo"
+max_size = 100
+max_times_sampled = 1
+rate_limiter = {{ kind = "Queue", size = 100 }}
+evict_when_store_full = false
+"""
+
+
+class Served:
+    def __init__(self, tmp_path, extra="", name="reprise.toml"):
+        self.config = tmp_path / name
+        self.config.write_text(CONFIG.format(extra=extra))
+        self.proc = None
+        self.start()
+
+    def start(self):
+        self.proc = subprocess.Popen([sys.executable, "-m", "reprise.cli", "serve", "--config", str(self.config)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        if " at " not in line:
+            self.proc.kill()
+            raise AssertionError(f"server did not start: {line!r} {self.proc.stderr.read()}")
+        self.banner = line
+        self.address = line.split(" at ")[1].split(" ")[0]
+
+    def stop(self, sig=signal.SIGTERM):
+        self.proc.send_signal(sig)
+        out, err = self.proc.communicate(timeout=60)
+        return self.proc.returncode, out, err
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
+
+
+@pytest.fixture
+def served(tmp_path):
+    s = Served(tmp_path)
+    yield s
+    s.close()
+
+
+def write_episodes(client_or_store, table="replay", episodes=3, length=7, flush=True):
+    """Episodes of `length` steps, an item over the last 2 steps at each step >= 1."""
+    w = client_or_store.writer(table) if isinstance(client_or_store, rp.Client) else client_or_store.writer()
+    with w:
+        for e in range(episodes):
+            for t in range(length):
+                w.append({"obs": np.full(3, e * 100 + t, np.float32), "action": t})
+                if t >= 1:
+                    w.create_item(table, 2, 1.0 + t)
+            w.end_episode()
+        if flush:
+            w.flush()
+
+
+def test_round_trip_identical_to_local(served):
+    client = rp.Client(served.address)
+    assert client.tables == ["replay", "queue"]
+    write_episodes(client)
+    # The same operations on an in-process table made as the config says.
+    store = rp.Store({"obs": rp.Field((3,), "float32"), "action": rp.Field((), "int64")}, capacity=4096, block_steps=16)
+    try:
+        local = rp.Table("replay", store, sampler=rp.selectors.Prioritized(0.8), remover=rp.selectors.Fifo(),
+                         max_size=1000, seed=7)
+        write_episodes(store)
+        assert client.info()["replay"]["size"] == local.size == 18
+        for n in (1, 5, 32):
+            r, s = client.sample("replay", n), local.sample(n)
+            np.testing.assert_array_equal(r.keys, s.keys)
+            np.testing.assert_array_equal(r.probabilities, s.probabilities)
+            np.testing.assert_array_equal(r.lengths, s.lengths)
+            assert r.table_size == s.table_size
+            for f in ("obs", "action"):
+                assert r.data[f].dtype == s.data[f].dtype and r.data[f].shape == s.data[f].shape
+                np.testing.assert_array_equal(r.data[f], s.data[f])
+        keys = local.sample(4).keys
+        np.testing.assert_array_equal(client.sample("replay", 4).keys, keys)   # keeps both generators in step
+        assert client.update_priorities("replay", keys, [5.0] * 4) == local.update_priorities(keys, [5.0] * 4)
+        assert client.delete("replay", keys[:2]) == local.delete(keys[:2]) == 2
+        assert client.delete("replay", keys[:2]) == 0   # already gone: skipped
+        r, s = client.sample("replay", 8, fields=["action"]), local.sample(8, fields=["action"])
+        assert list(r.data) == ["action"]
+        np.testing.assert_array_equal(r.data["action"], s.data["action"])
+        ri, li = client.info()["replay"], local.info()
+        for k in ("size", "num_inserts", "num_samples", "num_deletes", "sampler", "remover"):
+            assert ri[k] == li[k], k
+        client.reset("replay")
+        assert client.info()["replay"]["size"] == 0
+    finally:
+        store.close()
+
+
+def test_bad_input_over_the_wire_is_refused_and_changes_nothing(served):
+    client = rp.Client(served.address)
+    write_episodes(client, episodes=1)
+    before = client.info()["replay"]
+    with pytest.raises(rp.errors.NotFound, match="no table named 'nope'"):
+        client.sample("nope", 1)
+    with pytest.raises(rp.errors.NotFound, match="unknown field 'zzz'"):
+        client.sample("replay", 1, fields=["zzz"])
+    keys = client.sample("replay", 2).keys
+    with pytest.raises(rp.errors.InvalidArgument, match="NaN"):
+        client.update_priorities("replay", keys, [1.0, float("nan")])
+    with pytest.raises(rp.errors.InvalidArgument, match="sample size must be >= 1"):
+        client.sample("replay", 0)
+    with client.writer() as w:
+        with pytest.raises(rp.errors.InvalidArgument, match=r"expects float32\[3\], got float64"):
+            w.append({"obs": np.zeros(3, np.float64), "action": 1})
+        w.append({"obs": np.zeros(3, np.float32), "action": 1})
+        w.create_item("replay", 5, 1.0)     # longer than the episode: refused when applied
+        with pytest.raises(rp.errors.InvalidArgument, match="longer than the episode"):
+            w.flush()
+    after = client.info()["replay"]
+    assert after["size"] == before["size"] and after["num_inserts"] == before["num_inserts"]
+    # The server is still up for everyone.
+    assert rp.Client(served.address).info()["replay"]["size"] == before["size"]
+
+
+def test_timeout_carries_the_partial_sample(served):
+    client = rp.Client(served.address)
+    with client.writer("queue") as w:
+        for t in range(3):
+            w.append({"obs": np.full(3, t, np.float32), "action": t})
+            w.create_item("queue", 1, 1.0)
+        w.flush()
+    with pytest.raises(rp.errors.Timeout) as e:
+        client.sample("queue", 5, timeout=0.2)
+    assert e.value.partial is not None and e.value.partial.data["action"][:, 0].tolist() == [0, 1, 2]
+    with pytest.raises(rp.errors.Timeout) as e:
+        client.sample("queue", 1, timeout=0)
+    assert e.value.partial is None
+
+
+def test_token_is_required_and_checked(tmp_path):
+    s = Served(tmp_path, extra='token = "s3cret"')
+    try:
+        with pytest.raises(rp.errors.Unauthenticated, match="needs a token"):
+            rp.Client(s.address)
+        with pytest.raises(rp.errors.Unauthenticated, match="wrong token"):
+            rp.Client(s.address, token="guess")
+        c = rp.Client(s.address, token="s3cret")
+        write_episodes(c, episodes=1)
+        assert c.info()["replay"]["size"] == 6
+    finally:
+        s.close()
+
+
+def test_non_loopback_address_needs_a_token(tmp_path):
+    cfg = tmp_path / "open.toml"
+    cfg.write_text(CONFIG.format(extra="").replace('address = "127.0.0.1:0"', 'address = "0.0.0.0:0"'))
+    r = subprocess.run([sys.executable, "-m", "reprise.cli", "serve", "--config", str(cfg)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert "is not loopback: a token is required" in r.stderr
+    store = rp.Store({"x": rp.Field((), "float32")}, capacity=64)
+    try:
+        t = rp.Table("t", store)
+        with pytest.raises(rp.errors.InvalidArgument, match="not loopback"):
+            rp.Server([t], address="0.0.0.0:0")
+        server = rp.Server([t], address="0.0.0.0:0", token="x")   # with a token it starts
+        server.stop()
+    finally:
+        store.close()
+
+
+def test_bad_configs_are_refused(tmp_path):
+    cases = {
+        "nonsense = 1\n" + CONFIG.format(extra=""): "unknown keys ['nonsense']",
+        CONFIG.format(extra="").replace('store = "main"\nsampler = {', 'store = "other"\nsampler = {'): "store 'other' is not one of",
+        CONFIG.format(extra="").replace('kind = "Prioritized"', 'kind = "Bogus"'): "unknown kind 'Bogus'",
+        "address = [": "not valid TOML",
+    }
+    for i, (text, message) in enumerate(cases.items()):
+        cfg = tmp_path / f"bad{i}.toml"
+        cfg.write_text(text)
+        r = subprocess.run([sys.executable, "-m", "reprise.cli", "serve", "--config", str(cfg)],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2, r.stderr
+        assert message in r.stderr, (message, r.stderr)
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a certificate")
+def test_tls_round_trip(tmp_path):
+    ca_key, ca, key, csr, cert = (tmp_path / n for n in ("ca.key", "ca.pem", "server.key", "server.csr", "server.pem"))
+    ext = tmp_path / "ext.cnf"
+    ext.write_text("basicConstraints=CA:FALSE\nsubjectAltName=DNS:localhost,IP:127.0.0.1\n")
+
+    def openssl(*args):
+        subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True)
+    # A private CA, and a server certificate it signs (rustls refuses a CA certificate as the server's).
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", ca_key, "-out", ca, "-days", "1", "-subj", "/CN=test CA")
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", csr, "-subj", "/CN=localhost")
+    openssl("x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial", "-out", cert, "-days", "1",
+            "-extfile", ext)
+    s = Served(tmp_path, extra=f'token = "t"\n[tls]\ncert = "{cert.name}"\nkey = "{key.name}"')
+    try:
+        c = rp.Client(s.address, token="t", tls_ca=str(ca), tls_domain="localhost")
+        write_episodes(c, episodes=1)
+        got = c.sample("replay", 4)
+        assert got.data["obs"].shape == (4, 2, 3)
+        # Plain text to a TLS server fails cleanly.
+        with pytest.raises(rp.errors.RepriseError):
+            rp.Client(s.address, token="t", connect_timeout=5)
+    finally:
+        s.close()
+
+
+KILLED_WRITER = textwrap.dedent("""
+    import os, signal, sys
+    import numpy as np
+    import reprise as rp
+    c = rp.Client(sys.argv[1])
+    w = c.writer("replay")
+    for t in range(10):
+        w.append({"obs": np.full(3, t, np.float32), "action": t})
+        if t >= 1:
+            w.create_item("replay", 2, 1.0)
+    w.flush()                        # 9 items committed
+    for t in range(10, 500):
+        w.append({"obs": np.full(3, t, np.float32), "action": t})
+        w.create_item("replay", 2, 1.0)
+    print("queued", flush=True)      # ~490 steps and items queued in this process, not flushed
+    os.kill(os.getpid(), signal.SIGKILL)
+""")
+
+
+def test_client_killed_mid_stream_leaves_no_partial_item(served, tmp_path):
+    script = tmp_path / "writer.py"
+    script.write_text(KILLED_WRITER)
+    r = subprocess.run([sys.executable, str(script), served.address], capture_output=True, text=True, timeout=60)
+    assert r.returncode == -signal.SIGKILL and "queued" in r.stdout
+    client = rp.Client(served.address)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and client.info()["replay"]["size"] < 9:
+        time.sleep(0.05)
+    size = client.info()["replay"]["size"]
+    assert size >= 9
+    # Whatever arrived is whole: every item's two steps are consecutive steps of the writer.
+    s = client.sample("replay", 64)
+    actions = s.data["action"]
+    assert (s.lengths == 2).all()
+    assert (actions[:, 1] == actions[:, 0] + 1).all()
+    np.testing.assert_array_equal(s.data["obs"][:, :, 0], actions.astype(np.float32))
+    # The server is fine and its blocks came back.
+    write_episodes(client, episodes=1)
+
+
+def test_restart_with_checkpoint_dir(tmp_path):
+    extra = 'checkpoint_dir = "ckpt"\ncheckpoint_on_exit = true'
+    s = Served(tmp_path, extra=extra)
+    try:
+        c = rp.Client(s.address)
+        write_episodes(c)
+        first = c.sample("replay", 6)   # advances the sampler's generator and times_sampled
+        before = c.info()["replay"]
+        code, out, err = s.stop()
+        assert code == 0, err
+        assert "reprise serve: checkpoint" in out
+        s.start()
+        assert "restored" in s.banner
+        c = rp.Client(s.address)
+        after = c.info()["replay"]
+        for k in ("size", "num_inserts", "num_samples"):
+            assert after[k] == before[k], k
+        again = c.sample("replay", 64)
+        assert again.data["obs"].shape[1:] == first.data["obs"].shape[1:]
+        a = again.data["action"]
+        assert (a[:, 1] == a[:, 0] + 1).all()   # each restored item is its own two steps
+        np.testing.assert_array_equal(again.data["obs"][:, :, 0] % 100, a.astype(np.float32))
+    finally:
+        s.close()
+
+
+def test_client_api_matches_local_client(served):
+    """The remote client has the local client's methods."""
+    local_api = {m for m in dir(rp.Client) if not m.startswith("_")}
+    c = rp.Client(served.address)
+    for m in local_api:
+        assert hasattr(c, m), m
+    assert "host:port" in rp.Client.__doc__
+    assert repr(c).startswith("Client(")
