@@ -317,3 +317,60 @@ def test_client_api_matches_local_client(served):
         assert hasattr(c, m), m
     assert "host:port" in rp.Client.__doc__
     assert repr(c).startswith("Client(")
+
+
+def _pool_servers(n=2):
+    made = []
+    for i in range(n):
+        store = rp.Store({"obs": rp.Field((3,), "float32"), "action": rp.Field((), "int64")}, capacity=1024, block_steps=16)
+        t = rp.Table("replay", store, sampler=rp.selectors.Uniform(), max_size=500, seed=i)
+        made.append((store, t, rp.Server([t], address="127.0.0.1:0")))
+    return made
+
+
+def test_pool_spreads_episodes_and_merges_samples(caplog):
+    made = _pool_servers(2)
+    try:
+        pool = rp.ClientPool([s.address for _, _, s in made])
+        with pool.writer("replay") as w:
+            went = []
+            for e in range(4):
+                went.append(w.server)
+                for t in range(5 + e):
+                    w.append({"obs": np.full(3, e, np.float32), "action": t})
+                    w.create_item("replay", 1, 1.0)
+                w.end_episode()
+        assert went == [made[0][2].address, made[1][2].address] * 2
+        sizes = [t.size for _, t, _ in made]
+        assert sizes == [5 + 7, 6 + 8]
+        s = pool.sample("replay", 26)
+        assert len(s) == 26 and s.table_size == 26
+        assert sorted(np.bincount(s.servers).tolist()) == [12, 14]          # shares follow the sizes
+        np.testing.assert_allclose(s.probabilities, 1 / 26)                 # uniform over the union
+        np.testing.assert_allclose(s.importance_weights(1.0), 1.0)
+        # Keys are per server: updates go where each item came from.
+        assert pool.update_priorities("replay", s.keys, 2.0, servers=s.servers) == 26
+        with pytest.raises(rp.errors.InvalidArgument, match="servers=sample.servers"):
+            pool.update_priorities("replay", s.keys, 2.0, servers=s.servers[:3])
+        # A dead server is skipped with a warning; the other keeps serving.
+        made[1][2].stop()
+        with caplog.at_level("WARNING", logger="reprise"):
+            s = pool.sample("replay", 8)
+            assert (s.servers == 0).all() and len(s) == 8
+            with pool.writer("replay") as w:
+                w.append({"obs": np.zeros(3, np.float32), "action": 0})
+                w.create_item("replay", 1, 1.0)
+                w.end_episode()
+        assert any("unreachable" in r.getMessage() for r in caplog.records)
+        assert made[0][1].size == 13
+    finally:
+        for store, _, server in made:
+            server.stop()
+            store.close()
+
+
+def test_pool_needs_a_live_server():
+    with pytest.raises(rp.errors.InvalidArgument, match="non-empty list"):
+        rp.ClientPool([])
+    with pytest.raises(rp.errors.RepriseError, match="can be reached"):
+        rp.ClientPool(["127.0.0.1:1"])

@@ -9,6 +9,7 @@
 from . import checkpoint, datasets, errors, rate_limiters, selectors
 from ._native import Writer, __version__
 from .client import Client
+from .pool import ClientPool
 from .sample import Sample
 from .server import Server
 from .signature import Field
@@ -22,6 +23,7 @@ __all__ = [
     "Writer",
     "Server",
     "Client",
+    "ClientPool",
     "Sample",
     "selectors",
     "checkpoint",
