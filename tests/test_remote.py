@@ -374,3 +374,58 @@ def test_pool_needs_a_live_server():
         rp.ClientPool([])
     with pytest.raises(rp.errors.RepriseError, match="can be reached"):
         rp.ClientPool(["127.0.0.1:1"])
+
+
+def _scrape(address, token=None):
+    import urllib.request
+    req = urllib.request.Request(f"http://{address}/metrics")
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return r.read().decode()
+
+
+def _metric(text, name, **labels):
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{{want}}} ") or (not labels and line.startswith(f"{name} ")):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no {name}{{{want}}} in:\n{text}")
+
+
+def test_prometheus_metrics():
+    import urllib.error
+    store = rp.Store({"obs": rp.Field((3,), "float32"), "action": rp.Field((), "int64")}, capacity=1024, block_steps=16)
+    try:
+        t = rp.Table("replay", store, max_size=100)
+        server = rp.Server([t], address="127.0.0.1:0", metrics_address="127.0.0.1:0")
+        c = rp.Client(server.address)
+        write_episodes(c, episodes=2)
+        c.sample("replay", 4)
+        with pytest.raises(rp.errors.NotFound):
+            c.sample("replay", 1, fields=["zzz"])     # refused by the server
+        text = _scrape(server.metrics_address)
+        assert _metric(text, "reprise_table_size", table="replay") == 12
+        assert _metric(text, "reprise_table_inserts_total", table="replay") == 12
+        assert _metric(text, "reprise_table_samples_total", table="replay") == 4
+        assert _metric(text, "reprise_table_blocked_sample_seconds_total", table="replay") == 0
+        assert _metric(text, "reprise_requests_total", method="Sample") == 2
+        assert _metric(text, "reprise_errors_total", method="Sample", code="NotFound") == 1
+        assert _metric(text, "reprise_received_bytes_total", table="replay") == 14 * 20   # 14 steps of 12 + 8 bytes
+        assert _metric(text, "reprise_sent_bytes_total", table="replay") == 4 * 2 * 20
+        with pytest.raises(urllib.error.HTTPError) as e:
+            import urllib.request
+            urllib.request.urlopen(f"http://{server.metrics_address}/other", timeout=10)
+        assert e.value.code == 404
+        server.stop()
+        with pytest.raises(rp.errors.InvalidArgument, match="metrics_address .* is not loopback: a token is required"):
+            rp.Server([t], address="127.0.0.1:0", metrics_address="0.0.0.0:0")
+        server = rp.Server([t], address="127.0.0.1:0", token="tok", metrics_address="0.0.0.0:0")
+        port = server.metrics_address.rsplit(":", 1)[1]
+        with pytest.raises(urllib.error.HTTPError) as e:
+            _scrape(f"127.0.0.1:{port}")
+        assert e.value.code == 401
+        assert "reprise_table_size" in _scrape(f"127.0.0.1:{port}", token="tok")
+        server.stop()
+    finally:
+        store.close()

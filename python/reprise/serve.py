@@ -9,6 +9,7 @@ checkpoint directory::
     checkpoint_on_exit = true
     max_message_bytes = 67108864
     max_batch_items = 65536
+    metrics_address = "127.0.0.1:9090"  # Prometheus: GET /metrics (off loopback: needs the token)
 
     [tls]                               # optional
     cert = "server.pem"
@@ -54,7 +55,7 @@ _SELECTORS = {"Fifo": selectors.Fifo, "Lifo": selectors.Lifo, "Uniform": selecto
 _LIMITERS = {"MinSize": rate_limiters.MinSize, "SampleToInsertRatio": rate_limiters.SampleToInsertRatio,
              "Queue": rate_limiters.Queue, "Stack": rate_limiters.Stack, "RateLimiter": rate_limiters.RateLimiter}
 _TOP = {"address", "token", "token_file", "checkpoint_dir", "checkpoint_on_exit", "max_message_bytes",
-        "max_batch_items", "name", "tls", "stores", "tables"}
+        "max_batch_items", "name", "tls", "stores", "tables", "metrics_address"}
 
 
 def _kind(where: str, spec, known: dict):
@@ -165,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         server = Server(tables, address=a.address or config.get("address", "127.0.0.1:7070"), token=_token(config, directory),
                         checkpoint_dir=ckpt, name=config.get("name"), tls_cert=path(tls.get("cert")),
                         tls_key=path(tls.get("key")), max_message_bytes=config.get("max_message_bytes", 64 << 20),
-                        max_batch_items=config.get("max_batch_items", 1 << 16))
+                        max_batch_items=config.get("max_batch_items", 1 << 16),
+                        metrics_address=config.get("metrics_address"))
     except RepriseError as e:
         for s in stores:
             s.close()
@@ -175,8 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     restored = f" (restored {server.restored_from})" if server.restored_from else ""
+    metrics = f", metrics at http://{server.metrics_address}/metrics" if server.metrics_address else ""
     print(f"reprise serve: tables {[t.name for t in server.tables]} at {server.address} "
-          f"(local: {server.local_address}){restored}", flush=True)
+          f"(local: {server.local_address}{metrics}){restored}", flush=True)
     while not stop.wait(0.5):
         pass
     print("reprise serve: stopping", flush=True)

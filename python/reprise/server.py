@@ -33,19 +33,24 @@ class Server:
     serves the tables over gRPC to remote ``rp.Client("host:port", token=...)``. A
     ``token`` is required unless the address is loopback, and is then checked on every
     call. ``tls_cert``/``tls_key`` (PEM files) serve TLS. ``max_message_bytes`` bounds
-    every request and response, ``max_batch_items`` one sample.
+    every request and response, ``max_batch_items`` one sample. ``metrics_address``
+    (``"host:port"``) serves Prometheus metrics at ``http://<metrics_address>/metrics``
+    (off loopback a scrape must send the token as a bearer token).
     """
 
     def __init__(self, tables: Sequence[Table], address: str | None = None, token: str | None = None,
                  checkpoint_dir: str | None = None, name: str | None = None, tls_cert: str | None = None,
-                 tls_key: str | None = None, max_message_bytes: int = 64 << 20, max_batch_items: int = 1 << 16):
+                 tls_key: str | None = None, max_message_bytes: int = 64 << 20, max_batch_items: int = 1 << 16,
+                 metrics_address: str | None = None):
         if isinstance(tables, Table):
             tables = [tables]
         tables = list(tables)
         if not tables or not all(isinstance(t, Table) for t in tables):
             raise InvalidArgument(f"tables must be a non-empty list of reprise.Table, got {tables!r}")
-        if address is None and (token is not None or tls_cert is not None or tls_key is not None):
-            raise InvalidArgument("token and tls_cert/tls_key are for the remote service: pass address='host:port' too")
+        if address is None and (token is not None or tls_cert is not None or tls_key is not None
+                                or metrics_address is not None):
+            raise InvalidArgument("token, tls_cert/tls_key and metrics_address are for the remote service: "
+                                  "pass address='host:port' too")
         if (tls_cert is None) != (tls_key is None):
             raise InvalidArgument("TLS needs both tls_cert and tls_key (PEM files)")
         tls = None
@@ -116,7 +121,8 @@ class Server:
                 self._grpc = _native.GrpcServer([t._native for t in tables], address, token,
                                                 None if tls is None else tls[0], None if tls is None else tls[1],
                                                 as_int("max_message_bytes", max_message_bytes, 4096),
-                                                as_int("max_batch_items", max_batch_items, 1), 64, checkpoint)
+                                                as_int("max_batch_items", max_batch_items, 1), 64, checkpoint,
+                                                metrics_address)
             except BaseException:
                 self._native.stop()
                 raise
@@ -131,6 +137,11 @@ class Server:
         """``host:port`` of the remote (gRPC) service (the port chosen when 0 was
         given); None without ``address=``."""
         return None if self._grpc is None else self._grpc.address
+
+    @property
+    def metrics_address(self) -> str | None:
+        """``host:port`` of the Prometheus endpoint (``GET /metrics``), or None."""
+        return None if self._grpc is None else self._grpc.metrics_address
 
     @property
     def name(self) -> str:

@@ -21,12 +21,13 @@ use crate::writer::{AnyWriter, PyWriter};
 pub struct PyGrpcServer {
     server: Mutex<Option<GrpcServer>>,
     address: String,
+    metrics_address: Option<String>,
 }
 
 #[pymethods]
 impl PyGrpcServer {
     #[new]
-    #[pyo3(signature = (tables, address, token=None, tls_cert=None, tls_key=None, max_message_bytes=64<<20, max_batch_items=1<<16, max_concurrent_per_connection=64, checkpoint=None))]
+    #[pyo3(signature = (tables, address, token=None, tls_cert=None, tls_key=None, max_message_bytes=64<<20, max_batch_items=1<<16, max_concurrent_per_connection=64, checkpoint=None, metrics_address=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -39,6 +40,7 @@ impl PyGrpcServer {
         max_batch_items: u32,
         max_concurrent_per_connection: usize,
         checkpoint: Option<Py<PyAny>>,
+        metrics_address: Option<String>,
     ) -> PyResult<Self> {
         let tables = tables.iter().map(|t| t.table.clone()).collect();
         let tls = match (tls_cert, tls_key) {
@@ -47,14 +49,19 @@ impl PyGrpcServer {
             _ => return Err(invalid(py, "TLS needs both a certificate and a key".into())),
         };
         let checkpoint: Option<Checkpointer> = checkpoint.map(crate::serving::checkpointer);
-        let options = GrpcOptions { token, tls, max_message_bytes, max_batch_items, max_concurrent_per_connection, checkpoint };
+        let options = GrpcOptions { token, tls, max_message_bytes, max_batch_items, max_concurrent_per_connection, checkpoint, metrics_address };
         let server = py.detach(|| GrpcServer::start(tables, address, options)).map_err(py_err(py))?;
-        Ok(PyGrpcServer { address: server.address(), server: Mutex::new(Some(server)) })
+        Ok(PyGrpcServer { address: server.address(), metrics_address: server.metrics_address(), server: Mutex::new(Some(server)) })
     }
 
     #[getter]
     fn address(&self) -> String {
         self.address.clone()
+    }
+
+    #[getter]
+    fn metrics_address(&self) -> Option<String> {
+        self.metrics_address.clone()
     }
 
     /// Stops accepting calls, lets calls in progress finish for up to `grace` seconds.

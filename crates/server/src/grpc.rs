@@ -28,6 +28,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::local::Checkpointer;
+use crate::metrics::{self, Metrics};
 
 /// Settings of a [`GrpcServer`].
 #[derive(Clone)]
@@ -43,6 +44,9 @@ pub struct GrpcOptions {
     /// Most requests and streams in progress on one connection.
     pub max_concurrent_per_connection: usize,
     pub checkpoint: Option<Checkpointer>,
+    /// `host:port` for Prometheus metrics over HTTP (`GET /metrics`); off loopback it
+    /// needs the token too.
+    pub metrics_address: Option<String>,
 }
 
 impl Default for GrpcOptions {
@@ -54,6 +58,7 @@ impl Default for GrpcOptions {
             max_batch_items: 1 << 16,
             max_concurrent_per_connection: 64,
             checkpoint: None,
+            metrics_address: None,
         }
     }
 }
@@ -64,9 +69,19 @@ struct Shared {
     table_store: Vec<u32>,
     options: GrpcOptions,
     stopping: AtomicBool,
+    metrics: Arc<Metrics>,
 }
 
 impl Shared {
+    /// Counts a request of `method`, and its error if it failed.
+    fn count<T>(&self, method: &str, r: std::result::Result<T, Status>) -> std::result::Result<T, Status> {
+        self.metrics.requests.with_label_values(&[method]).inc();
+        if let Err(s) = &r {
+            self.metrics.errors.with_label_values(&[method, &format!("{:?}", s.code())]).inc();
+        }
+        r
+    }
+
     fn table(&self, name: &str) -> std::result::Result<&Table, Status> {
         self.tables.iter().find(|t| t.name() == name).ok_or_else(|| {
             let names: Vec<&str> = self.tables.iter().map(|t| t.name()).collect();
@@ -78,6 +93,7 @@ impl Shared {
 /// A running gRPC service; [`GrpcServer::stop`] (or dropping it) shuts it down.
 pub struct GrpcServer {
     address: SocketAddr,
+    metrics_address: Option<SocketAddr>,
     shared: Arc<Shared>,
     shutdown: Option<oneshot::Sender<()>>,
     runtime: Option<tokio::runtime::Runtime>,
@@ -146,7 +162,20 @@ impl GrpcServer {
                 .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
                 .map_err(|e| Error::InvalidArgument(format!("TLS certificate or key: {e}")))?;
         }
-        let shared = Arc::new(Shared { tables, stores, table_store, options: options.clone(), stopping: AtomicBool::new(false) });
+        let metrics = Arc::new(Metrics::new(tables.clone()));
+        let mut metrics_address = None;
+        if let Some(m) = &options.metrics_address {
+            if options.token.is_none() && !is_loopback(m) {
+                return Err(Error::InvalidArgument(format!("metrics_address {m:?} is not loopback: a token is required")));
+            }
+            let listener = runtime
+                .block_on(tokio::net::TcpListener::bind(m.as_str()))
+                .map_err(|e| Error::InvalidArgument(format!("cannot listen on metrics_address {m}: {e}")))?;
+            metrics_address = Some(listener.local_addr().map_err(|e| Error::Io(e.to_string()))?);
+            let token = if is_loopback(m) { None } else { options.token.clone() };
+            runtime.spawn(metrics::serve(listener, metrics.clone(), token));
+        }
+        let shared = Arc::new(Shared { tables, stores, table_store, options: options.clone(), stopping: AtomicBool::new(false), metrics });
         let service = ReplayServer::new(Service { shared: shared.clone() })
             .max_decoding_message_size(options.max_message_bytes)
             .max_encoding_message_size(options.max_message_bytes);
@@ -167,12 +196,17 @@ impl GrpcServer {
                 .await;
             let _ = done_tx.send(());
         });
-        Ok(GrpcServer { address: bound, shared, shutdown: Some(tx), runtime: Some(runtime), done: Some(done_rx) })
+        Ok(GrpcServer { address: bound, metrics_address, shared, shutdown: Some(tx), runtime: Some(runtime), done: Some(done_rx) })
     }
 
     /// `host:port` the service listens on.
     pub fn address(&self) -> String {
         self.address.to_string()
+    }
+
+    /// `host:port` of the metrics endpoint, when there is one.
+    pub fn metrics_address(&self) -> Option<String> {
+        self.metrics_address.map(|a| a.to_string())
     }
 
     /// Stops accepting calls, lets the calls in progress finish (up to `grace`;
@@ -234,6 +268,8 @@ struct StreamWriter {
     writer: Writer,
     timeout: Option<Duration>,
     keys: Vec<u64>,
+    /// The table that named the store (the metrics' label for its bytes).
+    table: String,
 }
 
 impl StreamWriter {
@@ -352,6 +388,7 @@ fn info_message(i: reprise_core::TableInfo) -> pb::TableInfo {
 impl Replay for Service {
     async fn get_layout(&self, _: Request<pb::GetLayoutRequest>) -> std::result::Result<Response<pb::Layout>, Status> {
         let s = &self.shared;
+        s.metrics.requests.with_label_values(&["GetLayout"]).inc();
         let stores = s
             .stores
             .iter()
@@ -398,7 +435,7 @@ impl Replay for Service {
                             let msl = (msg.max_sequence_length > 0).then_some(u64::from(msg.max_sequence_length));
                             let timeout = timeout_of(msg.timeout_seconds)?;
                             let w = Writer::new(table.store().clone(), msl).map_err(to_status)?;
-                            Ok::<_, Status>(Arc::new(Mutex::new(StreamWriter { writer: w, timeout, keys: Vec::new() })))
+                            Ok::<_, Status>(Arc::new(Mutex::new(StreamWriter { writer: w, timeout, keys: Vec::new(), table: msg.table.clone() })))
                         })();
                         match made {
                             Ok(w) => {
@@ -406,18 +443,30 @@ impl Replay for Service {
                                 w
                             }
                             Err(status) => {
-                                let _ = tx.send(Err(status)).await;
+                                let _ = tx.send(shared.count("Insert", Err(status))).await;
                                 break;
                             }
                         }
                     }
                 };
                 let (sh, tx2) = (shared.clone(), tx.clone());
+                let bytes: usize = msg
+                    .ops
+                    .iter()
+                    .map(|op| match &op.op {
+                        Some(pb::insert_op::Op::Steps(st)) => st.columns.iter().map(|c| c.len()).sum(),
+                        _ => 0,
+                    })
+                    .sum();
                 let result = blocking(move || {
                     let closed = || tx2.is_closed() || sh.stopping.load(Ordering::Relaxed);
-                    w.lock().apply(&sh, msg.ops, &closed)
+                    let mut w = w.lock();
+                    let r = w.apply(&sh, msg.ops, &closed);
+                    sh.metrics.bytes_received.with_label_values(&[w.table.as_str()]).inc_by(bytes as u64);
+                    r
                 })
                 .await;
+                let result = shared.count("Insert", result);
                 match result {
                     Ok(responses) => {
                         for r in responses {
@@ -448,6 +497,7 @@ impl Replay for Service {
         let (tx, rx) = mpsc::channel::<std::result::Result<pb::SampleResponse, Status>>(4);
         tokio::spawn(async move {
             while let Ok(Some(msg)) = inbound.message().await {
+                let table_name = msg.table.clone();
                 let (sh, tx2) = (shared.clone(), tx.clone());
                 let result = blocking(move || {
                     let table = sh.table(&msg.table)?.clone();
@@ -483,6 +533,11 @@ impl Replay for Service {
                     }
                 })
                 .await;
+                let result = shared.count("Sample", result);
+                if let Ok(r) = &result {
+                    let sent: usize = r.columns.iter().map(|c| c.len()).sum();
+                    shared.metrics.bytes_sent.with_label_values(&[table_name.as_str()]).inc_by(sent as u64);
+                }
                 let failed = result.is_err();
                 if tx.send(result).await.is_err() || failed {
                     break;
@@ -495,6 +550,7 @@ impl Replay for Service {
     async fn update_priorities(&self, req: Request<pb::UpdatePrioritiesRequest>) -> std::result::Result<Response<pb::CountResponse>, Status> {
         let shared = self.shared.clone();
         let m = req.into_inner();
+        let sh = shared.clone();
         let count = blocking(move || {
             let table = shared.table(&m.table)?;
             if m.keys.len() != m.priorities.len() {
@@ -506,38 +562,45 @@ impl Replay for Service {
             }
             table.update_priorities(&m.keys, &m.priorities).map_err(to_status)
         })
-        .await?;
+        .await;
+        let count = sh.count("UpdatePriorities", count)?;
         Ok(Response::new(pb::CountResponse { count: count as u64 }))
     }
 
     async fn delete(&self, req: Request<pb::DeleteRequest>) -> std::result::Result<Response<pb::CountResponse>, Status> {
         let shared = self.shared.clone();
         let m = req.into_inner();
-        let count = blocking(move || Ok(shared.table(&m.table)?.delete(&m.keys))).await?;
+        let sh = shared.clone();
+        let count = blocking(move || Ok(shared.table(&m.table)?.delete(&m.keys))).await;
+        let count = sh.count("Delete", count)?;
         Ok(Response::new(pb::CountResponse { count: count as u64 }))
     }
 
     async fn reset(&self, req: Request<pb::ResetRequest>) -> std::result::Result<Response<pb::ResetResponse>, Status> {
         let shared = self.shared.clone();
         let m = req.into_inner();
-        blocking(move || {
+        let sh = shared.clone();
+        let r = blocking(move || {
             shared.table(&m.table)?.reset();
             Ok(())
         })
-        .await?;
+        .await;
+        sh.count("Reset", r)?;
         Ok(Response::new(pb::ResetResponse {}))
     }
 
     async fn info(&self, _: Request<pb::InfoRequest>) -> std::result::Result<Response<pb::InfoResponse>, Status> {
+        self.shared.metrics.requests.with_label_values(&["Info"]).inc();
         let tables = self.shared.tables.iter().map(|t| info_message(t.info())).collect();
         Ok(Response::new(pb::InfoResponse { tables }))
     }
 
     async fn checkpoint(&self, _: Request<pb::CheckpointRequest>) -> std::result::Result<Response<pb::CheckpointResponse>, Status> {
         let Some(f) = self.shared.options.checkpoint.clone() else {
-            return Err(Status::invalid_argument("this server has no checkpoint directory: start it with checkpoint_dir"));
+            let e = Status::invalid_argument("this server has no checkpoint directory: start it with checkpoint_dir");
+            return self.shared.count("Checkpoint", Err(e));
         };
-        let path = blocking(move || f().map_err(to_status)).await?;
+        let path = self.shared.count("Checkpoint", blocking(move || f().map_err(to_status)).await)?;
         Ok(Response::new(pb::CheckpointResponse { path }))
     }
 }

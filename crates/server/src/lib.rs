@@ -4,6 +4,7 @@
 
 pub mod grpc;
 pub mod local;
+pub mod metrics;
 mod naming;
 
 pub use grpc::{GrpcOptions, GrpcServer};
