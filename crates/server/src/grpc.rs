@@ -264,7 +264,8 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> std::result::Result<T, 
 type Stream<T> = Pin<Box<dyn tokio_stream::Stream<Item = std::result::Result<T, Status>> + Send>>;
 
 /// The writer of one insert stream and what it has done since the last response.
-struct StreamWriter {
+/// Public so the fuzz target can drive exactly the server's checks.
+pub struct InsertSession {
     writer: Writer,
     timeout: Option<Duration>,
     keys: Vec<u64>,
@@ -272,9 +273,40 @@ struct StreamWriter {
     table: String,
 }
 
-impl StreamWriter {
+/// Looks tables up by name, with the error the service answers.
+pub trait TableLookup {
+    fn table(&self, name: &str) -> std::result::Result<&Table, Status>;
+}
+
+impl TableLookup for Shared {
+    fn table(&self, name: &str) -> std::result::Result<&Table, Status> {
+        Shared::table(self, name)
+    }
+}
+
+impl TableLookup for [Table] {
+    fn table(&self, name: &str) -> std::result::Result<&Table, Status> {
+        self.iter().find(|t| t.name() == name).ok_or_else(|| Status::not_found(format!("no table named '{name}'")))
+    }
+}
+
+impl InsertSession {
+    /// A session writing into the store of `table` (what an `Insert` stream's first message asks for).
+    pub fn open(tables: &(impl TableLookup + ?Sized), first: &pb::InsertRequest) -> std::result::Result<InsertSession, Status> {
+        let table = tables.table(&first.table)?;
+        let msl = (first.max_sequence_length > 0).then_some(u64::from(first.max_sequence_length));
+        let timeout = timeout_of(first.timeout_seconds)?;
+        let writer = Writer::new(table.store().clone(), msl).map_err(to_status)?;
+        Ok(InsertSession { writer, timeout, keys: Vec::new(), table: first.table.clone() })
+    }
+
     /// Applies `ops` in order; returns the responses its flushes ask for.
-    fn apply(&mut self, shared: &Shared, ops: Vec<pb::InsertOp>, closed: &(dyn Fn() -> bool + Sync)) -> std::result::Result<Vec<pb::InsertResponse>, Status> {
+    pub fn apply(
+        &mut self,
+        shared: &(impl TableLookup + ?Sized),
+        ops: Vec<pb::InsertOp>,
+        closed: &(dyn Fn() -> bool + Sync),
+    ) -> std::result::Result<Vec<pb::InsertResponse>, Status> {
         let mut out = Vec::new();
         for op in ops {
             match op.op {
@@ -420,24 +452,21 @@ impl Replay for Service {
         let shared = self.shared.clone();
         let (tx, rx) = mpsc::channel::<std::result::Result<pb::InsertResponse, Status>>(16);
         tokio::spawn(async move {
-            let mut writer: Option<Arc<Mutex<StreamWriter>>> = None;
+            let mut writer: Option<Arc<Mutex<InsertSession>>> = None;
             loop {
                 let msg = match inbound.message().await {
                     Ok(Some(m)) => m,
-                    Ok(None) => break,     // the client finished (or died: its writer is dropped below)
-                    Err(_) => break,
+                    Ok(None) => break, // the client finished (or died: its writer is dropped below)
+                    Err(status) => {
+                        // Undecodable or oversized: say so (if the client still listens) and end.
+                        let _ = tx.send(shared.count("Insert", Err(status))).await;
+                        break;
+                    }
                 };
                 let w = match &writer {
                     Some(w) => w.clone(),
                     None => {
-                        let made = (|| {
-                            let table = shared.table(&msg.table)?;
-                            let msl = (msg.max_sequence_length > 0).then_some(u64::from(msg.max_sequence_length));
-                            let timeout = timeout_of(msg.timeout_seconds)?;
-                            let w = Writer::new(table.store().clone(), msl).map_err(to_status)?;
-                            Ok::<_, Status>(Arc::new(Mutex::new(StreamWriter { writer: w, timeout, keys: Vec::new(), table: msg.table.clone() })))
-                        })();
-                        match made {
+                        match InsertSession::open(shared.as_ref(), &msg).map(|s| Arc::new(Mutex::new(s))) {
                             Ok(w) => {
                                 writer = Some(w.clone());
                                 w
@@ -461,7 +490,7 @@ impl Replay for Service {
                 let result = blocking(move || {
                     let closed = || tx2.is_closed() || sh.stopping.load(Ordering::Relaxed);
                     let mut w = w.lock();
-                    let r = w.apply(&sh, msg.ops, &closed);
+                    let r = w.apply(sh.as_ref(), msg.ops, &closed);
                     sh.metrics.bytes_received.with_label_values(&[w.table.as_str()]).inc_by(bytes as u64);
                     r
                 })
@@ -496,7 +525,15 @@ impl Replay for Service {
         let shared = self.shared.clone();
         let (tx, rx) = mpsc::channel::<std::result::Result<pb::SampleResponse, Status>>(4);
         tokio::spawn(async move {
-            while let Ok(Some(msg)) = inbound.message().await {
+            loop {
+                let msg = match inbound.message().await {
+                    Ok(Some(m)) => m,
+                    Ok(None) => break,
+                    Err(status) => {
+                        let _ = tx.send(shared.count("Sample", Err(status))).await;
+                        break;
+                    }
+                };
                 let table_name = msg.table.clone();
                 let (sh, tx2) = (shared.clone(), tx.clone());
                 let result = blocking(move || {
@@ -525,6 +562,13 @@ impl Replay for Service {
                     let timeout = timeout_of(msg.timeout_seconds)?;
                     let closed = || tx2.is_closed() || sh.stopping.load(Ordering::Relaxed);
                     let max = sh.options.max_message_bytes;
+                    // Even one step per item would not fit: refuse before drawing anything.
+                    let least: usize = fields.iter().map(|&c| n as usize * table.store().row_bytes(c)).sum();
+                    if least > max {
+                        return Err(Status::resource_exhausted(format!(
+                            "a sample of {n} items is at least {least} bytes, more than the server's max_message_bytes ({max}); ask for fewer items or fields"
+                        )));
+                    }
                     match table.sample(n as usize, Wait { timeout, interrupt: Some(&closed) }) {
                         Ok(batch) => sample_response(&batch, &fields, false, max),
                         Err(Error::Timeout { partial: Partial::Sampled(batch), .. }) => sample_response(&batch, &fields, true, max),
