@@ -185,6 +185,12 @@ impl RemoteClient {
         self.layout.stores.get(t.store as usize).ok_or_else(|| Error::Corrupt("layout: table of a missing store".into()))
     }
 
+    /// Bytes per step of each field of `table`'s store, in signature order (what
+    /// `RemoteWriter::append` takes per column).
+    pub fn row_bytes(&self, table: &str) -> Result<Vec<usize>> {
+        self.store_of(table)?.fields.iter().map(field_bytes).collect()
+    }
+
     /// A writer into the store of `table` (default: the first table).
     pub fn writer(&self, table: Option<&str>, max_sequence_length: Option<u64>) -> Result<RemoteWriter> {
         let table = match table {

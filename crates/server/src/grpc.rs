@@ -69,6 +69,8 @@ struct Shared {
     table_store: Vec<u32>,
     options: GrpcOptions,
     stopping: AtomicBool,
+    /// Set at shutdown: streams end at their next message boundary.
+    shutdown: tokio::sync::watch::Sender<bool>,
     metrics: Arc<Metrics>,
 }
 
@@ -175,7 +177,7 @@ impl GrpcServer {
             let token = if is_loopback(m) { None } else { options.token.clone() };
             runtime.spawn(metrics::serve(listener, metrics.clone(), token));
         }
-        let shared = Arc::new(Shared { tables, stores, table_store, options: options.clone(), stopping: AtomicBool::new(false), metrics });
+        let shared = Arc::new(Shared { tables, stores, table_store, options: options.clone(), stopping: AtomicBool::new(false), shutdown: tokio::sync::watch::channel(false).0, metrics });
         let service = ReplayServer::new(Service { shared: shared.clone() })
             .max_decoding_message_size(options.max_message_bytes)
             .max_encoding_message_size(options.max_message_bytes);
@@ -213,6 +215,7 @@ impl GrpcServer {
     /// blocked waits give up at once), then closes every connection.
     pub fn stop(&mut self, grace: Duration) {
         self.shared.stopping.store(true, Ordering::SeqCst);
+        self.shared.shutdown.send_replace(true);
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
@@ -453,8 +456,13 @@ impl Replay for Service {
         let (tx, rx) = mpsc::channel::<std::result::Result<pb::InsertResponse, Status>>(16);
         tokio::spawn(async move {
             let mut writer: Option<Arc<Mutex<InsertSession>>> = None;
+            let mut stop = shared.shutdown.subscribe();
             loop {
-                let msg = match inbound.message().await {
+                let next = tokio::select! {
+                    m = inbound.message() => m,
+                    _ = stop.wait_for(|s| *s) => Err(Status::unavailable("the replay server is shutting down")),
+                };
+                let msg = match next {
                     Ok(Some(m)) => m,
                     Ok(None) => break, // the client finished (or died: its writer is dropped below)
                     Err(status) => {
@@ -525,8 +533,13 @@ impl Replay for Service {
         let shared = self.shared.clone();
         let (tx, rx) = mpsc::channel::<std::result::Result<pb::SampleResponse, Status>>(4);
         tokio::spawn(async move {
+            let mut stop = shared.shutdown.subscribe();
             loop {
-                let msg = match inbound.message().await {
+                let next = tokio::select! {
+                    m = inbound.message() => m,
+                    _ = stop.wait_for(|s| *s) => Err(Status::unavailable("the replay server is shutting down")),
+                };
+                let msg = match next {
                     Ok(Some(m)) => m,
                     Ok(None) => break,
                     Err(status) => {

@@ -122,6 +122,7 @@ fn a_stream_that_ends_without_create_item_leaves_no_item() {
     });
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(table.size(), 1);
+    drop(rt); // the client's connection goes with its runtime
     drop(server);
     assert_eq!(store.free_blocks() as u32, store.num_blocks() - 1);
 }
@@ -207,4 +208,43 @@ fn garbage_and_truncated_messages_are_refused() {
         assert_eq!(count.into_inner().count, 0);
     });
     assert_eq!(table.size(), 0);
+}
+
+#[test]
+fn rust_client_writes_samples_and_updates() {
+    let (_store, table, server) = setup(1 << 20);
+    let client = reprise_client::RemoteClient::connect(&server.address(), Default::default()).unwrap();
+    assert_eq!(client.table_names(), vec!["t".to_string()]);
+    assert_eq!(client.row_bytes("t").unwrap(), vec![16]);
+    let mut w = client.writer(Some("t"), Some(4)).unwrap();
+    for i in 0..10u8 {
+        w.append(&[&[i; 16]]).unwrap();
+        if i >= 2 {
+            w.create_item("t", 3, 1.0).unwrap();
+        }
+    }
+    w.end_episode().unwrap();
+    let keys = w.flush(None, None).unwrap();
+    assert_eq!(keys.len(), 8);
+    w.close().unwrap();
+    assert_eq!(table.size(), 8);
+    let (s, partial) = client.sample("t", 5, &[], None, None).unwrap();
+    assert!(!partial);
+    let r = s.response;
+    assert_eq!(r.lengths, vec![3; 5]);
+    for (i, key) in r.keys.iter().enumerate() {
+        assert!(keys.contains(key));
+        let rows = &r.columns[0][i * 48..(i + 1) * 48];
+        // The item's three steps are consecutive steps of the episode.
+        assert_eq!(rows[16], rows[0] + 1);
+        assert_eq!(rows[32], rows[0] + 2);
+    }
+    assert_eq!(client.update_priorities("t", &r.keys[..2], &[2.0, 3.0]).unwrap(), 2);
+    assert_eq!(client.delete("t", &r.keys[..1]).unwrap(), 1);
+    let info = client.info().unwrap();
+    assert_eq!(info[0].size, 7);
+    assert_eq!(info[0].num_deletes, 1);
+    // Unknown names are refused by the server with NotFound.
+    let err = client.sample("t", 1, &["nope".to_string()], None, None).err().unwrap();
+    assert!(matches!(err, reprise_core::Error::NotFound(_)), "{err:?}");
 }
