@@ -429,3 +429,29 @@ def test_prometheus_metrics():
         server.stop()
     finally:
         store.close()
+
+
+def test_iterate_pipelines_batches_on_one_stream(served):
+    client = rp.Client(served.address)
+    write_episodes(client, episodes=4)
+    batches = list(client.iterate("replay", 16, max_in_flight=3, num_batches=5))
+    assert len(batches) == 5 and all(len(b) == 16 for b in batches)
+    for b in batches:
+        a = b.data["action"]
+        assert (a[:, 1] == a[:, 0] + 1).all()
+    info = client.info()["replay"]
+    assert 5 * 16 <= info["num_samples"] <= 8 * 16    # at most max_in_flight batches drawn ahead
+    with pytest.raises(rp.errors.InvalidArgument, match="max_in_flight must be >= 1"):
+        next(client.iterate("replay", 4, max_in_flight=0))
+    with pytest.raises(rp.errors.NotFound, match="no table named 'nope'"):
+        next(client.iterate("nope", 4))
+    # The local client has the same method (a plain loop).
+    store = rp.Store({"x": rp.Field((), "float32")}, capacity=64)
+    try:
+        t = rp.Table("t", store)
+        t.insert({"x": np.ones((4, 1), np.float32)}, priorities=1.0)
+        with rp.Server([t]) as server:
+            got = list(rp.Client(server.local_address).iterate("t", 2, num_batches=3))
+            assert [len(b) for b in got] == [2, 2, 2]
+    finally:
+        store.close()

@@ -97,15 +97,23 @@ class Client:
 
     def _sample_remote(self, table, n, timeout, fields, device) -> Sample:
         """A remote draw: the server gathers the rows, they arrive in one message."""
-        dev = None
-        if not is_host_device(device):
-            from .torch import resolve
-            dev = resolve(device)
+        dev = self._device(device)
+        d = self._native.sample(table, n, timeout, None if fields is None else list(fields))
+        return self._to_sample(table, d, n, timeout, dev)
+
+    @staticmethod
+    def _device(device):
+        if is_host_device(device):
+            return None
+        from .torch import resolve
+        return resolve(device)
+
+    def _to_sample(self, table, d, n, timeout, dev) -> Sample:
+        """A ``Sample`` from a remote answer; ``Timeout`` (with the partial) when cut short."""
         signature = self._signatures.get(table)
         if signature is None:
             signature = {name: (tuple(shape), dtype) for name, shape, dtype in self._native.fields(table)}
             self._signatures[table] = signature
-        d = self._native.sample(table, n, timeout, None if fields is None else list(fields))
         count, t = len(d["keys"]), d["max_length"]
         data = {}
         for name, column in zip(d["fields"], d["columns"]):
@@ -113,7 +121,7 @@ class Client:
             data[name] = np.frombuffer(column, dtype=dtype).reshape((count, t, *shape))
         if dev is not None:
             import torch
-            data = {k: torch.from_numpy(v).to(dev, non_blocking=False) for k, v in data.items()}
+            data = {k: torch.from_numpy(v).to(dev) for k, v in data.items()}
         s = Sample(keys=d["keys"], probabilities=d["probabilities"], priorities=d["priorities"],
                    times_sampled=d["times_sampled"], table_size=d["table_size"], lengths=d["lengths"], data=data)
         if d["partial"]:
@@ -121,6 +129,30 @@ class Client:
             err.partial = s if count else None
             raise err
         return s
+
+    def iterate(self, table: str, batch_size: int, max_in_flight: int = 2, timeout: float | None = None,
+                fields: list[str] | None = None, num_batches: int | None = None, device=None):
+        """Yields ``sample(table, batch_size, timeout, fields, device)`` results for ever,
+        or ``num_batches`` times. A remote client keeps ``max_in_flight`` batch requests
+        outstanding on one stream, so the server draws and sends the next batches while
+        this one is used (batches already requested were drawn before later priority
+        updates). A ``Timeout`` ends the iterator by raising (with its partial)."""
+        batch_size = as_int("batch_size", batch_size, 1)
+        max_in_flight = as_int("max_in_flight", max_in_flight, 1)
+        if num_batches is not None:
+            num_batches = as_int("num_batches", num_batches, 0)
+        count = 0
+        if not self._remote:
+            while num_batches is None or count < num_batches:
+                yield self.sample(table, batch_size, timeout, fields, device)
+                count += 1
+            return
+        dev = self._device(device)
+        sampler = self._native.sampler(table, batch_size, timeout, None if fields is None else list(fields),
+                                       max_in_flight)
+        while num_batches is None or count < num_batches:
+            yield self._to_sample(table, sampler.next(), batch_size, timeout, dev)
+            count += 1
 
     def _columns_for(self, table: str, device):
         """The server's shared-memory columns of ``table``'s store, registered for

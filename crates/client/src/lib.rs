@@ -10,4 +10,4 @@ pub mod remote;
 pub mod status;
 
 pub use local::{ClientSample, ClientWriter, LocalClient};
-pub use remote::{RemoteClient, RemoteOptions, RemoteWriter};
+pub use remote::{RemoteClient, RemoteOptions, RemoteSampler, RemoteWriter};

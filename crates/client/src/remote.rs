@@ -271,6 +271,26 @@ impl RemoteClient {
         }
     }
 
+    /// A sampler on its own `Sample` stream that keeps up to `max_in_flight` batch
+    /// requests outstanding, so the server draws and sends the next batches while the
+    /// caller works on this one (flow control: never more than `max_in_flight` ahead).
+    pub fn sampler(&self, table: &str, n: u32, fields: &[String], timeout: Option<Duration>, max_in_flight: u32) -> Result<RemoteSampler> {
+        self.store_of(table)?;
+        if max_in_flight == 0 {
+            return Err(Error::InvalidArgument("max_in_flight must be >= 1".into()));
+        }
+        let (tx, rx) = mpsc::channel::<pb::SampleRequest>(max_in_flight as usize);
+        let mut stub = self.stub.clone();
+        let responses = self.rt.block_on(stub.sample(Request::new(ReceiverStream::new(rx)))).map_err(from_status)?.into_inner();
+        let request = pb::SampleRequest {
+            table: table.to_string(),
+            num_items: n,
+            fields: fields.to_vec(),
+            timeout_seconds: timeout.map_or(-1.0, |t| t.as_secs_f64()),
+        };
+        Ok(RemoteSampler { rt: self.rt.clone(), tx, rx: responses, request, in_flight: 0, max_in_flight })
+    }
+
     pub fn update_priorities(&self, table: &str, keys: &[u64], priorities: &[f64]) -> Result<u64> {
         if keys.len() != priorities.len() {
             return Err(Error::InvalidArgument(format!("{} keys but {} priorities; expected one per key", keys.len(), priorities.len())));
@@ -301,6 +321,47 @@ impl RemoteClient {
         let mut stub = self.stub.clone();
         let r = self.rt.block_on(stub.info(pb::InfoRequest {})).map_err(from_status)?.into_inner();
         Ok(r.tables.into_iter().map(table_info).collect())
+    }
+}
+
+/// Batches from one `Sample` stream, `max_in_flight` requested ahead.
+pub struct RemoteSampler {
+    rt: Arc<tokio::runtime::Runtime>,
+    tx: mpsc::Sender<pb::SampleRequest>,
+    rx: Streaming<pb::SampleResponse>,
+    request: pb::SampleRequest,
+    in_flight: u32,
+    max_in_flight: u32,
+}
+
+impl RemoteSampler {
+    /// The next batch (and whether a timeout cut it short). Batches already
+    /// requested were drawn before any priority update made after their request.
+    pub fn next(&mut self, interrupt: Interrupt<'_>) -> Result<(RemoteSample, bool)> {
+        let (tx, rx, request) = (&self.tx, &mut self.rx, &self.request);
+        let in_flight = &mut self.in_flight;
+        let max = self.max_in_flight;
+        let r = wait_for(
+            &self.rt,
+            async {
+                while *in_flight < max {
+                    tx.send(request.clone()).await.map_err(lost)?;
+                    *in_flight += 1;
+                }
+                let r = match rx.message().await {
+                    Ok(Some(r)) => r,
+                    Ok(None) => return Err(lost("the sample stream ended")),
+                    Err(s) => return Err(from_status(s)),
+                };
+                *in_flight -= 1;
+                Ok(r)
+            },
+            None,
+            interrupt,
+            "sample",
+        )?;
+        let partial = r.partial;
+        Ok((RemoteSample { response: r }, partial))
     }
 }
 

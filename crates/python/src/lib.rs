@@ -26,6 +26,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<serving::PyClient>()?;
     m.add_class::<remote::PyGrpcServer>()?;
     m.add_class::<remote::PyRemoteClient>()?;
+    m.add_class::<remote::PyRemoteSampler>()?;
     m.add_function(wrap_pyfunction!(table::rate_limiter_preset, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

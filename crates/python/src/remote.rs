@@ -122,33 +122,30 @@ impl PyRemoteClient {
         Ok(PyWriter::new(AnyWriter::Remote(w), Arc::new(field_infos(py, &sig)?)))
     }
 
-    /// Draws n items; returns `(fields, meta dict, [bytearray per field], partial)`.
+    /// Draws n items; returns a dict of the sample's arrays, `fields`, `columns`
+    /// (a bytearray per field) and `partial`.
     #[pyo3(signature = (table, n, timeout=None, fields=None))]
     fn sample<'py>(&self, py: Python<'py>, table: &str, n: i64, timeout: Option<f64>, fields: Option<Vec<String>>) -> PyResult<Bound<'py, PyDict>> {
         let timeout = timeout::parse(py, timeout)?;
-        if n < 1 || n > u32::MAX as i64 {
-            return Err(invalid(py, format!("sample size must be >= 1, got {n}")));
-        }
+        let n = sample_size(py, n)?;
         let fields = fields.unwrap_or_default();
         let signals = Signals::default();
         let check = || signals.check();
         let (s, partial) = py
-            .detach(|| self.client.sample(table, n as u32, &fields, timeout, Some(&check)))
+            .detach(|| self.client.sample(table, n, &fields, timeout, Some(&check)))
             .map_err(|e| to_py(py, e, None, signals.take()))?;
-        let r = s.response;
-        let d = PyDict::new(py);
-        d.set_item("keys", numpy::PyArray1::from_vec(py, r.keys))?;
-        d.set_item("probabilities", numpy::PyArray1::from_vec(py, r.probabilities))?;
-        d.set_item("priorities", numpy::PyArray1::from_vec(py, r.priorities))?;
-        d.set_item("times_sampled", numpy::PyArray1::from_iter(py, r.times_sampled.iter().map(|&x| x as i64)))?;
-        d.set_item("lengths", numpy::PyArray1::from_iter(py, r.lengths.iter().map(|&x| x as i64)))?;
-        d.set_item("table_size", r.table_size)?;
-        d.set_item("max_length", r.max_length)?;
-        d.set_item("fields", r.fields)?;
-        let cols: Vec<Bound<'py, PyByteArray>> = r.columns.iter().map(|c| PyByteArray::new(py, c)).collect();
-        d.set_item("columns", cols)?;
-        d.set_item("partial", partial)?;
-        Ok(d)
+        sample_dict(py, s.response, partial)
+    }
+
+    /// A pipelined sampler: `max_in_flight` batches requested ahead on one stream.
+    #[pyo3(signature = (table, n, timeout=None, fields=None, max_in_flight=2))]
+    fn sampler(&self, py: Python<'_>, table: &str, n: i64, timeout: Option<f64>, fields: Option<Vec<String>>, max_in_flight: i64) -> PyResult<PyRemoteSampler> {
+        let timeout = timeout::parse(py, timeout)?;
+        let n = sample_size(py, n)?;
+        let k = u32::try_from(max_in_flight).ok().filter(|&k| k >= 1).ok_or_else(|| invalid(py, format!("max_in_flight must be >= 1, got {max_in_flight}")))?;
+        let fields = fields.unwrap_or_default();
+        let s = py.detach(|| self.client.sampler(table, n, &fields, timeout, k)).map_err(py_err(py))?;
+        Ok(PyRemoteSampler { sampler: Mutex::new(s) })
     }
 
     fn update_priorities(&self, py: Python<'_>, table: &str, keys: &Bound<'_, PyAny>, priorities: &Bound<'_, PyAny>) -> PyResult<u64> {
@@ -179,5 +176,46 @@ impl PyRemoteClient {
             d.set_item(&i.name, info_dict(py, i)?)?;
         }
         Ok(d)
+    }
+}
+
+fn sample_size(py: Python<'_>, n: i64) -> PyResult<u32> {
+    u32::try_from(n).ok().filter(|&n| n >= 1).ok_or_else(|| invalid(py, format!("sample size must be >= 1, got {n}")))
+}
+
+/// A remote sample as a dict for `reprise.client` to turn into a `Sample`.
+fn sample_dict<'py>(py: Python<'py>, r: reprise_client::pb::SampleResponse, partial: bool) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("keys", numpy::PyArray1::from_vec(py, r.keys))?;
+    d.set_item("probabilities", numpy::PyArray1::from_vec(py, r.probabilities))?;
+    d.set_item("priorities", numpy::PyArray1::from_vec(py, r.priorities))?;
+    d.set_item("times_sampled", numpy::PyArray1::from_iter(py, r.times_sampled.iter().map(|&x| x as i64)))?;
+    d.set_item("lengths", numpy::PyArray1::from_iter(py, r.lengths.iter().map(|&x| x as i64)))?;
+    d.set_item("table_size", r.table_size)?;
+    d.set_item("max_length", r.max_length)?;
+    d.set_item("fields", r.fields)?;
+    let cols: Vec<Bound<'py, PyByteArray>> = r.columns.iter().map(|c| PyByteArray::new(py, c)).collect();
+    d.set_item("columns", cols)?;
+    d.set_item("partial", partial)?;
+    Ok(d)
+}
+
+#[pyclass(name = "RemoteSampler", module = "reprise._native", frozen)]
+pub struct PyRemoteSampler {
+    sampler: Mutex<reprise_client::RemoteSampler>,
+}
+
+#[pymethods]
+impl PyRemoteSampler {
+    /// The next batch, as `RemoteClient.sample` returns it.
+    fn next<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let Some(mut s) = self.sampler.try_lock() else {
+            return Err(crate::errors::new_error(py, "RepriseError", "this sampler is in use by another thread".into()));
+        };
+        let signals = Signals::default();
+        let check = || signals.check();
+        let sampler: &mut reprise_client::RemoteSampler = &mut s;
+        let (r, partial) = py.detach(|| sampler.next(Some(&check))).map_err(|e| to_py(py, e, None, signals.take()))?;
+        sample_dict(py, r.response, partial)
     }
 }
