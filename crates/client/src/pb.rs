@@ -5,3 +5,58 @@ tonic::include_proto!("reprise.v1");
 
 /// The protocol version this build speaks (`Layout.protocol_version`).
 pub const PROTOCOL_VERSION: u32 = 1;
+
+impl From<reprise_core::TableInfo> for TableInfo {
+    fn from(i: reprise_core::TableInfo) -> Self {
+        TableInfo {
+            name: i.name,
+            size: i.size,
+            max_size: i.max_size,
+            max_times_sampled: i.max_times_sampled,
+            sampler: i.sampler,
+            remover: i.remover,
+            num_inserts: i.num_inserts,
+            num_samples: i.num_samples,
+            num_evictions: i.num_evictions,
+            num_deletes: i.num_deletes,
+            num_store_evictions: i.num_store_evictions,
+            samples_per_insert: i.rate_limiter.samples_per_insert,
+            min_size_to_sample: i.rate_limiter.min_size_to_sample,
+            min_diff: i.rate_limiter.min_diff,
+            max_diff: i.rate_limiter.max_diff,
+            limiter_inserts: i.limiter_inserts,
+            limiter_samples: i.limiter_samples,
+            blocked_insert_seconds: i.blocked_insert_seconds,
+            blocked_sample_seconds: i.blocked_sample_seconds,
+        }
+    }
+}
+
+impl From<TableInfo> for reprise_core::TableInfo {
+    fn from(i: TableInfo) -> Self {
+        let rate_limiter = reprise_core::RateLimiterConfig {
+            samples_per_insert: i.samples_per_insert,
+            min_size_to_sample: i.min_size_to_sample,
+            min_diff: i.min_diff,
+            max_diff: i.max_diff,
+        };
+        reprise_core::TableInfo {
+            name: i.name,
+            size: i.size,
+            max_size: i.max_size,
+            max_times_sampled: i.max_times_sampled,
+            sampler: i.sampler,
+            remover: i.remover,
+            num_inserts: i.num_inserts,
+            num_samples: i.num_samples,
+            num_evictions: i.num_evictions,
+            num_deletes: i.num_deletes,
+            num_store_evictions: i.num_store_evictions,
+            rate_limiter,
+            limiter_inserts: i.limiter_inserts,
+            limiter_samples: i.limiter_samples,
+            blocked_insert_seconds: i.blocked_insert_seconds,
+            blocked_sample_seconds: i.blocked_sample_seconds,
+        }
+    }
+}

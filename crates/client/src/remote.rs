@@ -320,7 +320,7 @@ impl RemoteClient {
     pub fn info(&self) -> Result<Vec<TableInfo>> {
         let mut stub = self.stub.clone();
         let r = self.rt.block_on(stub.info(pb::InfoRequest {})).map_err(from_status)?.into_inner();
-        Ok(r.tables.into_iter().map(table_info).collect())
+        Ok(r.tables.into_iter().map(TableInfo::from).collect())
     }
 }
 
@@ -381,32 +381,6 @@ fn field_bytes(f: &pb::Field) -> Result<usize> {
     elements
         .and_then(|e| e.checked_mul(dtype.itemsize()))
         .ok_or_else(|| Error::Corrupt(format!("layout: field '{}' is too large", f.name)))
-}
-
-fn table_info(i: pb::TableInfo) -> TableInfo {
-    TableInfo {
-        name: i.name,
-        size: i.size,
-        max_size: i.max_size,
-        max_times_sampled: i.max_times_sampled,
-        sampler: i.sampler,
-        remover: i.remover,
-        num_inserts: i.num_inserts,
-        num_samples: i.num_samples,
-        num_evictions: i.num_evictions,
-        num_deletes: i.num_deletes,
-        num_store_evictions: i.num_store_evictions,
-        rate_limiter: reprise_core::RateLimiterConfig {
-            samples_per_insert: i.samples_per_insert,
-            min_size_to_sample: i.min_size_to_sample,
-            min_diff: i.min_diff,
-            max_diff: i.max_diff,
-        },
-        limiter_inserts: i.limiter_inserts,
-        limiter_samples: i.limiter_samples,
-        blocked_insert_seconds: i.blocked_insert_seconds,
-        blocked_sample_seconds: i.blocked_sample_seconds,
-    }
 }
 
 /// A writer on its own `Insert` stream. Operations are queued and sent in messages;

@@ -266,6 +266,14 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> std::result::Result<T, 
 
 type Stream<T> = Pin<Box<dyn tokio_stream::Stream<Item = std::result::Result<T, Status>> + Send>>;
 
+/// The next message of a client stream, or `UNAVAILABLE` once the server is stopping.
+async fn next_message<T>(inbound: &mut Streaming<T>, stop: &mut tokio::sync::watch::Receiver<bool>) -> std::result::Result<Option<T>, Status> {
+    tokio::select! {
+        m = inbound.message() => m,
+        _ = stop.wait_for(|s| *s) => Err(Status::unavailable("the replay server is shutting down")),
+    }
+}
+
 /// The writer of one insert stream and what it has done since the last response.
 /// Public so the fuzz target can drive exactly the server's checks.
 pub struct InsertSession {
@@ -395,30 +403,6 @@ fn sample_response(batch: &SampleBatch, fields: &[usize], partial: bool, max_byt
     })
 }
 
-fn info_message(i: reprise_core::TableInfo) -> pb::TableInfo {
-    pb::TableInfo {
-        name: i.name,
-        size: i.size,
-        max_size: i.max_size,
-        max_times_sampled: i.max_times_sampled,
-        sampler: i.sampler,
-        remover: i.remover,
-        num_inserts: i.num_inserts,
-        num_samples: i.num_samples,
-        num_evictions: i.num_evictions,
-        num_deletes: i.num_deletes,
-        num_store_evictions: i.num_store_evictions,
-        samples_per_insert: i.rate_limiter.samples_per_insert,
-        min_size_to_sample: i.rate_limiter.min_size_to_sample,
-        min_diff: i.rate_limiter.min_diff,
-        max_diff: i.rate_limiter.max_diff,
-        limiter_inserts: i.limiter_inserts,
-        limiter_samples: i.limiter_samples,
-        blocked_insert_seconds: i.blocked_insert_seconds,
-        blocked_sample_seconds: i.blocked_sample_seconds,
-    }
-}
-
 #[tonic::async_trait]
 impl Replay for Service {
     async fn get_layout(&self, _: Request<pb::GetLayoutRequest>) -> std::result::Result<Response<pb::Layout>, Status> {
@@ -458,11 +442,7 @@ impl Replay for Service {
             let mut writer: Option<Arc<Mutex<InsertSession>>> = None;
             let mut stop = shared.shutdown.subscribe();
             loop {
-                let next = tokio::select! {
-                    m = inbound.message() => m,
-                    _ = stop.wait_for(|s| *s) => Err(Status::unavailable("the replay server is shutting down")),
-                };
-                let msg = match next {
+                let msg = match next_message(&mut inbound, &mut stop).await {
                     Ok(Some(m)) => m,
                     Ok(None) => break, // the client finished (or died: its writer is dropped below)
                     Err(status) => {
@@ -535,11 +515,7 @@ impl Replay for Service {
         tokio::spawn(async move {
             let mut stop = shared.shutdown.subscribe();
             loop {
-                let next = tokio::select! {
-                    m = inbound.message() => m,
-                    _ = stop.wait_for(|s| *s) => Err(Status::unavailable("the replay server is shutting down")),
-                };
-                let msg = match next {
+                let msg = match next_message(&mut inbound, &mut stop).await {
                     Ok(Some(m)) => m,
                     Ok(None) => break,
                     Err(status) => {
@@ -648,7 +624,7 @@ impl Replay for Service {
 
     async fn info(&self, _: Request<pb::InfoRequest>) -> std::result::Result<Response<pb::InfoResponse>, Status> {
         self.shared.metrics.requests.with_label_values(&["Info"]).inc();
-        let tables = self.shared.tables.iter().map(|t| info_message(t.info())).collect();
+        let tables = self.shared.tables.iter().map(|t| pb::TableInfo::from(t.info())).collect();
         Ok(Response::new(pb::InfoResponse { tables }))
     }
 
