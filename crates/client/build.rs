@@ -5,6 +5,8 @@ fn main() {
     println!("cargo:rerun-if-changed={}", root.join("reprise/v1/replay.proto").display());
     let files = protox::compile(["reprise/v1/replay.proto"], [&root]).expect("proto/reprise/v1/replay.proto must compile");
     tonic_prost_build::configure()
+        // Step data as `bytes::Bytes`: decoded as slices of the received buffer, not copied.
+        .bytes(".")
         .build_client(true)
         .build_server(true)
         .compile_fds(files)

@@ -129,6 +129,8 @@ impl RemoteClient {
         let mut endpoint = Endpoint::from_shared(format!("{scheme}://{address}"))
             .map_err(|e| Error::InvalidArgument(format!("address {address:?}: expected host:port ({e})")))?
             .connect_timeout(options.connect_timeout.unwrap_or(Duration::from_secs(10)))
+            .initial_stream_window_size(Some(16 << 20))
+            .initial_connection_window_size(Some(32 << 20))
             .tcp_nodelay(true);
         if options.tls {
             let mut tls = ClientTlsConfig::new();

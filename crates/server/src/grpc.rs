@@ -30,6 +30,9 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::local::Checkpointer;
 use crate::metrics::{self, Metrics};
 
+/// HTTP/2 flow-control window of a stream (the connection's is twice that).
+pub const WINDOW: u32 = 16 << 20;
+
 /// Settings of a [`GrpcServer`].
 #[derive(Clone)]
 pub struct GrpcOptions {
@@ -157,6 +160,9 @@ impl GrpcServer {
         let mut builder = tonic::transport::Server::builder()
             .concurrency_limit_per_connection(options.max_concurrent_per_connection)
             .max_concurrent_streams(options.max_concurrent_per_connection as u32)
+            // Large windows: a 1 MB insert message must not wait for WINDOW_UPDATE round trips.
+            .initial_stream_window_size(Some(WINDOW))
+            .initial_connection_window_size(Some(2 * WINDOW))
             .tcp_nodelay(true);
         if let Some((cert, key)) = &options.tls {
             let identity = tonic::transport::Identity::from_pem(cert, key);
