@@ -164,6 +164,9 @@ impl RemoteClient {
                 pb::PROTOCOL_VERSION
             )));
         }
+        // Answers are bounded by what the server says it sends.
+        let limit = usize::try_from(layout.max_message_bytes).unwrap_or(usize::MAX).clamp(4096, 1 << 30);
+        let stub = stub.max_decoding_message_size(limit);
         Ok(RemoteClient { rt: Arc::new(rt), stub, layout, address: address.to_string(), sampler: Mutex::new(None) })
     }
 

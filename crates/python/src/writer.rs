@@ -149,7 +149,8 @@ impl PyWriter {
         let check = || signals.check();
         self.with(py, |w| match w {
             AnyWriter::Client(w) => w.create_item(target.name(), n, priority).map(|_| None).map_err(py_err(py)),
-            AnyWriter::Remote(w) => w.create_item(target.name(), n, priority).map(|_| None).map_err(py_err(py)),
+            // May wait for room in the send queue: without the GIL.
+            AnyWriter::Remote(w) => py.detach(|| w.create_item(target.name(), n, priority)).map(|_| None).map_err(py_err(py)),
             AnyWriter::Local(w) => {
                 let call = |w: &mut Writer, wait: Wait<'_>| match &target {
                     Target::Name(name) => w.create_item_in(name, n, priority, wait),
@@ -180,7 +181,7 @@ impl PyWriter {
         let check = || signals.check();
         self.with(py, |w| match w {
             AnyWriter::Client(w) => w.create_items(target.name(), n, p).map(|_| None).map_err(py_err(py)),
-            AnyWriter::Remote(w) => w.create_items(target.name(), n, p).map(|_| None).map_err(py_err(py)),
+            AnyWriter::Remote(w) => py.detach(|| w.create_items(target.name(), n, p)).map(|_| None).map_err(py_err(py)),
             AnyWriter::Local(w) => {
                 let table = target.resolve(py, w)?;
                 let keys = py
@@ -233,7 +234,7 @@ impl PyWriter {
                 Ok(())
             }
             AnyWriter::Client(w) => w.end_episode().map_err(py_err(py)),
-            AnyWriter::Remote(w) => w.end_episode().map_err(py_err(py)),
+            AnyWriter::Remote(w) => py.detach(|| w.end_episode()).map_err(py_err(py)),
         })
     }
 

@@ -194,7 +194,9 @@ impl GrpcServer {
         });
         let (tx, rx) = oneshot::channel::<()>();
         let (done_tx, done_rx) = oneshot::channel::<()>();
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        // Nodelay on every accepted socket (the builder's setting only reaches listeners
+        // tonic binds itself): without it small replies wait ~40 ms for delayed ACKs.
+        let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
         let router = builder.add_service(service);
         runtime.spawn(async move {
             let _ = router
