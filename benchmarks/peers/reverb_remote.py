@@ -1,0 +1,184 @@
+"""dm-reverb side of the remote comparison; run with benchmarks/.venvs/reverb/bin/python.
+
+As Reverb's users run it: one ``reverb.Server`` in its own process (this script with
+``--serve``; tables from ``reverb_common``: Uniform sampler, Fifo remover, ``max_size`` =
+TABLE_ITEMS, MinSize(1), signature ``x: float32[1, floats]``: an item is one step),
+filled to ``max_size`` by this process before timing, and every client a spawned
+process with its own ``reverb.Client`` over loopback gRPC. Paths (the fastest Reverb offers without
+TensorFlow datasets; the environment variables switch):
+
+* insert: ``StructuredWriter`` (items made in C++ from an ``x[-1:]`` pattern, priority
+  1.0); one call = BATCH ``append`` calls with ``flush(block_until_num_items=0)`` every
+  32 items (Reverb warns and slows past ~40 pending items; REVERB_FLUSH_EVERY changes
+  it) and ``flush()`` at the end: the items are then in the table. Reverb has no
+  batched insert. REVERB_WRITE_PATH=trajectory: ``TrajectoryWriter.append`` +
+  ``create_item`` per step instead.
+* sample: a persistent sampler stream per table, ``Client._client.NewSampler(table,
+  -1, max_in_flight)`` (what ``Client.sample`` uses, but kept open and with more than
+  one sample in flight: ``Client.sample`` opens a stream per call with one in flight),
+  max_in_flight = REVERB_IN_FLIGHT x BATCH (default 2); one call = BATCH
+  ``GetNextTrajectory`` copied into one numpy ``[BATCH, 1, floats]``.
+  REVERB_SAMPLE_PATH=client: ``Client.sample(table, BATCH)`` per call;
+  REVERB_SAMPLE_PATH=dataset: a ``TrajectoryDataset`` stream ``.batch(BATCH)``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import numpy as np  # noqa: E402
+
+from remote_common import (BATCH, CLIENTS, Pool, RemoteBench, ServerProcess,  # noqa: E402
+                           batch_rows, floats, payload, run_points, table_name, table_specs)
+from reverb_common import serve, x_table  # noqa: E402
+
+FLUSH_EVERY = int(os.environ.get("REVERB_FLUSH_EVERY", "32"))
+WRITE_PATH = os.environ.get("REVERB_WRITE_PATH", "structured")
+SAMPLE_PATH = os.environ.get("REVERB_SAMPLE_PATH", "sampler")
+IN_FLIGHT = float(os.environ.get("REVERB_IN_FLIGHT", "2"))
+
+
+# --- writers and samplers (in any process) -----------------------------------------------
+def writer_for(client, table: str):
+    """(append(step), flush(**kw), close) of the chosen write path."""
+    if WRITE_PATH == "trajectory":
+        w = client.trajectory_writer(num_keep_alive_refs=1)
+
+        def append(step: dict) -> None:
+            w.append(step)
+            w.create_item(table, priority=1.0, trajectory={"x": w.history["x"][-1:]})
+        return append, w.flush, w.close
+    from reverb import structured_writer as sw
+    pattern = sw.pattern_from_transform({"x": None}, lambda ref: {"x": ref["x"][-1:]})
+    w = client.structured_writer([sw.create_config(pattern, table=table,
+                                                   priority=sw.constant_priority_fn(1.0))])
+    return w.append, w.flush, lambda: None
+
+
+def insert_call(client, table: str, rows: np.ndarray):
+    """One call: len(rows) one-step items, flushed every FLUSH_EVERY and at the end."""
+    append, flush, close = writer_for(client, table)
+    steps = [{"x": r} for r in rows]    # float32[floats]: an item (x[-1:]) is [1, floats]
+
+    def call() -> None:
+        for i, s in enumerate(steps, 1):
+            append(s)
+            if i % FLUSH_EVERY == 0 and i < len(steps):
+                flush(block_until_num_items=0)
+        flush()
+    return call, close
+
+
+def sample_call(client, address: str, table: str, label: str):
+    n, k = BATCH[label], floats(label)
+    if SAMPLE_PATH == "client":
+        def call() -> np.ndarray:
+            return np.stack([s[0].data[0] for s in client.sample(table, num_samples=n)])
+        return call, lambda: None
+    if SAMPLE_PATH == "dataset":
+        import reverb
+        import tensorflow as tf
+        ds = reverb.TrajectoryDataset(server_address=address, table=table,
+                                      dtypes={"x": tf.float32},
+                                      shapes={"x": tf.TensorShape([1, k])},
+                                      max_in_flight_samples_per_worker=int(IN_FLIGHT * n))
+        it = iter(ds.batch(n, drop_remainder=True))
+        return (lambda: next(it).data["x"].numpy()), lambda: None
+    sampler = client._client.NewSampler(table, -1, int(IN_FLIGHT * n))
+    n_info = sampler.NUM_INFO_TENSORS
+
+    def call() -> np.ndarray:
+        data = np.empty((n, 1, k), np.float32)
+        for i in range(n):
+            data[i] = sampler.GetNextTrajectory()[n_info]
+        return data
+    return call, sampler.Close if hasattr(sampler, "Close") else (lambda: None)
+
+
+def path_of(op: str, label: str) -> str:
+    n = BATCH[label]
+    if op == "insert":
+        how = ("TrajectoryWriter.append + create_item(x[-1:])" if WRITE_PATH == "trajectory"
+               else "StructuredWriter(x[-1:]).append")
+        return (f"{how} x {n}, flush(block_until_num_items=0) every {FLUSH_EVERY} items and "
+                "flush() at the end of each call")
+    if SAMPLE_PATH == "client":
+        return f"Client.sample(table, {n}) per call (a new stream, 1 sample in flight)"
+    if SAMPLE_PATH == "dataset":
+        return (f"TrajectoryDataset(max_in_flight_samples_per_worker={int(IN_FLIGHT * n)})"
+                f".batch({n}), .numpy()")
+    return (f"persistent Client._client.NewSampler(table, -1, max_in_flight={int(IN_FLIGHT * n)}); "
+            f"{n} GetNextTrajectory per call into one numpy [{n}, 1, floats]")
+
+
+# --- client processes --------------------------------------------------------------------
+def client_setup(index: int, address: str):
+    import reverb
+
+    client = reverb.Client(address)
+
+    def make(op: str, label: str):
+        table = table_name(op, label)
+        if op == "insert":
+            return insert_call(client, table, batch_rows(label, 100 + index))
+        return sample_call(client, address, table, label)
+    return make
+
+
+def fill(client, spec: dict) -> float:
+    """Fill a table to max_size with one-step items (random rows used over and over)."""
+    t0 = time.monotonic()
+    append, flush, close = writer_for(client, spec["name"])
+    rows = payload(min(spec["items"], 256), spec["floats"], seed=7)
+    steps = [{"x": r} for r in rows]
+    for i in range(spec["items"]):
+        append(steps[i % len(steps)])
+        if (i + 1) % FLUSH_EVERY == 0:
+            flush(block_until_num_items=0)
+    flush()
+    close()
+    size = client.server_info()[spec["name"]].current_size
+    if size != spec["items"]:
+        raise RuntimeError(f"{spec['name']}: filled to {size} items, expected {spec['items']}")
+    return time.monotonic() - t0
+
+
+def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "--serve":
+        serve(sys.argv[2])
+        return
+    bench = RemoteBench("reverb")
+    from importlib.metadata import version
+    for pkg in ("dm-reverb", "tensorflow"):
+        bench.versions[pkg] = version(pkg)
+    import reverb
+    specs = table_specs()
+    server = ServerProcess(os.path.abspath(__file__),
+                           [x_table(s["name"], s["floats"], s["items"]) for s in specs])
+    bench.notes.append(f"reverb.Server in its own process at {server.address}; "
+                       f"{max(CLIENTS)} client processes with reverb.Client(address)")
+    pool = None
+    try:
+        client = reverb.Client(server.address)
+        for s in specs:
+            bench.log(f"filled {s['name']} ({s['items']} items) in {fill(client, s):.1f}s")
+        pool = Pool(max(CLIENTS), client_setup, (server.address,), bench.cfg, bench.log)
+        bench.log(f"{max(CLIENTS)} client processes ready in {pool.start_s:.1f}s")
+        run_points(bench, pool, path_of,
+                   extra=lambda op, label: {"server_rss_mib": server.rss_mib()})
+    finally:
+        if pool is not None:
+            pool.close()
+        server.stop()
+    bench.finish()
+
+
+if __name__ == "__main__":
+    main()
