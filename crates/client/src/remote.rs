@@ -232,16 +232,21 @@ impl RemoteClient {
         })
     }
 
-    /// Draws `n` items from `table` (`fields` empty: all). A timeout with items drawn
-    /// returns `Err(Timeout)` together with the partial batch.
-    pub fn sample(&self, table: &str, n: u32, fields: &[String], timeout: Option<Duration>, interrupt: Interrupt<'_>) -> Result<(RemoteSample, bool)> {
+    /// One batch request for `table` (`NotFound` for an unknown table).
+    fn sample_request(&self, table: &str, n: u32, fields: &[String], timeout: Option<Duration>) -> Result<pb::SampleRequest> {
         self.store_of(table)?;
-        let req = pb::SampleRequest {
+        Ok(pb::SampleRequest {
             table: table.to_string(),
             num_items: n,
             fields: fields.to_vec(),
             timeout_seconds: timeout.map_or(-1.0, |t| t.as_secs_f64()),
-        };
+        })
+    }
+
+    /// Draws `n` items from `table` (`fields` empty: all). A timeout with items drawn
+    /// returns `Err(Timeout)` together with the partial batch.
+    pub fn sample(&self, table: &str, n: u32, fields: &[String], timeout: Option<Duration>, interrupt: Interrupt<'_>) -> Result<(RemoteSample, bool)> {
+        let req = self.sample_request(table, n, fields, timeout)?;
         let mut guard = self.sampler.lock();
         if guard.is_none() {
             let (tx, rx) = mpsc::channel::<pb::SampleRequest>(4);
@@ -280,19 +285,13 @@ impl RemoteClient {
     /// requests outstanding, so the server draws and sends the next batches while the
     /// caller works on this one (flow control: never more than `max_in_flight` ahead).
     pub fn sampler(&self, table: &str, n: u32, fields: &[String], timeout: Option<Duration>, max_in_flight: u32) -> Result<RemoteSampler> {
-        self.store_of(table)?;
+        let request = self.sample_request(table, n, fields, timeout)?;
         if max_in_flight == 0 {
             return Err(Error::InvalidArgument("max_in_flight must be >= 1".into()));
         }
         let (tx, rx) = mpsc::channel::<pb::SampleRequest>(max_in_flight as usize);
         let mut stub = self.stub.clone();
         let responses = self.rt.block_on(stub.sample(Request::new(ReceiverStream::new(rx)))).map_err(from_status)?.into_inner();
-        let request = pb::SampleRequest {
-            table: table.to_string(),
-            num_items: n,
-            fields: fields.to_vec(),
-            timeout_seconds: timeout.map_or(-1.0, |t| t.as_secs_f64()),
-        };
         Ok(RemoteSampler { rt: self.rt.clone(), tx, rx: responses, request, in_flight: 0, max_in_flight })
     }
 

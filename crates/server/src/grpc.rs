@@ -88,11 +88,9 @@ impl Shared {
     }
 
     fn table(&self, name: &str) -> std::result::Result<&Table, Status> {
-        self.tables.iter().find(|t| t.name() == name).ok_or_else(|| {
-            let names: Vec<&str> = self.tables.iter().map(|t| t.name()).collect();
-            Status::not_found(format!("no table named '{name}'; this server has {names:?}"))
-        })
+        self.tables.as_slice().table(name)
     }
+
 }
 
 /// A running gRPC service; [`GrpcServer::stop`] (or dropping it) shuts it down.
@@ -114,9 +112,7 @@ pub fn is_loopback(address: &str) -> bool {
 impl GrpcServer {
     /// Serves `tables` at `address` (`host:port`; port 0 picks a free one).
     pub fn start(tables: Vec<Table>, address: &str, options: GrpcOptions) -> Result<GrpcServer> {
-        if tables.is_empty() {
-            return Err(Error::InvalidArgument("a server needs at least one table".into()));
-        }
+        let (stores, table_store) = crate::stores_of(&tables)?;
         if options.token.as_deref().is_some_and(str::is_empty) {
             return Err(Error::InvalidArgument("token must not be empty".into()));
         }
@@ -127,18 +123,6 @@ impl GrpcServer {
         }
         if options.max_message_bytes < 4096 || options.max_batch_items == 0 || options.max_concurrent_per_connection == 0 {
             return Err(Error::InvalidArgument("max_message_bytes must be >= 4096 and the other limits >= 1".into()));
-        }
-        let mut stores: Vec<Store> = Vec::new();
-        let mut table_store = Vec::new();
-        for (i, t) in tables.iter().enumerate() {
-            if tables[..i].iter().any(|u| u.name() == t.name()) {
-                return Err(Error::InvalidArgument(format!("two tables named '{}'; table names must be unique", t.name())));
-            }
-            let at = stores.iter().position(|s| s.same(t.store())).unwrap_or_else(|| {
-                stores.push(t.store().clone());
-                stores.len() - 1
-            });
-            table_store.push(at as u32);
         }
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -305,7 +289,10 @@ impl TableLookup for Shared {
 
 impl TableLookup for [Table] {
     fn table(&self, name: &str) -> std::result::Result<&Table, Status> {
-        self.iter().find(|t| t.name() == name).ok_or_else(|| Status::not_found(format!("no table named '{name}'")))
+        self.iter().find(|t| t.name() == name).ok_or_else(|| {
+            let names: Vec<&str> = self.iter().map(|t| t.name()).collect();
+            Status::not_found(format!("no table named '{name}'; this server has {names:?}"))
+        })
     }
 }
 

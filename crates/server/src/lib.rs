@@ -8,4 +8,28 @@ pub mod metrics;
 mod naming;
 
 pub use grpc::{GrpcOptions, GrpcServer};
+
+use reprise_core::error::{Error, Result};
+use reprise_core::{Store, Table};
+
+/// The distinct stores of the tables a server serves, and each table's index into
+/// them. Refuses no tables and duplicate table names.
+pub(crate) fn stores_of(tables: &[Table]) -> Result<(Vec<Store>, Vec<u32>)> {
+    if tables.is_empty() {
+        return Err(Error::InvalidArgument("a server needs at least one table".into()));
+    }
+    let mut stores: Vec<Store> = Vec::new();
+    let mut table_store = Vec::new();
+    for (i, t) in tables.iter().enumerate() {
+        if tables[..i].iter().any(|u| u.name() == t.name()) {
+            return Err(Error::InvalidArgument(format!("two tables named '{}'; table names must be unique", t.name())));
+        }
+        let at = stores.iter().position(|s| s.same(t.store())).unwrap_or_else(|| {
+            stores.push(t.store().clone());
+            stores.len() - 1
+        });
+        table_store.push(at as u32);
+    }
+    Ok((stores, table_store))
+}
 pub use local::LocalServer;

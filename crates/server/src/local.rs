@@ -60,23 +60,7 @@ impl LocalServer {
 
     /// [`LocalServer::start`] with a checkpointer for clients' CHECKPOINT requests.
     pub fn start_with(tables: Vec<Table>, name: Option<&str>, checkpoint: Option<Checkpointer>) -> Result<LocalServer> {
-        if tables.is_empty() {
-            return Err(Error::InvalidArgument("a server needs at least one table".into()));
-        }
-        for (i, t) in tables.iter().enumerate() {
-            if tables[..i].iter().any(|u| u.name() == t.name()) {
-                return Err(Error::InvalidArgument(format!("two tables named '{}'; table names must be unique", t.name())));
-            }
-        }
-        let mut stores: Vec<Store> = Vec::new();
-        let mut table_store = Vec::new();
-        for t in &tables {
-            let at = stores.iter().position(|s| s.same(t.store())).unwrap_or_else(|| {
-                stores.push(t.store().clone());
-                stores.len() - 1
-            });
-            table_store.push(at as u32);
-        }
+        let (stores, table_store) = crate::stores_of(&tables)?;
         let name = match name {
             Some(n) => n.to_string(),
             None => format!("reprise-{}-{}", std::process::id(), SERVER_COUNTER.fetch_add(1, Ordering::Relaxed)),
