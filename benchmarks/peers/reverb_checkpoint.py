@@ -31,7 +31,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -101,18 +100,8 @@ class Server(ServerProcess):
 
     def __init__(self, items: int, ckpt_dir: str) -> None:
         spec = {"table": x_table(TABLE, FLOATS, items), "checkpoint_dir": ckpt_dir}
-        # ServerProcess passes json.dumps(specs) through; our serve() reads this dict.
-        self.stop_timeout = 120
-        self.proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--serve", json.dumps(spec)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline()
-        if not line.startswith("READY "):
-            self.proc.kill()
-            raise RuntimeError(f"reverb server did not start: {line!r}")
-        _, port, secs = line.split()
-        self.address = f"localhost:{int(port)}"
-        self.construct_s = float(secs)
+        super().__init__(os.path.abspath(__file__), spec, stop_timeout=120)   # our serve() reads this dict
+        self.construct_s = float(self.extra[0])
 
 
 # --- client side ----------------------------------------------------------------------

@@ -11,8 +11,14 @@ table evicts FIFO and has a ``MinSize(1)`` rate limiter.
 from __future__ import annotations
 
 import json
-import subprocess
+import os
 import sys
+
+# The server-process wrapper is the one every remote benchmark uses (benchmarks/remote_common.py).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from remote_common import ServerProcess  # noqa: E402
+
+__all__ = ["ServerProcess", "serve", "x_table"]
 
 
 def x_table(name: str, floats: int, items: int) -> dict:
@@ -38,38 +44,3 @@ def serve(spec_json: str) -> None:
     print(f"READY {server.port}", flush=True)
     sys.stdin.read()  # the benchmark closes stdin (or dies): stop
     server.stop()
-
-
-class ServerProcess:
-    """``script --serve SPECS`` as a child process (``script`` calls :func:`serve`);
-    ``stop`` closes its stdin and waits up to ``stop_timeout`` s before killing it."""
-
-    def __init__(self, script: str, specs: list[dict], stop_timeout: float) -> None:
-        self.stop_timeout = stop_timeout
-        self.proc = subprocess.Popen(
-            [sys.executable, script, "--serve", json.dumps(specs)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline()
-        if not line.startswith("READY "):
-            self.proc.kill()
-            raise RuntimeError(f"reverb server did not start: {line!r}")
-        self.address = f"localhost:{int(line.split()[1])}"
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=self.stop_timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def rss_mib(self) -> float | None:
-        try:
-            with open(f"/proc/{self.proc.pid}/status") as f:
-                for line in f:
-                    if line.startswith("VmRSS:"):
-                        return int(line.split()[1]) / 1024
-        except OSError:
-            return None
-        return None
