@@ -1,5 +1,7 @@
 """The remote service: a real `reprise serve` process on loopback, and remote clients."""
 
+import os
+import re
 import shutil
 import signal
 import subprocess
@@ -169,14 +171,21 @@ def test_timeout_carries_the_partial_sample(served):
     assert e.value.partial is None
 
 
+TOKEN = "SeCrEt-Token"
+# Everything but the exact token: other cases, prefixes, extensions, padding, empty.
+WRONG_TOKENS = ["secret-token", "SECRET-TOKEN", "Secret-Token", "SeCrEt-TokeN", "SeCrEt", "SeCrEt-Token2",
+                " SeCrEt-Token", "SeCrEt-Token ", ""]
+
+
 def test_token_is_required_and_checked(tmp_path):
-    s = Served(tmp_path, extra='token = "s3cret"')
+    s = Served(tmp_path, extra=f'token = "{TOKEN}"')
     try:
         with pytest.raises(rp.errors.Unauthenticated, match="needs a token"):
             rp.Client(s.address)
-        with pytest.raises(rp.errors.Unauthenticated, match="wrong token"):
-            rp.Client(s.address, token="guess")
-        c = rp.Client(s.address, token="s3cret")
+        for wrong in WRONG_TOKENS:
+            with pytest.raises(rp.errors.Unauthenticated, match="wrong token"):
+                rp.Client(s.address, token=wrong)
+        c = rp.Client(s.address, token=TOKEN)
         write_episodes(c, episodes=1)
         assert c.info()["replay"]["size"] == 6
     finally:
@@ -309,14 +318,92 @@ def test_restart_with_checkpoint_dir(tmp_path):
         s.close()
 
 
-def test_client_api_matches_local_client(served):
-    """The remote client has the local client's methods."""
-    local_api = {m for m in dir(rp.Client) if not m.startswith("_")}
-    c = rp.Client(served.address)
-    for m in local_api:
-        assert hasattr(c, m), m
+def test_sigterm_finishes_inserts_in_flight_and_checkpoints_them(tmp_path):
+    """SIGTERM while a writer streams: every item whose flush was acknowledged is in
+    the exit checkpoint, whole; the writer gets a clear error, not a hang."""
+    import threading
+    s = Served(tmp_path, extra='checkpoint_dir = "ckpt"\ncheckpoint_on_exit = true')
+    acked, failure, streaming = [0], [], threading.Event()   # acked: items whose flush returned
+
+    def write():
+        try:
+            with rp.Client(s.address).writer("replay") as w:
+                step = made = 0
+                while True:
+                    for _ in range(50):
+                        w.append({"obs": np.full(3, step, np.float32), "action": step})
+                        if step % 1000:      # items never span two of the writer's episodes
+                            w.create_item("replay", 2, 1.0)
+                            made += 1
+                        step += 1
+                        if step % 1000 == 0:
+                            w.end_episode()
+                    w.flush(timeout=30)
+                    acked[0] = made
+                    streaming.set()
+        except rp.errors.RepriseError as e:
+            failure.append(e)
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    try:
+        assert streaming.wait(60), "the writer never got a flush acknowledged"
+        code, out, err = s.stop()
+        writer.join(60)
+        assert not writer.is_alive(), "the writer hung after the server stopped"
+        assert code == 0, err
+        assert len(failure) == 1 and re.search("shutting down|lost|unavailable|connect", str(failure[0]), re.I), failure
+        assert "reprise serve: checkpoint" in out
+        path = out.split("reprise serve: checkpoint ")[1].split()[0]
+        loaded = rp.checkpoint.load(path)
+        try:
+            t = loaded["replay"]
+            assert acked[0] > 0 and len(t) >= min(acked[0], 1000)          # max_size is 1000 (Fifo remover)
+            assert t.info()["num_inserts"] >= acked[0]                      # nothing acknowledged was lost
+            got = t.sample(len(t), timeout=0)
+            a = got.data["action"]
+            assert (got.lengths == 2).all() and (a[:, 1] == a[:, 0] + 1).all()   # whole items only
+            np.testing.assert_array_equal(got.data["obs"][:, :, 0], a.astype(np.float32))
+        finally:
+            for st in {id(x.store): x.store for x in loaded.values()}.values():
+                st.close()
+    finally:
+        s.close()
+
+
+def test_client_api_matches_local_client(tmp_path):
+    """Every public method of rp.Client answers the same through the local (shared
+    memory) and the remote (gRPC) transport of one server."""
+    store = rp.Store({"obs": rp.Field((3,), "float32"), "action": rp.Field((), "int64")}, capacity=1024, block_steps=16)
+    try:
+        t = rp.Table("replay", store, sampler=rp.selectors.Fifo(), max_size=500)
+        with rp.Server([t], address="127.0.0.1:0", checkpoint_dir=tmp_path / "ckpt") as server:
+            clients = {"local": rp.Client(server.local_address), "remote": rp.Client(server.address)}
+            seen = {}
+            for kind, c in clients.items():
+                t.reset()
+                start = t.info()
+                got = seen[kind] = {}
+                got["address"] = c.address == (server.local_address if kind == "local" else server.address)
+                got["tables"] = c.tables
+                got["writer"] = write_episodes(c, episodes=1) or len(t)
+                s = c.sample("replay", 3)
+                got["sample"] = (s.keys.tolist() == [min(s.keys)] * 3, s.data["action"].tolist())   # Fifo: oldest
+                got["iterate"] = [b.data["action"].tolist() for b in c.iterate("replay", 2, max_in_flight=1, num_batches=2)]
+                got["update_priorities"] = c.update_priorities("replay", s.keys, [2.0, 3.0, 4.0])
+                got["delete"] = c.delete("replay", s.keys[:2])
+                got["info"] = {k: c.info()["replay"][k] - start[k] for k in ("size", "num_inserts", "num_samples", "num_deletes")}
+                got["checkpoint"] = os.path.isdir(c.checkpoint())
+                got["reset"] = c.reset("replay") or len(t)
+                got["close"] = c.close()
+            public = {m for m in dir(rp.Client) if not m.startswith("_")}
+            assert set(seen["local"]) == public, "exercise every public method of rp.Client here"
+            for m in public:
+                assert seen["remote"][m] == seen["local"][m], m
+            assert seen["local"]["info"]["num_deletes"] == 1 and seen["local"]["checkpoint"]
+    finally:
+        store.close()
     assert "host:port" in rp.Client.__doc__
-    assert repr(c).startswith("Client(")
 
 
 def _pool_servers(n=2):
@@ -420,12 +507,49 @@ def test_prometheus_metrics():
         server.stop()
         with pytest.raises(rp.errors.InvalidArgument, match="metrics_address .* is not loopback: a token is required"):
             rp.Server([t], address="127.0.0.1:0", metrics_address="0.0.0.0:0")
-        server = rp.Server([t], address="127.0.0.1:0", token="tok", metrics_address="0.0.0.0:0")
+        server = rp.Server([t], address="127.0.0.1:0", token=TOKEN, metrics_address="0.0.0.0:0")
         port = server.metrics_address.rsplit(":", 1)[1]
         with pytest.raises(urllib.error.HTTPError) as e:
             _scrape(f"127.0.0.1:{port}")
         assert e.value.code == 401
-        assert "reprise_table_size" in _scrape(f"127.0.0.1:{port}", token="tok")
+        assert "reprise_table_size" in _scrape(f"127.0.0.1:{port}", token=TOKEN)
+        server.stop()
+    finally:
+        store.close()
+
+
+def _http_status(address, headers):
+    """The status of `GET /metrics` sent with exactly these header lines."""
+    import socket
+    with socket.create_connection(tuple(address.rsplit(":", 1)), timeout=10) as sock:
+        sock.sendall(("GET /metrics HTTP/1.1\r\nHost: x\r\n" + "".join(h + "\r\n" for h in headers) + "\r\n").encode())
+        reply = b""
+        while b"\r\n" not in reply:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            reply += chunk
+    return int(reply.split(b" ", 2)[1])
+
+
+@pytest.mark.parametrize("metrics_address", ["127.0.0.1:0", "0.0.0.0:0"])
+def test_metrics_refuse_every_token_but_the_exact_one(metrics_address):
+    """A server with a token checks it on the metrics endpoint too, whatever its address,
+    byte for byte (only the scheme word 'Bearer' is case-insensitive, as HTTP says)."""
+    store = rp.Store({"x": rp.Field((), "float32")}, capacity=64)
+    try:
+        server = rp.Server([rp.Table("t", store)], address="127.0.0.1:0", token=TOKEN, metrics_address=metrics_address)
+        address = "127.0.0.1:" + server.metrics_address.rsplit(":", 1)[1]
+        assert _http_status(address, [f"Authorization: Bearer {TOKEN}"]) == 200
+        assert _http_status(address, [f"authorization: bearer {TOKEN}"]) == 200
+        assert _http_status(address, [f"AUTHORIZATION:   BEARER {TOKEN}  "]) == 200   # optional whitespace
+        for wrong in WRONG_TOKENS:
+            if wrong != wrong.rstrip():
+                continue    # HTTP drops whitespace at the end of a header value: that is the exact token
+            assert _http_status(address, [f"Authorization: Bearer {wrong}"]) == 401, wrong
+        for header in [[], ["Authorization:"], [f"Authorization: {TOKEN}"], [f"Authorization: Basic {TOKEN}"],
+                       [f"Authorization: Bearer  {TOKEN}"], [f"X-Authorization: Bearer {TOKEN}"]]:
+            assert _http_status(address, header) == 401, header
         server.stop()
     finally:
         store.close()

@@ -35,7 +35,8 @@ class Server:
     call. ``tls_cert``/``tls_key`` (PEM files) serve TLS. ``max_message_bytes`` bounds
     every request and response, ``max_batch_items`` one sample. ``metrics_address``
     (``"host:port"``) serves Prometheus metrics at ``http://<metrics_address>/metrics``
-    (off loopback a scrape must send the token as a bearer token).
+    (with a ``token``, every scrape must send it as a bearer token; off loopback the
+    metrics endpoint needs a token).
     """
 
     def __init__(self, tables: Sequence[Table], address: str | None = None, token: str | None = None,

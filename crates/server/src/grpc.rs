@@ -164,14 +164,13 @@ impl GrpcServer {
                 .block_on(tokio::net::TcpListener::bind(m.as_str()))
                 .map_err(|e| Error::InvalidArgument(format!("cannot listen on metrics_address {m}: {e}")))?;
             metrics_address = Some(listener.local_addr().map_err(|e| Error::Io(e.to_string()))?);
-            let token = if is_loopback(m) { None } else { options.token.clone() };
-            runtime.spawn(metrics::serve(listener, metrics.clone(), token));
+            runtime.spawn(metrics::serve(listener, metrics.clone(), options.token.clone()));
         }
         let shared = Arc::new(Shared { tables, stores, table_store, options: options.clone(), stopping: AtomicBool::new(false), shutdown: tokio::sync::watch::channel(false).0, metrics });
         let service = ReplayServer::new(Service { shared: shared.clone() })
             .max_decoding_message_size(options.max_message_bytes)
             .max_encoding_message_size(options.max_message_bytes);
-        let token = options.token.clone().map(|t| format!("Bearer {t}"));
+        let token = options.token.clone();
         let service = tonic::service::interceptor::InterceptedService::new(service, move |req: Request<()>| {
             check_token(token.as_deref(), &req)?;
             Ok(req)
@@ -226,18 +225,10 @@ impl Drop for GrpcServer {
     }
 }
 
-/// Constant-time comparison of the `authorization` header with `expected`.
+/// Refuses a call whose `authorization` metadata is not the server's token ([`crate::auth`]).
 fn check_token(expected: Option<&str>, req: &Request<()>) -> std::result::Result<(), Status> {
-    let Some(expected) = expected else { return Ok(()) };
-    let got = req.metadata().get("authorization").map(|v| v.as_bytes()).unwrap_or(b"");
-    let same = got.len() == expected.len() && got.iter().zip(expected.as_bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0;
-    if same {
-        Ok(())
-    } else if got.is_empty() {
-        Err(Status::unauthenticated("this server needs a token: pass token=... (sent as 'authorization: Bearer <token>')"))
-    } else {
-        Err(Status::unauthenticated("wrong token"))
-    }
+    let header = req.metadata().get("authorization").map(|v| v.as_bytes());
+    crate::auth::check(expected, header).map_err(|r| Status::unauthenticated(r.message()))
 }
 
 struct Service {

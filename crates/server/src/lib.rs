@@ -2,6 +2,7 @@
 //! Unix socket; the clients write and read step data in place in shared memory.
 //! [`grpc`] serves them to any host over gRPC.
 
+pub mod auth;
 pub mod grpc;
 pub mod local;
 pub mod metrics;

@@ -73,7 +73,7 @@ impl Metrics {
 
 /// Answers `GET /metrics` on `listener` until the runtime stops. Requests are read up
 /// to 8 KiB; anything else gets 404, a malformed request 400. With `token`, a scrape
-/// must send `Authorization: Bearer <token>` (else 401).
+/// must send `Authorization: Bearer <token>` (else 401), checked by [`crate::auth::check`].
 pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, token: Option<String>) {
     loop {
         let Ok((mut conn, _)) = listener.accept().await else { continue };
@@ -95,12 +95,14 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, token: Option<S
             .await;
             let text = std::str::from_utf8(&buf[..len]).unwrap_or("");
             let line = text.lines().next().unwrap_or("");
-            let authorized = token.as_deref().is_none_or(|t| {
-                let want = format!("bearer {t}");
-                text.lines().any(|h| {
-                    h.split_once(':').is_some_and(|(k, v)| k.trim().eq_ignore_ascii_case("authorization") && v.trim().to_ascii_lowercase() == want.to_ascii_lowercase())
-                })
-            });
+            let authorization = text
+                .split("\r\n\r\n")
+                .next()
+                .unwrap_or("")
+                .lines()
+                .skip(1)
+                .find_map(|h| h.split_once(':').filter(|(k, _)| k.trim().eq_ignore_ascii_case("authorization")).map(|(_, v)| v.trim_matches([' ', '\t']).as_bytes()));
+            let authorized = crate::auth::check(token.as_deref(), authorization).is_ok();
             let (status, body, kind) = if read.is_err() || line.is_empty() {
                 ("400 Bad Request", b"bad request\n".to_vec(), "text/plain")
             } else if !authorized {
