@@ -1,6 +1,8 @@
 //! One error type for the core, mapped one to one onto `reprise.errors` in Python.
-
-use crate::sample::SampleBatch;
+//!
+//! This module is the bottom layer of the crate: it depends on no other module, so
+//! every module may return its errors. A sample cut short travels inside the error as
+//! a [`PartialSample`], whose contents the `sample` module (a layer above) defines.
 
 /// What a blocking call had already done when its deadline passed, so that nothing
 /// it took from or gave to a table is lost.
@@ -11,7 +13,18 @@ pub enum Partial {
     /// Keys of the items inserted before the deadline.
     Inserted(Vec<u64>),
     /// The items drawn before the deadline.
-    Sampled(Box<SampleBatch>),
+    Sampled(PartialSample),
+}
+
+/// The items a draw took before it was cut short: always a `sample::SampleBatch`
+/// (made only by `PartialSample::new`; read it with `batch`/`into_batch`). Held as
+/// `Any` so that this module need not depend on the sample layer above it.
+pub struct PartialSample(pub(crate) Box<dyn std::any::Any + Send>);
+
+impl std::fmt::Debug for PartialSample {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PartialSample")
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -10,22 +10,36 @@
 //! No networking lives here; the Python bindings, the local server and the gRPC
 //! service are thin layers over these types.
 
-pub mod blocks;
-mod bulk;
-pub mod columns;
+// Modules in layer order: each uses only modules above it (a DAG, checked by
+// reading the `use crate::` lines; keep it so when adding one).
+//   error          the error type (depends on nothing)
+//   wait           deadlines and interrupts of blocking calls
+//   signature      fields, dtypes, shapes
+//   item           row ranges, windows, items
+//   rate_limiter   the one limiter mechanism
+//   memory         mapped shared memory (raw memory lives here and in columns)
+//   selectors      samplers and removers
+//   columns        step data, column by column, over one mapping
+//   blocks         the block allocator and reference counts
+//   store          columns + allocator + the tables over them (as a trait)
+//   sample         drawn items holding their blocks; collecting rows
+//   table          tables (table/sampling, table/batch_insert, table/snapshot)
+//   writer         steps into leased blocks, items over recent steps
 pub mod error;
-pub mod item;
-pub(crate) mod memory;
-pub mod rate_limiter;
-pub mod sample;
-pub mod selectors;
-pub mod signature;
-pub mod snapshot;
-pub mod store;
-pub mod table;
 pub mod wait;
+pub mod signature;
+pub mod item;
+pub mod rate_limiter;
+pub(crate) mod memory;
+pub mod selectors;
+pub mod columns;
+pub mod blocks;
+pub mod store;
+pub mod sample;
+pub mod table;
 pub mod writer;
 
+pub use table::snapshot;
 pub use columns::Columns;
 pub use error::{Error, Result};
 pub use item::{RowRange, Window};

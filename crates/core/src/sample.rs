@@ -1,8 +1,24 @@
 //! Samples: what a table hands out, holding its rows until they are collected.
 
 use crate::columns::Columns;
+use crate::error::PartialSample;
 use crate::item::{for_each_block, Window};
 use crate::store::Store;
+
+impl PartialSample {
+    pub fn new(batch: SampleBatch) -> PartialSample {
+        PartialSample(Box::new(batch))
+    }
+
+    /// The items drawn.
+    pub fn batch(&self) -> &SampleBatch {
+        self.0.downcast_ref().expect("a PartialSample is made only from a SampleBatch")
+    }
+
+    pub fn into_batch(self) -> SampleBatch {
+        *self.0.downcast().expect("a PartialSample is made only from a SampleBatch")
+    }
+}
 
 /// One drawn item.
 #[derive(Clone, Debug)]

@@ -1,5 +1,21 @@
 //! Stores: the columns of step data ([`Columns`], in shared memory) plus the block
 //! allocator and the tables over them.
+//!
+//! # Lock order
+//! The engine's locks are taken in this order and never the other way, so no two
+//! threads can wait on each other:
+//!
+//! 1. `store.bulk`: the store's bulk cursor ([`Store::claim_rows`] holds it while it
+//!    leases blocks, which may evict);
+//! 2. `store.tables`: the list of tables over the store (held only to copy the list
+//!    or to register a name; eviction runs after it is released);
+//! 3. `table.state`: one table's index (`table::Shared::state`), held for index work
+//!    only, never while step data is copied; at most one table's at a time;
+//! 4. the block allocator's lock (`blocks::BlockAllocator`), taken innermost to
+//!    retain or release blocks, e.g. while a table removes an item.
+//!
+//! Condition variables wait on `table.state` alone. Step data is copied with no lock
+//! held: a block's rows belong to the one writer that leased it until it commits.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
@@ -13,13 +29,26 @@ use crate::item::RowRange;
 use crate::columns::Columns;
 use crate::memory::default_directory;
 use crate::signature::Signature;
-use crate::table::Shared as TableShared;
+
+/// What the store asks of each table over it when it must make room (see
+/// [`Store::lease_block`]). The table module implements it; the store holds its
+/// tables only as `Weak<dyn TableOverStore>`, so this module sits below `table`.
+pub(crate) trait TableOverStore: Send + Sync {
+    /// References that the table's items hold on `block`.
+    fn item_refs(&self, block: u32) -> u32;
+    /// False for tables made with `evict_when_store_full = false` (queues, stacks).
+    fn evicts_when_store_full(&self) -> bool;
+    /// Evicts every item that references `block`.
+    fn evict_block(&self, block: u32, store: &Store);
+    /// The table itself, for the table module to downcast.
+    fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync>;
+}
 
 pub(crate) struct StoreInner {
     columns: Columns,
     pub(crate) allocator: BlockAllocator,
     bulk: Mutex<Cursor>,
-    tables: Mutex<Vec<(String, Weak<TableShared>)>>,
+    tables: Mutex<Vec<(String, Weak<dyn TableOverStore>)>>,
 }
 
 /// A cheap handle to one store; clones share it.
@@ -158,7 +187,7 @@ impl Store {
         if let Ok(b) = alloc.lease() {
             return Ok(b);
         }
-        let tables: Vec<Arc<TableShared>> = self.inner.tables.lock().iter().filter_map(|(_, w)| w.upgrade()).collect();
+        let tables: Vec<Arc<dyn TableOverStore>> = self.inner.tables.lock().iter().filter_map(|(_, w)| w.upgrade()).collect();
         for _ in 0..alloc.num_blocks() {
             let Some(block) = alloc.oldest_leased() else { break };
             let mut item_refs = 0;
@@ -184,7 +213,7 @@ impl Store {
         Err(alloc.full_error())
     }
 
-    pub(crate) fn register_table(&self, name: &str, table: Weak<TableShared>) -> Result<()> {
+    pub(crate) fn register_table(&self, name: &str, table: Weak<dyn TableOverStore>) -> Result<()> {
         let mut tables = self.inner.tables.lock();
         tables.retain(|(_, w)| w.strong_count() > 0);
         if tables.iter().any(|(n, _)| n == name) {
@@ -194,7 +223,7 @@ impl Store {
         Ok(())
     }
 
-    pub(crate) fn find_table(&self, name: &str) -> Option<Arc<TableShared>> {
+    pub(crate) fn find_table(&self, name: &str) -> Option<Arc<dyn TableOverStore>> {
         self.inner.tables.lock().iter().find(|(n, _)| n == name).and_then(|(_, w)| w.upgrade())
     }
 

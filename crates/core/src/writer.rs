@@ -315,13 +315,12 @@ impl Writer<Store> {
 
     /// The table named `table` over this writer's store.
     pub fn table(&self, table: &str) -> Result<Table> {
-        let shared = self.source.find_table(table).ok_or_else(|| {
+        Table::find(&self.source, table).ok_or_else(|| {
             Error::NotFound(format!(
                 "no table named '{table}' over this writer's store; tables: {:?}",
                 self.source.table_names()
             ))
-        })?;
-        Ok(Table::from_shared(shared))
+        })
     }
 
     /// Like [`Writer::create_item`], naming a table over this writer's store.

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use super::*;
 use crate::item::RowRange;
-use crate::sample::Collect;
+use crate::sample::{Collect, SampleBatch};
+use crate::selectors::external::Candidate;
 use crate::signature::{DType, Field, Signature};
 use crate::writer::Writer;
 
@@ -136,7 +137,7 @@ fn sample_times_out_on_empty_table_and_counts_blocked_time() {
     match t.sample(2, Some(Duration::from_millis(30))) {
         Err(Error::Timeout { message, partial: Partial::Sampled(b) }) => {
             assert!(message.contains("'t'") && message.contains("0 of 2"), "{message}");
-            assert!(b.is_empty());
+            assert!(b.batch().is_empty());
         }
         other => panic!("expected a timeout, got {other:?}"),
     }
@@ -304,7 +305,7 @@ fn an_interrupt_check_stops_a_blocked_sample_with_its_partial_result() {
     let stop = || calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) >= 2;
     let wait = crate::Wait { timeout: None, interrupt: Some(&stop) };
     match t.sample(1, wait) {
-        Err(Error::Interrupted { partial: Partial::Sampled(b) }) => assert!(b.is_empty()),
+        Err(Error::Interrupted { partial: Partial::Sampled(b) }) => assert!(b.batch().is_empty()),
         other => panic!("expected an interruption, got {other:?}"),
     }
     assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 3);

@@ -5,7 +5,7 @@
 use crate::error::Result;
 use crate::invalid;
 use crate::item::{NewItem, RowRange, Window};
-use crate::table::Table;
+use super::Table;
 use crate::wait::Wait;
 
 /// The window covering virtual rows `[offset, offset + len)` of `runs` laid end to end.

@@ -20,7 +20,7 @@ use crate::item::{for_each_block, window_len, Item, RowRange, Window};
 use crate::rate_limiter::RateLimiter;
 use crate::selectors::Rng;
 use crate::store::Store;
-use crate::table::{Slot, State, Table, TableConfig};
+use super::{Slot, State, Table, TableConfig};
 
 /// One item of a snapshot.
 #[derive(Clone, Debug, PartialEq)]

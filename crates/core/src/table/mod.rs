@@ -20,10 +20,8 @@ use crate::error::{Error, Partial, Result};
 use crate::invalid;
 use crate::item::{check_priority, for_each_block, window_len, Item, NewItem};
 use crate::rate_limiter::{RateLimiter, RateLimiterConfig};
-use crate::sample::{SampleBatch, SampledItem};
-use crate::selectors::external::{Candidate, Change};
 use crate::selectors::{Pick, Prioritized, Rng, Selector, SelectorSpec};
-use crate::store::Store;
+use crate::store::{Store, TableOverStore};
 use crate::wait::Wait;
 
 #[derive(Clone, Debug)]
@@ -288,12 +286,15 @@ impl Table {
             insert_cv: Condvar::new(),
             sample_cv: Condvar::new(),
         });
-        store.register_table(&shared.config.name, Arc::downgrade(&shared))?;
+        let weak: std::sync::Weak<dyn TableOverStore> = Arc::downgrade(&shared) as _;
+        store.register_table(&shared.config.name, weak)?;
         Ok(Table { shared })
     }
 
-    pub(crate) fn from_shared(shared: Arc<Shared>) -> Table {
-        Table { shared }
+    /// The live table named `name` over `store`, if there is one.
+    pub(crate) fn find(store: &Store, name: &str) -> Option<Table> {
+        let shared = store.find_table(name)?.into_any().downcast::<Shared>().ok()?;
+        Some(Table { shared })
     }
 
     pub fn name(&self) -> &str {
@@ -446,154 +447,6 @@ impl Table {
         woke
     }
 
-    /// Draws `n` items (with replacement) by the sampler, waiting for the rate
-    /// limiter as needed. Each draw counts toward `max_times_sampled`; an item that
-    /// reaches it leaves the table at once, so the next draw of the same batch
-    /// cannot return it. When the deadline passes first, fails with `Timeout`
-    /// whose partial result holds the items drawn so far.
-    pub fn sample<'w>(&self, n: usize, wait: impl Into<Wait<'w>>) -> Result<SampleBatch> {
-        if self.shared.config.external_selection {
-            return Err(invalid!(
-                "table '{}' selects items on a device (selection_device): sample it through its Python Table",
-                self.name()
-            ));
-        }
-        let batch = SampleBatch::new(self.shared.store.clone(), 0);
-        self.sample_into(batch, n, wait.into()).map(|(batch, _)| batch)
-    }
-
-    /// External selection: draws up to `n` items in total into `batch` (which may
-    /// hold draws of earlier calls) from `candidates`, waiting for the rate limiter
-    /// as [`Table::sample`] does. Returns the batch and whether the candidates ran
-    /// out first (then the caller synchronises its mirror, picks again and calls
-    /// again with the same batch).
-    pub fn sample_candidates<'w>(
-        &self,
-        batch: Option<SampleBatch>,
-        n: usize,
-        wait: impl Into<Wait<'w>>,
-        candidates: &[Candidate],
-    ) -> Result<(SampleBatch, bool)> {
-        let sh = &*self.shared;
-        if !sh.config.external_selection {
-            return Err(invalid!("table '{}' selects on the host; candidates are only for external selection", self.name()));
-        }
-        let batch = batch.unwrap_or_else(|| SampleBatch::new(sh.store.clone(), 0));
-        if !batch.store().same(&sh.store) {
-            return Err(invalid!("table '{}': the sample being extended comes from another store", self.name()));
-        }
-        {
-            let mut st = sh.state.lock();
-            st.sampler.external().expect("external selection keeps an external sampler").set_candidates(candidates.iter().copied());
-        }
-        self.sample_into(batch, n, wait.into())
-    }
-
-    /// The slots whose items changed since the last call (external selection).
-    pub fn drain_changes(&self) -> Result<Vec<Change>> {
-        let mut st = self.shared.state.lock();
-        match st.sampler.external() {
-            Some(ext) => Ok(ext.drain_changes()),
-            None => Err(invalid!("table '{}' selects on the host; it has no external changes", self.name())),
-        }
-    }
-
-    fn sample_into(&self, mut batch: SampleBatch, n: usize, wait: Wait<'_>) -> Result<(SampleBatch, bool)> {
-        if n == 0 {
-            return Err(invalid!("table '{}': sample size must be >= 1, got 0", self.name()));
-        }
-        let sh = &*self.shared;
-        let deadline = wait.deadline();
-        let mut st = sh.state.lock();
-        while batch.len() < n {
-            let permits = if st.size == 0 { 0 } else { st.limiter.sample_permits((n - batch.len()) as u64, st.size) };
-            if permits == 0 {
-                let woke = self.wait(&mut st, &sh.sample_cv, deadline, &wait, false);
-                if let Woke::Interrupted = woke {
-                    return Err(Error::Interrupted { partial: Partial::Sampled(Box::new(batch)) });
-                }
-                if let Woke::TimedOut = woke {
-                    let message = format!(
-                        "table '{}': {} of {} samples were possible before the {} timeout (size {}, \
-                         min_size_to_sample {})",
-                        self.name(),
-                        batch.len(),
-                        n,
-                        wait.describe(),
-                        st.size,
-                        sh.config.rate_limiter.min_size_to_sample
-                    );
-                    return Err(Error::Timeout { message, partial: Partial::Sampled(Box::new(batch)) });
-                }
-                continue;
-            }
-            if batch.is_empty() {
-                batch.table_size = st.size;
-            }
-            let starved = self.draw(&mut st, permits as usize, &mut batch);
-            sh.insert_cv.notify_all();
-            if starved {
-                return Ok((batch, true));
-            }
-        }
-        Ok((batch, false))
-    }
-
-    /// Draws up to `count` items (fewer when the table empties). Returns true when
-    /// an external sampler's candidates ran out first.
-    fn draw(&self, st: &mut MutexGuard<'_, State>, count: usize, batch: &mut SampleBatch) -> bool {
-        let sh = &*self.shared;
-        let max_times = sh.config.max_times_sampled;
-        let mut picks = std::mem::take(&mut st.picks);
-        let mut left = count;
-        while left > 0 && st.size > 0 {
-            // Without max_times_sampled no draw can remove an item: one batch call.
-            let chunk = if max_times == 0 { left } else { 1 };
-            picks.clear();
-            let state = &mut **st;
-            state.sampler.sample(chunk, &mut state.rng, &mut picks);
-            // Items are read in pick order with the slot a few picks ahead already
-            // requested: random slots of a large table miss every cache, and a
-            // bounded distance keeps enough loads in flight without overflowing
-            // the core's miss buffers (prefetching a whole batch up front does).
-            const AHEAD: usize = 12;
-            for pick in picks.iter().take(AHEAD) {
-                crate::memory::prefetch(&st.slots[pick.slot as usize]);
-            }
-            for (i, pick) in picks.iter().enumerate() {
-                if let Some(next) = picks.get(i + AHEAD) {
-                    crate::memory::prefetch(&st.slots[next.slot as usize]);
-                }
-                let item = st.item(pick.slot);
-                item.times_sampled += 1;
-                let sampled = SampledItem {
-                    key: item.key,
-                    probability: pick.probability,
-                    priority: item.priority,
-                    times_sampled: item.times_sampled,
-                    length: item.length,
-                    window: item.window.clone(),
-                };
-                let exhausted = max_times > 0 && item.times_sampled >= max_times;
-                batch.push(sampled);
-                st.limiter.samples += 1;
-                st.num_samples += 1;
-                if exhausted {
-                    st.remove(pick.slot, &sh.store);
-                    st.num_evictions += 1;
-                }
-            }
-            let starved = picks.len() < chunk;
-            left -= picks.len();
-            if starved {
-                st.picks = picks;
-                return true;
-            }
-        }
-        st.picks = picks;
-        false
-    }
-
     /// Sets new priorities. Keys no longer in the table are skipped; returns how
     /// many were applied. Every priority is checked before any is applied.
     pub fn update_priorities(&self, keys: &[u64], priorities: &[f64]) -> Result<usize> {
@@ -685,19 +538,18 @@ impl Table {
     }
 }
 
-impl Shared {
-    /// References that this table's items hold on `block`.
-    pub(crate) fn item_refs(&self, block: u32) -> u32 {
+impl TableOverStore for Shared {
+    fn item_refs(&self, block: u32) -> u32 {
         let st = self.state.lock();
         st.block_items.get(block as usize).map_or(0, |v| v.len() as u32)
     }
 
-    pub(crate) fn evicts_when_store_full(&self) -> bool {
+    fn evicts_when_store_full(&self) -> bool {
         self.config.evict_when_store_full
     }
 
     /// Evicts every item that references `block` (store pressure).
-    pub(crate) fn evict_block(&self, block: u32, store: &Store) {
+    fn evict_block(&self, block: u32, store: &Store) {
         let mut st = self.state.lock();
         let Some(slots) = st.block_items.get(block as usize).cloned() else { return };
         let mut evicted = 0;
@@ -712,6 +564,10 @@ impl Shared {
         if evicted > 0 {
             self.insert_cv.notify_all();
         }
+    }
+
+    fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
+        self
     }
 }
 
@@ -734,6 +590,10 @@ impl Drop for Shared {
         release_all(self.state.get_mut(), &self.store);
     }
 }
+
+mod batch_insert;
+mod sampling;
+pub mod snapshot;
 
 #[cfg(test)]
 mod tests;
