@@ -229,11 +229,11 @@ def evicting_writer(address: str, started, steps: int, row: int):
 
 # --- processes that die while the server waits for them -------------------------------------------
 
-def blocked_sampler(address: str, ready):
-    """Samples one item from the (empty) queue "q" with no timeout: blocks in the server."""
+def blocked_sampler(address: str, table: str, ready):
+    """Samples one item from the (empty) queue ``table`` with no timeout: blocks in the server."""
     client = rp.Client(address)
     ready.set()
-    client.sample("q", 1)
+    client.sample(table, 1)
 
 
 def blocked_writer(address: str, steps: int, item_every: int):
@@ -263,15 +263,16 @@ def stop_without_socket(name: str, conn):
 
 def race_starts(prefix: str, attempts: int, racers: int, conn):
     """Starts ``racers`` servers at once under the name of a dead server (a socket file nobody
-    listens on), ``attempts`` times. Reports ``{"attempts", "double", "errors", "stop_hung"}``:
-    how often several started, the losers' errors other than InvalidArgument naming the name,
-    and whether stopping a winner hung. Exits with os._exit (a hung stop keeps a thread)."""
+    listens on), ``attempts`` times. Reports ``{"attempts", "winners", "errors", "serve_errors",
+    "stop_hung"}``: how many servers started in each attempt, the losers' errors other than
+    InvalidArgument naming the name, what went wrong when a client used the winner, and
+    whether stopping a winner hung. Exits with os._exit (a hung stop keeps a thread)."""
     import socket
     import threading
 
     store = rp.Store({"x": rp.Field((), "int64")}, capacity=64, block_steps=8)
     table = rp.Table("t", store)
-    report = {"attempts": 0, "double": 0, "errors": [], "stop_hung": False}
+    report = {"attempts": 0, "winners": [], "errors": [], "serve_errors": [], "stop_hung": False}
     for i in range(attempts):
         name = f"{prefix}-{i}"
         probe = rp.Server([table], name=name)  # learn the path; then leave a dead server's socket
@@ -297,11 +298,23 @@ def race_starts(prefix: str, attempts: int, racers: int, conn):
             t.join(10)
         report["attempts"] += 1
         servers = [r for r in results if isinstance(r, rp.Server)]
-        if len(servers) > 1:
-            report["double"] += 1
+        report["winners"].append(len(servers))
         for r in results:
             if not isinstance(r, rp.Server) and not (isinstance(r, rp.errors.InvalidArgument) and name in str(r)):
                 report["errors"].append(repr(r))
+        if len(servers) == 1:  # the winner serves: a client reaches it at the name's socket
+            try:
+                assert servers[0].local_address == f"unix://{path}", servers[0].local_address
+                inserts = table.info()["num_inserts"]
+                with rp.Client(f"unix://{path}") as client:
+                    assert client.tables == ["t"], client.tables
+                    with client.writer("t") as w:
+                        w.append({"x": i})
+                        w.create_item("t", num_steps=1, priority=1.0)
+                        w.flush(timeout=5.0)
+                    assert client.info()["t"]["num_inserts"] == inserts + 1
+            except Exception as e:  # noqa: BLE001 - reported
+                report["serve_errors"].append(f"attempt {i}: {e!r}")
         for srv in servers:
             t = threading.Thread(target=srv.stop, daemon=True)
             t.start()
@@ -309,7 +322,7 @@ def race_starts(prefix: str, attempts: int, racers: int, conn):
             report["stop_hung"] |= t.is_alive()
         if os.path.exists(path):
             os.unlink(path)
-        if report["stop_hung"] or (report["errors"] and report["attempts"] >= 10):
+        if report["stop_hung"] or ((report["errors"] or report["serve_errors"]) and report["attempts"] >= 10):
             break
     conn.send(report)
     conn.close()

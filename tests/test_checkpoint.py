@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -148,17 +149,21 @@ def test_manifest_version_and_garbage(tables, tmp_path):
 
 def test_load_takes_the_newest_valid_one(tables, tmp_path):
     _, t, q = tables
-    first = rp.checkpoint.save(tmp_path, [t, q])
-    t.insert(data(3, 1, 7000), 1.0)
-    second = rp.checkpoint.save(tmp_path, [t, q])
-    assert rp.checkpoint.checkpoints(tmp_path) == [second, first]
+    saved, items = [], []  # oldest first: each checkpoint and the table's items when it was taken
+    for i in range(3):
+        if i:
+            t.insert(data(3, 1, 7000 + 10 * i), 1.0)
+        saved.append(rp.checkpoint.save(tmp_path, [t, q]))
+        items.append(t.items())
+    assert len({tuple(x) for x in items}) == 3  # the three are told apart by their items
+    assert rp.checkpoint.checkpoints(tmp_path) == saved[::-1]
     loaded = rp.checkpoint.load(tmp_path)
-    assert loaded["replay"].items() == t.items()
+    assert loaded["replay"].items() == items[2]
     close_all(loaded)
-    (Path(second) / "store-0.col-1").write_bytes(b"x")
-    assert rp.checkpoint.latest(tmp_path) == first
+    (Path(saved[2]) / "store-0.col-1").write_bytes(b"x")
+    assert rp.checkpoint.latest(tmp_path) == saved[1]
     loaded = rp.checkpoint.load(tmp_path)
-    assert len(loaded["replay"]) == len(t) - 3 or loaded["replay"].info()["num_inserts"] < t.info()["num_inserts"]
+    assert loaded["replay"].items() == items[1], "not the newest valid checkpoint"
     close_all(loaded)
 
 
@@ -209,6 +214,88 @@ def test_saving_while_inserting_and_sampling(make_store, tmp_path):
         s = t2.sample(500)
         assert (s.data["obs"][:, 0, 0] == s.data["act"][:, 0]).all()
         assert t2.info()["size"] == len(t2.items())
+        close_all(loaded)
+
+
+def test_inserts_and_samples_go_on_while_a_save_is_half_written(make_store, tmp_path, monkeypatch):
+    """"Saving is online": a save of a 48 MB table is held half-way through writing its rows
+    (its index copied, its blocks pinned, its files half written) until other threads have
+    inserted and sampled. A save that kept them out for its duration fails at the deadline."""
+    sig = {"obs": rp.Field((1024,), "float32"), "act": rp.Field((), "int64")}
+
+    def items_of(n, t, start):  # obs[..., j] == act: any mix-up of rows shows
+        a = np.arange(start, start + n * t, dtype=np.int64).reshape(n, t)
+        return {"obs": np.repeat(a[..., None], 1024, axis=2).astype(np.float32), "act": a}
+
+    store = make_store(sig, capacity=1 << 14, block_steps=64)
+    t = rp.Table("t", store, sampler=S.Uniform(), remover=S.Fifo(), max_size=1000, seed=3)
+    for i in range(3):  # 192 items of 64 steps of 4 KB: 48 MB, written in two pieces
+        t.insert(items_of(64, 64, i * 4096), 1.0)
+    before = t.items()
+    need = 5  # inserts and samples each that must complete while the save is held
+    midway = threading.Event()
+    held, errors = [], []
+    done = {"inserted": 0, "sampled": 0}
+
+    class HeldHalfWay(rp.checkpoint._Progress):
+        """The save's progress: holds the save once half of its rows are written."""
+
+        def __init__(self, total, desc, enabled, unit="B"):
+            super().__init__(total, desc, False, unit)
+            self.total, self.written, self.desc = total, 0, desc
+
+        def update(self, n):
+            half = self.written < self.total / 2 <= self.written + n < self.total
+            self.written += n
+            if self.desc != "checkpoint" or not half:
+                return
+            held.append(self.written / self.total)
+            midway.set()
+            deadline = time.monotonic() + 20
+            while min(done.values()) < need and not errors and time.monotonic() < deadline:
+                time.sleep(0.002)
+            assert not errors, errors
+            assert min(done.values()) >= need, f"while the save was half-way, only {done} completed"
+
+    monkeypatch.setattr(rp.checkpoint, "_Progress", HeldHalfWay)
+
+    def insert(i):
+        t.insert(items_of(4, 2, 100_000 + 8 * i), 1.0, timeout=20)
+        done["inserted"] += 1
+
+    def sample(i):
+        s = t.sample(16, timeout=20)
+        assert (s.data["obs"][:, :, 7] == s.data["act"]).all(), "a sampled item's rows were torn"
+        done["sampled"] += 1
+
+    def work(op):
+        def run():
+            try:
+                if midway.wait(30):  # from when the save is half-way: after its index was copied
+                    for i in range(need):
+                        op(i)
+            except BaseException as e:  # noqa: BLE001 - reported in the main thread
+                errors.append(e)
+        return run
+
+    threads = [threading.Thread(target=work(insert)), threading.Thread(target=work(sample))]
+    for th in threads:
+        th.start()
+    try:
+        path = rp.checkpoint.save(tmp_path, t)
+    finally:
+        midway.set()
+        for th in threads:
+            th.join(30)
+    assert not errors, errors
+    assert len(held) == 1 and 0.5 <= held[0] < 1, held
+    assert t.info()["num_inserts"] == 192 + 4 * need and t.info()["num_samples"] == 16 * need
+    loaded = rp.checkpoint.load(path)
+    try:  # the checkpoint is the table as it was when the save began
+        assert loaded["t"].items() == before
+        s = loaded["t"].sample(64)
+        assert (s.data["obs"][:, :, 7] == s.data["act"]).all()
+    finally:
         close_all(loaded)
 
 

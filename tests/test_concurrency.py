@@ -1,5 +1,7 @@
-"""Several Python threads writing and sampling at once; the GIL is released while blocked."""
+"""Several Python threads writing and sampling at once; the GIL is released while blocked and
+while bulk copies run."""
 
+import ctypes
 import random
 import threading
 import time
@@ -268,27 +270,49 @@ def test_gil_is_released_while_an_insert_waits(scalar_store):
     assert q.sample(1, timeout=1.0).data["x"].tolist() == [[1]]
 
 
+def writer_is_busy(w):
+    """True while another thread is inside a call on writer ``w`` (it then refuses every
+    call, a read of ``episode_steps`` included, which changes nothing)."""
+    try:
+        w.episode_steps
+    except rp.errors.RepriseError as e:
+        assert "another thread" in str(e), e
+        return True
+    return False
+
+
+def wait_until(predicate, what, timeout=TIMEOUT):
+    """Polls ``predicate`` until it holds; fails naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"waited {timeout} s for {what}"
+        time.sleep(0.002)
+
+
 def test_gil_is_released_while_create_item_waits(scalar_store):
     q = rp.Table.queue("q", scalar_store, max_size=1)
     q.insert({"x": np.array([[0]])}, 1.0)
     done = threading.Event()
+    w = scalar_store.writer()
+    w.append({"x": 1})
 
     def writer():
-        with scalar_store.writer() as w:
-            w.append({"x": 1})
-            w.create_item(q, num_steps=1, priority=1.0, timeout=5.0)
+        w.create_item(q, num_steps=1, priority=1.0, timeout=TIMEOUT)
         done.set()
 
     thread = threading.Thread(target=writer)
-    start = time.monotonic()
     thread.start()
-    time.sleep(0.2)
-    assert not done.is_set()
-    # This thread runs Python (and takes the table lock) while the writer waits.
-    assert q.sample(1, timeout=1.0).data["x"].tolist() == [[0]]
-    thread.join(timeout=5)
-    assert done.is_set() and time.monotonic() - start < 4.0
-    assert q.sample(1, timeout=1.0).data["x"].tolist() == [[1]]
+    try:
+        # The writer is inside create_item, waiting for room in the full queue.
+        wait_until(lambda: writer_is_busy(w), "the writer thread to enter create_item")
+        assert not done.is_set() and q.info()["num_inserts"] == 1
+        # This thread runs Python (and takes the table lock) while the writer waits.
+        assert q.sample(1, timeout=TIMEOUT).data["x"].tolist() == [[0]]
+    finally:
+        thread.join(timeout=TIMEOUT)
+    assert done.is_set()
+    assert q.sample(1, timeout=TIMEOUT).data["x"].tolist() == [[1]]
+    w.close()
 
 
 def test_a_writer_busy_in_another_thread_refuses_calls(scalar_store):
@@ -296,12 +320,108 @@ def test_a_writer_busy_in_another_thread_refuses_calls(scalar_store):
     q.insert({"x": np.array([[0]])}, 1.0)
     w = scalar_store.writer()
     w.append({"x": 1})
-    thread = threading.Thread(target=lambda: w.create_item(q, num_steps=1, priority=1.0, timeout=5.0))
+    thread = threading.Thread(target=lambda: w.create_item(q, num_steps=1, priority=1.0, timeout=TIMEOUT))
     thread.start()
-    time.sleep(0.2)
-    with pytest.raises(rp.errors.RepriseError, match="another thread"):
-        w.append({"x": 2})
-    q.sample(1, timeout=1.0)
-    thread.join(timeout=5)
+    try:
+        wait_until(lambda: writer_is_busy(w), "the other thread to enter create_item")
+        # It is still waiting for room (the queue is full), so the writer is still its.
+        with pytest.raises(rp.errors.RepriseError, match="another thread"):
+            w.append({"x": 2})
+        assert thread.is_alive() and q.info()["num_inserts"] == 1, "create_item ended before the call was refused"
+        q.sample(1, timeout=TIMEOUT)
+    finally:
+        thread.join(timeout=TIMEOUT)
+    assert not thread.is_alive() and q.info()["num_inserts"] == 2
     w.append({"x": 2})  # free again
+    assert w.episode_steps == 2
     w.close()
+
+
+# --- the GIL is released while bulk copies run ---------------------------------------------------------
+#
+# A second Python thread can only run while the main thread has released the GIL. Each test
+# below has that thread look at the copy itself, through the store's shared memory: seeing a
+# copy half done (or changing its source while it runs) is only possible if the GIL was released
+# during the copy, whatever the timing. A copy that held the GIL would show nothing, and the
+# test fails at its deadline.
+
+
+def shared_rows(store, field):
+    """The rows of ``field`` in the store's shared memory: a writable view ``[capacity, ...]``
+    (valid while the store is open)."""
+    address, nbytes = store._native.memory()
+    memory = np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(address))
+    f = store.signature[field]
+    for name, offset, row_bytes in store._native.column_layout():
+        if name == field:
+            rows = memory[offset:offset + store.capacity * row_bytes]
+            return rows.view(f.dtype).reshape(store.capacity, *f.shape)
+    raise KeyError(field)
+
+
+def test_gil_is_released_while_an_insert_copies_its_rows(make_store):
+    """A second thread watching the store's memory sees a large insert half copied."""
+    steps, row = 1 << 14, 1024  # 64 MB: every row of the store
+    store = make_store({"x": rp.Field((row,), "float32")}, capacity=steps, block_steps=64)
+    t = rp.Table("t", store, max_size=steps)
+    rows = shared_rows(store, "x")
+    watched = np.linspace(0, steps - 1, 64).astype(np.int64)  # the first word of 64 rows
+    deadline = time.monotonic() + TIMEOUT
+    attempts, seen = 0, []
+    while not seen and time.monotonic() < deadline:
+        attempts += 1
+        marker = np.float32(attempts)
+        data = {"x": np.full((steps // 64, 64, row), marker, np.float32)}
+        copying, done = threading.Event(), threading.Event()
+
+        def watch():
+            copying.wait(TIMEOUT)
+            while not done.is_set():
+                written = int((rows[watched, 0] == marker).sum())  # a small read: holds the GIL
+                if 0 < written < len(watched):
+                    seen.append(written)  # the copy is under way while this thread runs
+                    return
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        t.reset()
+        copying.set()
+        t.insert(data, 1.0)
+        done.set()
+        watcher.join(TIMEOUT)
+        assert (rows[watched, 0] == marker).all(), "the insert did not write every row of the store"
+    assert seen, f"no other thread ran during any of {attempts} inserts of 64 MB: the copy holds the GIL"
+
+
+def test_gil_is_released_while_a_sample_copies_its_rows(make_store):
+    """A second thread stamping an item's first row while a large sample copies that item
+    again and again: the copies carry several stamps."""
+    steps, row = 16, 1024  # a 64 KB item
+    store = make_store({"x": rp.Field((row,), "float32")}, capacity=1024, block_steps=16)
+    t = rp.Table("t", store, sampler=rp.selectors.Uniform(), max_size=10, seed=0)
+    t.insert({"x": np.full((1, steps, row), -1.0, np.float32)}, 1.0)
+    rows = shared_rows(store, "x")
+    stamp_at = int(np.flatnonzero(rows[:, 0] == -1.0)[0])  # the item's first row
+    deadline = time.monotonic() + TIMEOUT
+    attempts, stamps = 0, 1
+    while stamps == 1 and time.monotonic() < deadline:
+        attempts += 1
+        stop = threading.Event()
+
+        def stamp():
+            k = 1.0
+            while not stop.is_set():
+                rows[stamp_at, 0] = k  # one scalar write: holds the GIL
+                k += 1.0
+
+        stamper = threading.Thread(target=stamp)
+        stamper.start()
+        try:
+            s = t.sample(2048)  # 128 MB of copies of the one item
+        finally:
+            stop.set()
+            stamper.join(TIMEOUT)
+        x = s.data["x"]
+        assert x.shape == (2048, steps, row)
+        stamps = len(np.unique(x[:, 0, 0]))
+    assert stamps > 1, f"no other thread ran during any of {attempts} samples of 128 MB: the copy holds the GIL"

@@ -4,6 +4,8 @@ Chi-square statistics are compared with the 0.1% critical values (scipy is not a
 dependency), so a correct selector fails one of these with probability ~0.001 per
 seed; the seeds are fixed, so the outcome is reproducible."""
 
+from statistics import NormalDist
+
 import numpy as np
 import pytest
 from conftest import insert_scalars
@@ -29,11 +31,11 @@ def assert_fits(counts, probabilities):
 
 
 def counts_by_key(keys, drawn):
-    index = {int(k): i for i, k in enumerate(keys)}
-    counts = np.zeros(len(keys), dtype=np.int64)
-    for k in drawn:
-        counts[index[int(k)]] += 1
-    return counts
+    keys, drawn = np.asarray(keys), np.asarray(drawn)
+    order = np.argsort(keys)
+    at = np.minimum(np.searchsorted(keys[order], drawn), len(keys) - 1)
+    assert (keys[order][at] == drawn).all(), "a drawn key that is not among the items"
+    return np.bincount(order[at], minlength=len(keys))
 
 
 def weights(priorities, exponent):
@@ -84,6 +86,54 @@ def test_uniform_remover_evicts_each_position_equally_often(scalar_store):
         (gone,) = set(keys) - {k for k, *_ in t.items()}
         counts[keys.index(gone)] += 1
     assert_fits(counts, np.full(5, 0.2))
+
+
+# A +10% bias on one of 10 items is nearly invisible to the chi-square tests above (at 20k draws
+# its non-centrality is ~16 against a 0.1% critical value of 27.9: power ~0.4). The test below
+# looks at each item alone with 10x the draws: the largest per-item |z| of the counts against
+# Binomial(N, 1/10), at a family-wise 0.1% level (Bonferroni over the items). At N = 200k such
+# a bias moves its item's z by ~13, far past the 3.89 threshold (simulated power > 0.999; a
+# correct sampler fails with probability ~0.001); the negative control shows the statistic
+# rejecting numpy draws that carry exactly that bias.
+
+BIAS_ITEMS, BIAS_DRAWS = 10, 200_000
+Z_999 = NormalDist().inv_cdf(1 - 0.001 / (2 * BIAS_ITEMS))
+
+
+def max_abs_z(counts, probabilities):
+    """The largest |z| of per-item counts against their binomial expectations."""
+    counts = np.asarray(counts, dtype=np.float64)
+    p = np.broadcast_to(np.asarray(probabilities, dtype=np.float64), counts.shape)
+    n = counts.sum()
+    return float(np.max(np.abs(counts - n * p) / np.sqrt(n * p * (1 - p))))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("history", ["fresh", "after deletes"])
+def test_uniform_frequencies_show_no_bias_on_any_single_item(scalar_store, seed, history):
+    t = table(scalar_store, rp.selectors.Uniform(), seed=seed)
+    if history == "fresh":
+        keys = insert_scalars(t, range(BIAS_ITEMS))
+    else:  # deletes move items between slots; newer items fill the freed ones
+        old = insert_scalars(t, range(15))
+        t.delete(old[::3])
+        new = insert_scalars(t, range(100, 105))
+        t.delete(old[1::3])
+        keys = np.concatenate([old[2::3], new])
+    assert sorted(k for k, *_ in t.items()) == sorted(keys.tolist())
+    drawn = np.concatenate([t.sample(BIAS_DRAWS // 4).keys for _ in range(4)])
+    z = max_abs_z(counts_by_key(keys, drawn), 1 / BIAS_ITEMS)
+    assert z < Z_999, f"an item's count is {z:.2f} standard deviations off 1/{BIAS_ITEMS} (threshold {Z_999:.2f})"
+
+
+@pytest.mark.parametrize("biased", range(BIAS_ITEMS))
+def test_single_item_statistic_rejects_a_ten_percent_bias(biased):
+    """Negative control: draws where one item weighs 1.1 fail the test above."""
+    w = np.ones(BIAS_ITEMS)
+    w[biased] = 1.1
+    drawn = np.random.default_rng(1000 + biased).choice(BIAS_ITEMS, size=BIAS_DRAWS, p=w / w.sum())
+    z = max_abs_z(np.bincount(drawn, minlength=BIAS_ITEMS), 1 / BIAS_ITEMS)
+    assert z >= Z_999, f"a +10% bias on item {biased} went unseen: max |z| {z:.2f} < {Z_999:.2f}"
 
 
 # --- Prioritized ------------------------------------------------------------------------------------
