@@ -200,7 +200,8 @@ def test_smoke_learns_and_survives_killed_actor_and_learner(tmp_path):
 
 def test_atari_observations_network_and_items():
     """`--env ALE/...`: 4 stacked 84x84 grey frames, the Nature CNN, items over uint8 steps."""
-    pytest.importorskip("ale_py")
+    pytest.importorskip("ale_py", reason="needs ale-py (with its bundled ROMs), which the test extra installs")
+    pytest.importorskip("cv2", reason="gymnasium's AtariPreprocessing needs OpenCV (opencv-python-headless, in the test extra)")
     spec = apex.env_spec("ALE/Pong-v5")
     assert spec["obs_shape"] == (4, 84, 84) and spec["obs_dtype"] == "uint8" and spec["num_actions"] == 6
     net = apex.make_network(spec, 64)

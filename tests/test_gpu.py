@@ -99,19 +99,74 @@ def test_cuda_sample_equals_host_sample(backend, make_store):
         assert not host(g.data["obs"][i, g.lengths[i]:]).any()
 
 
-def test_rows_are_held_until_the_gather_finished_then_released(backend, make_store):
-    store = make_store(SIG, capacity=256, block_steps=4)
-    t = rp.Table("t", store, max_size=200, seed=0)
+def item_steps(table, episodes, length=7, lengths=(1, 3)):
+    """``{key: step numbers}`` of the items ``fill`` made (``table.items()`` is in insertion order)."""
+    spans = []
+    for j in range(episodes * length):
+        spans += [range(j - n + 1, j + 1) for n in lengths if j % length + 1 >= n]
+    keys = [k for k, *_ in table.items()]
+    assert len(keys) == len(spans)
+    return dict(zip(keys, spans))
+
+
+def assert_holds_items(s, spans):
+    """Every row of ``s`` holds, field by field, the steps its item was made over, zero past its end."""
+    for r, key in enumerate(s.keys):
+        steps = spans[int(key)]
+        assert s.lengths[r] == len(steps)
+        for name in SIG:
+            got = host(s.data[name])[r]
+            want = np.stack([step(j)[name] for j in steps])
+            np.testing.assert_array_equal(got[: len(steps)], want, err_msg=f"item {key}, field {name}")
+            assert not got[len(steps):].any()
+
+
+def overwrite_free_blocks(store, first):
+    """Writes ``2 * capacity`` one-step episodes (values from ``step(first)`` on):
+    every block a writer can take is overwritten, and only those."""
+    written = 0
+    with store.writer() as w:
+        for i in range(2 * store.capacity):
+            try:
+                w.append(step(first + i))
+            except rp.errors.ResourceExhausted:
+                break
+            written += 1
+            w.end_episode()
+    return written
+
+
+def test_rows_are_held_until_the_gather_finished_then_released(backend, make_store, monkeypatch):
+    """Between the draw and the gather's reads the sampled items are evicted and
+    writers overwrite every block they can take (the gather ran late), and again
+    after the sample returned: the gathered values are still those of the sampled
+    items, and once the gather has finished every block is free again."""
+    store = make_store(SIG, capacity=64, block_steps=4)
+    t = rp.Table("t", store, max_size=60, seed=0)
     fill(store, [t], episodes=2)
-    before = [store._native.block_refcount(b) for b in range(store.num_blocks)]
-    s = t.sample(32, device="cuda")
+    spans = item_steps(t, episodes=2)
+    gather = torch.index_select
+    late = {}
+
+    def late_gather(*args, **kwargs):
+        if not late:  # the first field's gather: the sample is drawn, none of its rows read yet
+            t.reset()
+            late["held"] = [b for b in range(store.num_blocks) if store._native.block_refcount(b) > 0]
+            late["written"] = overwrite_free_blocks(store, 10_000)
+        return gather(*args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(torch, "index_select", late_gather)
+        s = t.sample(32, device="cuda")
+    assert late, "the gather did not go through torch.index_select: this test no longer delays it"
+    assert late["held"], "no block was held by the sample in flight"
+    assert late["written"] == 2 * store.capacity
+    assert t.size == 0
+    overwrite_free_blocks(store, 20_000)  # the gather may still run on the device (CUDA): its rows are held
+    assert_holds_items(s, spans)
     assert wait_released(10)
-    after = [store._native.block_refcount(b) for b in range(store.num_blocks)]
-    assert after == before
-    # Evicting the sampled items does not disturb data already collected.
-    t.reset()
-    expected = np.concatenate([[k] for k in host(s.data["act"])[:, 0]])
-    assert len(expected) == 32
+    assert [store._native.block_refcount(b) for b in range(store.num_blocks)] == [0] * store.num_blocks
+    assert store.free_blocks == store.num_blocks
 
 
 def test_bad_device_and_fields(backend, make_store):
@@ -146,12 +201,13 @@ def test_cuda_without_a_device_is_a_clear_error(make_store):
 # --- device stores -------------------------------------------------------------------
 
 def test_device_store_round_trip(backend):
-    dev = "cuda"
-    store = rp.Store(SIG, capacity=256, block_steps=4, device=dev)
+    store = rp.Store(SIG, capacity=256, block_steps=4, device="cuda")
     try:
-        assert store.device.startswith("cuda") or backend == "emulated"
+        dev = rt.resolve("cuda")  # emulated: the CPU
+        assert store.device == str(dev) and dev.type == ("cuda" if backend == "cuda" else "cpu")
+        assert all(v.device == dev for v in store._device_columns.views.values())
         t = rp.Table("t", store, sampler=rp.selectors.Fifo(), max_size=100)
-        target = "cuda" if backend == "cuda" else "cpu"
+        target = dev.type
         with store.writer() as w:
             for i in range(5):
                 w.append({k: torch.from_numpy(np.asarray(v)).to(target) for k, v in step(i).items()})
@@ -169,13 +225,23 @@ def test_device_store_round_trip(backend):
                 for k in SIG}
         keys = t.insert(data, priorities=[1, 2, 3, 4])
         assert len(keys) == 4
-        items = {k: i for i, k in enumerate(keys)}
         t2 = rp.Table("all", store, sampler=rp.selectors.Lifo(), max_size=100)
         t2.insert(data, priorities=1.0)
         s = t2.sample(1, device="cuda")
+        assert all(v.device == dev for v in s.data.values())
         np.testing.assert_array_equal(host(s.data["act"]), [[109, 110, 111]])
         np.testing.assert_allclose(host(s.data["obs"]), host(data["obs"][3:4]))
-        assert items
+        # Each returned key names its own item: the j-th window of the batch, with the j-th priority.
+        new = [int(k) for k in keys]
+        old = [k for k, *_ in t.items() if k not in new]
+        assert len(old) == 3 and t.delete(old) == 3
+        for j, key in enumerate(new):  # Fifo: the oldest left is the next inserted
+            s = t.sample(1, device="cuda")
+            assert int(s.keys[0]) == key and s.priorities[0] == j + 1 and s.lengths[0] == 3
+            for k in SIG:
+                np.testing.assert_array_equal(host(s.data[k])[0], host(data[k][j]), err_msg=f"item {j}, field {k}")
+            assert t.delete([key]) == 1
+        assert t.size == 0
     finally:
         store.close()
 
@@ -389,19 +455,55 @@ def test_sum_tree_matches_prefix_sums(backend):
         np.testing.assert_array_equal(host(tree.find(u)), host(ref.find(u)))
 
 
-@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
-def test_dlpack_export(make_store):
-    rt.emulate_cuda(False)
+def dlpack_sample(make_store):
     store = make_store(SIG, capacity=64, block_steps=4)
     t = rp.Table("t", store, max_size=60, seed=0)
     fill(store, [t], episodes=1)
-    s = t.sample(8, device="cuda")
-    x = s.data["obs"]
-    y = torch.from_dlpack(x.__dlpack__())
-    assert y.data_ptr() == x.data_ptr()
-    cupy = pytest.importorskip("cupy")
-    c = cupy.from_dlpack(x)
-    np.testing.assert_array_equal(cupy.asnumpy(c), host(x))
+    return t.sample(8, device="cuda")
+
+
+def test_dlpack_export_to_torch(backend, make_store):
+    s = dlpack_sample(make_store)
+    for k, x in s.data.items():
+        y = torch.from_dlpack(x.__dlpack__())
+        assert y.data_ptr() == x.data_ptr() and y.dtype == x.dtype and y.device == x.device, k
+        assert torch.equal(y, x), k
+
+
+def test_dlpack_export_to_jax(backend, make_store):
+    """Every field's tensor (64-bit ones too) becomes a JAX array over the same memory."""
+    jax = pytest.importorskip("jax", reason="JAX is not installed (not in the test extra: jax[cpu] is about "
+                                             "125 MB); pip install jax to run this test")
+    import jax.dlpack
+    platform = "gpu" if backend == "cuda" else "cpu"
+    try:
+        jax.devices(platform)
+    except RuntimeError:
+        pytest.skip(f"this JAX has no {platform} backend (for CUDA: pip install 'jax[cuda12]')")
+    s = dlpack_sample(make_store)
+    try:
+        x64 = jax.enable_x64
+    except AttributeError:  # older JAX
+        from jax.experimental import enable_x64 as x64
+    with x64(True):  # JAX would otherwise copy 64-bit data into 32-bit arrays
+        for k, x in s.data.items():
+            j = jax.dlpack.from_dlpack(x)
+            assert {d.platform for d in j.devices()} == {platform}, k
+            assert j.shape == tuple(x.shape) and str(j.dtype) == SIG[k].dtype, k
+            assert j.unsafe_buffer_pointer() == x.data_ptr(), f"field {k} was copied"
+            np.testing.assert_array_equal(np.asarray(j), host(x), err_msg=k)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="CuPy exports need a CUDA device (cupy is a CUDA-only package)")
+def test_dlpack_export_to_cupy(make_store):
+    rt.emulate_cuda(False)
+    cupy = pytest.importorskip("cupy", reason="cupy is not installed (a CUDA-only package, not in the test extra): "
+                                              "pip install cupy-cuda12x to run this test")
+    s = dlpack_sample(make_store)
+    for k, x in s.data.items():
+        c = cupy.from_dlpack(x)
+        assert c.data.ptr == x.data_ptr(), f"field {k} was copied"
+        np.testing.assert_array_equal(cupy.asnumpy(c), host(x), err_msg=k)
 
 
 def test_device_store_inserts_pack_blocks(backend):
