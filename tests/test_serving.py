@@ -154,10 +154,11 @@ def sigkill(p):
     assert p.exitcode == -signal.SIGKILL
 
 
-# A raw connection speaking the control protocol (crates/client/src/protocol.rs), to act
+# A raw connection speaking the local protocol (crates/wire/src/local.rs), to act
 # as a client that reads sampled rows slowly or sends what the real client never would.
 HELLO, LEASE, RELEASE, CREATE, SAMPLE, SAMPLE_DONE, INFO = 1, 2, 3, 4, 5, 6, 9
 HELLO_OK, LEASED, CREATED, SAMPLED, INFO_OK, ERROR = 129, 130, 131, 132, 134, 136
+PROTOCOL_VERSION = 2   # reprise_wire::local::VERSION
 ERROR_CODES = {1: "InvalidArgument", 2: "NotFound", 3: "Timeout", 4: "ResourceExhausted", 5: "Corrupt", 6: "Io"}
 
 
@@ -189,7 +190,7 @@ class Raw:
         return self.recv()
 
     def hello(self):
-        kind, _ = self.call(HELLO, struct.pack("<I", 1))
+        kind, _ = self.call(HELLO, struct.pack("<I", PROTOCOL_VERSION))
         assert kind == HELLO_OK
 
     def lease(self, store=0):

@@ -1,5 +1,5 @@
 //! Compiles proto/reprise/v1/replay.proto (with protox: no protoc needed) into the
-//! gRPC client and server code of `reprise_client::pb`.
+//! gRPC client and server code of `reprise_wire::pb`.
 fn main() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../proto");
     println!("cargo:rerun-if-changed={}", root.join("reprise/v1/replay.proto").display());

@@ -1,10 +1,8 @@
-"""Clients of a replay server: on the same host (shared memory) or remote (gRPC)."""
+"""Clients of a replay server: local (same host, shared memory) or remote (gRPC)."""
 
 from __future__ import annotations
 
 import os
-
-import numpy as np
 
 from . import _native
 from ._convert import as_int
@@ -34,14 +32,6 @@ class Client:
             raise InvalidArgument(f"address must be a str ('unix:///...' or 'host:port'), got {type(address).__name__}")
         self._address = address
         self._host_views: dict = {}
-        self._signatures: dict = {}
-        self._remote = not address.startswith("unix://")
-        if not self._remote:
-            if token is not None or tls or tls_ca is not None:
-                raise InvalidArgument("token/tls are for remote 'host:port' addresses; local clients are "
-                                      "authenticated by the socket's permissions")
-            self._native = _native.Client(address)
-            return
         ca = None
         if tls_ca is not None:
             try:
@@ -49,7 +39,8 @@ class Client:
                     ca = f.read()
             except OSError as e:
                 raise InvalidArgument(f"tls_ca {tls_ca!r}: cannot read the CA certificate ({e.strerror})") from None
-        self._native = _native.RemoteClient(address, token, bool(tls), ca, tls_domain, connect_timeout)
+        self._native = _native.Client(address, token, bool(tls), ca, tls_domain, connect_timeout)
+        self._local = self._native.is_local
 
     @property
     def address(self) -> str:
@@ -74,13 +65,15 @@ class Client:
                device: str | None = None) -> Sample:
         """Draws n items from ``table`` (as ``Table.sample``)."""
         n = as_int("n", n)
-        if self._remote:
-            return self._sample_remote(table, n, timeout, fields, device)
+        fields = None if fields is None else list(fields)
         if is_host_device(device):
             return self._native.sample(table, n, timeout, fields)
         from .torch import resolve
-        from .torch.collect import collect_rows
         dev = resolve(device)
+        if not self._local:
+            return _on_device(lambda: self._native.sample(table, n, timeout, fields), dev)
+        # Local: the GPU gathers the rows straight from the shared-memory store.
+        from .torch.collect import collect_rows
         columns = self._columns_for(table, dev)
         if fields is not None:
             for f in fields:
@@ -95,41 +88,6 @@ class Client:
             raise
         return collect_rows(rows, columns, fields)
 
-    def _sample_remote(self, table, n, timeout, fields, device) -> Sample:
-        """A remote draw: the server gathers the rows, they arrive in one message."""
-        dev = self._device(device)
-        d = self._native.sample(table, n, timeout, None if fields is None else list(fields))
-        return self._to_sample(table, d, n, timeout, dev)
-
-    @staticmethod
-    def _device(device):
-        if is_host_device(device):
-            return None
-        from .torch import resolve
-        return resolve(device)
-
-    def _to_sample(self, table, d, n, timeout, dev) -> Sample:
-        """A ``Sample`` from a remote answer; ``Timeout`` (with the partial) when cut short."""
-        signature = self._signatures.get(table)
-        if signature is None:
-            signature = {name: (tuple(shape), dtype) for name, shape, dtype in self._native.fields(table)}
-            self._signatures[table] = signature
-        count, t = len(d["keys"]), d["max_length"]
-        data = {}
-        for name, column in zip(d["fields"], d["columns"]):
-            shape, dtype = signature[name]
-            data[name] = np.frombuffer(column, dtype=dtype).reshape((count, t, *shape))
-        if dev is not None:
-            import torch
-            data = {k: torch.from_numpy(v).to(dev) for k, v in data.items()}
-        s = Sample(keys=d["keys"], probabilities=d["probabilities"], priorities=d["priorities"],
-                   times_sampled=d["times_sampled"], table_size=d["table_size"], lengths=d["lengths"], data=data)
-        if d["partial"]:
-            err = Timeout(f"sample from '{table}' timed out after {timeout} s with {count} of {n} items drawn")
-            err.partial = s if count else None
-            raise err
-        return s
-
     def iterate(self, table: str, batch_size: int, max_in_flight: int = 2, timeout: float | None = None,
                 fields: list[str] | None = None, num_batches: int | None = None, device=None):
         """Yields ``sample(table, batch_size, timeout, fields, device)`` results for ever,
@@ -141,24 +99,25 @@ class Client:
         max_in_flight = as_int("max_in_flight", max_in_flight, 1)
         if num_batches is not None:
             num_batches = as_int("num_batches", num_batches, 0)
+        fields = None if fields is None else list(fields)
+        dev = None
+        if not is_host_device(device):
+            from .torch import resolve
+            dev = resolve(device)
         count = 0
-        if not self._remote:
+        if self._local and dev is not None:   # the zero-copy GPU path, batch by batch
             while num_batches is None or count < num_batches:
                 yield self.sample(table, batch_size, timeout, fields, device)
                 count += 1
             return
-        dev = self._device(device)
-        sampler = self._native.sampler(table, batch_size, timeout, None if fields is None else list(fields),
-                                       max_in_flight)
+        sampler = self._native.sampler(table, batch_size, timeout, fields, max_in_flight)
         while num_batches is None or count < num_batches:
-            yield self._to_sample(table, sampler.next(), batch_size, timeout, dev)
+            yield sampler.next() if dev is None else _on_device(sampler.next, dev)
             count += 1
 
     def _columns_for(self, table: str, device):
         """The server's shared-memory columns of ``table``'s store, registered for
-        ``device`` once per store."""
-        if self._remote:
-            raise InvalidArgument("a remote client has no shared-memory columns")
+        ``device`` once per store (local clients)."""
         (address, nbytes), layout, capacity, fields = self._native.store_memory(table)
         key = (address, device)
         views = self._host_views.get(key)
@@ -195,8 +154,7 @@ class Client:
         if self._host_views:
             from .torch.columns import close_all
             close_all(self._host_views)
-        if not self._remote:
-            self._native.close()
+        self._native.close()
 
     def __enter__(self):
         return self
@@ -207,3 +165,20 @@ class Client:
 
     def __repr__(self):
         return f"Client({self._address!r}, tables={self.tables})"
+
+
+def _on_device(draw, dev) -> Sample:
+    """A remote draw moved onto ``dev`` (a cut-short draw's partial too): remote rows
+    arrive in host memory."""
+    import torch
+
+    def move(s):
+        s.data = {k: torch.from_numpy(v).to(dev) for k, v in s.data.items()}
+        return s
+
+    try:
+        return move(draw())
+    except Timeout as e:
+        if e.partial is not None:
+            move(e.partial)
+        raise

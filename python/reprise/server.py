@@ -115,11 +115,11 @@ class Server:
             return server.checkpoint()
 
         checkpoint = None if self._checkpoint_dir is None else checkpointer
-        self._native = _native.Server([t._native for t in tables], name, checkpoint)
-        self._grpc = None
+        self._native = _native.LocalServer([t._native for t in tables], name, checkpoint)
+        self._remote = None
         if address is not None:
             try:
-                self._grpc = _native.GrpcServer([t._native for t in tables], address, token,
+                self._remote = _native.RemoteServer([t._native for t in tables], address, token,
                                                 None if tls is None else tls[0], None if tls is None else tls[1],
                                                 as_int("max_message_bytes", max_message_bytes, 4096),
                                                 as_int("max_batch_items", max_batch_items, 1), 64, checkpoint,
@@ -137,12 +137,12 @@ class Server:
     def address(self) -> str | None:
         """``host:port`` of the remote (gRPC) service (the port chosen when 0 was
         given); None without ``address=``."""
-        return None if self._grpc is None else self._grpc.address
+        return None if self._remote is None else self._remote.address
 
     @property
     def metrics_address(self) -> str | None:
         """``host:port`` of the Prometheus endpoint (``GET /metrics``), or None."""
-        return None if self._grpc is None else self._grpc.metrics_address
+        return None if self._remote is None else self._remote.metrics_address
 
     @property
     def name(self) -> str:
@@ -164,8 +164,8 @@ class Server:
         """Stops the remote service (calls in progress get up to ``grace`` seconds to
         finish; blocked waits give up), then closes every local client connection
         (releasing what they held) and removes the socket."""
-        if self._grpc is not None:
-            self._grpc.stop(grace)
+        if self._remote is not None:
+            self._remote.stop(grace)
         self._native.stop()
 
     def __enter__(self):
@@ -176,5 +176,5 @@ class Server:
         return False
 
     def __repr__(self):
-        remote = "" if self._grpc is None else f", address={self.address!r}"
+        remote = "" if self._remote is None else f", address={self.address!r}"
         return f"Server({self.name!r}, local_address={self.local_address!r}{remote}, tables={[t.name for t in self._tables]})"

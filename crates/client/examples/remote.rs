@@ -6,7 +6,7 @@
 //! Steps are raw little-endian rows, one column per field in signature order
 //! (`RemoteClient::row_bytes`); here every field is filled with the step number's bytes.
 
-use reprise_client::{RemoteClient, RemoteOptions};
+use reprise_client::{RemoteClient, RemoteOptions, ReplayClient, StepWriter};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
@@ -33,8 +33,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("inserted {} items", keys.len());
 
     // A learner: sample, then update the sampled items' priorities.
-    let (sample, _) = client.sample(&table, 8, &[], Some(std::time::Duration::from_secs(5)), None)?;
-    let r = &sample.response;
+    let drawn = client.sample(&table, 8, &[], Some(std::time::Duration::from_secs(5)), None)?;
+    let r = &drawn.sample.response;
     println!("sampled keys {:?}, lengths {:?}, {} bytes of '{}'", r.keys, r.lengths, r.columns[0].len(), r.fields[0]);
     let updated = client.update_priorities(&table, &r.keys, &vec![0.5; r.keys.len()])?;
     println!("updated {updated} priorities; table size {}", client.info()?.iter().find(|i| i.name == table).map_or(0, |i| i.size));

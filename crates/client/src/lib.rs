@@ -1,13 +1,141 @@
-//! Reprise clients. [`local`] attaches to a replay server on the same host:
-//! steps are written and sampled rows read in place in the store's shared
-//! memory; only control records cross the Unix socket ([`protocol`]).
-//! [`remote`] talks to a server on any host over gRPC ([`pb`]).
+//! Reprise clients: one interface, two transports.
+//!
+//! - [`local`]: a client on the same host as the server. Its writers lease blocks and
+//!   write steps in place in the store's shared memory; samples are row windows read in
+//!   place. Only small control records cross the Unix socket
+//!   ([`reprise_wire::local`]).
+//! - [`remote`]: a client of a server on any host, over gRPC ([`reprise_wire::pb`]).
+//!
+//! Both implement [`ReplayClient`] and their writers [`StepWriter`], with the same
+//! signatures, the same errors ([`reprise_wire::codes`]) and one partial-result type,
+//! [`Drawn`]. An operation is added to the trait, then to each transport.
 
 pub mod local;
-pub mod pb;
-pub mod protocol;
 pub mod remote;
-pub mod status;
 
-pub use local::{ClientSample, ClientWriter, LocalClient};
-pub use remote::{RemoteClient, RemoteOptions, RemoteSampler, RemoteWriter};
+use std::time::Duration;
+
+use reprise_core::error::{Error, Result};
+use reprise_core::{Signature, TableInfo};
+
+pub use local::{LocalClient, LocalSample, LocalWriter};
+pub use remote::{RemoteClient, RemoteOptions, RemoteSample, RemoteSampler, RemoteWriter};
+pub use reprise_wire::pb;
+
+/// Checked while a call waits (every [`POLL`]): true gives up with
+/// `Error::Interrupted` (Ctrl-C in Python).
+pub type Interrupt<'a> = Option<&'a (dyn Fn() -> bool + Sync)>;
+
+/// How often a waiting call checks its [`Interrupt`].
+pub const POLL: Duration = reprise_core::wait::Wait::POLL;
+
+/// What a draw returns: the items drawn, and the error that stopped it before `n`
+/// (`Error::Timeout` or `Error::Interrupted`) when one did. A cut-short draw keeps
+/// what it took from the table (a queue's items are not lost).
+pub struct Drawn<S> {
+    pub sample: S,
+    pub cut_short: Option<Error>,
+}
+
+/// One connection to a replay server, whichever transport carries it. Thread-safe:
+/// calls from several threads share the connection; each writer has its own.
+pub trait ReplayClient: Send + Sync {
+    type Writer: StepWriter;
+    type Sample: Send;
+    type Sampler: Sampler<Sample = Self::Sample>;
+
+    /// The tables the server serves, in its order.
+    fn table_names(&self) -> Vec<String>;
+
+    /// The signature of the store that `table` lives in.
+    fn signature(&self, table: &str) -> Result<Signature>;
+
+    /// A writer, on its own connection or stream, into the store of `table`
+    /// (default: the first table's). Items may go to any table over that store.
+    fn writer(&self, table: Option<&str>, max_sequence_length: Option<u64>) -> Result<Self::Writer>;
+
+    /// Draws `n` items from `table`, with the fields in `fields` (empty: all),
+    /// waiting up to `timeout` for the rate limiter.
+    fn sample(&self, table: &str, n: u32, fields: &[String], timeout: Option<Duration>, interrupt: Interrupt<'_>) -> Result<Drawn<Self::Sample>>;
+
+    /// Draws batches of `n` one after another, up to `max_in_flight` requested ahead
+    /// where the transport can pipeline them.
+    fn sampler(&self, table: &str, n: u32, fields: &[String], timeout: Option<Duration>, max_in_flight: u32) -> Result<Self::Sampler>;
+
+    /// Sets priorities by key; keys no longer present are skipped. Returns how many applied.
+    fn update_priorities(&self, table: &str, keys: &[u64], priorities: &[f64]) -> Result<u64>;
+
+    /// Removes items by key; keys no longer present are skipped. Returns how many.
+    fn delete(&self, table: &str, keys: &[u64]) -> Result<u64>;
+
+    /// Removes every item of `table`.
+    fn reset(&self, table: &str) -> Result<()>;
+
+    /// Every table's counters, in the server's order.
+    fn info(&self) -> Result<Vec<TableInfo>>;
+
+    /// Asks the server to write a checkpoint into its checkpoint directory; returns its path.
+    fn checkpoint(&self) -> Result<String>;
+
+    /// Closes this client's connection. Writers keep theirs; samples taken stay valid.
+    fn close(&self);
+}
+
+/// Appends steps and creates items over recent steps, committing in batches.
+/// `create_item(s)` queue; [`StepWriter::flush`] returns once every queued item is
+/// in its table. A writer that is dropped or whose client dies commits nothing
+/// partial: an item is in its table whole or not at all.
+pub trait StepWriter: Send {
+    /// Appends one step: `columns[i]` holds one row of field i.
+    fn append(&mut self, columns: &[&[u8]]) -> Result<()> {
+        self.extend(columns, 1)
+    }
+
+    /// Appends `steps` steps: `columns[i]` holds `steps` rows of field i.
+    fn extend(&mut self, columns: &[&[u8]], steps: usize) -> Result<()>;
+
+    /// Queues an item over the last `num_steps` steps for `table`.
+    fn create_item(&mut self, table: &str, num_steps: u64, priority: f64) -> Result<()>;
+
+    /// Queues one item per priority over `num_steps` steps ending at each of the last
+    /// `priorities.len()` steps, oldest first (one item per step of an `extend`).
+    fn create_items(&mut self, table: &str, num_steps: u64, priorities: &[f64]) -> Result<()>;
+
+    /// Ends the episode: items never span episodes.
+    fn end_episode(&mut self) -> Result<()>;
+
+    /// Steps appended since the episode began.
+    fn episode_steps(&self) -> u64;
+
+    /// Sends what is queued and waits until the server has put every item in its
+    /// table; returns the keys of the items committed since the last flush.
+    fn flush(&mut self, timeout: Option<Duration>, interrupt: Interrupt<'_>) -> Result<Vec<u64>>;
+
+    /// Flushes, ends the episode and gives back the writer's blocks. Idempotent.
+    fn close(&mut self) -> Result<()>;
+}
+
+/// Batches drawn one after another with the same arguments.
+pub trait Sampler: Send {
+    type Sample;
+
+    /// The next batch. Batches already requested were drawn before any priority
+    /// update made after their request.
+    fn next(&mut self, interrupt: Interrupt<'_>) -> Result<Drawn<Self::Sample>>;
+}
+
+/// The sample size `n`, checked against the most either transport carries.
+fn check_sample_size(n: u32, max: u32) -> Result<()> {
+    if n == 0 || n > max {
+        return Err(Error::InvalidArgument(format!("sample size must be between 1 and {max}, got {n}")));
+    }
+    Ok(())
+}
+
+/// Checks that `keys` and `priorities` pair up.
+fn check_priority_pairs(keys: &[u64], priorities: &[f64]) -> Result<()> {
+    if keys.len() != priorities.len() {
+        return Err(Error::InvalidArgument(format!("{} keys but {} priorities; expected one per key", keys.len(), priorities.len())));
+    }
+    Ok(())
+}

@@ -1,11 +1,12 @@
-//! Same-host clients of a replay server.
+//! Local clients: a replay server on the same host.
 //!
 //! A client connects to the server's Unix socket, learns its stores (shared-memory
-//! files, signatures) and tables, and maps the stores itself. A [`ClientWriter`]
-//! leases blocks from the server, appends steps straight into them, and commits
-//! items in batches of small records; a [`ClientSample`] carries the row windows
-//! the server selected, and the client copies the rows out of shared memory
-//! itself. The server holds the sampled blocks until the client says it is done.
+//! files, signatures) and tables, and maps the stores itself. A [`LocalWriter`]
+//! leases blocks from the server ([`LeasedBlocks`]), appends steps straight into
+//! them, and commits items in batches of small records; a [`LocalSample`] carries
+//! the row windows the server selected, and the client copies the rows out of
+//! shared memory itself. The server holds the sampled blocks until the client says
+//! it is done.
 //!
 //! Each writer has its own connection, so its pipelined commits never wait behind
 //! another thread's sample. If the client dies, the server releases everything
@@ -23,8 +24,10 @@ use reprise_core::error::{Error, Result};
 use reprise_core::item::check_priority;
 use reprise_core::signature::{DType, Field, Signature};
 use reprise_core::{Collect, Columns, SampledItem, TableInfo, Window, Writer};
+use reprise_wire::codes::from_local_code;
+use reprise_wire::local::{self as p, Frame, Reader};
 
-use crate::protocol::{self as p, Frame, Reader};
+use crate::{check_priority_pairs, check_sample_size, Drawn, Interrupt, ReplayClient, Sampler, StepWriter, POLL};
 
 /// Items per commit message.
 const BATCH: u32 = 256;
@@ -43,9 +46,6 @@ pub struct ServerInfo {
     pub tables: Vec<TableRef>,
 }
 
-/// Checked while waiting for a reply; true means "give up" (Ctrl-C).
-pub type Interrupt<'a> = Option<&'a (dyn Fn() -> bool + Sync)>;
-
 /// Waits until a reply can be read, the deadline passes (`Timeout`) or the
 /// interrupt check fires. An interrupted connection is shut down: its reply would
 /// arrive later and confuse the next call, and the server, seeing the client go,
@@ -56,7 +56,7 @@ fn wait_readable(stream: &UnixStream, deadline: Option<Instant>, interrupt: Inte
         return Ok(());
     }
     loop {
-        let mut slice = if interrupt.is_some() { 50 } else { i32::MAX };
+        let mut slice = if interrupt.is_some() { POLL.as_millis() as i32 } else { i32::MAX };
         if let Some(d) = deadline {
             let left = d.saturating_duration_since(Instant::now()).as_millis().min(i32::MAX as u128) as i32;
             slice = slice.min(left);
@@ -91,7 +91,7 @@ fn reply(stream: &mut UnixStream) -> Result<(u8, Vec<u8>)> {
     let (kind, body) = p::read_frame(stream)?;
     if kind == p::ERROR {
         let mut r = Reader::new(&body);
-        return Err(p::error_from(r.u8()?, r.str()?));
+        return Err(from_local_code(r.u8()?, r.str()?));
     }
     Ok((kind, body))
 }
@@ -175,18 +175,8 @@ impl LocalClient {
         Ok(LocalClient { shared: Arc::new(Shared { path: path.to_path_buf(), info, stream: Mutex::new(stream) }) })
     }
 
-    /// Closes this client's connection (writers have their own). Later calls on
-    /// it fail; samples already taken stay valid.
-    pub fn close(&self) {
-        let _ = self.shared.stream.lock().shutdown(std::net::Shutdown::Both);
-    }
-
     pub fn server_pid(&self) -> u32 {
         self.shared.info.pid
-    }
-
-    pub fn table_names(&self) -> Vec<String> {
-        self.shared.info.tables.iter().map(|t| t.name.clone()).collect()
     }
 
     /// The columns of the store that `table` (or the first table) lives in.
@@ -199,13 +189,45 @@ impl LocalClient {
         Ok(self.shared.info.stores[store as usize].clone())
     }
 
-    /// A writer (on its own connection) into the store of `table` (default: the
-    /// first table's store). Items can go to any table over that store.
-    pub fn writer(&self, table: Option<&str>, max_sequence_length: Option<u64>) -> Result<ClientWriter> {
+    fn keyed(&self, kind: u8, table: &str, keys: &[u64], priorities: Option<&[f64]>) -> Result<u64> {
+        let t = self.shared.table(table)?;
+        if keys.len() > p::MAX_ITEMS as usize {
+            return Err(Error::InvalidArgument(format!("at most {} keys per call, got {}", p::MAX_ITEMS, keys.len())));
+        }
+        let mut f = Frame::new(kind);
+        f.u32(t).u32(keys.len() as u32);
+        keys.iter().for_each(|&k| {
+            f.u64(k);
+        });
+        priorities.unwrap_or(&[]).iter().for_each(|&x| {
+            f.f64(x);
+        });
+        let (kind, body) = self.shared.call(f)?;
+        if kind != p::COUNT {
+            return Err(unexpected(kind));
+        }
+        Reader::new(&body).u64()
+    }
+}
+
+impl ReplayClient for LocalClient {
+    type Writer = LocalWriter;
+    type Sample = LocalSample;
+    type Sampler = LocalSampler;
+
+    fn table_names(&self) -> Vec<String> {
+        self.shared.info.tables.iter().map(|t| t.name.clone()).collect()
+    }
+
+    fn signature(&self, table: &str) -> Result<Signature> {
+        Ok(self.columns(Some(table))?.signature().clone())
+    }
+
+    fn writer(&self, table: Option<&str>, max_sequence_length: Option<u64>) -> Result<LocalWriter> {
         let columns = self.columns(table)?;
         let store = self.shared.info.stores.iter().position(|c| Arc::ptr_eq(c, &columns)).expect("store is listed") as u32;
         let (stream, info) = hello(&self.shared.path)?;
-        let blocks = RemoteBlocks {
+        let blocks = LeasedBlocks {
             stream,
             columns,
             store,
@@ -213,19 +235,20 @@ impl LocalClient {
             pending: None,
             pending_items: 0,
             inflight: VecDeque::new(),
+            keys: Vec::new(),
             failed: None,
         };
-        Ok(ClientWriter { writer: Writer::new(blocks, max_sequence_length)?, info: Arc::new(info) })
+        Ok(LocalWriter { writer: Writer::new(blocks, max_sequence_length)?, info: Arc::new(info) })
     }
 
-    /// Draws `n` items. When the deadline passes after some were drawn, returns
-    /// them together with the `Timeout` error. While the server waits, `interrupt`
-    /// is checked every 50 ms; when it fires the connection is closed.
-    pub fn sample(&self, table: &str, n: u32, timeout: Option<Duration>, interrupt: Interrupt<'_>) -> Result<(ClientSample, Option<Error>)> {
+    /// The server draws; the rows stay where they are until the sample is collected.
+    /// While the server waits, `interrupt` is checked every [`POLL`]; when it fires
+    /// the connection is closed (the server then releases what the draw held).
+    fn sample(&self, table: &str, n: u32, fields: &[String], timeout: Option<Duration>, interrupt: Interrupt<'_>) -> Result<Drawn<LocalSample>> {
         let t = self.shared.table(table)?;
-        if n == 0 || n > p::MAX_ITEMS {
-            return Err(Error::InvalidArgument(format!("sample size must be between 1 and {}, got {n}", p::MAX_ITEMS)));
-        }
+        check_sample_size(n, p::MAX_ITEMS)?;
+        let columns = self.shared.info.stores[self.shared.info.tables[t as usize].store as usize].clone();
+        let fields = columns.signature().select(fields)?;
         let mut f = Frame::new(p::SAMPLE);
         f.u32(t).u32(n).i64(p::timeout_to_wire(timeout));
         let (kind, body) = call(&mut self.shared.stream.lock(), f, interrupt)?;
@@ -250,7 +273,6 @@ impl LocalClient {
             });
         }
         r.done()?;
-        let columns = self.shared.info.stores[self.shared.info.tables[t as usize].store as usize].clone();
         for item in &items {
             let len: u64 = item.window.ranges().iter().map(|r| r.len as u64).sum();
             let inside = item.window.ranges().iter().all(|r| r.start + r.len as u64 <= columns.capacity());
@@ -258,45 +280,33 @@ impl LocalClient {
                 return Err(Error::Corrupt(format!("sampled item {} has rows outside the store", item.key)));
             }
         }
-        let sample = ClientSample { items, table_size, id, columns, client: self.shared.clone() };
-        let error = (status != 0).then(|| Error::Timeout { message, partial: Default::default() });
-        Ok((sample, error))
+        let sample = LocalSample { items, table_size, id, columns, fields, client: self.shared.clone() };
+        let cut_short = (status != 0).then(|| Error::Timeout { message, partial: Default::default() });
+        Ok(Drawn { sample, cut_short })
     }
 
-    fn keyed(&self, kind: u8, table: &str, keys: &[u64], priorities: Option<&[f64]>) -> Result<u64> {
-        let t = self.shared.table(table)?;
-        if keys.len() > p::MAX_ITEMS as usize {
-            return Err(Error::InvalidArgument(format!("at most {} keys per call, got {}", p::MAX_ITEMS, keys.len())));
+    /// One draw after another: the server holds at most one draw per connection in
+    /// flight, so `max_in_flight` is accepted and draws are not pipelined.
+    fn sampler(&self, table: &str, n: u32, fields: &[String], timeout: Option<Duration>, max_in_flight: u32) -> Result<LocalSampler> {
+        self.shared.table(table)?;
+        check_sample_size(n, p::MAX_ITEMS)?;
+        if max_in_flight == 0 {
+            return Err(Error::InvalidArgument("max_in_flight must be >= 1".into()));
         }
-        let mut f = Frame::new(kind);
-        f.u32(t).u32(keys.len() as u32);
-        keys.iter().for_each(|&k| {
-            f.u64(k);
-        });
-        priorities.unwrap_or(&[]).iter().for_each(|&x| {
-            f.f64(x);
-        });
-        let (kind, body) = self.shared.call(f)?;
-        if kind != p::COUNT {
-            return Err(unexpected(kind));
-        }
-        Reader::new(&body).u64()
+        self.signature(table)?.select(fields)?;
+        Ok(LocalSampler { client: self.clone(), table: table.to_string(), n, fields: fields.to_vec(), timeout })
     }
 
-    /// Sets priorities by key; returns how many keys were still present.
-    pub fn update_priorities(&self, table: &str, keys: &[u64], priorities: &[f64]) -> Result<u64> {
-        if keys.len() != priorities.len() {
-            return Err(Error::InvalidArgument(format!("{} keys but {} priorities; expected one per key", keys.len(), priorities.len())));
-        }
+    fn update_priorities(&self, table: &str, keys: &[u64], priorities: &[f64]) -> Result<u64> {
+        check_priority_pairs(keys, priorities)?;
         self.keyed(p::UPDATE, table, keys, Some(priorities))
     }
 
-    /// Removes items by key; returns how many were still present.
-    pub fn delete(&self, table: &str, keys: &[u64]) -> Result<u64> {
+    fn delete(&self, table: &str, keys: &[u64]) -> Result<u64> {
         self.keyed(p::DELETE, table, keys, None)
     }
 
-    pub fn reset(&self, table: &str) -> Result<()> {
+    fn reset(&self, table: &str) -> Result<()> {
         let mut f = Frame::new(p::RESET);
         f.u32(self.shared.table(table)?);
         match self.shared.call(f)? {
@@ -305,8 +315,7 @@ impl LocalClient {
         }
     }
 
-    /// Asks the server to write a checkpoint of its tables; returns its path.
-    pub fn checkpoint(&self) -> Result<String> {
+    fn checkpoint(&self) -> Result<String> {
         let (kind, body) = self.shared.call(Frame::new(p::CHECKPOINT))?;
         if kind != p::CHECKPOINTED {
             return Err(unexpected(kind));
@@ -317,7 +326,7 @@ impl LocalClient {
         Ok(path)
     }
 
-    pub fn info(&self) -> Result<Vec<TableInfo>> {
+    fn info(&self) -> Result<Vec<TableInfo>> {
         let (kind, body) = self.shared.call(Frame::new(p::INFO))?;
         if kind != p::INFO_OK {
             return Err(unexpected(kind));
@@ -328,19 +337,49 @@ impl LocalClient {
         r.done()?;
         Ok(infos)
     }
+
+    /// Later calls on this client fail; samples already taken stay valid.
+    fn close(&self) {
+        let _ = self.shared.stream.lock().shutdown(std::net::Shutdown::Both);
+    }
+}
+
+/// Draws of a local client, one after another.
+pub struct LocalSampler {
+    client: LocalClient,
+    table: String,
+    n: u32,
+    fields: Vec<String>,
+    timeout: Option<Duration>,
+}
+
+impl Sampler for LocalSampler {
+    type Sample = LocalSample;
+
+    fn next(&mut self, interrupt: Interrupt<'_>) -> Result<Drawn<LocalSample>> {
+        self.client.sample(&self.table, self.n, &self.fields, self.timeout, interrupt)
+    }
 }
 
 /// Items drawn by the server; their rows are read in place from shared memory.
 /// The server keeps them from being reused until this is dropped.
-pub struct ClientSample {
+pub struct LocalSample {
     items: Vec<SampledItem>,
     table_size: u64,
     id: u64,
     columns: Arc<Columns>,
+    fields: Vec<usize>,
     client: Arc<Shared>,
 }
 
-impl Collect for ClientSample {
+impl LocalSample {
+    /// The columns the draw asked for, in the order asked.
+    pub fn fields(&self) -> &[usize] {
+        &self.fields
+    }
+}
+
+impl Collect for LocalSample {
     fn items(&self) -> &[SampledItem] {
         &self.items
     }
@@ -352,7 +391,7 @@ impl Collect for ClientSample {
     }
 }
 
-impl Drop for ClientSample {
+impl Drop for LocalSample {
     fn drop(&mut self) {
         let mut f = Frame::new(p::SAMPLE_DONE);
         f.u64(self.id);
@@ -361,8 +400,8 @@ impl Drop for ClientSample {
     }
 }
 
-/// Blocks leased from the server over the writer's own connection.
-pub struct RemoteBlocks {
+/// Blocks leased from the local server over the writer's own connection.
+pub struct LeasedBlocks {
     stream: UnixStream,
     columns: Arc<Columns>,
     store: u32,
@@ -372,11 +411,13 @@ pub struct RemoteBlocks {
     pending_items: u32,
     /// Items in each commit message still awaiting its reply.
     inflight: VecDeque<u32>,
+    /// Keys of the items committed since the last flush.
+    keys: Vec<u64>,
     /// The first error a pipelined message came back with, raised at the next call.
     failed: Option<Error>,
 }
 
-impl RemoteBlocks {
+impl LeasedBlocks {
     fn fail(&mut self, e: Error) {
         self.failed.get_or_insert(e);
     }
@@ -396,7 +437,14 @@ impl RemoteBlocks {
     fn read_commit_reply(&mut self) -> Result<()> {
         let items = self.inflight.pop_front().expect("a commit is in flight");
         match reply(&mut self.stream) {
-            Ok((p::CREATED, _)) => Ok(()),
+            Ok((p::CREATED, body)) => {
+                let mut r = Reader::new(&body);
+                let n = r.count(p::MAX_ITEMS, "committed items")?;
+                for _ in 0..n {
+                    self.keys.push(r.u64()?);
+                }
+                r.done()
+            }
             Ok((kind, _)) => Err(unexpected(kind)),
             Err(e @ Error::Io(_)) | Err(e @ Error::Corrupt(_)) => Err(e),
             Err(e) => {
@@ -430,7 +478,7 @@ impl RemoteBlocks {
     }
 }
 
-impl BlockSource for RemoteBlocks {
+impl BlockSource for LeasedBlocks {
     fn columns(&self) -> &Columns {
         &self.columns
     }
@@ -476,14 +524,14 @@ impl BlockSource for RemoteBlocks {
     }
 }
 
-/// A writer of a same-host client: the core writer over blocks leased from the
+/// A writer of a local client: the core writer over blocks leased from the
 /// server, committing items in batches.
-pub struct ClientWriter {
-    writer: Writer<RemoteBlocks>,
+pub struct LocalWriter {
+    writer: Writer<LeasedBlocks>,
     info: Arc<ServerInfo>,
 }
 
-impl ClientWriter {
+impl LocalWriter {
     fn check(&mut self) -> Result<()> {
         match self.writer.source_mut().failed.take() {
             Some(e) => Err(e),
@@ -495,19 +543,29 @@ impl ClientWriter {
         &self.writer.source().columns
     }
 
-    pub fn append(&mut self, columns: &[&[u8]]) -> Result<()> {
+    /// The index of `table`, which must be over this writer's store.
+    fn table_of_store(&self, table: &str) -> Result<u32> {
+        let t = self.info.table(table)?;
+        if self.info.tables[t as usize].store != self.writer.source().store {
+            return Err(Error::InvalidArgument(format!("table '{table}' is over a different store than this writer")));
+        }
+        Ok(t)
+    }
+}
+
+impl StepWriter for LocalWriter {
+    fn append(&mut self, columns: &[&[u8]]) -> Result<()> {
         self.check()?;
         self.writer.append(columns)
     }
 
-    pub fn extend(&mut self, columns: &[&[u8]], steps: usize) -> Result<()> {
+    fn extend(&mut self, columns: &[&[u8]], steps: usize) -> Result<()> {
         self.check()?;
         self.writer.extend(columns, steps)
     }
 
-    /// Queues an item over the last `num_steps` steps for `table`. It is sent with
-    /// the next batch; `flush` waits until every queued item is in its table.
-    pub fn create_item(&mut self, table: &str, num_steps: u64, priority: f64) -> Result<()> {
+    /// The item is sent with the next batch of commits.
+    fn create_item(&mut self, table: &str, num_steps: u64, priority: f64) -> Result<()> {
         self.check()?;
         let t = self.table_of_store(table)?;
         check_priority(priority, || format!("table '{table}' new item"))?;
@@ -515,9 +573,7 @@ impl ClientWriter {
         self.writer.source_mut().push_item(t, priority, &window)
     }
 
-    /// Queues one item per priority over `num_steps` steps ending at each of the
-    /// last `priorities.len()` steps (oldest first), as `Writer::create_items`.
-    pub fn create_items(&mut self, table: &str, num_steps: u64, priorities: &[f64]) -> Result<()> {
+    fn create_items(&mut self, table: &str, num_steps: u64, priorities: &[f64]) -> Result<()> {
         self.check()?;
         let t = self.table_of_store(table)?;
         for (i, &p) in priorities.iter().enumerate() {
@@ -530,18 +586,18 @@ impl ClientWriter {
         Ok(())
     }
 
-    /// The index of `table`, which must be over this writer's store.
-    fn table_of_store(&self, table: &str) -> Result<u32> {
-        let t = self.info.table(table)?;
-        if self.info.tables[t as usize].store != self.writer.source().store {
-            return Err(Error::InvalidArgument(format!("table '{table}' is over a different store than this writer")));
-        }
-        Ok(t)
+    fn end_episode(&mut self) -> Result<()> {
+        self.check()?;
+        self.writer.end_episode();
+        self.check()
     }
 
-    /// Sends queued items and waits until the server has put every one in its
-    /// table (up to `timeout`; `interrupt` as for `LocalClient::sample`).
-    pub fn flush(&mut self, timeout: Option<Duration>, interrupt: Interrupt<'_>) -> Result<()> {
+    fn episode_steps(&self) -> u64 {
+        self.writer.episode_steps()
+    }
+
+    /// `interrupt` is checked every [`POLL`] while the server has not answered.
+    fn flush(&mut self, timeout: Option<Duration>, interrupt: Interrupt<'_>) -> Result<Vec<u64>> {
         self.check()?;
         let deadline = timeout.map(|t| Instant::now() + t);
         let blocks = self.writer.source_mut();
@@ -556,23 +612,13 @@ impl ClientWriter {
             })?;
             blocks.read_commit_reply()?;
         }
-        self.check()
-    }
-
-    pub fn end_episode(&mut self) -> Result<()> {
         self.check()?;
-        self.writer.end_episode();
-        self.check()
+        Ok(std::mem::take(&mut self.writer.source_mut().keys))
     }
 
-    pub fn episode_steps(&self) -> u64 {
-        self.writer.episode_steps()
-    }
-
-    /// Commits what is queued, ends the episode and gives back every block.
-    pub fn close(&mut self) -> Result<()> {
+    fn close(&mut self) -> Result<()> {
         let flushed = self.flush(None, None);
         self.writer.close();
-        flushed
+        flushed.map(|_| ())
     }
 }

@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use reprise_core::error::{Error, Result};
-use reprise_core::TableInfo;
+use reprise_core::{DType, Field, Signature, TableInfo};
+use reprise_wire::codes::from_status;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::{Ascii, MetadataValue};
@@ -18,18 +19,15 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use tonic::{Request, Status, Streaming};
 
-use crate::pb::{self, replay_client::ReplayClient};
-use crate::status::from_status;
-
-/// Checked while waiting: true stops the wait with `Error::Interrupted`.
-pub type Interrupt<'a> = Option<&'a (dyn Fn() -> bool + Sync)>;
+use crate::pb::{self, replay_client::ReplayClient as GrpcStub};
+use crate::{check_priority_pairs, check_sample_size, Drawn, Interrupt, ReplayClient, Sampler, StepWriter, POLL};
 
 /// Bytes of queued operations that make a writer send a message.
 const SEND_BYTES: usize = 1 << 20;
 /// Queued operations that make a writer send a message.
 const SEND_OPS: usize = 1024;
-/// How often a wait checks its interrupt.
-const POLL: Duration = Duration::from_millis(50);
+/// Most items one sample request may ask for (the server may allow fewer).
+const MAX_ITEMS: u32 = 1 << 20;
 
 #[derive(Clone)]
 struct Auth(Option<MetadataValue<Ascii>>);
@@ -43,7 +41,7 @@ impl tonic::service::Interceptor for Auth {
     }
 }
 
-type Stub = ReplayClient<InterceptedService<Channel, Auth>>;
+type Stub = GrpcStub<InterceptedService<Channel, Auth>>;
 
 /// How to reach a server.
 #[derive(Clone, Default)]
@@ -74,6 +72,21 @@ struct SampleStream {
 /// A drawn batch from a remote table: per field `[n, T, row]` bytes, zero past each length.
 pub struct RemoteSample {
     pub response: pb::SampleResponse,
+}
+
+/// A remote answer as a draw: a response marked partial was cut short by its timeout.
+fn drawn(response: pb::SampleResponse, request: &pb::SampleRequest) -> Drawn<RemoteSample> {
+    let cut_short = response.partial.then(|| Error::Timeout {
+        message: format!(
+            "sample from '{}' timed out after {} s with {} of {} items drawn",
+            request.table,
+            request.timeout_seconds,
+            response.keys.len(),
+            request.num_items
+        ),
+        partial: Default::default(),
+    });
+    Drawn { sample: RemoteSample { response }, cut_short }
 }
 
 /// Runs `fut` on `rt`, giving up at `deadline` (Timeout) or when `interrupt` says so.
@@ -154,7 +167,7 @@ impl RemoteClient {
             ),
             None => None,
         };
-        let stub = ReplayClient::with_interceptor(channel, Auth(token)).max_decoding_message_size(1 << 30).max_encoding_message_size(1 << 30);
+        let stub = GrpcStub::with_interceptor(channel, Auth(token)).max_decoding_message_size(1 << 30).max_encoding_message_size(1 << 30);
         let mut s = stub.clone();
         let layout = rt.block_on(s.get_layout(pb::GetLayoutRequest {})).map_err(from_status)?.into_inner();
         if layout.protocol_version != pb::PROTOCOL_VERSION {
@@ -178,10 +191,6 @@ impl RemoteClient {
         &self.layout
     }
 
-    pub fn table_names(&self) -> Vec<String> {
-        self.layout.tables.iter().map(|t| t.name.clone()).collect()
-    }
-
     /// The store layout of `table` (`NotFound` for an unknown name).
     pub fn store_of(&self, table: &str) -> Result<&pb::Store> {
         let t = self.layout.tables.iter().find(|t| t.name == table).ok_or_else(|| {
@@ -196,8 +205,41 @@ impl RemoteClient {
         self.store_of(table)?.fields.iter().map(field_bytes).collect()
     }
 
-    /// A writer into the store of `table` (default: the first table).
-    pub fn writer(&self, table: Option<&str>, max_sequence_length: Option<u64>) -> Result<RemoteWriter> {
+    /// One batch request for `table` (`NotFound` for an unknown table).
+    fn sample_request(&self, table: &str, n: u32, fields: &[String], timeout: Option<Duration>) -> Result<pb::SampleRequest> {
+        check_sample_size(n, MAX_ITEMS)?;
+        self.store_of(table)?;
+        Ok(pb::SampleRequest {
+            table: table.to_string(),
+            num_items: n,
+            fields: fields.to_vec(),
+            timeout_seconds: timeout.map_or(-1.0, |t| t.as_secs_f64()),
+        })
+    }
+}
+
+impl ReplayClient for RemoteClient {
+    type Writer = RemoteWriter;
+    type Sample = RemoteSample;
+    type Sampler = RemoteSampler;
+
+    fn table_names(&self) -> Vec<String> {
+        self.layout.tables.iter().map(|t| t.name.clone()).collect()
+    }
+
+    fn signature(&self, table: &str) -> Result<Signature> {
+        let store = self.store_of(table)?;
+        let corrupt = |e: Error| Error::Corrupt(format!("layout of table '{table}': {e}"));
+        let fields = store
+            .fields
+            .iter()
+            .map(|f| Field::new(&f.name, DType::from_name(&f.dtype)?, f.shape.iter().map(|&d| d as usize).collect()))
+            .collect::<Result<Vec<_>>>()
+            .map_err(corrupt)?;
+        Signature::new(fields).map_err(corrupt)
+    }
+
+    fn writer(&self, table: Option<&str>, max_sequence_length: Option<u64>) -> Result<RemoteWriter> {
         let table = match table {
             Some(t) => t.to_string(),
             None => self.layout.tables.first().map(|t| t.name.clone()).unwrap_or_default(),
@@ -232,20 +274,8 @@ impl RemoteClient {
         })
     }
 
-    /// One batch request for `table` (`NotFound` for an unknown table).
-    fn sample_request(&self, table: &str, n: u32, fields: &[String], timeout: Option<Duration>) -> Result<pb::SampleRequest> {
-        self.store_of(table)?;
-        Ok(pb::SampleRequest {
-            table: table.to_string(),
-            num_items: n,
-            fields: fields.to_vec(),
-            timeout_seconds: timeout.map_or(-1.0, |t| t.as_secs_f64()),
-        })
-    }
-
-    /// Draws `n` items from `table` (`fields` empty: all). A timeout with items drawn
-    /// returns `Err(Timeout)` together with the partial batch.
-    pub fn sample(&self, table: &str, n: u32, fields: &[String], timeout: Option<Duration>, interrupt: Interrupt<'_>) -> Result<(RemoteSample, bool)> {
+    /// One request on the client's `Sample` stream (reopened if it broke).
+    fn sample(&self, table: &str, n: u32, fields: &[String], timeout: Option<Duration>, interrupt: Interrupt<'_>) -> Result<Drawn<RemoteSample>> {
         let req = self.sample_request(table, n, fields, timeout)?;
         let mut guard = self.sampler.lock();
         if guard.is_none() {
@@ -258,7 +288,7 @@ impl RemoteClient {
         let result = wait_for(
             &self.rt,
             async {
-                stream.tx.send(req).await.map_err(lost)?;
+                stream.tx.send(req.clone()).await.map_err(lost)?;
                 match stream.rx.message().await {
                     Ok(Some(r)) => Ok(r),
                     Ok(None) => Err(lost("the sample stream ended")),
@@ -270,10 +300,7 @@ impl RemoteClient {
             "sample",
         );
         match result {
-            Ok(r) => {
-                let partial = r.partial;
-                Ok((RemoteSample { response: r }, partial))
-            }
+            Ok(r) => Ok(drawn(r, &req)),
             Err(e) => {
                 *guard = None; // a broken or interrupted stream is not reused
                 Err(e)
@@ -284,7 +311,7 @@ impl RemoteClient {
     /// A sampler on its own `Sample` stream that keeps up to `max_in_flight` batch
     /// requests outstanding, so the server draws and sends the next batches while the
     /// caller works on this one (flow control: never more than `max_in_flight` ahead).
-    pub fn sampler(&self, table: &str, n: u32, fields: &[String], timeout: Option<Duration>, max_in_flight: u32) -> Result<RemoteSampler> {
+    fn sampler(&self, table: &str, n: u32, fields: &[String], timeout: Option<Duration>, max_in_flight: u32) -> Result<RemoteSampler> {
         let request = self.sample_request(table, n, fields, timeout)?;
         if max_in_flight == 0 {
             return Err(Error::InvalidArgument("max_in_flight must be >= 1".into()));
@@ -295,36 +322,39 @@ impl RemoteClient {
         Ok(RemoteSampler { rt: self.rt.clone(), tx, rx: responses, request, in_flight: 0, max_in_flight })
     }
 
-    pub fn update_priorities(&self, table: &str, keys: &[u64], priorities: &[f64]) -> Result<u64> {
-        if keys.len() != priorities.len() {
-            return Err(Error::InvalidArgument(format!("{} keys but {} priorities; expected one per key", keys.len(), priorities.len())));
-        }
+    fn update_priorities(&self, table: &str, keys: &[u64], priorities: &[f64]) -> Result<u64> {
+        check_priority_pairs(keys, priorities)?;
         let mut stub = self.stub.clone();
         let req = pb::UpdatePrioritiesRequest { table: table.into(), keys: keys.to_vec(), priorities: priorities.to_vec() };
         Ok(self.rt.block_on(stub.update_priorities(req)).map_err(from_status)?.into_inner().count)
     }
 
-    pub fn delete(&self, table: &str, keys: &[u64]) -> Result<u64> {
+    fn delete(&self, table: &str, keys: &[u64]) -> Result<u64> {
         let mut stub = self.stub.clone();
         let req = pb::DeleteRequest { table: table.into(), keys: keys.to_vec() };
         Ok(self.rt.block_on(stub.delete(req)).map_err(from_status)?.into_inner().count)
     }
 
-    pub fn reset(&self, table: &str) -> Result<()> {
+    fn reset(&self, table: &str) -> Result<()> {
         let mut stub = self.stub.clone();
         self.rt.block_on(stub.reset(pb::ResetRequest { table: table.into() })).map_err(from_status)?;
         Ok(())
     }
 
-    pub fn checkpoint(&self) -> Result<String> {
+    fn checkpoint(&self) -> Result<String> {
         let mut stub = self.stub.clone();
         Ok(self.rt.block_on(stub.checkpoint(pb::CheckpointRequest {})).map_err(from_status)?.into_inner().path)
     }
 
-    pub fn info(&self) -> Result<Vec<TableInfo>> {
+    fn info(&self) -> Result<Vec<TableInfo>> {
         let mut stub = self.stub.clone();
         let r = self.rt.block_on(stub.info(pb::InfoRequest {})).map_err(from_status)?.into_inner();
         Ok(r.tables.into_iter().map(TableInfo::from).collect())
+    }
+
+    /// Ends the client's `Sample` stream; writers and samplers keep their own streams.
+    fn close(&self) {
+        *self.sampler.lock() = None;
     }
 }
 
@@ -338,10 +368,10 @@ pub struct RemoteSampler {
     max_in_flight: u32,
 }
 
-impl RemoteSampler {
-    /// The next batch (and whether a timeout cut it short). Batches already
-    /// requested were drawn before any priority update made after their request.
-    pub fn next(&mut self, interrupt: Interrupt<'_>) -> Result<(RemoteSample, bool)> {
+impl Sampler for RemoteSampler {
+    type Sample = RemoteSample;
+
+    fn next(&mut self, interrupt: Interrupt<'_>) -> Result<Drawn<RemoteSample>> {
         let (tx, rx, request) = (&self.tx, &mut self.rx, &self.request);
         let in_flight = &mut self.in_flight;
         let max = self.max_in_flight;
@@ -364,8 +394,7 @@ impl RemoteSampler {
             interrupt,
             "sample",
         )?;
-        let partial = r.partial;
-        Ok((RemoteSample { response: r }, partial))
+        Ok(drawn(r, &self.request))
     }
 }
 
@@ -414,41 +443,6 @@ impl RemoteWriter {
         }
     }
 
-    pub fn append(&mut self, columns: &[&[u8]]) -> Result<()> {
-        self.extend(columns, 1)
-    }
-
-    /// Queues `steps` steps (`columns[i]`: steps * row bytes of field i).
-    pub fn extend(&mut self, columns: &[&[u8]], steps: usize) -> Result<()> {
-        self.check()?;
-        if columns.len() != self.rows.len() {
-            return Err(Error::InvalidArgument(format!("{} columns, expected {}", columns.len(), self.rows.len())));
-        }
-        for (i, (c, &row)) in columns.iter().zip(&self.rows).enumerate() {
-            if c.len() != row * steps {
-                return Err(Error::InvalidArgument(format!("column {i}: {} bytes, expected {} for {steps} steps", c.len(), row * steps)));
-            }
-        }
-        let step_bytes: usize = self.rows.iter().sum();
-        if step_bytes * steps + 1024 > self.max_message {
-            return Err(Error::InvalidArgument(format!(
-                "{steps} steps are {} bytes, more than the server's max_message_bytes ({}); write fewer steps per call",
-                step_bytes * steps,
-                self.max_message
-            )));
-        }
-        if (self.pending_steps as usize + steps) * step_bytes + self.op_bytes + 1024 > self.max_message.min(4 * SEND_BYTES) {
-            self.seal_steps();
-            self.send(false)?;
-        }
-        for (p, c) in self.pending.iter_mut().zip(columns) {
-            p.extend_from_slice(c);
-        }
-        self.pending_steps += steps as u32;
-        self.episode_steps += steps as u64;
-        Ok(())
-    }
-
     /// Moves the queued steps into one `Steps` operation.
     fn seal_steps(&mut self) {
         if self.pending_steps == 0 {
@@ -495,33 +489,70 @@ impl RemoteWriter {
             _ => lost("the insert stream closed"),
         }
     }
+}
 
-    pub fn create_item(&mut self, table: &str, num_steps: u64, priority: f64) -> Result<()> {
+impl StepWriter for RemoteWriter {
+    fn append(&mut self, columns: &[&[u8]]) -> Result<()> {
+        self.extend(columns, 1)
+    }
+
+    /// Queues `steps` steps (`columns[i]`: steps * row bytes of field i).
+    fn extend(&mut self, columns: &[&[u8]], steps: usize) -> Result<()> {
+        self.check()?;
+        if columns.len() != self.rows.len() {
+            return Err(Error::InvalidArgument(format!("{} columns, expected {}", columns.len(), self.rows.len())));
+        }
+        for (i, (c, &row)) in columns.iter().zip(&self.rows).enumerate() {
+            if c.len() != row * steps {
+                return Err(Error::InvalidArgument(format!("column {i}: {} bytes, expected {} for {steps} steps", c.len(), row * steps)));
+            }
+        }
+        let step_bytes: usize = self.rows.iter().sum();
+        if step_bytes * steps + 1024 > self.max_message {
+            return Err(Error::InvalidArgument(format!(
+                "{steps} steps are {} bytes, more than the server's max_message_bytes ({}); write fewer steps per call",
+                step_bytes * steps,
+                self.max_message
+            )));
+        }
+        if (self.pending_steps as usize + steps) * step_bytes + self.op_bytes + 1024 > self.max_message.min(4 * SEND_BYTES) {
+            self.seal_steps();
+            self.send(false)?;
+        }
+        for (p, c) in self.pending.iter_mut().zip(columns) {
+            p.extend_from_slice(c);
+        }
+        self.pending_steps += steps as u32;
+        self.episode_steps += steps as u64;
+        Ok(())
+    }
+
+    fn create_item(&mut self, table: &str, num_steps: u64, priority: f64) -> Result<()> {
         self.check()?;
         let num_steps = u32::try_from(num_steps).map_err(|_| Error::InvalidArgument(format!("num_steps must be < 2^32, got {num_steps}")))?;
         self.push(pb::insert_op::Op::CreateItem(pb::CreateItem { table: table.into(), num_steps, priority }), 32 + table.len())
     }
 
-    pub fn create_items(&mut self, table: &str, num_steps: u64, priorities: &[f64]) -> Result<()> {
+    fn create_items(&mut self, table: &str, num_steps: u64, priorities: &[f64]) -> Result<()> {
         self.check()?;
         let num_steps = u32::try_from(num_steps).map_err(|_| Error::InvalidArgument(format!("num_steps must be < 2^32, got {num_steps}")))?;
         let op = pb::CreateItems { table: table.into(), num_steps, priorities: priorities.to_vec() };
         self.push(pb::insert_op::Op::CreateItems(op), 32 + table.len() + 8 * priorities.len())
     }
 
-    pub fn end_episode(&mut self) -> Result<()> {
+    fn end_episode(&mut self) -> Result<()> {
         self.check()?;
         self.episode_steps = 0;
         self.push(pb::insert_op::Op::EndEpisode(pb::EndEpisode {}), 4)
     }
 
-    pub fn episode_steps(&self) -> u64 {
+    fn episode_steps(&self) -> u64 {
         self.episode_steps
     }
 
     /// Sends everything queued and waits until the server has applied it; returns the
     /// keys of the items created since the last flush.
-    pub fn flush(&mut self, timeout: Option<Duration>, interrupt: Interrupt<'_>) -> Result<Vec<u64>> {
+    fn flush(&mut self, timeout: Option<Duration>, interrupt: Interrupt<'_>) -> Result<Vec<u64>> {
         self.check()?;
         let id = self.next_flush;
         self.next_flush += 1;
@@ -560,7 +591,7 @@ impl RemoteWriter {
     }
 
     /// Flushes, then ends the stream (the server releases the writer's blocks). Idempotent.
-    pub fn close(&mut self) -> Result<()> {
+    fn close(&mut self) -> Result<()> {
         if self.tx.is_none() {
             return Ok(());
         }

@@ -149,6 +149,23 @@ impl Signature {
         self.fields.iter().position(|f| f.name == name)
     }
 
+    /// The indices of the fields named `names`, in that order (empty: every field);
+    /// `NotFound` naming the first unknown one and the fields there are.
+    pub fn select(&self, names: &[String]) -> crate::Result<Vec<usize>> {
+        if names.is_empty() {
+            return Ok((0..self.fields.len()).collect());
+        }
+        names
+            .iter()
+            .map(|name| {
+                self.index_of(name).ok_or_else(|| {
+                    let known: Vec<&str> = self.fields.iter().map(|f| f.name.as_str()).collect();
+                    crate::Error::NotFound(format!("unknown field '{name}'; expected one of {known:?}"))
+                })
+            })
+            .collect()
+    }
+
     /// Bytes of one step across all fields.
     pub fn step_bytes(&self) -> usize {
         self.fields.iter().map(Field::row_bytes).sum()

@@ -3,17 +3,19 @@
 
 use pyo3::prelude::*;
 
-mod arrays;
+// Modules in layer order: each uses only modules above it.
 mod errors;
-mod rows;
-mod remote;
+mod arrays;
 mod sample;
-mod serving;
-mod snapshot;
+mod raise;
+mod timeout;
+mod rows;
 mod store;
 mod table;
-mod timeout;
+mod snapshot;
 mod writer;
+mod client;
+mod server;
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -22,11 +24,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<table::PyTable>()?;
     m.add_class::<rows::PySampleRows>()?;
     m.add_class::<snapshot::PyPins>()?;
-    m.add_class::<serving::PyServer>()?;
-    m.add_class::<serving::PyClient>()?;
-    m.add_class::<remote::PyGrpcServer>()?;
-    m.add_class::<remote::PyRemoteClient>()?;
-    m.add_class::<remote::PyRemoteSampler>()?;
+    m.add_class::<server::PyLocalServer>()?;
+    m.add_class::<server::PyRemoteServer>()?;
+    m.add_class::<client::PyClient>()?;
+    m.add_class::<client::PySampler>()?;
     m.add_function(wrap_pyfunction!(table::rate_limiter_preset, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -5,41 +5,41 @@
 use numpy::{PyArray1, PyArrayMethods};
 use parking_lot::Mutex;
 use pyo3::prelude::*;
-use reprise_client::ClientSample;
+use reprise_client::LocalSample;
 use reprise_core::{Collect, SampleBatch};
 
 use crate::errors::invalid;
 use crate::sample::sample_object;
 
-/// A sample drawn in process or by a same-host client.
-pub enum Drawn {
-    Local(SampleBatch),
-    Client(ClientSample),
+/// Drawn items whose rows are held: drawn in process, or by a local client.
+pub enum HeldRows {
+    InProcess(SampleBatch),
+    Local(LocalSample),
 }
 
-impl Drawn {
+impl HeldRows {
     pub fn collect(&self) -> &dyn Collect {
         match self {
-            Drawn::Local(b) => b,
-            Drawn::Client(c) => c,
+            HeldRows::InProcess(b) => b,
+            HeldRows::Local(c) => c,
         }
     }
 }
 
 #[pyclass(name = "SampleRows", module = "reprise._native", frozen)]
 pub struct PySampleRows {
-    inner: Mutex<Option<Drawn>>,
+    inner: Mutex<Option<HeldRows>>,
 }
 
 impl PySampleRows {
-    pub fn new(drawn: Drawn) -> PySampleRows {
+    pub fn new(drawn: HeldRows) -> PySampleRows {
         PySampleRows { inner: Mutex::new(Some(drawn)) }
     }
 
     /// Takes the in-process batch out (to extend it); the object is released.
     pub fn take_local(&self, py: Python<'_>) -> PyResult<SampleBatch> {
         match self.inner.lock().take() {
-            Some(Drawn::Local(b)) => Ok(b),
+            Some(HeldRows::InProcess(b)) => Ok(b),
             Some(other) => {
                 *self.inner.lock() = Some(other);
                 Err(invalid(py, "this sample was drawn through a client; it cannot be extended".into()))
@@ -63,15 +63,15 @@ impl PySampleRows {
 pub fn rows_error(py: Python<'_>, e: reprise_core::Error, signal: Option<PyErr>) -> PyErr {
     use reprise_core::error::{Error, Partial};
     let (e, partial) = match e {
-        Error::Timeout { message, partial: Partial::Sampled(b) } if !b.is_empty() => {
-            (Error::Timeout { message, partial: Partial::Nothing }, Some(*b))
+        Error::Timeout { message, partial: Partial::Sampled(b) } if !b.batch().is_empty() => {
+            (Error::Timeout { message, partial: Partial::Nothing }, Some(b.into_batch()))
         }
-        Error::Interrupted { partial: Partial::Sampled(b) } if !b.is_empty() => (Error::Interrupted { partial: Partial::Nothing }, Some(*b)),
+        Error::Interrupted { partial: Partial::Sampled(b) } if !b.batch().is_empty() => (Error::Interrupted { partial: Partial::Nothing }, Some(b.into_batch())),
         other => (other, None),
     };
-    let err = crate::errors::to_py(py, e, None, signal);
+    let err = crate::raise::to_py(py, e, None, signal);
     if let Some(batch) = partial {
-        let rows = match Bound::new(py, PySampleRows::new(Drawn::Local(batch))) {
+        let rows = match Bound::new(py, PySampleRows::new(HeldRows::InProcess(batch))) {
             Ok(r) => r,
             Err(e) => return e,
         };
@@ -152,8 +152,8 @@ impl PySampleRows {
         let drawn = self.inner.lock().take().ok_or_else(|| released(py))?;
         let select = crate::table::select_fields(py, drawn.collect().columns().signature(), fields)?;
         match drawn {
-            Drawn::Local(b) => sample_object(py, b, select.as_deref()),
-            Drawn::Client(c) => sample_object(py, c, select.as_deref()),
+            HeldRows::InProcess(b) => sample_object(py, b, select.as_deref()),
+            HeldRows::Local(c) => sample_object(py, c, select.as_deref()),
         }
     }
 

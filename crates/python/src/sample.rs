@@ -44,7 +44,7 @@ pub fn sample_object<'py, S: Collect + Send + Sync>(py: Python<'py>, batch: S, s
         }
         drop(batch);
     });
-    let class = SAMPLE_CLASS.get_or_try_init(py, || Ok::<_, PyErr>(py.import("reprise.sample")?.getattr("Sample")?.unbind()))?;
+    let class = sample_class(py)?;
     let kwargs = PyDict::new(py);
     kwargs.set_item("keys", keys)?;
     kwargs.set_item("probabilities", probabilities)?;
@@ -53,5 +53,10 @@ pub fn sample_object<'py, S: Collect + Send + Sync>(py: Python<'py>, batch: S, s
     kwargs.set_item("table_size", table_size)?;
     kwargs.set_item("lengths", lengths)?;
     kwargs.set_item("data", data)?;
-    class.bind(py).call((), Some(&kwargs))
+    class.call((), Some(&kwargs))
+}
+
+/// `reprise.Sample`, looked up once.
+pub fn sample_class(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
+    SAMPLE_CLASS.get_or_try_init(py, || Ok::<_, PyErr>(py.import("reprise.sample")?.getattr("Sample")?.unbind())).map(|c| c.bind(py))
 }

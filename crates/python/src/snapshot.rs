@@ -9,7 +9,8 @@ use reprise_core::item::RowRange;
 use reprise_core::snapshot::{ItemRecord, Pins, TableSnapshot};
 use reprise_core::{RateLimiterConfig, SelectorSpec, Table, TableConfig};
 
-use crate::errors::{new_error, py_err};
+use crate::errors::new_error;
+use crate::raise::py_err;
 use crate::store::PyStore;
 use crate::table::PyTable;
 

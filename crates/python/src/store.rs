@@ -8,7 +8,8 @@ use reprise_core::signature::{DType, Field, Signature};
 use reprise_core::{Store, Writer};
 
 use crate::arrays::{field_infos, FieldInfo};
-use crate::errors::{invalid, py_err};
+use crate::errors::invalid;
+use crate::raise::py_err;
 use crate::writer::{AnyWriter, PyWriter};
 
 #[pyclass(name = "Store", module = "reprise._native", frozen)]
@@ -90,7 +91,7 @@ impl PyStore {
             }
         }
         let w = Writer::new(self.store.clone(), max_sequence_length.map(|m| m as u64)).map_err(py_err(py))?;
-        Ok(PyWriter::new(AnyWriter::Local(w), self.fields.clone()))
+        Ok(PyWriter::new(AnyWriter::InProcess(w), self.fields.clone()))
     }
 
     /// `(address, length)` of the mapped columns (for GPU registration).

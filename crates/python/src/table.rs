@@ -10,8 +10,9 @@ use reprise_core::{RateLimiterConfig, SelectorSpec, Table, TableConfig, TableInf
 use reprise_core::selectors::external::Candidate;
 
 use crate::arrays::{views, FieldInfo, Vector};
-use crate::rows::{rows_error, Drawn, PySampleRows};
-use crate::errors::{invalid, not_found, py_err, to_py};
+use crate::rows::{rows_error, HeldRows, PySampleRows};
+use crate::errors::{invalid, not_found};
+use crate::raise::{py_err, to_py};
 use crate::sample::sample_object;
 use crate::store::PyStore;
 use crate::timeout::{self, Signals};
@@ -137,7 +138,7 @@ impl PyTable {
         let check = || signals.check();
         let wait = Wait { timeout, interrupt: Some(&check) };
         let batch = py.detach(|| self.table.sample(n, wait)).map_err(|e| rows_error(py, e, signals.take()))?;
-        Ok(PySampleRows::new(Drawn::Local(batch)))
+        Ok(PySampleRows::new(HeldRows::InProcess(batch)))
     }
 
     /// External selection: draws up to n items in total into `rows` (a fresh
@@ -178,7 +179,7 @@ impl PyTable {
         let (batch, starved) = py
             .detach(|| self.table.sample_candidates(batch, n, wait, &candidates))
             .map_err(|e| rows_error(py, e, signals.take()))?;
-        Ok((PySampleRows::new(Drawn::Local(batch)), starved))
+        Ok((PySampleRows::new(HeldRows::InProcess(batch)), starved))
     }
 
     /// External selection: `(slots, seqs, priorities)` of every slot that changed

@@ -1,5 +1,7 @@
-//! `Writer` for Python: the same class for in-process writers and for writers of
-//! same-host clients (which commit items in batches; see `flush`).
+//! `Writer` for Python: the same class for in-process writers (items go into their
+//! table at `create_item`, waiting for its rate limiter) and for clients' writers,
+//! local or remote (`reprise_client::StepWriter`: items are queued and committed in
+//! batches; see `flush`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,12 +9,13 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::PyString;
-use reprise_client::{ClientWriter, RemoteWriter};
+use reprise_client::StepWriter;
 use reprise_core::error::Error;
 use reprise_core::{Table, Wait, Writer};
 
 use crate::arrays::{views, FieldInfo};
-use crate::errors::{invalid, new_error, py_err, to_py};
+use crate::errors::{invalid, new_error};
+use crate::raise::{py_err, to_py};
 use crate::table::PyTable;
 use crate::timeout::{self, Signals};
 
@@ -20,20 +23,17 @@ use crate::timeout::{self, Signals};
 const BULK_BYTES: usize = 64 * 1024;
 
 pub enum AnyWriter {
-    Local(Writer),
-    Client(ClientWriter),
-    Remote(RemoteWriter),
+    InProcess(Writer),
+    Client(Box<dyn StepWriter>),
 }
 
 impl AnyWriter {
     fn write(&mut self, columns: &[&[u8]], steps: Option<usize>) -> reprise_core::Result<()> {
         match (self, steps) {
-            (AnyWriter::Local(w), None) => w.append(columns),
-            (AnyWriter::Local(w), Some(t)) => w.extend(columns, t),
+            (AnyWriter::InProcess(w), None) => w.append(columns),
+            (AnyWriter::InProcess(w), Some(t)) => w.extend(columns, t),
             (AnyWriter::Client(w), None) => w.append(columns),
             (AnyWriter::Client(w), Some(t)) => w.extend(columns, t),
-            (AnyWriter::Remote(w), None) => w.append(columns),
-            (AnyWriter::Remote(w), Some(t)) => w.extend(columns, t),
         }
     }
 }
@@ -148,10 +148,9 @@ impl PyWriter {
         let signals = Signals::default();
         let check = || signals.check();
         self.with(py, |w| match w {
-            AnyWriter::Client(w) => w.create_item(target.name(), n, priority).map(|_| None).map_err(py_err(py)),
             // May wait for room in the send queue: without the GIL.
-            AnyWriter::Remote(w) => py.detach(|| w.create_item(target.name(), n, priority)).map(|_| None).map_err(py_err(py)),
-            AnyWriter::Local(w) => {
+            AnyWriter::Client(w) => py.detach(|| w.create_item(target.name(), n, priority)).map(|_| None).map_err(py_err(py)),
+            AnyWriter::InProcess(w) => {
                 let call = |w: &mut Writer, wait: Wait<'_>| match &target {
                     Target::Name(name) => w.create_item_in(name, n, priority, wait),
                     Target::Table(table) => w.create_item(table, n, priority, wait),
@@ -180,9 +179,8 @@ impl PyWriter {
         let signals = Signals::default();
         let check = || signals.check();
         self.with(py, |w| match w {
-            AnyWriter::Client(w) => w.create_items(target.name(), n, p).map(|_| None).map_err(py_err(py)),
-            AnyWriter::Remote(w) => py.detach(|| w.create_items(target.name(), n, p)).map(|_| None).map_err(py_err(py)),
-            AnyWriter::Local(w) => {
+            AnyWriter::Client(w) => py.detach(|| w.create_items(target.name(), n, p)).map(|_| None).map_err(py_err(py)),
+            AnyWriter::InProcess(w) => {
                 let table = target.resolve(py, w)?;
                 let keys = py
                     .detach(|| w.create_items(&table, n, p, Wait { timeout, interrupt: Some(&check) }))
@@ -197,8 +195,8 @@ impl PyWriter {
     fn recent_rows<'py>(&self, py: Python<'py>, num_steps: i64) -> PyResult<Bound<'py, numpy::PyArray1<i64>>> {
         let k = u64::try_from(num_steps).map_err(|_| invalid(py, format!("num_steps must be >= 1, got {num_steps}")))?;
         let window = self.with(py, |w| match w {
-            AnyWriter::Local(w) => w.recent_rows(k).map_err(py_err(py)),
-            AnyWriter::Client(_) | AnyWriter::Remote(_) => Err(invalid(py, "recent_rows is for in-process writers".into())),
+            AnyWriter::InProcess(w) => w.recent_rows(k).map_err(py_err(py)),
+            AnyWriter::Client(_) => Err(invalid(py, "recent_rows is for in-process writers".into())),
         })?;
         let rows = window.ranges().iter().flat_map(|r| (r.start..r.start + r.len as u64).map(|x| x as i64));
         Ok(numpy::PyArray1::from_iter(py, rows))
@@ -215,8 +213,8 @@ impl PyWriter {
         let signals = Signals::default();
         let check = || signals.check();
         self.with(py, |w| match w {
-            AnyWriter::Client(_) | AnyWriter::Remote(_) => Err(invalid(py, "create_tiled_items is for in-process writers".into())),
-            AnyWriter::Local(w) => {
+            AnyWriter::Client(_) => Err(invalid(py, "create_tiled_items is for in-process writers".into())),
+            AnyWriter::InProcess(w) => {
                 let table = target.resolve(py, w)?;
                 let keys = py
                     .detach(|| w.create_tiled_items(&table, n, p, Wait { timeout, interrupt: Some(&check) }))
@@ -229,12 +227,11 @@ impl PyWriter {
     /// Ends the episode: items never span episodes.
     fn end_episode(&self, py: Python<'_>) -> PyResult<()> {
         self.with(py, |w| match w {
-            AnyWriter::Local(w) => {
+            AnyWriter::InProcess(w) => {
                 w.end_episode();
                 Ok(())
             }
-            AnyWriter::Client(w) => w.end_episode().map_err(py_err(py)),
-            AnyWriter::Remote(w) => py.detach(|| w.end_episode()).map_err(py_err(py)),
+            AnyWriter::Client(w) => py.detach(|| w.end_episode()).map_err(py_err(py)),
         })
     }
 
@@ -244,13 +241,8 @@ impl PyWriter {
     fn flush(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
         let timeout = timeout::parse(py, timeout)?;
         self.with(py, |w| match w {
-            AnyWriter::Local(_) => Ok(()),
+            AnyWriter::InProcess(_) => Ok(()),
             AnyWriter::Client(w) => {
-                let signals = Signals::default();
-                let check = || signals.check();
-                py.detach(|| w.flush(timeout, Some(&check))).map_err(|e| to_py(py, e, None, signals.take()))
-            }
-            AnyWriter::Remote(w) => {
                 let signals = Signals::default();
                 let check = || signals.check();
                 py.detach(|| w.flush(timeout, Some(&check))).map(|_| ()).map_err(|e| to_py(py, e, None, signals.take()))
@@ -262,9 +254,8 @@ impl PyWriter {
     fn episode_steps(&self, py: Python<'_>) -> PyResult<u64> {
         self.with(py, |w| {
             Ok(match w {
-                AnyWriter::Local(w) => w.episode_steps(),
+                AnyWriter::InProcess(w) => w.episode_steps(),
                 AnyWriter::Client(w) => w.episode_steps(),
-                AnyWriter::Remote(w) => w.episode_steps(),
             })
         })
     }
@@ -277,7 +268,6 @@ impl PyWriter {
         };
         match guard.take() {
             Some(AnyWriter::Client(mut w)) => py.detach(|| w.close()).map_err(py_err(py)),
-            Some(AnyWriter::Remote(mut w)) => py.detach(|| w.close()).map_err(py_err(py)),
             _ => Ok(()),
         }
     }

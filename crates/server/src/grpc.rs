@@ -19,8 +19,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use reprise_client::pb::{self, replay_server::Replay, replay_server::ReplayServer};
-use reprise_client::status::to_status;
+use reprise_wire::codes::to_status;
+use reprise_wire::pb::{self, replay_server::Replay, replay_server::ReplayServer};
 use reprise_core::error::{Error, Partial, Result};
 use reprise_core::{Collect, SampleBatch, Store, Table, Wait, Writer};
 use tokio::sync::{mpsc, oneshot};
@@ -521,19 +521,7 @@ impl Replay for Service {
                         )));
                     }
                     let sig = table.store().signature();
-                    let fields: Vec<usize> = if msg.fields.is_empty() {
-                        (0..sig.len()).collect()
-                    } else {
-                        msg.fields
-                            .iter()
-                            .map(|f| {
-                                sig.index_of(f).ok_or_else(|| {
-                                    let names: Vec<&str> = sig.fields().iter().map(|x| x.name.as_str()).collect();
-                                    Status::not_found(format!("unknown field '{f}'; expected one of {names:?}"))
-                                })
-                            })
-                            .collect::<std::result::Result<_, _>>()?
-                    };
+                    let fields = sig.select(&msg.fields).map_err(to_status)?;
                     let timeout = timeout_of(msg.timeout_seconds)?;
                     let closed = || tx2.is_closed() || sh.stopping.load(Ordering::Relaxed);
                     let max = sh.options.max_message_bytes;
@@ -546,7 +534,7 @@ impl Replay for Service {
                     }
                     match table.sample(n as usize, Wait { timeout, interrupt: Some(&closed) }) {
                         Ok(batch) => sample_response(&batch, &fields, false, max),
-                        Err(Error::Timeout { partial: Partial::Sampled(batch), .. }) => sample_response(&batch, &fields, true, max),
+                        Err(Error::Timeout { partial: Partial::Sampled(batch), .. }) => sample_response(batch.batch(), &fields, true, max),
                         Err(Error::Timeout { .. }) => Ok(pb::SampleResponse { partial: true, fields: Vec::new(), ..Default::default() }),
                         Err(e) => Err(to_status(e)),
                     }

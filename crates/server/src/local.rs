@@ -17,7 +17,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use parking_lot::Mutex;
-use reprise_client::protocol::{self as p, Frame, Reader};
+use reprise_wire::codes::local_code;
+use reprise_wire::local::{self as p, Frame, Reader};
 use reprise_core::blocks::BlockSource;
 use reprise_core::error::{Error, Partial, Result};
 use reprise_core::item::{for_each_block, NewItem};
@@ -188,7 +189,7 @@ struct Connection {
 
 fn error_frame(e: &Error) -> Frame {
     let mut f = Frame::new(p::ERROR);
-    f.u8(p::error_code(e)).str(&e.to_string());
+    f.u8(local_code(e)).str(&e.to_string());
     f
 }
 
@@ -368,6 +369,7 @@ impl Connection {
         r.done()?;
         let stop = self.wait_stop();
         let mut done = 0;
+        let mut keys = Vec::with_capacity(items.len());
         while done < items.len() {
             // Consecutive items for the same table go in one insert.
             let t = items[done].0;
@@ -375,7 +377,10 @@ impl Connection {
             let batch: Vec<NewItem> = items[done..end].iter().map(|(_, it)| it.clone()).collect();
             let table = &self.shared.tables[t as usize];
             match table.insert(&batch, Wait { timeout, interrupt: Some(&stop) }) {
-                Ok(_) => done = end,
+                Ok(k) => {
+                    keys.extend(k);
+                    done = end
+                }
                 Err(Error::Timeout { message, partial: Partial::Inserted(k) }) => {
                     return Err(Error::Timeout { message: format!("{message}; {} of {} items committed", done + k.len(), items.len()), partial: Partial::Nothing })
                 }
@@ -383,7 +388,10 @@ impl Connection {
             }
         }
         let mut f = Frame::new(p::CREATED);
-        f.u32(items.len() as u32);
+        f.u32(keys.len() as u32);
+        keys.iter().for_each(|&k| {
+            f.u64(k);
+        });
         Ok(f)
     }
 
@@ -395,7 +403,7 @@ impl Connection {
         let stop = self.wait_stop();
         let (batch, message) = match table.sample(n as usize, Wait { timeout, interrupt: Some(&stop) }) {
             Ok(b) => (b, None),
-            Err(Error::Timeout { message, partial: Partial::Sampled(b) }) => (*b, Some(message)),
+            Err(Error::Timeout { message, partial: Partial::Sampled(b) }) => (b.into_batch(), Some(message)),
             Err(e) => return Err(e),
         };
         drop(stop);

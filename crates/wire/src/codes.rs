@@ -1,5 +1,6 @@
-//! Core errors <-> gRPC statuses, one to one, so a remote call raises what the same
-//! call in process would.
+//! Core errors <-> what travels on a wire: gRPC statuses for the remote protocol,
+//! one-byte codes in the local protocol's `ERROR` replies. One to one, so a call
+//! raises the same error in process, locally and remotely.
 
 use reprise_core::error::{Error, Partial};
 use tonic::{Code, Status};
@@ -31,5 +32,31 @@ pub fn from_status(s: Status) -> Error {
         Code::Unauthenticated | Code::PermissionDenied => Error::Unauthenticated(message),
         Code::Unavailable => Error::Io(format!("replay server unavailable: {message}")),
         code => Error::Io(format!("replay server: {code:?}: {message}")),
+    }
+}
+
+/// The code of `e` in a local `ERROR` reply.
+pub fn local_code(e: &Error) -> u8 {
+    match e {
+        Error::InvalidArgument(_) => 1,
+        Error::NotFound(_) => 2,
+        Error::Timeout { .. } => 3,
+        Error::ResourceExhausted(_) => 4,
+        Error::Corrupt(_) => 5,
+        Error::Io(_) | Error::Interrupted { .. } => 6,
+        Error::Unauthenticated(_) => 7,
+    }
+}
+
+/// The error a local `ERROR` reply's code and message stand for.
+pub fn from_local_code(code: u8, message: String) -> Error {
+    match code {
+        1 => Error::InvalidArgument(message),
+        2 => Error::NotFound(message),
+        3 => Error::Timeout { message, partial: Default::default() },
+        4 => Error::ResourceExhausted(message),
+        5 => Error::Corrupt(message),
+        7 => Error::Unauthenticated(message),
+        _ => Error::Io(message),
     }
 }

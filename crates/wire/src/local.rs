@@ -13,7 +13,8 @@ use std::io::{Read, Write};
 use reprise_core::error::{Error, Result};
 use reprise_core::RowRange;
 
-pub const VERSION: u32 = 1;
+/// Version 2: `CREATED` carries the committed items' keys.
+pub const VERSION: u32 = 2;
 /// Largest frame either side accepts.
 pub const MAX_FRAME: usize = 64 << 20;
 /// Largest item count in one create or sample request.
@@ -40,6 +41,7 @@ pub const CHECKPOINT: u8 = 11;
 // Replies.
 pub const HELLO_OK: u8 = 129;
 pub const LEASED: u8 = 130;
+/// `u32 n | n x u64 key` of the items committed, in order.
 pub const CREATED: u8 = 131;
 pub const SAMPLED: u8 = 132;
 pub const COUNT: u8 = 133;
@@ -48,31 +50,6 @@ pub const OK: u8 = 135;
 pub const ERROR: u8 = 136;
 /// The path of a checkpoint just written (a string).
 pub const CHECKPOINTED: u8 = 137;
-
-/// Error kinds in an `ERROR` reply.
-pub fn error_code(e: &Error) -> u8 {
-    match e {
-        Error::InvalidArgument(_) => 1,
-        Error::NotFound(_) => 2,
-        Error::Timeout { .. } => 3,
-        Error::ResourceExhausted(_) => 4,
-        Error::Corrupt(_) => 5,
-        Error::Io(_) | Error::Interrupted { .. } => 6,
-        Error::Unauthenticated(_) => 7,
-    }
-}
-
-pub fn error_from(code: u8, message: String) -> Error {
-    match code {
-        1 => Error::InvalidArgument(message),
-        2 => Error::NotFound(message),
-        3 => Error::Timeout { message, partial: Default::default() },
-        4 => Error::ResourceExhausted(message),
-        5 => Error::Corrupt(message),
-        7 => Error::Unauthenticated(message),
-        _ => Error::Io(message),
-    }
-}
 
 /// Encodes one frame.
 pub struct Frame(Vec<u8>);

@@ -1,0 +1,127 @@
+//! The servers for Python: `LocalServer` (clients on this host, over a Unix socket
+//! and shared memory) and `RemoteServer` (gRPC), both over the same tables.
+//! `rp.Server` runs one of each.
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use pyo3::prelude::*;
+use reprise_server::local::Checkpointer;
+use reprise_server::{GrpcOptions, GrpcServer, LocalServer};
+
+use crate::errors::invalid;
+use crate::raise::py_err;
+use crate::table::PyTable;
+
+/// A client's CHECKPOINT runs the owner's Python checkpoint code `f` on the
+/// connection's thread (which holds no table lock while it waits for the GIL).
+pub fn checkpointer(f: Py<PyAny>) -> Checkpointer {
+    let f = Arc::new(f);
+    Arc::new(move || {
+        Python::attach(|py| {
+            f.call0(py).and_then(|p| p.extract::<String>(py)).map_err(|e| {
+                let kind = e.get_type(py).name().map(|n| n.to_string()).unwrap_or_default();
+                let message = format!("checkpoint failed: {kind}: {}", e.value(py));
+                if kind == "InvalidArgument" {
+                    reprise_core::Error::InvalidArgument(message)
+                } else {
+                    reprise_core::Error::Io(message)
+                }
+            })
+        })
+    })
+}
+
+#[pyclass(name = "LocalServer", module = "reprise._native", frozen)]
+pub struct PyLocalServer {
+    server: Mutex<Option<LocalServer>>,
+    address: String,
+    name: String,
+}
+
+#[pymethods]
+impl PyLocalServer {
+    #[new]
+    #[pyo3(signature = (tables, name=None, checkpoint=None))]
+    fn new(py: Python<'_>, tables: Vec<PyRef<'_, PyTable>>, name: Option<String>, checkpoint: Option<Py<PyAny>>) -> PyResult<Self> {
+        let tables = tables.iter().map(|t| t.table.clone()).collect();
+        let checkpoint: Option<Checkpointer> = checkpoint.map(checkpointer);
+        let server = py.detach(|| LocalServer::start_with(tables, name.as_deref(), checkpoint)).map_err(py_err(py))?;
+        Ok(PyLocalServer { address: server.address(), name: server.name().to_string(), server: Mutex::new(Some(server)) })
+    }
+
+    #[getter]
+    fn local_address(&self) -> String {
+        self.address.clone()
+    }
+
+    #[getter]
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    /// Closes every connection (releasing what clients held) and removes the socket.
+    fn stop(&self, py: Python<'_>) {
+        let server = self.server.lock().take();
+        if let Some(mut s) = server {
+            py.detach(|| s.stop());
+        }
+    }
+}
+
+#[pyclass(name = "RemoteServer", module = "reprise._native", frozen)]
+pub struct PyRemoteServer {
+    server: Mutex<Option<GrpcServer>>,
+    address: String,
+    metrics_address: Option<String>,
+}
+
+#[pymethods]
+impl PyRemoteServer {
+    #[new]
+    #[pyo3(signature = (tables, address, token=None, tls_cert=None, tls_key=None, max_message_bytes=64<<20, max_batch_items=1<<16, max_concurrent_per_connection=64, checkpoint=None, metrics_address=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        tables: Vec<PyRef<'_, PyTable>>,
+        address: &str,
+        token: Option<String>,
+        tls_cert: Option<Vec<u8>>,
+        tls_key: Option<Vec<u8>>,
+        max_message_bytes: usize,
+        max_batch_items: u32,
+        max_concurrent_per_connection: usize,
+        checkpoint: Option<Py<PyAny>>,
+        metrics_address: Option<String>,
+    ) -> PyResult<Self> {
+        let tables = tables.iter().map(|t| t.table.clone()).collect();
+        let tls = match (tls_cert, tls_key) {
+            (Some(c), Some(k)) => Some((c, k)),
+            (None, None) => None,
+            _ => return Err(invalid(py, "TLS needs both a certificate and a key".into())),
+        };
+        let checkpoint: Option<Checkpointer> = checkpoint.map(checkpointer);
+        let options = GrpcOptions { token, tls, max_message_bytes, max_batch_items, max_concurrent_per_connection, checkpoint, metrics_address };
+        let server = py.detach(|| GrpcServer::start(tables, address, options)).map_err(py_err(py))?;
+        Ok(PyRemoteServer { address: server.address(), metrics_address: server.metrics_address(), server: Mutex::new(Some(server)) })
+    }
+
+    #[getter]
+    fn address(&self) -> String {
+        self.address.clone()
+    }
+
+    #[getter]
+    fn metrics_address(&self) -> Option<String> {
+        self.metrics_address.clone()
+    }
+
+    /// Stops accepting calls, lets calls in progress finish for up to `grace` seconds.
+    #[pyo3(signature = (grace=5.0))]
+    fn stop(&self, py: Python<'_>, grace: f64) {
+        let server = self.server.lock().take();
+        if let Some(mut s) = server {
+            py.detach(|| s.stop(std::time::Duration::from_secs_f64(grace.max(0.0))));
+        }
+    }
+}
