@@ -1,4 +1,6 @@
-"""cpprb side of the serving comparison; run with benchmarks/.venvs/cpprb/bin/python.
+"""cpprb side of the serving comparison; run with benchmarks/.venvs/cpprb/bin/python:
+``benchmarks/.venvs/cpprb/bin/python -m benchmarks.peers.cpprb_serving [--quick]`` (from
+the repository root).
 
 cpprb has no server: its multi-process buffers (``MPReplayBuffer``,
 ``MPPrioritizedReplayBuffer``, ``backend="SharedMemory"``, ``ctx=spawn``) live in
@@ -16,20 +18,18 @@ nothing to flush.
 
 from __future__ import annotations
 
-import os
-import sys
+import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-import numpy as np  # noqa: E402
-
-from serving_common import (APEX_ACTORS, APEX_FRAME, APEX_POOL, APEX_SAMPLE,  # noqa: E402
-                            APEX_VARIANTS, Bench, Group, IMPORTANCE_BETA, N_WRITERS,
-                            PRIORITY_EXPONENT, PriorityStream, SAMPLE_BATCH, STEPS_PER_CALL,
-                            WRITER_SIZES, Window, apex_batches, apex_entry, apex_pool,
-                            apex_priorities, apex_timing, count_in_window,
-                            latency_run, make_config, mixed_entry, mp_context,
-                            payload, timed_rounds, writer1_entry)
+from benchmarks.common.bench import Bench
+from benchmarks.common.payload import PriorityStream, payload, random_priorities
+from benchmarks.common.processes import Group, mp_context
+from benchmarks.common.timing import Window, count_in_window, timed_rounds
+from benchmarks.serving.workloads import (APEX_ACTORS, APEX_FRAME, APEX_POOL, APEX_SAMPLE,
+                                          APEX_VARIANTS, IMPORTANCE_BETA, N_WRITERS,
+                                          PRIORITY_EXPONENT, SAMPLE_BATCH, STEPS_PER_CALL,
+                                          WRITER_SIZES, apex_batches, apex_entry, apex_pool,
+                                          apex_timing, latency_run, make_config, mixed_entry,
+                                          serving_bench, writer_capacity, writer1_entry)
 
 
 def x_env(floats: int) -> dict:
@@ -65,7 +65,7 @@ def writer1_child(rb, floats: int, variant: str, capacity: int, quick: bool):
         call()
 
     def run(_start):
-        return {"rates": timed_rounds(call, lambda: None, STEPS_PER_CALL, cfg)}
+        return {"rates": timed_rounds(call, STEPS_PER_CALL, cfg)}
     return run
 
 
@@ -130,9 +130,9 @@ class Cpprb:
     def writer1(self, size: int, variant: str) -> dict:
         cfg = self.cfg
         floats = size // 4
-        cap = cfg.writer_capacity(size)
+        cap = writer_capacity(cfg, size)
         rb = self._mp(cap, x_env(floats))
-        g = Group(cfg, self.bench.log)
+        g = Group(cfg)
         g.add("writer", writer1_child, rb, floats, variant, cap, cfg.quick)
         res = g.run()
         stored = rb.get_stored_size()
@@ -149,7 +149,7 @@ class Cpprb:
         src = payload(4096, 100)
         for start in range(0, n, 4096):
             rb.add(x=src[:min(4096, n - start)])
-        g = Group(cfg, self.bench.log)
+        g = Group(cfg)
         for i in range(N_WRITERS):
             g.add(f"writer{i}", mixed_writer_child, rb, variant, 10 + i,
                   cfg.mixed_warmup_seconds, cfg.mixed_seconds)
@@ -166,13 +166,13 @@ class Cpprb:
         n = cfg.apex_table_items
         rb = self._mp(n, apex_env(), prioritized=True)
         pool = apex_pool(1024, 99)
-        prios = apex_priorities(n, 98)
+        prios = random_priorities(n, 98)
         for start in range(0, n, 1024):
             k = min(1024, n - start)
             rb.add(**{f: v[:k] for f, v in pool.items()}, priorities=prios[start:start + k])
         del pool
         assert rb.get_stored_size() == n
-        g = Group(cfg, self.bench.log)
+        g = Group(cfg)
         for i in range(APEX_ACTORS):
             g.add(f"actor{i}", apex_actor_child, rb, 20 + i, cfg.apex_warmup_seconds,
                   cfg.apex_seconds, apex_timing(variant, "actor", i))
@@ -187,7 +187,7 @@ class Cpprb:
 
 
 def main() -> None:
-    bench = Bench("cpprb")
+    bench = serving_bench("cpprb")
     from importlib.metadata import version
     bench.versions["cpprb"] = version("cpprb")
     bench.notes.append("no server: MP buffers in shared memory (backend='SharedMemory', "

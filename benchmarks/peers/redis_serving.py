@@ -1,4 +1,6 @@
-"""Redis baseline of the serving comparison; run with benchmarks/.venvs/redis/bin/python.
+"""Redis baseline of the serving comparison; run with benchmarks/.venvs/redis/bin/python:
+``benchmarks/.venvs/redis/bin/python -m benchmarks.peers.redis_serving [--quick]`` (from the
+repository root).
 
 The in-network replay paper's baseline (Ape-X inspired, Python + Redis): actors pickle
 their experiences and ``RPUSH`` them into a Redis list; a replay process pulls them
@@ -29,27 +31,27 @@ push latency (it is reported as ``throttled_s``).
 
 from __future__ import annotations
 
-import os
 import pickle
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from serving_common import (APEX_ACTORS, APEX_FRAME, APEX_POOL, APEX_SAMPLE,  # noqa: E402
-                            APEX_VARIANTS, Bench, Group, N_WRITERS, PRIORITY_EXPONENT,
-                            PriorityStream, SAMPLE_BATCH, STEPS_PER_CALL, WRITER_SIZES,
-                            Window, apex_batches, apex_entry, apex_pool, apex_priorities,
-                            apex_timing, count_in_window, latencies_in_window, latency_stats,
-                            make_config, mixed_entry, now, payload, timed_rounds,
-                            writer1_entry)
+from benchmarks.common.bench import Bench
+from benchmarks.common.payload import PriorityStream, payload, random_priorities
+from benchmarks.common.processes import Group
+from benchmarks.common.timing import (Window, count_in_window, latencies_in_window,
+                                      latency_stats, now, timed_rounds)
+from benchmarks.serving.workloads import (APEX_ACTORS, APEX_FRAME, APEX_POOL, APEX_SAMPLE,
+                                          APEX_VARIANTS, N_WRITERS, PRIORITY_EXPONENT,
+                                          SAMPLE_BATCH, STEPS_PER_CALL, WRITER_SIZES,
+                                          apex_batches, apex_entry, apex_pool, apex_timing,
+                                          make_config, mixed_entry, serving_bench,
+                                          writer_capacity, writer1_entry)
 
 KEY = b"exp"
 DRAINED = b"drained"
@@ -220,7 +222,7 @@ def writer1_child(port: int, floats: int, variant: str, capacity: int, quick: bo
             if now() > t_end:
                 break
         flush()
-        rates = timed_rounds(counted, flush, STEPS_PER_CALL, cfg)
+        rates = timed_rounds(counted, STEPS_PER_CALL, cfg, flush=flush)
         r.rpush(KEY, STOP)
         return {"rates": rates, "throttled_s": state["throttled"]}
     return run
@@ -394,7 +396,7 @@ def apex_learner_child(port: int, capacity: int, warmup: float, seconds: float, 
     r = connect(port)
     mem = ApexMemory(capacity)
     pool = apex_pool(1024, 99)
-    prios = apex_priorities(capacity, 98)
+    prios = random_priorities(capacity, 98)
     for start in range(0, capacity, 1024):   # prefilled, like every system's table
         k = min(1024, capacity - start)
         mem.put({f: v[:k] for f, v in pool.items()}, prios[start:start + k])
@@ -448,9 +450,9 @@ class RedisBaseline:
     def writer1(self, size: int, variant: str) -> dict:
         cfg = self.cfg
         floats = size // 4
-        cap = cfg.writer_capacity(size)
+        cap = writer_capacity(cfg, size)
         self.server.flush()
-        g = Group(cfg, self.bench.log)
+        g = Group(cfg)
         g.add("replay", replay1_child, self.server.port, cap, floats)
         g.add("writer", writer1_child, self.server.port, floats, variant, cap, cfg.quick)
         res = g.run()
@@ -466,7 +468,7 @@ class RedisBaseline:
     def mixed(self, variant: str) -> dict:
         cfg = self.cfg
         self.server.flush()
-        g = Group(cfg, self.bench.log)
+        g = Group(cfg)
         for i in range(N_WRITERS):
             g.add(f"writer{i}", mixed_writer_child, self.server.port, variant, 10 + i,
                   cfg.mixed_warmup_seconds, cfg.mixed_seconds)
@@ -487,7 +489,7 @@ class RedisBaseline:
     def apex(self, variant: str) -> dict:
         cfg = self.cfg
         self.server.flush()
-        g = Group(cfg, self.bench.log)
+        g = Group(cfg)
         g.add("learner", apex_learner_child, self.server.port, cfg.apex_table_items,
               cfg.apex_warmup_seconds, cfg.apex_seconds, apex_timing(variant, "learner"))
         for i in range(APEX_ACTORS):
@@ -503,7 +505,7 @@ class RedisBaseline:
 
 
 def main() -> None:
-    bench = Bench("redis")
+    bench = serving_bench("redis")
     from importlib.metadata import version
     for pkg in ("redis", "hiredis"):
         try:

@@ -1,16 +1,16 @@
-"""dm-reverb's checkpoint of a 4 KB-item table, for ``checkpoint_bench.py``; run with
-benchmarks/.venvs/reverb/bin/python.
+"""dm-reverb's checkpoint of a 4 KB-item table, for ``benchmarks.checkpoint.compare``; run
+with the reverb venv's python from the repository root:
 
-    .venvs/reverb/bin/python peers/reverb_checkpoint.py --items 1000000 --dir /tmp/ckpt-bench/reverb
+    benchmarks/.venvs/reverb/bin/python -m benchmarks.peers.reverb_checkpoint --items N --dir D
 
-The server runs in its own process (this script started with ``--serve``) with one
+The server runs in its own process (this module started with ``--serve``) with one
 table ``Uniform`` (uniform sampler, FIFO remover, ``max_size`` = items, one-step items
 of one float32[1, 1024] field) and ``DefaultCheckpointer(path=DIR)``; this process is
 the client, over loopback gRPC, as Reverb's users run it.
 
 1. Fill: ``StructuredWriter`` (items made in C++ from an ``x[-1:]`` pattern), one
    ``append`` per step, ``flush()`` every 32 items (the fastest write path, as in
-   ``reverb_bench.py``); random float32 rows.
+   ``reverb_core.py``); random float32 rows.
 2. ``client.checkpoint()`` on the idle server, ``--rounds`` times (each checkpoint is
    deleted after it is timed).
 3. Throughput during a checkpoint: a writer thread (the same append/flush loop) and a
@@ -36,13 +36,9 @@ import threading
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 
-from reverb_common import ServerProcess, x_table  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(HERE))
-from page_cache import evict, resident  # noqa: E402
+from benchmarks.common.page_cache import evict, resident  # noqa: E402  (after the TF log level)
+from benchmarks.peers.reverb_common import ServerProcess, x_table  # noqa: E402
 
 FLOATS = 1024  # 4 KB items
 FLUSH_EVERY = 32
@@ -100,7 +96,7 @@ class Server(ServerProcess):
 
     def __init__(self, items: int, ckpt_dir: str) -> None:
         spec = {"table": x_table(TABLE, FLOATS, items), "checkpoint_dir": ckpt_dir}
-        super().__init__(os.path.abspath(__file__), spec, stop_timeout=120)   # our serve() reads this dict
+        super().__init__(__spec__.name, spec, stop_timeout=120)   # our serve() reads this dict
         self.construct_s = float(self.extra[0])
 
 

@@ -1,7 +1,8 @@
-"""The Reverb server process both Reverb scripts (``reverb_bench.py``,
-``reverb_serving.py``) use: one ``reverb.Server`` holding every table, in its own
-process (the calling script started with ``--serve SPECS``), reached over loopback
-gRPC. Imported from the script's own directory; run with the reverb venv's python.
+"""The Reverb server process the Reverb scripts (``reverb_core.py``, ``reverb_serving.py``,
+``reverb_remote.py``, ``reverb_checkpoint.py``) use: one ``reverb.Server`` holding every
+table, in its own process (the calling module started with ``--serve SPECS`` through
+:class:`~benchmarks.common.processes.ServerProcess`), reached over loopback gRPC. Run
+with the reverb venv's python.
 
 A table spec is a dict: ``name``, ``sampler`` ("uniform" or "prioritized", then
 ``exponent``), ``max_size`` and ``fields`` ({field: [shape, tf dtype name]}); every
@@ -11,12 +12,9 @@ table evicts FIFO and has a ``MinSize(1)`` rate limiter.
 from __future__ import annotations
 
 import json
-import os
 import sys
 
-# The server-process wrapper is the one every remote benchmark uses (benchmarks/remote_common.py).
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from remote_common import ServerProcess  # noqa: E402
+from benchmarks.common.processes import ServerProcess
 
 __all__ = ["ServerProcess", "serve", "x_table"]
 

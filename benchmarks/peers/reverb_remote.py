@@ -1,9 +1,11 @@
-"""dm-reverb side of the remote comparison; run with benchmarks/.venvs/reverb/bin/python.
+"""dm-reverb side of the remote comparison; run with benchmarks/.venvs/reverb/bin/python:
+``benchmarks/.venvs/reverb/bin/python -m benchmarks.peers.reverb_remote [--quick]`` (from
+the repository root).
 
-As Reverb's users run it: one ``reverb.Server`` in its own process (this script with
+As Reverb's users run it: one ``reverb.Server`` in its own process (this module with
 ``--serve``; tables from ``reverb_common``: Uniform sampler, Fifo remover, ``max_size`` =
-TABLE_ITEMS, MinSize(1), signature ``x: float32[1, floats]``: an item is one step),
-filled to ``max_size`` by this process before timing, and every client a spawned
+the config's ``table_items``, MinSize(1), signature ``x: float32[1, floats]``: an item is
+one step), filled to ``max_size`` by this process before timing, and every client a spawned
 process with its own ``reverb.Client`` over loopback gRPC. Paths (the fastest Reverb offers without
 TensorFlow datasets; the environment variables switch):
 
@@ -29,15 +31,14 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, HERE)
 
-import numpy as np  # noqa: E402
+import numpy as np  # noqa: E402  (after the TF log level)
 
-from remote_common import (BATCH, CLIENTS, Pool, RemoteBench, ServerProcess,  # noqa: E402
-                           batch_rows, floats, payload, run_points, table_name, table_specs)
-from reverb_common import serve, x_table  # noqa: E402
+from benchmarks.common.payload import payload  # noqa: E402
+from benchmarks.common.processes import Pool, ServerProcess  # noqa: E402
+from benchmarks.peers.reverb_common import serve, x_table  # noqa: E402
+from benchmarks.remote.workloads import (BATCH, batch_rows, floats, remote_bench,  # noqa: E402
+                                         run_points, table_name, table_specs)
 
 FLUSH_EVERY = int(os.environ.get("REVERB_FLUSH_EVERY", "32"))
 WRITE_PATH = os.environ.get("REVERB_WRITE_PATH", "structured")
@@ -154,23 +155,24 @@ def main() -> None:
     if len(sys.argv) > 2 and sys.argv[1] == "--serve":
         serve(sys.argv[2])
         return
-    bench = RemoteBench("reverb")
+    bench = remote_bench("reverb")
     from importlib.metadata import version
     for pkg in ("dm-reverb", "tensorflow"):
         bench.versions[pkg] = version(pkg)
     import reverb
-    specs = table_specs()
-    server = ServerProcess(os.path.abspath(__file__),
+    specs = table_specs(bench.cfg)
+    server = ServerProcess(__spec__.name,
                            [x_table(s["name"], s["floats"], s["items"]) for s in specs])
+    clients = max(bench.cfg.clients)
     bench.notes.append(f"reverb.Server in its own process at {server.address}; "
-                       f"{max(CLIENTS)} client processes with reverb.Client(address)")
+                       f"{clients} client processes with reverb.Client(address)")
     pool = None
     try:
         client = reverb.Client(server.address)
         for s in specs:
             bench.log(f"filled {s['name']} ({s['items']} items) in {fill(client, s):.1f}s")
-        pool = Pool(max(CLIENTS), client_setup, (server.address,), bench.cfg, bench.log)
-        bench.log(f"{max(CLIENTS)} client processes ready in {pool.start_s:.1f}s")
+        pool = Pool(clients, client_setup, (server.address,), bench.cfg)
+        bench.log(f"{clients} client processes ready in {pool.start_s:.1f}s")
         run_points(bench, pool, path_of,
                    extra=lambda op, label: {"server_rss_mib": server.rss_mib()})
     finally:

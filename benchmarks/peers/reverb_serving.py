@@ -1,6 +1,8 @@
-"""dm-reverb side of the serving comparison; run with benchmarks/.venvs/reverb/bin/python.
+"""dm-reverb side of the serving comparison; run with benchmarks/.venvs/reverb/bin/python:
+``benchmarks/.venvs/reverb/bin/python -m benchmarks.peers.reverb_serving [--quick]`` (from
+the repository root).
 
-As Reverb's users run it: one ``reverb.Server`` in its own process (this script with
+As Reverb's users run it: one ``reverb.Server`` in its own process (this module with
 ``--serve``) holding every table, and every writer/actor/sampler/learner a spawned
 process with its own ``reverb.Client`` over loopback gRPC. Paths (the fastest Reverb
 documents for each job):
@@ -30,17 +32,20 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import numpy as np  # noqa: E402
+import numpy as np  # noqa: E402  (after the TF log level)
 
-from serving_common import (APEX_ACTORS, APEX_FRAME, APEX_POOL, APEX_PUSH,  # noqa: E402
-                            APEX_SAMPLE, APEX_VARIANTS, Bench, Group, N_WRITERS,
-                            PRIORITY_EXPONENT, PriorityStream, SAMPLE_BATCH, STEPS_PER_CALL,
-                            WRITER_SIZES, Window, apex_entry, apex_pool, apex_priorities,
-                            apex_timing, count_in_window, latency_run, make_config,
-                            mixed_entry, payload, timed_rounds, writer1_entry)
-from reverb_common import ServerProcess, serve, x_table  # noqa: E402
+from benchmarks.common.bench import Bench  # noqa: E402
+from benchmarks.common.payload import PriorityStream, payload, random_priorities  # noqa: E402
+from benchmarks.common.processes import Group  # noqa: E402
+from benchmarks.common.timing import Window, count_in_window, timed_rounds  # noqa: E402
+from benchmarks.peers.reverb_common import ServerProcess, serve, x_table  # noqa: E402
+from benchmarks.serving.workloads import (APEX_ACTORS, APEX_FRAME, APEX_POOL,  # noqa: E402
+                                          APEX_PUSH, APEX_SAMPLE, APEX_VARIANTS, N_WRITERS,
+                                          PRIORITY_EXPONENT, SAMPLE_BATCH, STEPS_PER_CALL,
+                                          WRITER_SIZES, apex_entry, apex_pool, apex_timing,
+                                          latency_run, make_config, mixed_entry, serving_bench,
+                                          writer_capacity, writer1_entry)
 
 FLUSH_EVERY = int(os.environ.get("REVERB_FLUSH_EVERY", "32"))
 FLUSH_KEEP = int(os.environ.get("REVERB_FLUSH_KEEP", "0"))   # block_until_num_items
@@ -82,7 +87,7 @@ def writer1_child(address: str, table: str, floats: int, capacity: int, quick: b
     w.flush()
 
     def run(_start):
-        return {"rates": timed_rounds(call, w.flush, STEPS_PER_CALL, cfg)}
+        return {"rates": timed_rounds(call, STEPS_PER_CALL, cfg, flush=w.flush)}
     return run
 
 
@@ -147,7 +152,7 @@ def apex_actor_child(address: str, seed: int, warmup: float, seconds: float, tim
     import reverb
     pool = apex_pool(APEX_POOL, seed)
     push, w = apex_push_fn(reverb.Client(address), "apex", apex_writer_steps(pool),
-                           apex_priorities(APEX_POOL, seed))
+                           random_priorities(APEX_POOL, seed))
     push()
 
     return latency_run(push, warmup, seconds, timing, after=w.close)
@@ -190,7 +195,7 @@ class Reverb:
         self.reverb = reverb
         self.bench = bench
         self.cfg = cfg = bench.cfg
-        specs = [x_table(f"w1_{label}", size // 4, cfg.writer_capacity(size))
+        specs = [x_table(f"w1_{label}", size // 4, writer_capacity(cfg, size))
                  for label, size in WRITER_SIZES]
         specs.append(x_table("mixed", 100, cfg.mixed_table_items))
         specs.append({"name": "apex", "sampler": "prioritized", "exponent": PRIORITY_EXPONENT,
@@ -198,7 +203,7 @@ class Reverb:
                       "fields": {"state": [list(APEX_FRAME), "uint8"],
                                  "next_state": [list(APEX_FRAME), "uint8"],
                                  "action": [[], "int64"], "reward": [[], "float32"]}})
-        self.server = ServerProcess(os.path.abspath(__file__), specs, stop_timeout=60)
+        self.server = ServerProcess(__spec__.name, specs, stop_timeout=60)
         self.client = reverb.Client(self.server.address)
 
     def close(self) -> None:
@@ -210,9 +215,9 @@ class Reverb:
     def writer1(self, label: str, size: int) -> dict:
         cfg = self.cfg
         table = f"w1_{label}"
-        g = Group(cfg, self.bench.log)
+        g = Group(cfg)
         g.add("writer", writer1_child, self.server.address, table, size // 4,
-              cfg.writer_capacity(size), cfg.quick)
+              writer_capacity(cfg, size), cfg.quick)
         res = g.run()
         n = self.size(table)
         rss = self.server.rss_mib()
@@ -234,7 +239,7 @@ class Reverb:
                 break
         w.flush()
         filled = self.size("mixed")
-        g = Group(cfg, self.bench.log)
+        g = Group(cfg)
         for i in range(N_WRITERS):
             g.add(f"writer{i}", mixed_writer_child, self.server.address, "mixed", 10 + i,
                   cfg.mixed_warmup_seconds, cfg.mixed_seconds)
@@ -252,7 +257,7 @@ class Reverb:
         n = cfg.apex_table_items
         pool = apex_pool(1024, 99)
         steps = apex_writer_steps(pool)
-        prios = apex_priorities(1024, 98)
+        prios = random_priorities(1024, 98)
         push, w = apex_push_fn(self.client, "apex", steps, prios)
         t0 = time.monotonic()
         limit = 90 if not cfg.quick else 15
@@ -263,7 +268,7 @@ class Reverb:
         fill_s = time.monotonic() - t0
         filled = self.size("apex")
         del pool, steps
-        g = Group(cfg, self.bench.log)
+        g = Group(cfg)
         for i in range(APEX_ACTORS):
             g.add(f"actor{i}", apex_actor_child, self.server.address, 20 + i,
                   cfg.apex_warmup_seconds, cfg.apex_seconds, apex_timing(variant, "actor", i))
@@ -294,7 +299,7 @@ def main() -> None:
     if len(sys.argv) > 2 and sys.argv[1] == "--serve":
         serve(sys.argv[2])
         return
-    bench = Bench("reverb")
+    bench = serving_bench("reverb")
     from importlib.metadata import version
     for pkg in ("dm-reverb", "tensorflow"):
         bench.versions[pkg] = version(pkg)

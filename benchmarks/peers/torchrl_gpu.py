@@ -1,4 +1,5 @@
-"""TorchRL side of the GPU comparison: functions imported by the combined GPU script.
+"""TorchRL side of the GPU comparison: functions imported by ``benchmarks.gpu.compare``
+(run alone: ``python -m benchmarks.peers.torchrl_gpu [cuda|cpu]`` from the repository root).
 
 Written against torchrl 0.12.0 + tensordict 0.12.4, the release pair built for torch 2.11
 (carried as wheels in ``.whl/``; install with ``pip install --no-index --no-deps --target``),
@@ -30,6 +31,8 @@ import torch
 from torchrl.data import LazyTensorStorage, ReplayBuffer, TensorStorage
 from torchrl.data.replay_buffers.samplers import PrioritizedSampler, RandomSampler
 
+from benchmarks.common.timing import call_summary, call_times
+
 FILL_CHUNK_BYTES = 64 << 20  # random source block reused while filling the storage
 PRIO_FILL_CHUNK = 1_000_000  # update_priority chunk while filling the sum tree
 PRIO_POOL = 64  # distinct pre-generated priority vectors cycled through the timed rounds
@@ -49,30 +52,7 @@ def _free() -> None:
 
 def _time_calls(call, device: torch.device, repeats: int, warmup: int) -> list[float]:
     """Per-call seconds, each call closed by a device synchronize."""
-    for _ in range(warmup):
-        call()
-    _sync(device)
-    times = []
-    clock = time.perf_counter
-    for _ in range(repeats):
-        t0 = clock()
-        call()
-        _sync(device)
-        times.append(clock() - t0)
-    return times
-
-
-def _summary(times: list[float], nbytes: int | None = None) -> dict:
-    ts = sorted(times)
-    med = statistics.median(ts)
-    out = {"us_median": med * 1e6,
-           "us_p10": ts[int(0.1 * (len(ts) - 1))] * 1e6,
-           "us_p90": ts[int(0.9 * (len(ts) - 1))] * 1e6,
-           "repeats": len(ts)}
-    if nbytes is not None:
-        out["bytes_per_call"] = nbytes
-        out["gbps"] = nbytes / med / 1e9
-    return out
+    return call_times(call, warmup, repeats, sync=lambda: _sync(device))
 
 
 def _filled_buffer(row_bytes: int, batch: int, n_items: int, storage_device: torch.device,
@@ -112,7 +92,7 @@ def collect_host(row_bytes: int, batch: int, n_items: int, device: str = "cuda",
     assert out.shape == (batch, floats) and out.device.type == dev.type, (out.shape, out.device)
     del out
     times = _time_calls(call, dev, repeats, warmup=max(10, repeats // 10))
-    res = _summary(times, nbytes=batch * floats * 4)
+    res = call_summary(times, nbytes=batch * floats * 4)
     res.update(fill_s=fill_s, n_items=n_items, batch=batch, row_bytes=floats * 4, device=str(dev),
                path=("ReplayBuffer(LazyTensorStorage(n, device='cpu'), RandomSampler(), "
                      f"pin_memory={pin}, prefetch=None).sample() + .to({dev.type!r}, "
@@ -136,7 +116,7 @@ def collect_device(row_bytes: int, batch: int, n_items: int, device: str = "cuda
     assert out.shape == (batch, floats) and out.device.type == dev.type, (out.shape, out.device)
     del out
     times = _time_calls(call, dev, repeats, warmup=max(10, repeats // 10))
-    res = _summary(times, nbytes=batch * floats * 4)
+    res = call_summary(times, nbytes=batch * floats * 4)
     res.update(fill_s=fill_s, n_items=n_items, batch=batch, row_bytes=floats * 4, device=str(dev),
                path=(f"ReplayBuffer(LazyTensorStorage(n, device={dev.type!r}), RandomSampler(), "
                      "prefetch=None).sample() (torch.randint + gather on the device) + "
@@ -216,7 +196,7 @@ def prioritized(n_items: int, batch: int, device: str = "cuda", repeats: int = 2
     warmup = max(10, repeats // 10)
     t_dev = _time_calls(round_device, dev, repeats, warmup)
     t_host = _time_calls(round_host, torch.device("cpu"), repeats, warmup)
-    res = _summary(t_dev)
+    res = call_summary(t_dev)
     res["us_median_host"] = statistics.median(t_host) * 1e6
     tree = "CUDA segment trees" if on_gpu_tree else "CPU C++ SumSegmentTreeFp32/MinSegmentTreeFp32"
     res.update(fill_s=fill_s, fill_chunk=PRIO_FILL_CHUNK, n_items=n_items, batch=batch,

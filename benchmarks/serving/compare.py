@@ -1,38 +1,34 @@
 """Serving comparison driver: Reprise's same-host server against cpprb's multi-process
 buffers, dm-reverb over loopback gRPC and a Redis baseline, on this machine.
 
-    python3.11 benchmarks/compare_serving.py            # full run, ~7 minutes
-    python3.11 benchmarks/compare_serving.py --quick    # checks the scripts; noisy numbers
+    python3.11 -m benchmarks.serving.compare            # full run, ~7 minutes
+    python3.11 -m benchmarks.serving.compare --quick    # smoke test (seconds); numbers are noise
 
-Run it with the Python that has ``reprise`` installed; the peers run from their own
-venvs (``bash benchmarks/setup_peers.sh``), one system at a time, each as a
-subprocess that starts its own server/writer/sampler processes and prints one JSON
-object (see ``serving_common.py``). A peer whose venv is missing is skipped and the
-table says so. The same run measures single-core memcpy bandwidth (as
-``compare_core.py`` does) for the 400 KB rows.
+Run it from the repository root with the Python that has ``reprise`` installed; the
+peers run from their own venvs (``bash benchmarks/setup_peers.sh``), one system at a
+time, each as a subprocess that starts its own server/writer/sampler processes and
+prints one JSON object (see ``workloads.py``). A peer whose venv is missing is skipped
+(a line on stderr says so) and the table says so. The same run measures single-core
+memcpy bandwidth (as the core comparison does) for the 400 KB rows.
 
 Writes ``benchmarks/out/serving-<date>.json`` (everything) and ``.md`` (the tables),
-and one ``.log`` per system.
+and one ``.log`` per system; ``--out-dir`` elsewhere.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+from benchmarks.common.driver import (add_budget_args, add_common_args, machine_lines,
+                                      run_systems, si, start_report, wanted_systems,
+                                      write_outputs)
 
-from driver_common import (add_budget_args, add_common_args, machine_lines,  # noqa: E402
-                           run_systems, si, start_report, wanted_systems, write_outputs)
-
-# name, script, venv (None: this interpreter), budget seconds in a full run
+# name, module, venv (None: this interpreter), budget seconds in a full run
 SYSTEMS = [
-    ("reprise", "reprise_serving.py", None, 180),
-    ("cpprb", "peers/cpprb_serving.py", "cpprb", 180),
-    ("reverb", "peers/reverb_serving.py", "reverb", 300),
-    ("redis", "peers/redis_serving.py", "redis", 240),
+    ("reprise", "benchmarks.serving.reprise_serving", None, 180),
+    ("cpprb", "benchmarks.peers.cpprb_serving", "cpprb", 180),
+    ("reverb", "benchmarks.peers.reverb_serving", "reverb", 300),
+    ("redis", "benchmarks.peers.redis_serving", "redis", 240),
 ]
 PEERS = [s[0] for s in SYSTEMS if s[0] != "reprise"]
 DISPLAY = {"reprise": "Reprise", "cpprb": "cpprb (MP buffers)", "reverb": "Reverb (gRPC)",
@@ -130,7 +126,7 @@ def mixed_table(report: dict) -> list[str]:
         key = f"mixed[{variant}]"
         lines.append(rate_row(report, f"4 writers ({what}): items inserted", key,
                               "items_per_s", "items/s"))
-        lines.append(rate_row(report, f"… while 1 sampler draws 256 uniform", key,
+        lines.append(rate_row(report, "… while 1 sampler draws 256 uniform", key,
                               "samples_per_s", "samples/s"))
     return lines
 
@@ -361,7 +357,7 @@ def build_markdown(report: dict) -> str:
 # --- main -----------------------------------------------------------------------------------
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_common_args(ap, SYSTEMS, "tiny tables, short runs")
+    add_common_args(ap, SYSTEMS, "tiny tables, short runs: a smoke test, numbers are noise")
     ap.add_argument("--only", default=None,
                     help="passed to every system: run only workloads whose key contains one "
                          "of these comma-separated substrings (writer1, mixed, apex, 400B, ...)")
@@ -369,7 +365,8 @@ def main() -> None:
     args = ap.parse_args()
     wanted = wanted_systems(ap, args, SYSTEMS)
 
-    stem, report = start_report("serving", args.quick, issue_reference_p50_ms=ISSUE_REF)
+    stem, report = start_report("serving", args.quick, args.out_dir,
+                                issue_reference_p50_ms=ISSUE_REF)
     run_systems(report, stem, SYSTEMS, wanted, args, quick_budget=120,
                 extra_args=["--only", args.only] if args.only else [],
                 load_limit=1.0,
@@ -377,7 +374,7 @@ def main() -> None:
                 timeout=lambda b: b + 240,
                 echo=lambda name, line: line.startswith(f"[{name} ") or "Traceback" in line,
                 process_group=True)
-    write_outputs(stem, report, build_markdown(report))
+    write_outputs(args.out_dir, stem, report, build_markdown(report))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
-"""Reverb side of the core comparison; run with benchmarks/.venvs/reverb/bin/python.
+"""Reverb side of the core comparison; run with benchmarks/.venvs/reverb/bin/python:
+``benchmarks/.venvs/reverb/bin/python -m benchmarks.peers.reverb_core [--quick]`` (from the
+repository root).
 
-As Reverb's users run it: the server lives in its own process (this script started
+As Reverb's users run it: the server lives in its own process (this module started
 with ``--serve``) and the benchmark talks to it over loopback gRPC. Paths, chosen as
 the fastest Reverb documents (override with the environment variables below):
 
@@ -25,14 +27,15 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import numpy as np  # noqa: E402
+import numpy as np  # noqa: E402  (after the TF log level)
 
-from bench_common import (PRIO_ITEM_BYTES, Bench, PriorityStream, Workload,  # noqa: E402
-                          check_batch, fill_rows, floats_for, payload,
-                          prio_fill_priorities)
-from reverb_common import ServerProcess, serve, x_table  # noqa: E402
+from benchmarks.common.bench import Bench  # noqa: E402
+from benchmarks.common.payload import (PriorityStream, check_batch, fill_rows,  # noqa: E402
+                                       floats_for, payload, random_priorities)
+from benchmarks.core.workloads import (PRIO_ITEM_BYTES, SIZES, Workload,  # noqa: E402
+                                       core_bench, standard_suite)
+from benchmarks.peers.reverb_common import ServerProcess, serve, x_table  # noqa: E402
 
 FLUSH_EVERY = int(os.environ.get("REVERB_FLUSH_EVERY", "32"))
 FLUSH_KEEP = int(os.environ.get("REVERB_FLUSH_KEEP", "0"))  # block_until_num_items
@@ -52,15 +55,15 @@ class ReverbSystem:
         self.sample_path = os.environ.get("REVERB_SAMPLE_PATH", "dataset")
         cfg = bench.cfg
         specs = []
-        for _, size in cfg.sizes:
+        for label, size in SIZES:
             k = floats_for(size)
-            cap = cfg.insert_capacity(size)
+            cap = cfg.insert_capacity_items[label]
             specs.append(x_table(f"batched_{k}", k, cap))
             specs.append(x_table(f"step_{k}", k, cap))
-            specs.append(x_table(f"uniform_{k}", k, cfg.sample_items(size)))
+            specs.append(x_table(f"uniform_{k}", k, cfg.sample_table_items_by_size[label]))
         specs.append(dict(x_table("prio", floats_for(PRIO_ITEM_BYTES), cfg.prio_table_items),
                           sampler="prioritized", exponent=0.6))
-        self.server = ServerProcess(os.path.abspath(__file__), specs, stop_timeout=30)
+        self.server = ServerProcess(__spec__.name, specs, stop_timeout=30)
         self.client = reverb.Client(self.server.address)
 
     def close(self) -> None:
@@ -98,8 +101,8 @@ class ReverbSystem:
     def _fill(self, table: str, floats: int, n_items: int, priorities=None,
               time_limit: float | None = None) -> int:
         append, flush, close = self._writer(table, priorities)
-        rows = payload(fill_rows(n_items, floats, 1024), floats)  # [n,1,k]; each row is a [1,k] step
-        steps = [{"x": r[0]} for r in rows]
+        rows = payload(fill_rows(n_items, floats, 1024), floats)  # [n,k]; each row is a [k] step
+        steps = [{"x": r} for r in rows]
         t_end = None if time_limit is None else time.perf_counter() + time_limit
         done = 0
         while done < n_items:
@@ -119,7 +122,7 @@ class ReverbSystem:
         self._fill(table, floats, capacity)  # wrap once, as the other systems do
         append, flush, close = self._writer(table)
         rows = payload(steps_per_call, floats)
-        steps = [{"x": r[0]} for r in rows]
+        steps = [{"x": r} for r in rows]
 
         def call() -> None:
             for i, s in enumerate(steps, 1):
@@ -199,7 +202,7 @@ class ReverbSystem:
 
     def prioritized(self, floats: int, n_items: int, batch: int, exponent: float) -> Workload:
         table = "prio"
-        levels = prio_fill_priorities(PRIO_LEVELS).tolist()
+        levels = random_priorities(PRIO_LEVELS).tolist()
         limit = 60.0 if self.bench.cfg.quick else 150.0
         t0 = time.perf_counter()
         self._fill(table, floats, n_items,
@@ -236,15 +239,15 @@ def main() -> None:
     if len(sys.argv) > 2 and sys.argv[1] == "--serve":
         serve(sys.argv[2])
         return
-    bench = Bench("reverb")
+    bench = core_bench("reverb")
     from importlib.metadata import version
     for pkg in ("dm-reverb", "tensorflow"):
         bench.versions[pkg] = version(pkg)
     system = ReverbSystem(bench)
     bench.notes.append(f"server in its own process, client over gRPC at {system.server.address}")
     try:
-        bench.standard_suite(system.insert_batched, system.insert_step, system.sample_uniform,
-                             system.prioritized)
+        standard_suite(bench, system.insert_batched, system.insert_step, system.sample_uniform,
+                       system.prioritized)
     finally:
         system.close()
     bench.finish()

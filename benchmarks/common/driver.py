@@ -1,11 +1,11 @@
-"""What the comparison drivers (``compare_core.py``, ``compare_serving.py``) share:
-the machine description, the single-core memcpy baseline, finding each system's
-interpreter, running one system's script as a subprocess and collecting its JSON
-object, the loop over the systems, and writing the ``.json`` / ``.md`` files.
+"""What the ``compare.py`` drivers share: the machine description, the single-core
+memcpy baseline, finding each system's interpreter, running one system's module as a
+subprocess and collecting its JSON object, the loop over the systems, and writing the
+``.json`` / ``.md`` files.
 
 Standard library only at import time (numpy is imported inside
-:func:`measure_memcpy`), so any venv's python can run this file as a script:
-``python driver_common.py --memcpy-only NBYTES ROUNDS`` prints one JSON line.
+:func:`measure_memcpy`), so any venv's python can run this module:
+``python -m benchmarks.common.driver --memcpy-only NBYTES ROUNDS`` prints one JSON line.
 """
 
 from __future__ import annotations
@@ -21,9 +21,11 @@ import threading
 import time
 from typing import Callable
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-VENVS = os.path.join(HERE, ".venvs")
-OUT = os.path.join(HERE, "out")
+from benchmarks.common.processes import ROOT, module_command
+
+BENCHMARKS = os.path.join(ROOT, "benchmarks")
+VENVS = os.path.join(BENCHMARKS, ".venvs")
+OUT = os.path.join(BENCHMARKS, "out")
 
 
 # --- machine --------------------------------------------------------------------------
@@ -64,8 +66,8 @@ def memcpy_in_subprocess(nbytes: int, rounds: int) -> dict:
             continue
         if subprocess.run([py, "-c", "import numpy"], capture_output=True).returncode:
             continue
-        r = subprocess.run([py, os.path.abspath(__file__), "--memcpy-only", str(nbytes),
-                            str(rounds)], capture_output=True, text=True)
+        r = subprocess.run(module_command(py, __spec__.name, "--memcpy-only", str(nbytes),
+                                          str(rounds)), capture_output=True, text=True, cwd=ROOT)
         if r.returncode == 0:
             out = json.loads(r.stdout.strip().splitlines()[-1])
             out["python"] = py
@@ -99,8 +101,8 @@ def measure_memcpy(nbytes: int, rounds: int) -> dict:
 
 
 def memcpy_only_main() -> bool:
-    """Handle ``--memcpy-only NBYTES ROUNDS`` (how :func:`memcpy_in_subprocess` calls
-    this file); True if it did."""
+    """Handle ``--memcpy-only NBYTES ROUNDS`` (how :func:`memcpy_in_subprocess` runs
+    this module); True if it did."""
     if len(sys.argv) == 4 and sys.argv[1] == "--memcpy-only":
         print(json.dumps(measure_memcpy(int(sys.argv[2]), int(sys.argv[3]))))
         return True
@@ -123,20 +125,21 @@ def interpreter_for(venv: str | None, reprise_python: str) -> tuple[str | None, 
     return py, None
 
 
-def run_system(name: str, python: str, script: str, args: list[str], timeout: float,
+def run_system(name: str, python: str, module: str, args: list[str], timeout: float,
                log_path: str, echo: Callable[[str], bool],
                process_group: bool = False) -> dict:
-    """Run ``script`` (relative to benchmarks/) with ``python``; its stdout is one JSON
-    line at the end, its stderr (progress) goes to ``log_path`` and, for lines where
-    ``echo(line)`` is true, to our stderr. Past ``timeout`` seconds it is killed: with
-    ``process_group`` it runs in a session of its own and the whole group is killed
-    (its servers and children too), else only the process."""
-    cmd = [python, os.path.join(HERE, script), *args]
+    """Run ``module`` (``benchmarks.core.reprise_core``) with ``python`` from the
+    repository root; its stdout is one JSON line at the end, its stderr (progress) goes
+    to ``log_path`` and, for lines where ``echo(line)`` is true, to our stderr. Past
+    ``timeout`` seconds it is killed: with ``process_group`` it runs in a session of its
+    own and the whole group is killed (its servers and children too), else only the
+    process."""
+    cmd = module_command(python, module, *args)
     print(f"\n== {name}: {' '.join(cmd)}", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, cwd=HERE, start_new_session=process_group)
+                                text=True, cwd=ROOT, start_new_session=process_group)
         chunks: list[str] = []
         reader = threading.Thread(target=lambda: chunks.append(proc.stdout.read()), daemon=True)
         reader.start()
@@ -181,10 +184,12 @@ def run_system(name: str, python: str, script: str, args: list[str], timeout: fl
 
 # --- a driver's main ------------------------------------------------------------------
 def add_common_args(ap, systems: list, quick_help: str) -> None:
-    """The options both drivers take (``--only`` is the serving driver's own)."""
+    """The options every driver takes (``--only`` is the serving and remote drivers' own)."""
     ap.add_argument("--quick", action="store_true", help=quick_help)
     ap.add_argument("--systems", default=",".join(n for n, *_ in systems),
                     help="comma-separated subset of " + ",".join(n for n, *_ in systems))
+    ap.add_argument("--out-dir", default=OUT,
+                    help="where the .json, .md and .log files go (default benchmarks/out)")
 
 
 def add_budget_args(ap) -> None:
@@ -202,9 +207,9 @@ def wanted_systems(ap, args, systems: list) -> list[str]:
     return wanted
 
 
-def start_report(prefix: str, quick: bool, **extra) -> tuple[str, dict]:
+def start_report(prefix: str, quick: bool, out_dir: str, **extra) -> tuple[str, dict]:
     """(file stem, report with date, host and the memcpy baseline)."""
-    os.makedirs(OUT, exist_ok=True)
+    os.makedirs(out_dir, exist_ok=True)
     now = dt.datetime.now()
     stem = f"{prefix}-{now:%Y%m%d-%H%M%S}" + ("-quick" if quick else "")
     report = {"date": now.isoformat(timespec="seconds"), "quick": quick,
@@ -222,7 +227,7 @@ def run_systems(report: dict, stem: str, systems: list, wanted: list[str], args,
                 timeout: Callable[[float], float], echo: Callable[[str, str], bool],
                 process_group: bool) -> None:
     """Run every selected system in turn, one subprocess each, into report["systems"]."""
-    for name, script, venv, budget in systems:
+    for name, module, venv, budget in systems:
         if name not in wanted:
             report["systems"][name] = {"skipped": "not selected (--systems)"}
             continue
@@ -236,8 +241,8 @@ def run_systems(report: dict, stem: str, systems: list, wanted: list[str], args,
         load = os.getloadavg()[0]
         if load > load_limit:
             print(load_warning(name, load), file=sys.stderr, flush=True)
-        result = run_system(name, python, script, sys_args, timeout=timeout(b),
-                            log_path=os.path.join(OUT, f"{stem}-{name}.log"),
+        result = run_system(name, python, module, sys_args, timeout=timeout(b),
+                            log_path=os.path.join(args.out_dir, f"{stem}-{name}.log"),
                             echo=lambda line, name=name: echo(name, line),
                             process_group=process_group)
         result["loadavg_1m_before"] = round(load, 2)
@@ -246,14 +251,14 @@ def run_systems(report: dict, stem: str, systems: list, wanted: list[str], args,
             report["config"] = result["config"]
 
 
-def write_outputs(stem: str, report: dict, md: str) -> None:
-    with open(os.path.join(OUT, stem + ".json"), "w") as f:
+def write_outputs(out_dir: str, stem: str, report: dict, md: str) -> None:
+    with open(os.path.join(out_dir, stem + ".json"), "w") as f:
         json.dump(report, f, indent=1)
-    with open(os.path.join(OUT, stem + ".md"), "w") as f:
+    with open(os.path.join(out_dir, stem + ".md"), "w") as f:
         f.write(md)
     print()
     print(md)
-    print(f"wrote {os.path.join(OUT, stem + '.json')} and .md", file=sys.stderr)
+    print(f"wrote {os.path.join(out_dir, stem + '.json')} and .md", file=sys.stderr)
 
 
 # --- tables -----------------------------------------------------------------------------
@@ -277,4 +282,4 @@ def machine_lines(report: dict) -> list[str]:
 
 if __name__ == "__main__":
     if not memcpy_only_main():
-        raise SystemExit(f"usage: {sys.argv[0]} --memcpy-only NBYTES ROUNDS")
+        raise SystemExit(f"usage: python -m {__spec__.name} --memcpy-only NBYTES ROUNDS")

@@ -1,7 +1,9 @@
-"""Reprise side of the remote comparison; run with the python that has reprise installed.
+"""Reprise side of the remote comparison; run with the python that has reprise installed:
+``python -m benchmarks.remote.reprise_remote [--quick] [--only KEYS] [--budget S]``.
 
-The server is a child process (this script with ``--serve``): one store and one table
-per (op, size) (Uniform sampler, Fifo remover, ``max_size`` = TABLE_ITEMS, MinSize(1)),
+The server is a child process (this module with ``--serve``): one store and one table
+per (op, size) (Uniform sampler, Fifo remover, ``max_size`` = the config's
+``table_items``, MinSize(1)),
 every table filled to ``max_size`` with ``Table.insert`` (so inserts evict from the
 start and every page of the store has been touched), served by
 ``rp.Server(tables, address="127.0.0.1:0")`` (the gRPC service; no token on loopback).
@@ -19,13 +21,12 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from remote_common import (BATCH, CLIENTS, Pool, RemoteBench, ServerProcess,  # noqa: E402
-                           batch_rows, floats, payload, run_points, serve_until_stdin_closes,
-                           table_name, table_specs)
+from benchmarks.common.payload import payload
+from benchmarks.common.processes import Pool, ServerProcess, serve_until_stdin_closes
+from benchmarks.remote.workloads import (BATCH, batch_rows, floats, remote_bench, run_points,
+                                         table_name, table_specs)
 
 FILL_CHUNK_BYTES = 16 << 20   # random rows generated once and inserted over and over
 
@@ -39,7 +40,7 @@ def serve(spec_json: str) -> None:
         k, items, batch = s["floats"], s["items"], s["batch"]
         block = 64 if k * 4 <= 64_000 else 16
         # Room beyond max_size for the blocks the writers hold (one writer per client).
-        margin = max(CLIENTS) * (batch + 2 * block)
+        margin = s["clients"] * (batch + 2 * block)
         store = rp.Store({"x": rp.Field((k,), "float32")}, capacity=items + margin,
                          block_steps=block)
         table = rp.Table(s["name"], store, sampler=rp.selectors.Uniform(),
@@ -101,22 +102,19 @@ def main() -> None:
     if len(sys.argv) > 2 and sys.argv[1] == "--serve":
         serve(sys.argv[2])
         return
-    bench = RemoteBench("reprise")
+    bench = remote_bench("reprise")
     import reprise as rp
     bench.versions["reprise"] = rp.__version__
     bench.versions["reprise_path"] = os.path.dirname(rp.__file__)
     bench.log("starting the server (filling its tables) ...")
-    server = ServerProcess(os.path.abspath(__file__), table_specs())
+    server = ServerProcess(__spec__.name, table_specs(bench.cfg))
+    clients = max(bench.cfg.clients)
     bench.notes.append(f"rp.Server(tables, address='127.0.0.1:0') in its own process at "
-                       f"{server.address}; {max(CLIENTS)} client processes with rp.Client(address)")
-    if os.environ.get("REPRISE_SERVER_NODELAY") == "1":
-        bench.system = "reprise-nodelay"
-        bench.notes.append("DIAGNOSTIC: TCP_NODELAY set on the server's accepted sockets by the "
-                           "benchmark (REPRISE_SERVER_NODELAY=1), not by Reprise")
+                       f"{server.address}; {clients} client processes with rp.Client(address)")
     pool = None
     try:
-        pool = Pool(max(CLIENTS), client_setup, (server.address,), bench.cfg, bench.log)
-        bench.log(f"{max(CLIENTS)} client processes ready in {pool.start_s:.1f}s")
+        pool = Pool(clients, client_setup, (server.address,), bench.cfg)
+        bench.log(f"{clients} client processes ready in {pool.start_s:.1f}s")
         run_points(bench, pool, path_of,
                    extra=lambda op, label: {"server_rss_mib": server.rss_mib()})
     finally:

@@ -1,5 +1,6 @@
 """Page-cache helpers shared by the checkpoint benchmark and its Reverb peer
-(standard library only: the peer runs in its own venv)."""
+(standard library only: the peer runs in its own venv): drop a directory's files from
+the page cache, and measure how much of them is resident."""
 
 from __future__ import annotations
 

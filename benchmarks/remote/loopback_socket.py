@@ -1,10 +1,11 @@
-"""The limit for the remote comparison: plain TCP over loopback, no RPC system at all.
+"""The limit for the remote comparison: plain TCP over loopback, no RPC system at all:
+``python -m benchmarks.remote.loopback_socket [--quick]``.
 
-For n in CLIENTS: n pairs of spawned processes, each pair one TCP connection on
+For n in the config's ``clients``: n pairs of spawned processes, each pair one TCP connection on
 127.0.0.1 (TCP_NODELAY), the sender calling ``sendall`` with a 4 MiB buffer back to
 back, the receiver ``recv_into`` a preallocated 4 MiB buffer. GB/s = bytes received
 inside the window by all receivers / window, timed as the systems' points are
-(``remote_common``: common start, warm-up, window, median over rounds). The bytes are
+(``workloads``: common start, warm-up, window, median over rounds). The bytes are
 copied twice (into and out of the kernel), as a replay service's payload is at least.
 Standard library and numpy only; any python runs it.
 """
@@ -14,12 +15,11 @@ from __future__ import annotations
 import os
 import socket
 import statistics
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from remote_common import CLIENTS, SOCKET_BUFFER, RemoteBench  # noqa: E402
-from serving_common import Group, Window, now  # noqa: E402
+from benchmarks.common.bench import Bench
+from benchmarks.common.processes import Group
+from benchmarks.common.timing import Window, now
+from benchmarks.remote.workloads import SOCKET_BUFFER, remote_bench
 
 
 def receiver(ports, warmup: float, window: float):
@@ -63,11 +63,11 @@ def sender(ports, warmup: float, window: float):
     return run
 
 
-def streams(bench: RemoteBench, n: int) -> dict:
+def streams(bench: Bench, n: int) -> dict:
     cfg = bench.cfg
     rates = []
     for _ in range(cfg.rounds):
-        g = Group(cfg, bench.log)
+        g = Group(cfg)
         ports = g.ctx.Queue()
         for i in range(n):
             g.add(f"recv{i}", receiver, ports, cfg.warmup_seconds, cfg.window_seconds)
@@ -81,9 +81,9 @@ def streams(bench: RemoteBench, n: int) -> dict:
 
 
 def main() -> None:
-    bench = RemoteBench("socket")
+    bench = remote_bench("socket")
     bench.notes.append("plain TCP over loopback: the transport limit, no RPC system")
-    for n in CLIENTS:
+    for n in bench.cfg.clients:
         bench.run(f"socket[{n}c]", streams, bench, n)
     bench.finish()
 

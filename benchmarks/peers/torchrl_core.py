@@ -1,4 +1,6 @@
-"""TorchRL side of the core comparison; run with benchmarks/.venvs/torchrl/bin/python.
+"""TorchRL side of the core comparison; run with benchmarks/.venvs/torchrl/bin/python:
+``benchmarks/.venvs/torchrl/bin/python -m benchmarks.peers.torchrl_core [--quick]`` (from
+the repository root).
 
 Paths: ``ReplayBuffer(storage=LazyTensorStorage(N))`` with ``extend`` of a [256, k]
 tensor / ``add`` of one [k] tensor, ``sample()`` then ``.numpy()`` (zero-copy view of
@@ -12,22 +14,20 @@ overrides it). With 2 threads torch is very slow when the second core is busy.
 from __future__ import annotations
 
 import os
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import numpy as np
+import torch
+from torchrl.data import LazyTensorStorage, PrioritizedReplayBuffer, ReplayBuffer
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from torchrl.data import LazyTensorStorage, PrioritizedReplayBuffer, ReplayBuffer  # noqa: E402
-
-from bench_common import (IMPORTANCE_BETA, Bench, PriorityStream, Workload,  # noqa: E402
-                          check_batch, fill_batches, fill_rows, payload, prio_fill_priorities)
+from benchmarks.common.payload import (PriorityStream, check_batch, fill_batches, fill_rows,
+                                       payload, random_priorities)
+from benchmarks.core.workloads import IMPORTANCE_BETA, Workload, core_bench, standard_suite
 
 FILL_CHUNK = 4096
 
 
 def tensor_payload(n: int, floats: int) -> torch.Tensor:
-    return torch.from_numpy(payload(n, floats).reshape(n, floats))
+    return torch.from_numpy(payload(n, floats))
 
 
 def insert_batched(floats: int, capacity: int, batch: int) -> Workload:
@@ -72,7 +72,7 @@ def prioritized(floats: int, n_items: int, batch: int, exponent: float) -> Workl
     rb = PrioritizedReplayBuffer(alpha=exponent, beta=IMPORTANCE_BETA,
                                  storage=LazyTensorStorage(n_items), batch_size=batch)
     src = tensor_payload(FILL_CHUNK, floats)
-    prios = torch.from_numpy(prio_fill_priorities(n_items)).float()  # its sum tree is float32
+    prios = torch.from_numpy(random_priorities(n_items)).float()  # its sum tree is float32
     for start, stop in fill_batches(n_items, FILL_CHUNK):
         idx = rb.extend(src[: stop - start])
         rb.update_priority(idx, prios[start:stop])
@@ -92,14 +92,14 @@ def prioritized(floats: int, n_items: int, batch: int, exponent: float) -> Workl
 
 
 def main() -> None:
-    bench = Bench("torchrl")
+    bench = core_bench("torchrl")
     if os.environ.get("TORCHRL_THREADS"):
         torch.set_num_threads(int(os.environ["TORCHRL_THREADS"]))
     from importlib.metadata import version
     for pkg in ("torchrl", "tensordict", "torch"):
         bench.versions[pkg] = version(pkg)
     bench.notes.append(f"torch intra-op threads: {torch.get_num_threads()}")
-    bench.standard_suite(insert_batched, insert_step, sample_uniform, prioritized)
+    standard_suite(bench, insert_batched, insert_step, sample_uniform, prioritized)
     bench.finish()
 
 

@@ -1,4 +1,5 @@
-"""Reprise side of the serving comparison; run with the python that has reprise installed.
+"""Reprise side of the serving comparison; run with the python that has reprise installed:
+``python -m benchmarks.serving.reprise_serving [--quick] [--only KEYS] [--budget S]``.
 
 This process owns the stores and tables and serves them with ``rp.Server`` (the server
 runs on threads of this process, which otherwise only waits); writers, actors,
@@ -20,18 +21,19 @@ samplers and the learner are spawned processes that connect with
 from __future__ import annotations
 
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from serving_common import (APEX_ACTORS, APEX_FRAME, APEX_POOL, APEX_PUSH,  # noqa: E402
-                            APEX_SAMPLE, APEX_VARIANTS, Bench, Group, N_WRITERS,
-                            PRIORITY_EXPONENT, PriorityStream, SAMPLE_BATCH, STEPS_PER_CALL,
-                            WRITER_SIZES, Window, apex_entry, apex_pool, apex_priorities,
-                            apex_timing, count_in_window, latency_run, make_config,
-                            mixed_entry, payload, timed_rounds, writer1_entry)
+from benchmarks.common.bench import Bench
+from benchmarks.common.payload import PriorityStream, payload, random_priorities
+from benchmarks.common.processes import Group
+from benchmarks.common.timing import Window, count_in_window, timed_rounds
+from benchmarks.serving.workloads import (APEX_ACTORS, APEX_FRAME, APEX_POOL, APEX_PUSH,
+                                          APEX_SAMPLE, APEX_VARIANTS, N_WRITERS,
+                                          PRIORITY_EXPONENT, SAMPLE_BATCH, STEPS_PER_CALL,
+                                          WRITER_SIZES, apex_entry, apex_pool, apex_timing,
+                                          latency_run, make_config, mixed_entry, serving_bench,
+                                          writer_capacity, writer1_entry)
 
 BLOCK_STEPS = 64
 TABLE = "t"
@@ -92,7 +94,7 @@ def writer1_child(addr: str, floats: int, variant: str, store_steps: int, quick:
     w.flush()
 
     def run(_start):
-        rates = timed_rounds(call, w.flush, STEPS_PER_CALL, cfg)
+        rates = timed_rounds(call, STEPS_PER_CALL, cfg, flush=w.flush)
         w.close()
         return {"rates": rates}
     return run
@@ -127,7 +129,7 @@ def apex_actor_child(addr: str, seed: int, warmup: float, seconds: float, timing
     rp = _rp()
     w = rp.Client(addr).writer("apex", max_sequence_length=APEX_PUSH)
     pool = apex_pool(APEX_POOL, seed)
-    prios = np.asarray(apex_priorities(APEX_POOL, seed), dtype=np.float64)
+    prios = np.asarray(random_priorities(APEX_POOL, seed), dtype=np.float64)
     state = {"i": 0}
 
     def push() -> None:
@@ -172,7 +174,7 @@ class Reprise:
         rp = _rp()
         cfg = self.cfg
         floats = size // 4
-        cap = cfg.writer_capacity(size)
+        cap = writer_capacity(cfg, size)
         store, table = make_table(TABLE, x_sig(floats), cap, STEPS_PER_CALL + 2 * BLOCK_STEPS)
         try:
             if variant == "step-inproc":
@@ -180,11 +182,11 @@ class Reprise:
                     call = step_loop(w, table, payload(STEPS_PER_CALL, floats))
                     for _ in range(-(-store.capacity // STEPS_PER_CALL) + 1):
                         call()
-                    rates = timed_rounds(call, w.flush, STEPS_PER_CALL, cfg)
+                    rates = timed_rounds(call, STEPS_PER_CALL, cfg, flush=w.flush)
                 return writer1_entry(rates, size, "in-process store.writer(max_sequence_length=1): "
                                      "append + create_item(table, 1, 1.0) per step (no server)")
             with rp.Server([table]) as server:
-                g = Group(cfg, self.bench.log)
+                g = Group(cfg)
                 g.add("writer", writer1_child, server.local_address, floats, variant,
                       store.capacity, cfg.quick)
                 res = g.run()
@@ -210,7 +212,7 @@ class Reprise:
                 k = min(4096, n - start)
                 table.insert({"x": src[:k]}, priorities=np.ones(k))
             with self._serve([table]) as server:
-                g = Group(cfg, self.bench.log)
+                g = Group(cfg)
                 for i in range(N_WRITERS):
                     g.add(f"writer{i}", mixed_writer_child, server.local_address, variant, 10 + i,
                           cfg.mixed_warmup_seconds, cfg.mixed_seconds)
@@ -238,7 +240,7 @@ class Reprise:
                                   sampler=rp.selectors.Prioritized(PRIORITY_EXPONENT))
         try:
             pool = apex_pool(1024, 99)
-            prios = apex_priorities(n, 98)
+            prios = random_priorities(n, 98)
             for start in range(0, n, 1024):
                 k = min(1024, n - start)
                 table.insert({f: v[:k, None] for f, v in pool.items()},
@@ -246,7 +248,7 @@ class Reprise:
             del pool
             assert table.size == n
             with self._serve([table]) as server:
-                g = Group(cfg, self.bench.log)
+                g = Group(cfg)
                 for i in range(APEX_ACTORS):
                     g.add(f"actor{i}", apex_actor_child, server.local_address, 20 + i,
                           cfg.apex_warmup_seconds, cfg.apex_seconds, apex_timing(variant, "actor", i))
@@ -265,7 +267,7 @@ class Reprise:
 
 
 def main() -> None:
-    bench = Bench("reprise")
+    bench = serving_bench("reprise")
     rp = _rp()
     try:
         from importlib.metadata import version

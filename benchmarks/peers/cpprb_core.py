@@ -1,4 +1,6 @@
-"""cpprb side of the core comparison; run with benchmarks/.venvs/cpprb/bin/python.
+"""cpprb side of the core comparison; run with benchmarks/.venvs/cpprb/bin/python:
+``benchmarks/.venvs/cpprb/bin/python -m benchmarks.peers.cpprb_core [--quick]`` (from the
+repository root).
 
 Paths: ``ReplayBuffer.add`` of 256 rows / of one row, ``ReplayBuffer.sample``,
 ``PrioritizedReplayBuffer.sample`` + ``update_priorities``. All in-process numpy
@@ -7,16 +9,12 @@ storage: cpprb's inserts are memcpy-speed and it is the bar on CPU.
 
 from __future__ import annotations
 
-import os
-import sys
+import cpprb
+import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-import cpprb  # noqa: E402
-import numpy as np  # noqa: E402
-
-from bench_common import (IMPORTANCE_BETA, Bench, PriorityStream, Workload,  # noqa: E402
-                          check_batch, fill_batches, fill_rows, payload, prio_fill_priorities)
+from benchmarks.common.payload import (PriorityStream, check_batch, fill_batches, fill_rows,
+                                       payload, random_priorities)
+from benchmarks.core.workloads import IMPORTANCE_BETA, Workload, core_bench, standard_suite
 
 FILL_CHUNK = 4096
 
@@ -27,7 +25,7 @@ def env(floats: int) -> dict:
 
 def insert_batched(floats: int, capacity: int, batch: int) -> Workload:
     rb = cpprb.ReplayBuffer(capacity, env(floats))
-    src = payload(batch, floats).reshape(batch, floats)
+    src = payload(batch, floats)
     for _ in range(-(-capacity // batch)):  # wrap the ring once: pages touched
         rb.add(x=src)
     return Workload(call=lambda: rb.add(x=src), units_per_call=batch,
@@ -37,7 +35,7 @@ def insert_batched(floats: int, capacity: int, batch: int) -> Workload:
 def insert_step(floats: int, capacity: int) -> Workload:
     rb = cpprb.ReplayBuffer(capacity, env(floats))
     steps = 256
-    rows = list(payload(steps, floats).reshape(steps, floats))
+    rows = list(payload(steps, floats))
 
     def call() -> None:
         add = rb.add
@@ -52,7 +50,7 @@ def insert_step(floats: int, capacity: int) -> Workload:
 
 def sample_uniform(floats: int, n_items: int, batch: int) -> Workload:
     rb = cpprb.ReplayBuffer(n_items, env(floats))
-    src = payload(fill_rows(n_items, floats, FILL_CHUNK), floats).reshape(-1, floats)
+    src = payload(fill_rows(n_items, floats, FILL_CHUNK), floats)
     for start, stop in fill_batches(n_items, len(src)):
         rb.add(x=src[: stop - start])
     assert rb.get_stored_size() == n_items
@@ -63,8 +61,8 @@ def sample_uniform(floats: int, n_items: int, batch: int) -> Workload:
 
 def prioritized(floats: int, n_items: int, batch: int, exponent: float) -> Workload:
     rb = cpprb.PrioritizedReplayBuffer(n_items, env(floats), alpha=exponent)
-    src = payload(FILL_CHUNK, floats).reshape(-1, floats)
-    prios = prio_fill_priorities(n_items)
+    src = payload(FILL_CHUNK, floats)
+    prios = random_priorities(n_items)
     for start, stop in fill_batches(n_items, FILL_CHUNK):
         rb.add(x=src[: stop - start], priorities=prios[start:stop])
     assert rb.get_stored_size() == n_items
@@ -82,9 +80,9 @@ def prioritized(floats: int, n_items: int, batch: int, exponent: float) -> Workl
 
 
 def main() -> None:
-    bench = Bench("cpprb")
+    bench = core_bench("cpprb")
     bench.versions["cpprb"] = getattr(cpprb, "__version__", None) or _dist_version("cpprb")
-    bench.standard_suite(insert_batched, insert_step, sample_uniform, prioritized)
+    standard_suite(bench, insert_batched, insert_step, sample_uniform, prioritized)
     bench.finish()
 
 

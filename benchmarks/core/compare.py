@@ -1,38 +1,34 @@
 """Core comparison driver: Reprise against cpprb, TorchRL and Reverb on this machine.
 
-    python3.11 benchmarks/compare_core.py            # full run, ~10-15 minutes
-    python3.11 benchmarks/compare_core.py --quick    # checks the scripts; noisy numbers
+    python3.11 -m benchmarks.core.compare            # full run, ~10-15 minutes
+    python3.11 -m benchmarks.core.compare --quick    # smoke test (seconds); numbers are noise
 
-Run it with the Python that has ``reprise`` installed (``pip install .``); the peers
-run from their own venvs (``bash benchmarks/setup_peers.sh``), one system at a time,
-each as a subprocess printing one JSON object (see ``bench_common.py``). A peer whose
-venv is missing is skipped and the table says so. The same run measures this
+Run it from the repository root with the Python that has ``reprise`` installed
+(``pip install .``); the peers run from their own venvs (``bash
+benchmarks/setup_peers.sh``), one system at a time, each as a subprocess printing one
+JSON object (see ``workloads.py``). A peer whose venv is missing is skipped (a line
+on stderr says so) and the table says so. The same run measures this
 machine's single-core memcpy bandwidth (numpy copy of a 1 GiB buffer into a
 preallocated one), so large-item GB/s can be read as a fraction of it.
 
 Writes ``benchmarks/out/core-<date>.json`` (everything: host, memcpy, every system's
-full output) and ``.md`` (the table printed at the end).
+full output) and ``.md`` (the table printed at the end); ``--out-dir`` elsewhere.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+from benchmarks.common.driver import (add_budget_args, add_common_args, machine_lines,
+                                      run_systems, si, start_report, wanted_systems,
+                                      write_outputs)
 
-from driver_common import (add_budget_args, add_common_args, machine_lines,  # noqa: E402
-                           memcpy_only_main, run_systems, si, start_report, wanted_systems,
-                           write_outputs)
-
-# name, script, venv (None: this interpreter), budget seconds in a full run
+# name, module, venv (None: this interpreter), budget seconds in a full run
 SYSTEMS = [
-    ("reprise", "reprise_bench.py", None, 240),
-    ("cpprb", "peers/cpprb_bench.py", "cpprb", 240),
-    ("torchrl", "peers/torchrl_bench.py", "torchrl", 240),
-    ("reverb", "peers/reverb_bench.py", "reverb", 420),
+    ("reprise", "benchmarks.core.reprise_core", None, 240),
+    ("cpprb", "benchmarks.peers.cpprb_core", "cpprb", 240),
+    ("torchrl", "benchmarks.peers.torchrl_core", "torchrl", 240),
+    ("reverb", "benchmarks.peers.reverb_core", "reverb", 420),
 ]
 PEERS = [s[0] for s in SYSTEMS if s[0] != "reprise"]
 DISPLAY = {"reprise": "Reprise", "cpprb": "cpprb", "torchrl": "TorchRL", "reverb": "Reverb"}
@@ -44,7 +40,7 @@ LARGE = {"40KB", "400KB"}  # rows that get "% of memcpy"
 def _interesting(line: str) -> bool:
     # The system's own progress lines, and anything that looks like trouble; not the
     # thousands of lines of TensorFlow/Reverb chatter.
-    return line.startswith("[") and ("/s" in line or "fail" in line or "skipped" in line) \
+    return line.startswith("[") and ("/s" in line or "fail" in line.lower() or "skipped" in line) \
         or "Error" in line or "Traceback" in line
 
 
@@ -158,15 +154,13 @@ def build_markdown(report: dict) -> str:
 
 # --- main -----------------------------------------------------------------------------
 def main() -> None:
-    if memcpy_only_main():
-        return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_common_args(ap, SYSTEMS, "tiny tables, short rounds")
+    add_common_args(ap, SYSTEMS, "tiny tables, short rounds: a smoke test, numbers are noise")
     add_budget_args(ap)
     args = ap.parse_args()
     wanted = wanted_systems(ap, args, SYSTEMS)
 
-    stem, report = start_report("core", args.quick)
+    stem, report = start_report("core", args.quick, args.out_dir)
     run_systems(report, stem, SYSTEMS, wanted, args, quick_budget=90, extra_args=[],
                 load_limit=0.7,
                 load_warning=lambda name, load: (
@@ -174,7 +168,7 @@ def main() -> None:
                     "numbers (TorchRL's especially) will be low"),
                 timeout=lambda b: 2 * b + 180,
                 echo=lambda name, line: _interesting(line), process_group=False)
-    write_outputs(stem, report, build_markdown(report))
+    write_outputs(args.out_dir, stem, report, build_markdown(report))
 
 
 if __name__ == "__main__":

@@ -1,38 +1,34 @@
 """Remote comparison driver: Reprise's gRPC service against dm-reverb's server over
 loopback, 1, 2, 4 and 8 client processes, with a plain-socket test as the limit.
 
-    python3.11 benchmarks/compare_remote.py            # full run, ~7 minutes on 2 cores
-    python3.11 benchmarks/compare_remote.py --quick    # ~2.5 minutes; numbers are noise
+    python3.11 -m benchmarks.remote.compare            # full run, ~7 minutes on 2 cores
+    python3.11 -m benchmarks.remote.compare --quick    # smoke test (seconds); numbers are noise
 
-Run it with the Python that has ``reprise`` installed; Reverb runs from its venv
-(``bash benchmarks/setup_peers.sh reverb``) and is skipped (the table says so) when the
-venv is missing. Each system is a subprocess that starts its own server process and 8
-client processes and prints one JSON object (see ``remote_common.py``); the plain-socket
-test (``loopback_socket.py``) runs first, in the same run. The run also measures
-single-core memcpy, as the other drivers do.
+Run it from the repository root with the Python that has ``reprise`` installed; Reverb
+runs from its venv (``bash benchmarks/setup_peers.sh reverb``) and is skipped (a line on
+stderr and the table say so) when the venv is missing. Each system is a subprocess that
+starts its own server process and 8 client processes (``--quick``: 2) and prints one
+JSON object (see ``workloads.py``); the plain-socket test (``loopback_socket.py``) runs
+first, in the same run. The run also measures single-core memcpy, as the other drivers do.
 
 Writes ``benchmarks/out/remote-<date>.json`` (everything) and ``.md`` (the table), and
-one ``.log`` per system.
+one ``.log`` per system; ``--out-dir`` elsewhere.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+from benchmarks.common.driver import (add_budget_args, add_common_args, machine_lines,
+                                      run_systems, si, start_report, wanted_systems,
+                                      write_outputs)
+from benchmarks.remote.workloads import BATCH, CLIENTS, OPS, SIZES, TABLE_ITEMS, key
 
-from driver_common import (add_budget_args, add_common_args, machine_lines,  # noqa: E402
-                           run_systems, si, start_report, wanted_systems, write_outputs)
-from remote_common import BATCH, CLIENTS, OPS, SIZES, TABLE_ITEMS, key  # noqa: E402
-
-# name, script, venv (None: this interpreter), budget seconds in a full run
+# name, module, venv (None: this interpreter), budget seconds in a full run
 SYSTEMS = [
-    ("socket", "loopback_socket.py", None, 120),
-    ("reprise", "reprise_remote.py", None, 240),
-    ("reverb", "peers/reverb_remote.py", "reverb", 300),
+    ("socket", "benchmarks.remote.loopback_socket", None, 120),
+    ("reprise", "benchmarks.remote.reprise_remote", None, 240),
+    ("reverb", "benchmarks.peers.reverb_remote", "reverb", 300),
 ]
 QUICK_BUDGET = 120
 
@@ -41,6 +37,11 @@ ISSUE_REF = {"insert_4KB_items_per_s": [24e3, 51e3], "sample_4KB_items_per_s": [
              "400KB_gb_per_s": [0.7, 1.6]}
 GOAL_RATIO = 3.0
 GOAL_SOCKET_SHARE = 0.5
+
+
+def clients_of(report: dict) -> list[int]:
+    """The client counts of this run's points (fewer with --quick)."""
+    return (report.get("config") or {}).get("clients", CLIENTS)
 
 
 def res(report: dict, system: str, k: str) -> dict | None:
@@ -82,7 +83,7 @@ def table(report: dict) -> list[str]:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for op in OPS:
         for label, _ in SIZES:
-            for n in CLIENTS:
+            for n in clients_of(report):
                 k = key(op, label, n)
                 mine, mine_lat = cell(report, "reprise", k)
                 theirs, theirs_lat = cell(report, "reverb", k)
@@ -100,8 +101,9 @@ def table(report: dict) -> list[str]:
 
 def goals(report: dict) -> list[str]:
     out = []
+    clients = clients_of(report)
     ratios = {key(op, label, n): ratio(report, key(op, label, n))
-              for op in OPS for label, _ in SIZES for n in CLIENTS}
+              for op in OPS for label, _ in SIZES for n in clients}
     have = {k: r for k, r in ratios.items() if r is not None}
     if have:
         missed = {k: r for k, r in have.items() if r < GOAL_RATIO}
@@ -114,7 +116,7 @@ def goals(report: dict) -> list[str]:
         out.append(line + ".")
     shares = []
     for op in OPS:
-        for n in CLIENTS:
+        for n in clients:
             k = key(op, "400KB", n)
             e, sock = res(report, "reprise", k), socket_gb(report, n)
             if ok(e) and sock:
@@ -125,11 +127,11 @@ def goals(report: dict) -> list[str]:
                    f"bandwidth (same number of streams): **{'met' if not missed else 'missed'}** "
                    f"(met at {len(shares) - len(missed)} of {len(shares)} points: "
                    + ", ".join(f"`{k}` {100 * s:.0f}%" for k, s in shares) + ").")
-    rv = [res(report, "reverb", key(op, "4KB", n)) for op in OPS for n in CLIENTS]
+    rv = [res(report, "reverb", key(op, "4KB", n)) for op in OPS for n in clients]
     if all(ok(e) for e in rv):
-        ins = [res(report, "reverb", key("insert", "4KB", n))["items_per_s"] for n in CLIENTS]
-        smp = [res(report, "reverb", key("sample", "4KB", n))["items_per_s"] for n in CLIENTS]
-        big = [res(report, "reverb", key(op, "400KB", n)) for op in OPS for n in CLIENTS]
+        ins = [res(report, "reverb", key("insert", "4KB", n))["items_per_s"] for n in clients]
+        smp = [res(report, "reverb", key("sample", "4KB", n))["items_per_s"] for n in clients]
+        big = [res(report, "reverb", key(op, "400KB", n)) for op in OPS for n in clients]
         big = [e["gb_per_s"] for e in big if ok(e)]
         ref_ins, ref_smp = ISSUE_REF["insert_4KB_items_per_s"], ISSUE_REF["sample_4KB_items_per_s"]
         ref_big = ISSUE_REF["400KB_gb_per_s"]
@@ -143,15 +145,18 @@ def goals(report: dict) -> list[str]:
 
 def build_markdown(report: dict) -> str:
     cfg = report.get("config") or {}
+    counts = [str(n) for n in clients_of(report)]
+    counts = counts[0] if len(counts) == 1 else ", ".join(counts[:-1]) + " or " + counts[-1]
     out = [f"# Remote service over loopback, {report['date']}"
            + (" (QUICK: short windows, noisy)" if report["quick"] else ""),
            "",
            *machine_lines(report),
            "",
-           "Each system: its server in its own process and 1, 2, 4 or 8 client processes "
+           f"Each system: its server in its own process and {counts} client processes "
            "(spawned once, reused for every point), all over TCP on 127.0.0.1. One-step "
            "items of one float32 field (random normals); tables of "
-           + ", ".join(f"{TABLE_ITEMS[lbl]:,} items of {lbl}" for lbl, _ in SIZES)
+           + ", ".join(f"{cfg.get('table_items', TABLE_ITEMS)[lbl]:,} items of {lbl}"
+                       for lbl, _ in SIZES)
            + " (Uniform sampler, Fifo remover, MinSize(1)), full before timing, so every "
            "insert evicts. A call is one batch: insert = the batch written + flushed (the "
            "items are in the table when it returns); sample = a uniform batch with its data "
@@ -199,7 +204,8 @@ def build_markdown(report: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_common_args(ap, SYSTEMS, "short windows, 2 rounds")
+    add_common_args(ap, SYSTEMS, "small tables, 1 and 2 clients, short windows, 1 round: "
+                                 "a smoke test, numbers are noise")
     ap.add_argument("--only", default=None,
                     help="passed to every system: run only points whose key contains one of "
                          "these comma-separated substrings (insert, 400KB, sample[4KB/8c], ...)")
@@ -211,7 +217,7 @@ def main() -> None:
     wanted = wanted_systems(ap, args, SYSTEMS)
     systems = SYSTEMS if args.budget is None else [(n, s, v, args.budget) for n, s, v, _ in SYSTEMS]
 
-    stem, report = start_report("remote", args.quick, issue_reference=ISSUE_REF)
+    stem, report = start_report("remote", args.quick, args.out_dir, issue_reference=ISSUE_REF)
     run_systems(report, stem, systems, wanted, args,
                 quick_budget=args.budget or QUICK_BUDGET,
                 extra_args=["--only", args.only] if args.only else [],
@@ -220,7 +226,7 @@ def main() -> None:
                 timeout=lambda b: b + 240,
                 echo=lambda name, line: line.startswith(f"[{name} ") or "Traceback" in line,
                 process_group=True)
-    write_outputs(stem, report, build_markdown(report))
+    write_outputs(args.out_dir, stem, report, build_markdown(report))
 
 
 if __name__ == "__main__":

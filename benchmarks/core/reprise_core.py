@@ -1,4 +1,5 @@
-"""Reprise side of the core comparison; run with the python that has reprise installed.
+"""Reprise side of the core comparison; run with the python that has reprise installed:
+``python -m benchmarks.core.reprise_core [--quick] [--only KEYS] [--budget S]``.
 
 Paths (docs: shared API.md): ``Table.insert`` of ``[256, 1, k]`` with priorities for
 batched inserts; ``store.writer()`` with ``append`` + ``create_item(num_steps=1)`` per
@@ -13,15 +14,13 @@ a time, and a batch in flight needs room before the oldest items go).
 from __future__ import annotations
 
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import numpy as np
+import reprise as rp
 
-import numpy as np  # noqa: E402
-import reprise as rp  # noqa: E402
-
-from bench_common import (BATCH, Bench, PriorityStream, Workload, check_batch,  # noqa: E402
-                          fill_batches, fill_rows, payload, prio_fill_priorities)
+from benchmarks.common.payload import (PriorityStream, check_batch, fill_batches, fill_rows,
+                                       payload, random_priorities, step_payload)
+from benchmarks.core.workloads import Workload, core_bench, standard_suite
 
 BLOCK_STEPS = 64
 FILL_CHUNK = 4096
@@ -52,7 +51,7 @@ def closer(store, table):
 
 def insert_batched(floats: int, capacity: int, batch: int) -> Workload:
     store, table = make_table("insert_batched", floats, capacity, batch)
-    src = payload(batch, floats)  # [256, 1, k]
+    src = step_payload(batch, floats)  # [256, 1, k]
     prios = np.ones(batch, np.float64)
     for _ in range(-(-store.capacity // batch) + 1):  # cycle the whole store: pages touched
         table.insert({"x": src}, priorities=prios)
@@ -74,7 +73,7 @@ def open_writer(store):
 
 def insert_step(floats: int, capacity: int) -> Workload:
     store, table = make_table("insert_step", floats, capacity, STEPS_PER_CALL)
-    rows = [{"x": r[0]} for r in payload(STEPS_PER_CALL, floats)]  # each x: float32[k]
+    rows = [{"x": r} for r in payload(STEPS_PER_CALL, floats)]  # each x: float32[k]
     w_cm, end_episodes = open_writer(store)
     w = w_cm.__enter__()
 
@@ -103,7 +102,7 @@ def insert_step(floats: int, capacity: int) -> Workload:
 
 
 def sample_uniform(floats: int, n_items: int, batch: int) -> Workload:
-    src = payload(fill_rows(n_items, floats, FILL_CHUNK), floats)
+    src = step_payload(fill_rows(n_items, floats, FILL_CHUNK), floats)
     store, table = make_table("sample_uniform", floats, n_items, len(src))
     for start, stop in fill_batches(n_items, len(src)):
         table.insert({"x": src[: stop - start]}, priorities=np.ones(stop - start))
@@ -117,8 +116,8 @@ def sample_uniform(floats: int, n_items: int, batch: int) -> Workload:
 def prioritized(floats: int, n_items: int, batch: int, exponent: float) -> Workload:
     store, table = make_table("prioritized", floats, n_items, FILL_CHUNK,
                               sampler=rp.selectors.Prioritized(priority_exponent=exponent))
-    src = payload(FILL_CHUNK, floats)
-    prios = prio_fill_priorities(n_items)
+    src = step_payload(FILL_CHUNK, floats)
+    prios = random_priorities(n_items)
     for start, stop in fill_batches(n_items, FILL_CHUNK):
         table.insert({"x": src[: stop - start]}, priorities=prios[start:stop])
     assert table.size == n_items, (table.size, n_items)
@@ -136,14 +135,14 @@ def prioritized(floats: int, n_items: int, batch: int, exponent: float) -> Workl
 
 
 def main() -> None:
-    bench = Bench("reprise")
+    bench = core_bench("reprise")
     try:
         from importlib.metadata import version
         bench.versions["reprise"] = version("reprise")
     except Exception:
         bench.versions["reprise"] = getattr(rp, "__version__", "unknown")
     bench.notes.append(f"block_steps={BLOCK_STEPS}; reprise from {os.path.dirname(rp.__file__)}")
-    bench.standard_suite(insert_batched, insert_step, sample_uniform, prioritized)
+    standard_suite(bench, insert_batched, insert_step, sample_uniform, prioritized)
     bench.finish()
 
 

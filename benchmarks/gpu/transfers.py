@@ -1,0 +1,290 @@
+"""The GPU benchmark's transfer sections (``benchmarks.gpu.compare``): host->device
+memcpy (the baseline), collecting host-store samples onto the GPU, the latency of one
+small sample, and device-resident stores; each with its TorchRL peer where it has one."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from benchmarks.common.timing import call_summary
+from benchmarks.gpu.context import (GB, Ctx, aligned_chunk, check_filled, check_sample,
+                                    fill_host_table, guarded, host_store, log, n_items,
+                                    pinned_gbps, repeats_for, space_for_stores)
+
+
+def event_times(fn, warmup: int, repeats: int) -> list[float]:
+    """Seconds per call between two CUDA events on the current stream."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    return times
+
+
+
+def sec_memcpy(ctx: Ctx) -> dict:
+    if not ctx.on_cuda:
+        return {"skipped": "no CUDA (emulated mode)"}
+    cfg = ctx.cfg
+    n = cfg.memcpy_bytes
+    src = torch.randint(0, 256, (n,), dtype=torch.uint8)
+    pinned = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    pinned.copy_(src)
+    pageable = src
+    dst = torch.empty(n, dtype=torch.uint8, device=ctx.dev)
+    out = {"bytes": n, "repeats": cfg.memcpy_repeats}
+    t = ctx.time_calls(lambda: dst.copy_(pinned, non_blocking=True), 3, cfg.memcpy_repeats)
+    out["pinned"] = call_summary(t, n)
+    t = event_times(lambda: dst.copy_(pinned, non_blocking=True), 3, cfg.memcpy_repeats)
+    out["pinned_events"] = call_summary(t, n)
+    t = ctx.time_calls(lambda: dst.copy_(pageable, non_blocking=True), 3, cfg.memcpy_repeats)
+    out["pageable"] = call_summary(t, n)
+    assert torch.equal(dst[:4096].cpu(), src[:4096])
+    log(f"  pinned {out['pinned']['gbps']:.2f} GB/s (events {out['pinned_events']['gbps']:.2f}), "
+        f"pageable {out['pageable']['gbps']:.2f} GB/s")
+    # Pinned at the byte counts the other sections move per call (<= the buffer).
+    sizes = sorted({b * r for r in cfg.rows for b in cfg.batches} | {b * r for r in cfg.dev_rows for b in cfg.dev_batches})
+    by = {}
+    for s in sizes:
+        if s > n:
+            continue
+        d, p = dst[:s], pinned[:s]
+        t = ctx.time_calls(lambda: d.copy_(p, non_blocking=True), 3, cfg.memcpy_repeats)
+        by[str(s)] = call_summary(t, s)
+    out["pinned_by_bytes"] = by
+    del src, pinned, pageable, dst
+    ctx.free()
+    return out
+
+
+
+def sec_collect(ctx: Ctx) -> dict:
+    import reprise as rp
+    from reprise.torch.collect import wait_released
+    cfg = ctx.cfg
+    out = {"batches": cfg.batches, "rows": cfg.rows, "configs": {}}
+    space = space_for_stores(ctx)
+    rng = np.random.default_rng(0)
+    for row in cfg.rows:
+        k = row // 4
+        n = n_items(cfg, row, space)
+        rk = f"{row}B"
+        cell = out["configs"][rk] = {"row_bytes": row, "n_items": n, "store_bytes": n * row}
+        log(f"  row {row} B: N = {n:,} items ({n * row / GB:.2f} GB)")
+
+        def reprise_row():
+            res = {}
+            store = host_store(ctx, k, n)
+            table = rp.Table("t", store, sampler=rp.selectors.Uniform(), remover=rp.selectors.Fifo(),
+                             max_size=n, seed=0)
+            try:
+                res["fill_s"] = fill_host_table(ctx, table, k, n, rng)
+                res["fill_gbps"] = n * row / res["fill_s"] / GB
+                for b in cfg.batches:
+                    guarded(ctx, res, f"b{b}", reprise_config, ctx, store, table, k, n, b)
+            finally:
+                wait_released()
+                del table
+                store.close()
+                ctx.free()
+            return res
+
+        guarded(ctx, cell, "reprise", reprise_row)
+        ctx.save()
+        if ctx.trl is not None and not ctx.args.no_peers:
+            peer = cell["torchrl"] = {}
+            for b in cfg.batches:
+                est = b * row / 3e9 + 300e-6
+                reps = repeats_for(est, cfg.peer_call_budget_s, 5 if cfg.quick else 10, 200)
+                r = guarded(ctx, peer, f"b{b}", ctx.trl.collect_host, row, b, n, ctx.peer_device, reps)
+                if "gbps" in r:
+                    log(f"    torchrl collect_host b={b}: {r['gbps']:.2f} GB/s ({r['us_median']:.0f} us)")
+        ctx.save()
+    return out
+
+
+def reprise_config(ctx: Ctx, store, table, k: int, n: int, b: int) -> dict:
+    import reprise.torch as rt
+    from reprise.torch.collect import wait_released
+    cfg = ctx.cfg
+    row = 4 * k
+    nbytes = b * row
+    res = {"batch": b, "bytes_per_call": nbytes}
+    t0 = time.perf_counter()
+    s = table.sample(b, device="cuda")
+    ctx.sync()
+    res["first_call_s"] = time.perf_counter() - t0  # includes registering the store with CUDA
+    check_sample(s, b, k, ctx.dev)
+    del s
+    t = ctx.time_calls(lambda: table.sample(b, device="cuda"), 5, cfg.max_repeats, cfg.call_budget_s)
+    res["sample"] = call_summary(t, nbytes)
+    mc = pinned_gbps(ctx, nbytes)
+    if mc:
+        res["pinned_memcpy_gbps_same_bytes"] = mc
+        res["ratio_to_pinned_memcpy"] = res["sample"]["gbps"] / mc
+    wait_released()
+
+    # The gather kernel alone: index_select from the registered host column.
+    def gather_alone():
+        cols = store._columns_for(rt.resolve("cuda"))
+        view = cols.views["x"]
+        idx = torch.randint(0, min(n, view.shape[0]), (b,), device=ctx.dev)
+        t = ctx.time_calls(lambda: torch.index_select(view, 0, idx), 3, cfg.max_repeats, cfg.call_budget_s / 2)
+        return call_summary(t, nbytes)
+    guarded(ctx, res, "gather_only", gather_alone)
+
+    # Prefetching iteration.
+    def iterate():
+        for _ in table.iterate(batch_size=b, device="cuda", prefetch=2, num_batches=5):
+            pass
+        ctx.sync()
+        m = repeats_for(res["sample"]["us_median"] / 1e6, cfg.call_budget_s, 10, 1000)
+        t0 = time.perf_counter()
+        count = 0
+        for s in table.iterate(batch_size=b, device="cuda", prefetch=2, num_batches=m):
+            count += 1
+        ctx.sync()
+        el = time.perf_counter() - t0
+        del s
+        assert count == m
+        return {"batches": m, "seconds": el, "batches_per_s": m / el, "gbps": m * nbytes / el / GB}
+    guarded(ctx, res, "iterate_prefetch2", iterate)
+    wait_released()
+    g = res.get("gather_only", {}).get("gbps")
+    it = res.get("iterate_prefetch2", {}).get("gbps")
+    log(f"    reprise b={b}: sample {res['sample']['gbps']:.2f} GB/s ({res['sample']['us_median']:.0f} us)"
+        + (f", {res['ratio_to_pinned_memcpy']:.2f}x pinned memcpy" if mc else "")
+        + (f"; gather alone {g:.2f} GB/s" if g else "") + (f"; iterate {it:.2f} GB/s" if it else ""))
+    return res
+
+
+def sec_latency(ctx: Ctx) -> dict:
+    import reprise as rp
+    from reprise.torch.collect import wait_released
+    cfg = ctx.cfg
+    k, b, n = 100, 256, cfg.latency_items
+    out = {"row_bytes": 400, "batch": b, "n_items": n}
+    store = host_store(ctx, k, n)
+    table = rp.Table("t", store, sampler=rp.selectors.Uniform(), remover=rp.selectors.Fifo(), max_size=n, seed=0)
+    try:
+        out["fill_s"] = fill_host_table(ctx, table, k, n, np.random.default_rng(1))
+        s = table.sample(b, device="cuda")
+        check_sample(s, b, k, ctx.dev)
+        del s
+
+        def gpu():
+            t = ctx.time_calls(lambda: table.sample(b, device="cuda"), 100, cfg.latency_repeats)
+            r = call_summary(t, b * 400)
+            log(f"  sample({b}) -> GPU: median {r['us_median']:.1f} us, p99 {r['us_p99']:.1f} us")
+            return r
+        guarded(ctx, out, "sample_to_device", gpu)
+        wait_released()
+
+        def host():
+            t = ctx.time_calls(lambda: table.sample(b), 100, cfg.latency_repeats)
+            r = call_summary(t, b * 400)
+            log(f"  sample({b}) host numpy: median {r['us_median']:.1f} us, p99 {r['us_p99']:.1f} us")
+            return r
+        guarded(ctx, out, "sample_host_numpy", host)
+
+        def iterate():
+            for _ in table.iterate(batch_size=b, device="cuda", prefetch=2, num_batches=50):
+                pass
+            ctx.sync()
+            m = cfg.iter_batches
+            t0 = time.perf_counter()
+            count = 0
+            for _ in table.iterate(batch_size=b, device="cuda", prefetch=2, num_batches=m):
+                count += 1
+            ctx.sync()
+            el = time.perf_counter() - t0
+            assert count == m
+            log(f"  iterate(prefetch=2): {m / el:,.0f} batches/s")
+            return {"batches": m, "seconds": el, "batches_per_s": m / el, "us_per_batch": el / m * 1e6,
+                    "gbps": m * b * 400 / el / GB}
+        guarded(ctx, out, "iterate_prefetch2", iterate)
+    finally:
+        wait_released()
+        del table
+        store.close()
+        ctx.free()
+    return out
+
+
+
+def sec_device(ctx: Ctx) -> dict:
+    import reprise as rp
+    from reprise.torch.collect import wait_released
+    cfg = ctx.cfg
+    out = {"rows": cfg.dev_rows, "batches": cfg.dev_batches, "configs": {}}
+    for row in cfg.dev_rows:
+        k = row // 4
+        n = n_items(cfg, row)
+        cell = out["configs"][f"{row}B"] = {"row_bytes": row, "n_items": n, "store_bytes": n * row}
+        log(f"  device store row {row} B: N = {n:,} items ({n * row / GB:.2f} GB)")
+
+        def reprise_row():
+            res = {}
+            store = rp.Store({"x": rp.Field((k,), "float32")}, capacity=n + 64, block_steps=64, device="cuda",
+                             directory=ctx.args.store_dir)
+            table = rp.Table("d", store, sampler=rp.selectors.Uniform(), remover=rp.selectors.Fifo(),
+                             max_size=n, seed=0)
+            try:
+                chunk = aligned_chunk(n, 65_536, (256 << 20) // row)
+                gen = torch.Generator(device=ctx.dev).manual_seed(3)
+                src = torch.randn(chunk, 1, k, device=ctx.dev, generator=gen)
+                ones = np.ones(chunk)
+                ctx.sync()
+                t0 = time.perf_counter()
+                done = 0
+                while done < n:
+                    m = min(chunk, n - done)
+                    table.insert({"x": src[:m]}, priorities=ones[:m])
+                    done += m
+                ctx.sync()
+                res["fill_s"] = time.perf_counter() - t0
+                res["fill_gbps"] = n * row / res["fill_s"] / GB
+                check_filled(table, n)
+                del src
+                for b in cfg.dev_batches:
+                    def measure():
+                        s = table.sample(b, device="cuda")
+                        ctx.sync()
+                        check_sample(s, b, k, ctx.dev)
+                        del s
+                        t = ctx.time_calls(lambda: table.sample(b, device="cuda"), 5, cfg.max_repeats,
+                                       cfg.call_budget_s)
+                        r = call_summary(t, b * row)
+                        log(f"    reprise device store b={b}: {r['gbps']:.2f} GB/s ({r['us_median']:.0f} us)")
+                        return r
+                    guarded(ctx, res, f"b{b}", measure)
+                    wait_released()
+            finally:
+                wait_released()
+                del table
+                store.close()
+                ctx.free()
+            return res
+
+        guarded(ctx, cell, "reprise", reprise_row)
+        ctx.save()
+        if ctx.trl is not None and not ctx.args.no_peers:
+            peer = cell["torchrl"] = {}
+            for b in cfg.dev_batches:
+                est = b * row / 500e9 + 200e-6
+                reps = repeats_for(est, cfg.peer_call_budget_s / 2, 5 if cfg.quick else 20, 200)
+                r = guarded(ctx, peer, f"b{b}", ctx.trl.collect_device, row, b, n, ctx.peer_device, reps)
+                if "gbps" in r:
+                    log(f"    torchrl collect_device b={b}: {r['gbps']:.2f} GB/s ({r['us_median']:.0f} us)")
+        ctx.save()
+    return out

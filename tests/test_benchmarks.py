@@ -1,0 +1,236 @@
+"""Smoke tests of the benchmarks (benchmarks/README.md): every comparison's ``--quick`` run,
+so that benchmark code cannot rot unseen.
+
+Each driver runs as a module from the repository root in a subprocess (as its README
+command does), with its outputs in a temporary directory. A driver records a failing
+workload in its JSON and goes on (a peer that cannot do something must not lose the other
+numbers), so exiting 0 proves little: each test also reads the JSON and requires every
+Reprise workload to have its numbers and no error, every present peer to have run without
+errors, and every absent peer (no venv here, no torchrl, no CUDA) to be skipped with a
+reason printed on stderr. The full-run sizes are checked against the numbers RESULTS.md
+was measured with, so a refactor cannot change them unseen, and every module must be
+listed in benchmarks/README.md and run without editing ``sys.path``.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIMEOUT_S = 180  # per driver; a quick run takes 10-50 s on 2 busy cores
+
+
+def run_module(module: str, *args: str) -> subprocess.CompletedProcess:
+    """``python -m module args`` from the repository root; asserts it exits 0."""
+    r = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True,
+                       text=True, timeout=TIMEOUT_S)
+    assert r.returncode == 0, (f"{module} exited {r.returncode}\n--- stdout\n{r.stdout[-3000:]}"
+                               f"\n--- stderr\n{r.stderr[-6000:]}")
+    return r
+
+
+def report_in(out_dir, prefix: str) -> dict:
+    paths = glob.glob(os.path.join(str(out_dir), f"{prefix}-*-quick.json"))
+    assert len(paths) == 1, f"expected one {prefix} report in {out_dir}, found {paths}"
+    with open(paths[0]) as f:
+        return json.load(f)
+
+
+def errors_in(tree, path: str = "") -> list[str]:
+    """Every ``error`` recorded anywhere in a JSON tree, with where."""
+    found = []
+    if isinstance(tree, dict):
+        if "error" in tree:
+            found.append(f"{path}: {str(tree['error']).splitlines()[0]}")
+        for k, v in tree.items():
+            found += errors_in(v, f"{path}/{k}")
+    elif isinstance(tree, list):
+        for i, v in enumerate(tree):
+            found += errors_in(v, f"{path}[{i}]")
+    return found
+
+
+def check_systems(report: dict, stderr: str, expected: dict[str, list[str]]) -> None:
+    """``expected``: system -> workload keys it must have measured, if it ran. Reprise
+    (and the plain socket) must run; a peer runs cleanly or is skipped with a reason
+    that was printed."""
+    systems = report["systems"]
+    for name, keys in expected.items():
+        s = systems[name]
+        if name in ("reprise", "socket"):
+            assert "results" in s, f"{name} did not run: {s}"
+        if "results" not in s:
+            assert s.get("skipped"), f"{name}: neither results nor a reason: {s}"
+            assert f"== {name}: SKIPPED" in stderr, f"{name} skipped without a printed note"
+            continue
+        results = s["results"]
+        assert not errors_in(results), f"{name} recorded errors: {errors_in(results)}"
+        for k in keys:
+            e = results.get(k)
+            assert e is not None, f"{name}: no result for {k} (has {sorted(results)})"
+            if "unsupported" in e:  # e.g. Reverb has no batched insert
+                continue
+            assert "skipped" not in e, f"{name} {k} skipped: {e}"
+
+
+def rate(e: dict) -> float:
+    for unit in ("items", "samples", "rounds"):
+        if f"{unit}_per_s" in e:
+            return e[f"{unit}_per_s"]
+    raise AssertionError(f"no rate in {e}")
+
+
+# --- the drivers' --quick runs ------------------------------------------------------------------
+CORE_KEYS = ([f"{w}[{s}]" for w in ("insert_batched", "insert_step", "sample_uniform")
+              for s in ("400B", "4KB", "40KB", "400KB")] + ["prioritized_round"])
+
+
+def test_core_quick_measures_every_workload(tmp_path):
+    r = run_module("benchmarks.core.compare", "--quick", "--out-dir", str(tmp_path))
+    report = report_in(tmp_path, "core")
+    check_systems(report, r.stderr,
+                  {n: CORE_KEYS for n in ("reprise", "cpprb", "torchrl", "reverb")})
+    results = report["systems"]["reprise"]["results"]
+    assert all(rate(results[k]) > 0 for k in CORE_KEYS)
+    for k in CORE_KEYS:  # the table on stdout has a number in Reprise's column
+        row = next(line for line in r.stdout.splitlines() if line.startswith(f"| {k} |"))
+        assert row.split("|")[3].strip()[0].isdigit(), row
+
+
+SERVING_KEYS = ([f"writer1[{s},{v}]" for s in ("400B", "400KB") for v in ("step", "batch")]
+                + ["mixed[step]", "mixed[batch]", "apex", "apex-paced"])
+
+
+def test_serving_quick_measures_every_workload(tmp_path):
+    r = run_module("benchmarks.serving.compare", "--quick", "--out-dir", str(tmp_path))
+    report = report_in(tmp_path, "serving")
+    check_systems(report, r.stderr,
+                  {n: SERVING_KEYS for n in ("reprise", "cpprb", "reverb", "redis")})
+    results = report["systems"]["reprise"]["results"]
+    for k in SERVING_KEYS + ["writer1[400B,step-inproc]", "writer1[400KB,step-inproc]"]:
+        e = results[k]
+        if k.startswith("apex"):
+            assert "push" in e and "sample" in e and e["learner_rounds_per_s"] >= 0, e
+        else:
+            assert e["items_per_s"] >= 0, e
+    assert all(results[k]["items_per_s"] > 0 for k in SERVING_KEYS if k.startswith("writer1"))
+    assert "## 3. Ape-X" in r.stdout and "| push 200 transitions (11.3 MB), p50 | ms |" in r.stdout
+
+
+def test_remote_quick_measures_every_point(tmp_path):
+    r = run_module("benchmarks.remote.compare", "--quick", "--out-dir", str(tmp_path))
+    report = report_in(tmp_path, "remote")
+    clients = report["config"]["clients"]
+    points = [f"{op}[{s}/{n}c]" for op in ("insert", "sample") for s in ("4KB", "400KB")
+              for n in clients]
+    check_systems(report, r.stderr, {"socket": [f"socket[{n}c]" for n in clients],
+                                     "reprise": points, "reverb": points})
+    results = report["systems"]["reprise"]["results"]
+    assert all(results[k]["items_per_s"] > 0 for k in points)
+    assert all(report["systems"]["socket"]["results"][f"socket[{n}c]"]["gb_per_s"] > 0
+               for n in clients)
+    assert sum(line.startswith(("| insert ", "| sample ")) for line in r.stdout.splitlines()) \
+        == len(points)
+
+
+def test_checkpoint_quick_saves_loads_and_measures_during_a_save(tmp_path):
+    r = run_module("benchmarks.checkpoint.compare", "--quick", "--dir", str(tmp_path / "ckpt"),
+                   "--out-dir", str(tmp_path))
+    report = report_in(tmp_path, "checkpoint")
+    assert not errors_in(report["save_load"]) and not errors_in(report["during"])
+    for key, e in report["save_load"].items():
+        assert e["save"]["gb_per_s"] > 0 and e["load"]["cold"]["gb_per_s"] > 0, (key, e)
+    assert set(report["during"]) == {"full", "headroom"}
+    for e in report["during"].values():
+        assert not e["errors"], e["errors"]
+        assert e["writer_items_per_s_without"] > 0 and e["sampler_items_per_s_without"] > 0, e
+    rv = report["reverb"]
+    assert "checkpoint_idle" in rv or ("skipped" in rv and "reverb: SKIPPED" in r.stderr), rv
+    assert not os.path.exists(tmp_path / "ckpt"), "the checkpoint directory was left behind"
+    assert "## 2. Writer and sampler throughput during a save" in r.stdout
+
+
+def test_gpu_quick_runs_every_section(tmp_path):
+    out = tmp_path / "gpu.json"
+    r = run_module("benchmarks.gpu.compare", "--quick", "--out", str(out))
+    with open(out) as f:
+        results = json.load(f)
+    sections = ("memcpy", "collect", "latency", "sumtree", "table_prio", "device")
+    assert all(s in results for s in sections), sorted(results)
+    errors = errors_in(results)
+    if "torchrl_import_error" in results:  # TorchRL absent: said so, and nothing else failed
+        assert "TorchRL unavailable" in r.stdout
+        errors = [e for e in errors if not e.startswith(("/torchrl_import_error:",
+                                                          "/header/torchrl:"))]
+    assert not errors, errors
+    if results["header"]["mode"] == "cpu-emulated":
+        assert "no CUDA: --quick runs --device cpu-emulated" in r.stdout
+        assert "skipped" in results["memcpy"]
+    assert results["collect"]["configs"] and all(
+        c["reprise"][f"b{b}"]["sample"]["gbps"] > 0
+        for c in results["collect"]["configs"].values() for b in results["collect"]["batches"])
+    assert results["sumtree"]["reprise"]["round"]["us_median"] > 0
+    assert "| workload | reprise | peer (TorchRL) |" in r.stdout
+
+
+# --- the full runs' sizes --------------------------------------------------------------------
+@pytest.fixture
+def benchmarks_importable(monkeypatch):
+    monkeypatch.syspath_prepend(ROOT)
+
+
+def test_full_run_sizes_are_the_ones_results_md_was_measured_with(benchmarks_importable):
+    from benchmarks.core.workloads import make_config as core_config
+    from benchmarks.remote.workloads import make_config as remote_config
+    from benchmarks.remote.workloads import table_specs
+    from benchmarks.serving.workloads import make_config as serving_config
+
+    core = core_config(False, None)
+    assert (core.rounds, core.round_seconds, core.warmup_seconds) == (7, 0.4, 0.3)
+    assert core.insert_capacity_items == {"400B": 100_000, "4KB": 100_000, "40KB": 13_421,
+                                          "400KB": 1_342}
+    assert core.sample_table_items_by_size == {"400B": 10_000, "4KB": 10_000, "40KB": 10_000,
+                                               "400KB": 2_684}
+    assert core.prio_table_items == 1_000_000
+    serving = serving_config(False, None)
+    assert serving.writer_capacity_items == {"400B": 100_000, "400KB": 1_342}
+    assert (serving.mixed_table_items, serving.mixed_warmup_seconds, serving.mixed_seconds) \
+        == (100_000, 1.0, 4.0)
+    assert (serving.apex_table_items, serving.apex_warmup_seconds, serving.apex_seconds) \
+        == (50_000, 3.0, 15.0)
+    remote = remote_config(False, None)
+    assert (remote.rounds, remote.warmup_seconds, remote.window_seconds) == (3, 0.5, 2.0)
+    assert remote.clients == [1, 2, 4, 8]
+    assert [(s["name"], s["items"], s["batch"]) for s in table_specs(remote)] == [
+        ("insert_4KB", 16_384, 256), ("insert_400KB", 1_024, 16),
+        ("sample_4KB", 16_384, 256), ("sample_400KB", 1_024, 16)]
+
+
+# --- the package's layout ----------------------------------------------------------------------
+def benchmark_modules() -> list[str]:
+    """Every module under benchmarks/, as a path relative to it (``core/compare.py``)."""
+    out = []
+    for folder, _, files in os.walk(os.path.join(ROOT, "benchmarks")):
+        for name in files:
+            if name.endswith(".py") and name != "__init__.py":
+                out.append(os.path.relpath(os.path.join(folder, name),
+                                           os.path.join(ROOT, "benchmarks")))
+    return sorted(out)
+
+
+def test_every_benchmark_module_is_in_the_readme_and_none_edits_sys_path():
+    with open(os.path.join(ROOT, "benchmarks", "README.md")) as f:
+        readme = f.read()
+    modules = benchmark_modules()
+    assert len(modules) > 30, modules
+    assert [m for m in modules if f"`{m}`" not in readme] == []
+    for m in modules:
+        with open(os.path.join(ROOT, "benchmarks", m)) as f:
+            src = f.read()
+        assert "sys.path.insert" not in src and "sys.path.append" not in src, m
