@@ -1,8 +1,10 @@
-"""Serving tables to other processes on the same host.
+"""Serving tables to other processes: local clients (same host) and, with an
+address, remote clients (gRPC).
 
-Clients write step data straight into the stores' shared memory, in place; only
-small control records (block leases, item commits, sample selections, priority
-updates) cross the server's Unix socket."""
+Local clients write step data straight into the stores' shared memory, in place;
+only small control records (block leases, item commits, sample selections,
+priority updates) cross the server's Unix socket. Remote clients stream steps and
+samples over gRPC."""
 
 from __future__ import annotations
 

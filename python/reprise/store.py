@@ -98,7 +98,7 @@ class Store:
         without it, the whole current episode."""
         self._check_open()
         msl = None if max_sequence_length is None else as_int("max_sequence_length", max_sequence_length, 1)
-        native = self._native.writer(msl)
+        native = _native.Writer.in_process(self._native, msl)
         if self._device_columns is not None:
             from .torch.device_store import DeviceWriter
             return DeviceWriter(native, self, msl)

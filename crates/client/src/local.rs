@@ -47,9 +47,8 @@ pub struct ServerInfo {
 }
 
 /// Waits until a reply can be read, the deadline passes (`Timeout`) or the
-/// interrupt check fires. An interrupted connection is shut down: its reply would
-/// arrive later and confuse the next call, and the server, seeing the client go,
-/// stops waiting and releases what the connection held.
+/// interrupt check fires (`Interrupted`). The caller must then retire the
+/// connection: its reply would arrive later and confuse the next call.
 fn wait_readable(stream: &UnixStream, deadline: Option<Instant>, interrupt: Interrupt<'_>) -> Result<()> {
     use std::os::fd::AsRawFd;
     if deadline.is_none() && interrupt.is_none() {
@@ -70,7 +69,6 @@ fn wait_readable(stream: &UnixStream, deadline: Option<Instant>, interrupt: Inte
             return Err(Error::Timeout { message: "the replay server did not answer in time".into(), partial: Default::default() });
         }
         if interrupt.is_some_and(|stop| stop()) {
-            let _ = stream.shutdown(std::net::Shutdown::Both);
             return Err(Error::Interrupted { partial: Default::default() });
         }
     }
@@ -150,6 +148,16 @@ struct Shared {
     path: PathBuf,
     info: ServerInfo,
     stream: Mutex<UnixStream>,
+    life: Mutex<Life>,
+}
+
+/// Whether the connection may still be used, and how many of its samples are alive.
+/// The server releases what a connection held when it closes, so the socket is shut
+/// only once no sample drawn on it is alive (their rows must stay unreused).
+#[derive(Default)]
+struct Life {
+    retired: Option<&'static str>,
+    live_samples: usize,
 }
 
 impl Shared {
@@ -157,8 +165,24 @@ impl Shared {
         self.info.table(name)
     }
 
-    fn call(&self, frame: Frame) -> Result<(u8, Vec<u8>)> {
-        call(&mut self.stream.lock(), frame, None)
+    fn call(&self, frame: Frame, interrupt: Interrupt<'_>) -> Result<(u8, Vec<u8>)> {
+        if let Some(why) = self.life.lock().retired {
+            return Err(Error::Io(format!("this client's connection is {why}; make a new client")));
+        }
+        let result = call(&mut self.stream.lock(), frame, interrupt);
+        if let Err(Error::Interrupted { .. }) = result {
+            self.retire("interrupted");
+        }
+        result
+    }
+
+    /// No more calls; the socket is shut now or when the last live sample drops.
+    fn retire(&self, why: &'static str) {
+        let mut life = self.life.lock();
+        life.retired.get_or_insert(why);
+        if life.live_samples == 0 {
+            let _ = self.stream.lock().shutdown(std::net::Shutdown::Both);
+        }
     }
 }
 
@@ -172,7 +196,7 @@ impl LocalClient {
     /// Connects to the server listening at `path` (its Unix socket).
     pub fn connect(path: &Path) -> Result<LocalClient> {
         let (stream, info) = hello(path)?;
-        Ok(LocalClient { shared: Arc::new(Shared { path: path.to_path_buf(), info, stream: Mutex::new(stream) }) })
+        Ok(LocalClient { shared: Arc::new(Shared { path: path.to_path_buf(), info, stream: Mutex::new(stream), life: Mutex::default() }) })
     }
 
     pub fn server_pid(&self) -> u32 {
@@ -202,7 +226,7 @@ impl LocalClient {
         priorities.unwrap_or(&[]).iter().for_each(|&x| {
             f.f64(x);
         });
-        let (kind, body) = self.shared.call(f)?;
+        let (kind, body) = self.shared.call(f, None)?;
         if kind != p::COUNT {
             return Err(unexpected(kind));
         }
@@ -251,7 +275,7 @@ impl ReplayClient for LocalClient {
         let fields = columns.signature().select(fields)?;
         let mut f = Frame::new(p::SAMPLE);
         f.u32(t).u32(n).i64(p::timeout_to_wire(timeout));
-        let (kind, body) = call(&mut self.shared.stream.lock(), f, interrupt)?;
+        let (kind, body) = self.shared.call(f, interrupt)?;
         if kind != p::SAMPLED {
             return Err(unexpected(kind));
         }
@@ -280,6 +304,7 @@ impl ReplayClient for LocalClient {
                 return Err(Error::Corrupt(format!("sampled item {} has rows outside the store", item.key)));
             }
         }
+        self.shared.life.lock().live_samples += 1;
         let sample = LocalSample { items, table_size, id, columns, fields, client: self.shared.clone() };
         let cut_short = (status != 0).then(|| Error::Timeout { message, partial: Default::default() });
         Ok(Drawn { sample, cut_short })
@@ -309,14 +334,14 @@ impl ReplayClient for LocalClient {
     fn reset(&self, table: &str) -> Result<()> {
         let mut f = Frame::new(p::RESET);
         f.u32(self.shared.table(table)?);
-        match self.shared.call(f)? {
+        match self.shared.call(f, None)? {
             (p::OK, _) => Ok(()),
             (kind, _) => Err(unexpected(kind)),
         }
     }
 
     fn checkpoint(&self) -> Result<String> {
-        let (kind, body) = self.shared.call(Frame::new(p::CHECKPOINT))?;
+        let (kind, body) = self.shared.call(Frame::new(p::CHECKPOINT), None)?;
         if kind != p::CHECKPOINTED {
             return Err(unexpected(kind));
         }
@@ -327,7 +352,7 @@ impl ReplayClient for LocalClient {
     }
 
     fn info(&self) -> Result<Vec<TableInfo>> {
-        let (kind, body) = self.shared.call(Frame::new(p::INFO))?;
+        let (kind, body) = self.shared.call(Frame::new(p::INFO), None)?;
         if kind != p::INFO_OK {
             return Err(unexpected(kind));
         }
@@ -338,9 +363,11 @@ impl ReplayClient for LocalClient {
         Ok(infos)
     }
 
-    /// Later calls on this client fail; samples already taken stay valid.
+    /// Later calls on this client fail; samples already taken stay valid (the
+    /// connection, and with it the server's hold on their rows, ends when the last
+    /// of them is dropped).
     fn close(&self) {
-        let _ = self.shared.stream.lock().shutdown(std::net::Shutdown::Both);
+        self.shared.retire("closed");
     }
 }
 
@@ -379,7 +406,11 @@ impl LocalSample {
     }
 }
 
-impl Collect for LocalSample {
+// SAFETY: `sample` checked that every window lies inside the store's columns, and
+// the server holds a reference on every sampled block for this draw until `Drop`
+// sends SAMPLE_DONE (or the connection closes, which only happens after `self` is
+// gone or when the client shuts the stream, which the server treats the same way).
+unsafe impl Collect for LocalSample {
     fn items(&self) -> &[SampledItem] {
         &self.items
     }
@@ -393,10 +424,16 @@ impl Collect for LocalSample {
 
 impl Drop for LocalSample {
     fn drop(&mut self) {
+        let mut life = self.client.life.lock();
+        life.live_samples -= 1;
+        let mut stream = self.client.stream.lock();
         let mut f = Frame::new(p::SAMPLE_DONE);
         f.u64(self.id);
         // A server that is gone has released the rows already.
-        let _ = f.send(&mut *self.client.stream.lock());
+        let _ = f.send(&mut *stream);
+        if life.retired.is_some() && life.live_samples == 0 {
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+        }
     }
 }
 
@@ -478,7 +515,11 @@ impl LeasedBlocks {
     }
 }
 
-impl BlockSource for LeasedBlocks {
+// SAFETY: the server leases a block to one connection only, from its free queue,
+// and keeps its own reference until this writer sends RELEASE for it, which happens
+// only when `counts` (this writer's references) drops to zero; leased blocks outside
+// the store are refused in `lease`.
+unsafe impl BlockSource for LeasedBlocks {
     fn columns(&self) -> &Columns {
         &self.columns
     }
@@ -608,7 +649,13 @@ impl StepWriter for LocalWriter {
                     message: format!("items were not all committed within {:.3} s", timeout.unwrap_or_default().as_secs_f64()),
                     partial: Default::default(),
                 },
-                other => other,
+                other => {
+                    // Interrupted: the replies still due would confuse the next call.
+                    // The server, seeing the writer go, stops waiting and drops what
+                    // it had not committed.
+                    let _ = blocks.stream.shutdown(std::net::Shutdown::Both);
+                    other
+                }
             })?;
             blocks.read_commit_reply()?;
         }

@@ -153,8 +153,15 @@ impl BlockAllocator {
 }
 
 /// Where a writer's blocks come from: the store's own allocator in process, or
-/// the process that owns the store, over a socket, for same-host clients.
-pub trait BlockSource {
+/// the process that owns the store, over a socket, for local clients (same host).
+///
+/// # Safety
+/// A writer writes the rows of the blocks it leases through
+/// [`Columns::write_rows`](crate::columns::Columns::write_rows), relying on this
+/// contract: `lease` returns a block of `columns()` that nobody else holds, reads or
+/// writes until it is freed; the block is not freed (so not leased again) while any
+/// reference taken by `lease` or `retain` has not been given back by `release`.
+pub unsafe trait BlockSource {
     fn columns(&self) -> &crate::columns::Columns;
     /// A fresh block with one reference owned by the caller.
     fn lease(&mut self) -> Result<u32>;

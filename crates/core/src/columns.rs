@@ -3,7 +3,7 @@
 //!
 //! Column `c` starts at a 64-byte aligned offset and holds `capacity` rows of
 //! `row_bytes(c)` bytes. Row `r` of every column belongs to the same step. The
-//! owner creates the region; same-host clients attach to it by path and compute
+//! owner creates the region; local clients (same host) attach to it by path and compute
 //! the same layout from the signature.
 //!
 //! Rows are owned block by block, and these rules make the raw copies sound:
@@ -13,7 +13,11 @@
 //! * rows are read only while the reader holds a reference on their block (an item
 //!   in a table, or a sample being collected), so they are not reused under it.
 //!
-//! This module and `memory.rs` are the only ones with `unsafe`.
+//! This module and `memory.rs` are the only ones that touch raw memory. The two
+//! copies whose soundness depends on those rules are `unsafe fn`s
+//! ([`Columns::write_rows`], [`Columns::read_ranges`]), and the traits whose
+//! implementors hand out rows are `unsafe trait`s (`blocks::BlockSource`,
+//! `sample::Collect`): the rules show at every call site.
 
 use std::path::Path;
 
@@ -113,11 +117,14 @@ impl Columns {
         unsafe { self.region.base().add(self.columns[col].offset) }
     }
 
-    /// Copies `src` (whole rows) into column `col` starting at `row`.
+    /// Copies `src` (whole rows) into column `col` starting at `row`. Panics when
+    /// the rows run past the column or `src` is not whole rows.
     ///
-    /// The rows must belong to a run the caller's cursor took from a block leased
-    /// to it, not yet referenced by any item (the writer rule in the module docs).
-    pub fn write_rows(&self, col: usize, row: u64, src: &[u8]) {
+    /// # Safety
+    /// The rows must belong to a run the caller's cursor took from a block leased to
+    /// it and not yet referenced by any item or sample (the writer rule in the module
+    /// docs): no other thread or process may read or write them during the copy.
+    pub unsafe fn write_rows(&self, col: usize, row: u64, src: &[u8]) {
         let c = self.columns[col];
         let rows = (src.len() / c.row_bytes.max(1)) as u64;
         assert!(src.len() % c.row_bytes.max(1) == 0, "partial row write");
@@ -132,8 +139,14 @@ impl Columns {
     }
 
     /// Copies the rows of `ranges` of column `col`, back to back, into `dst`, which
-    /// must hold exactly that many rows. The caller holds references on their blocks.
-    pub fn read_ranges(&self, col: usize, ranges: &[RowRange], dst: &mut [u8]) {
+    /// must hold exactly that many rows. Panics when a range runs past the column or
+    /// the sizes differ.
+    ///
+    /// # Safety
+    /// The caller must hold a reference on every block `ranges` touches (an item in a
+    /// table, a sample being collected, a pin) for the whole copy, so no writer reuses
+    /// those rows under it (the reader rule in the module docs).
+    pub unsafe fn read_ranges(&self, col: usize, ranges: &[RowRange], dst: &mut [u8]) {
         let c = self.columns[col];
         let mut at = 0usize;
         for r in ranges {

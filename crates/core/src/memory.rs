@@ -221,10 +221,12 @@ mod tests {
     #[test]
     fn an_attached_region_sees_the_owners_bytes_and_leaves_the_file() {
         let owner = Region::create(&default_directory(), 8192).unwrap();
-        // SAFETY (test): single-threaded, in bounds.
+        // SAFETY: byte 100 is inside the 8192-byte mapping; nothing else touches it.
         unsafe { *owner.base().add(100) = 42 };
         let other = Region::open(owner.path(), 8192).unwrap();
-        assert_eq!(unsafe { *other.base().add(100) }, 42);
+        // SAFETY: as above, through the second mapping of the same file.
+        let seen = unsafe { *other.base().add(100) };
+        assert_eq!(seen, 42);
         drop(other);
         assert!(owner.path().exists());
         assert!(Region::open(owner.path(), 1 << 20).err().unwrap().to_string().contains("holds 8192 bytes"));

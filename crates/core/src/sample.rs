@@ -75,8 +75,14 @@ impl SampleBatch {
 }
 
 /// Drawn items whose rows can be copied out: a [`SampleBatch`] in process, or a
-/// same-host client's sample read straight from the shared columns.
-pub trait Collect: Sync {
+/// local client's sample read straight from the shared columns.
+///
+/// # Safety
+/// [`Collect::gather`] reads the items' rows with
+/// [`Columns::read_ranges`], relying on this contract: every window of `items()`
+/// lies inside `columns()`, and a reference on every block those windows touch is
+/// held for as long as `self` lives (so no writer reuses the rows while they are read).
+pub unsafe trait Collect: Sync {
     fn items(&self) -> &[SampledItem];
     fn table_size(&self) -> u64;
     fn columns(&self) -> &Columns;
@@ -142,11 +148,16 @@ fn gather_items(columns: &Columns, items: &[SampledItem], col: usize, stride: us
         prefetch(i + AHEAD);
         let at = i * stride;
         let bytes = item.length as usize * row;
-        columns.read_ranges(col, item.window.ranges(), &mut dst[at..at + bytes]);
+        // SAFETY: `gather_items` runs only inside `Collect::gather`, whose implementor
+        // holds references on these items' blocks (the trait's contract).
+        unsafe { columns.read_ranges(col, item.window.ranges(), &mut dst[at..at + bytes]) };
     }
 }
 
-impl Collect for SampleBatch {
+// SAFETY: `push` retains every block of an item's window (taken while the table's
+// lock kept the item, and so its blocks, alive) and `Drop` releases them; the
+// windows are rows of `store`'s columns.
+unsafe impl Collect for SampleBatch {
     fn items(&self) -> &[SampledItem] {
         &self.items
     }

@@ -234,7 +234,10 @@ impl Store {
     }
 }
 
-impl BlockSource for Store {
+// SAFETY: `lease_block` hands out a block only from the allocator's free queue
+// (refcount 0, no item, writer or sample holds it); the allocator frees a block only
+// when its refcount returns to 0, which `retain`/`release` keep exact.
+unsafe impl BlockSource for Store {
     fn columns(&self) -> &Columns {
         &self.inner.columns
     }
@@ -296,9 +299,11 @@ mod tests {
         let run = claim.runs[0];
         assert_eq!(run.len, 3);
         let src: Vec<u8> = (0..36).collect();
-        s.columns().write_rows(0, run.start, &src);
+        // SAFETY: the run is this test's own claim, not yet referenced by any item.
+        unsafe { s.columns().write_rows(0, run.start, &src) };
         let mut dst = vec![0u8; 24];
-        s.columns().read_ranges(0, &[RowRange { start: run.start + 1, len: 2 }], &mut dst);
+        // SAFETY: the claim still holds the block.
+        unsafe { s.columns().read_ranges(0, &[RowRange { start: run.start + 1, len: 2 }], &mut dst) };
         assert_eq!(dst, src[12..36]);
     }
 

@@ -18,7 +18,7 @@ use crate::table::Table;
 use crate::wait::Wait;
 
 /// A writer over blocks from `B`: the store itself in process (the default), or
-/// the store's owner for same-host clients (see the client crate).
+/// the store's owner for local clients (see the client crate).
 pub struct Writer<B: BlockSource = Store> {
     source: B,
     cursor: Cursor,
@@ -74,7 +74,9 @@ impl<B: BlockSource> Writer<B> {
         self.check_columns(columns, 1)?;
         let run = self.cursor.take(&mut self.source, 1)?;
         for (col, src) in columns.iter().enumerate() {
-            self.source.columns().write_rows(col, run.start, src);
+            // SAFETY: `run` was just taken by this writer's cursor from a block its
+            // source leased to it (`BlockSource`'s contract); no item covers it yet.
+            unsafe { self.source.columns().write_rows(col, run.start, src) };
         }
         self.record(run, false);
         Ok(())
@@ -109,7 +111,9 @@ impl<B: BlockSource> Writer<B> {
             let mut at = 0;
             for run in &runs {
                 let bytes = run.len as usize * row_bytes;
-                cols.write_rows(col, run.start, &src[at..at + bytes]);
+                // SAFETY: each run was taken by this writer's cursor from a block
+                // leased to it and is retained above; no item covers it yet.
+                unsafe { cols.write_rows(col, run.start, &src[at..at + bytes]) };
                 at += bytes;
             }
         }

@@ -225,3 +225,9 @@ impl<'py, T: numpy::Element> Vector<'py, T> {
         unsafe { std::slice::from_raw_parts((*self.array.as_array_ptr()).data as *const T, len) }
     }
 }
+
+/// The column indices of `fields` (`None`: all), `NotFound` for an unknown name.
+pub fn select_fields(py: Python<'_>, sig: &reprise_core::Signature, fields: Option<Vec<String>>) -> PyResult<Option<Vec<usize>>> {
+    let Some(names) = fields else { return Ok(None) };
+    sig.select(&names).map(Some).map_err(|e| not_found(py, e.to_string()))
+}

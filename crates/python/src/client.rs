@@ -27,7 +27,7 @@ use crate::writer::{AnyWriter, PyWriter};
 /// The transport of one client.
 enum Connection {
     Local(LocalClient),
-    Remote(RemoteClient),
+    Remote(Box<RemoteClient>),
 }
 
 /// Runs `$body` with `$c` bound to whichever client `$conn` holds: the operations
@@ -142,7 +142,7 @@ impl PyClient {
         } else {
             let connect_timeout = timeout::parse(py, connect_timeout)?;
             let options = RemoteOptions { token, tls: tls || tls_ca.is_some(), ca_pem: tls_ca, domain: tls_domain, connect_timeout };
-            Connection::Remote(py.detach(|| RemoteClient::connect(address, options)).map_err(py_err(py))?)
+            Connection::Remote(Box::new(py.detach(|| RemoteClient::connect(address, options)).map_err(py_err(py))?))
         };
         Ok(PyClient { connection })
     }
@@ -211,7 +211,7 @@ impl PyClient {
             Connection::Local(c) => AnySampler::Local(py.detach(|| c.sampler(table, n, &fields, timeout, k)).map_err(py_err(py))?),
             Connection::Remote(c) => {
                 let sig = c.signature(table).map_err(py_err(py))?;
-                AnySampler::Remote(py.detach(|| c.sampler(table, n, &fields, timeout, k)).map_err(py_err(py))?, sig)
+                AnySampler::Remote(Box::new(py.detach(|| c.sampler(table, n, &fields, timeout, k)).map_err(py_err(py))?), sig)
             }
         };
         Ok(PySampler { inner: Mutex::new(inner) })
@@ -289,7 +289,7 @@ impl PyClient {
 
 enum AnySampler {
     Local(reprise_client::local::LocalSampler),
-    Remote(reprise_client::RemoteSampler, Signature),
+    Remote(Box<reprise_client::RemoteSampler>, Signature),
 }
 
 #[pyclass(name = "Sampler", module = "reprise._native", frozen)]

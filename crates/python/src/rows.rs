@@ -150,7 +150,7 @@ impl PySampleRows {
     #[pyo3(signature = (fields=None))]
     fn to_sample<'py>(&self, py: Python<'py>, fields: Option<Vec<String>>) -> PyResult<Bound<'py, PyAny>> {
         let drawn = self.inner.lock().take().ok_or_else(|| released(py))?;
-        let select = crate::table::select_fields(py, drawn.collect().columns().signature(), fields)?;
+        let select = crate::arrays::select_fields(py, drawn.collect().columns().signature(), fields)?;
         match drawn {
             HeldRows::InProcess(b) => sample_object(py, b, select.as_deref()),
             HeldRows::Local(c) => sample_object(py, c, select.as_deref()),

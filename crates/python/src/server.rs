@@ -7,7 +7,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use pyo3::prelude::*;
 use reprise_server::local::Checkpointer;
-use reprise_server::{GrpcOptions, GrpcServer, LocalServer};
+use reprise_server::{RemoteServerOptions, RemoteServer, LocalServer};
 
 use crate::errors::invalid;
 use crate::raise::py_err;
@@ -71,7 +71,7 @@ impl PyLocalServer {
 
 #[pyclass(name = "RemoteServer", module = "reprise._native", frozen)]
 pub struct PyRemoteServer {
-    server: Mutex<Option<GrpcServer>>,
+    server: Mutex<Option<RemoteServer>>,
     address: String,
     metrics_address: Option<String>,
 }
@@ -101,8 +101,8 @@ impl PyRemoteServer {
             _ => return Err(invalid(py, "TLS needs both a certificate and a key".into())),
         };
         let checkpoint: Option<Checkpointer> = checkpoint.map(checkpointer);
-        let options = GrpcOptions { token, tls, max_message_bytes, max_batch_items, max_concurrent_per_connection, checkpoint, metrics_address };
-        let server = py.detach(|| GrpcServer::start(tables, address, options)).map_err(py_err(py))?;
+        let options = RemoteServerOptions { token, tls, max_message_bytes, max_batch_items, max_concurrent_per_connection, checkpoint, metrics_address };
+        let server = py.detach(|| RemoteServer::start(tables, address, options)).map_err(py_err(py))?;
         Ok(PyRemoteServer { address: server.address(), metrics_address: server.metrics_address(), server: Mutex::new(Some(server)) })
     }
 

@@ -5,12 +5,11 @@ use std::sync::Arc;
 
 use pyo3::prelude::*;
 use reprise_core::signature::{DType, Field, Signature};
-use reprise_core::{Store, Writer};
+use reprise_core::Store;
 
 use crate::arrays::{field_infos, FieldInfo};
 use crate::errors::invalid;
 use crate::raise::py_err;
-use crate::writer::{AnyWriter, PyWriter};
 
 #[pyclass(name = "Store", module = "reprise._native", frozen)]
 pub struct PyStore {
@@ -81,17 +80,6 @@ impl PyStore {
             return Err(invalid(py, format!("block {block} out of range (store has {})", self.store.num_blocks())));
         }
         Ok(self.store.block_refcount(block))
-    }
-
-    #[pyo3(signature = (max_sequence_length=None))]
-    fn writer(&self, py: Python<'_>, max_sequence_length: Option<i64>) -> PyResult<PyWriter> {
-        if let Some(m) = max_sequence_length {
-            if m < 1 {
-                return Err(invalid(py, format!("max_sequence_length must be >= 1 or None, got {m}")));
-            }
-        }
-        let w = Writer::new(self.store.clone(), max_sequence_length.map(|m| m as u64)).map_err(py_err(py))?;
-        Ok(PyWriter::new(AnyWriter::InProcess(w), self.fields.clone()))
     }
 
     /// `(address, length)` of the mapped columns (for GPU registration).

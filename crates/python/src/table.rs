@@ -11,7 +11,7 @@ use reprise_core::selectors::external::Candidate;
 
 use crate::arrays::{views, FieldInfo, Vector};
 use crate::rows::{rows_error, HeldRows, PySampleRows};
-use crate::errors::{invalid, not_found};
+use crate::errors::invalid;
 use crate::raise::{py_err, to_py};
 use crate::sample::sample_object;
 use crate::store::PyStore;
@@ -40,6 +40,9 @@ impl PyTable {
         PyTable { table, fields }
     }
 }
+
+/// `(slots, seqs, priorities)` of the slots that changed (external selection).
+type Changes<'py> = (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<f64>>);
 
 #[pymethods]
 impl PyTable {
@@ -119,7 +122,7 @@ impl PyTable {
     fn sample<'py>(&self, py: Python<'py>, n: i64, timeout: Option<f64>, fields: Option<Vec<String>>) -> PyResult<Bound<'py, PyAny>> {
         let timeout = timeout::parse(py, timeout)?;
         let n = non_negative(py, &format!("table '{}': sample size", self.table.name()), n, 1)? as usize;
-        let select = select_fields(py, self.table.store().signature(), fields)?;
+        let select = crate::arrays::select_fields(py, self.table.store().signature(), fields)?;
         let signals = Signals::default();
         let check = || signals.check();
         let wait = Wait { timeout, interrupt: Some(&check) };
@@ -184,7 +187,7 @@ impl PyTable {
 
     /// External selection: `(slots, seqs, priorities)` of every slot that changed
     /// since the last call; seq is -1 where the slot is now empty.
-    fn drain_changes<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<f64>>)> {
+    fn drain_changes<'py>(&self, py: Python<'py>) -> PyResult<Changes<'py>> {
         let changes = py.detach(|| self.table.drain_changes()).map_err(py_err(py))?;
         Ok((
             PyArray1::from_iter(py, changes.iter().map(|c| c.slot as i64)),
@@ -282,17 +285,3 @@ pub fn info_dict<'py>(py: Python<'py>, i: &TableInfo) -> PyResult<Bound<'py, PyD
     Ok(d)
 }
 
-/// Column indexes of the named fields (all when `None`).
-pub fn select_fields(py: Python<'_>, sig: &reprise_core::Signature, fields: Option<Vec<String>>) -> PyResult<Option<Vec<usize>>> {
-    let Some(names) = fields else { return Ok(None) };
-    names
-        .iter()
-        .map(|name| {
-            sig.index_of(name).ok_or_else(|| {
-                let known: Vec<&str> = sig.fields().iter().map(|f| f.name.as_str()).collect();
-                not_found(py, format!("unknown field '{name}'; expected one of {known:?}"))
-            })
-        })
-        .collect::<PyResult<Vec<usize>>>()
-        .map(Some)
-}

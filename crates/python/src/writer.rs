@@ -16,6 +16,7 @@ use reprise_core::{Table, Wait, Writer};
 use crate::arrays::{views, FieldInfo};
 use crate::errors::{invalid, new_error};
 use crate::raise::{py_err, to_py};
+use crate::store::PyStore;
 use crate::table::PyTable;
 use crate::timeout::{self, Signals};
 
@@ -127,6 +128,17 @@ impl PyWriter {
 
 #[pymethods]
 impl PyWriter {
+    /// An in-process writer into `store`.
+    #[staticmethod]
+    #[pyo3(signature = (store, max_sequence_length=None))]
+    fn in_process(py: Python<'_>, store: &PyStore, max_sequence_length: Option<i64>) -> PyResult<PyWriter> {
+        if let Some(m) = max_sequence_length.filter(|&m| m < 1) {
+            return Err(invalid(py, format!("max_sequence_length must be >= 1 or None, got {m}")));
+        }
+        let w = Writer::new(store.store.clone(), max_sequence_length.map(|m| m as u64)).map_err(py_err(py))?;
+        Ok(PyWriter::new(AnyWriter::InProcess(w), store.fields.clone()))
+    }
+
     /// Appends one step: `{field: value}` with each value of the field's shape.
     fn append(&self, py: Python<'_>, step: &Bound<'_, PyAny>) -> PyResult<()> {
         self.write(py, step, 0)

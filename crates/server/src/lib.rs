@@ -1,14 +1,15 @@
-//! Reprise servers. [`local`] serves tables to clients on the same host over a
-//! Unix socket; the clients write and read step data in place in shared memory.
-//! [`grpc`] serves them to any host over gRPC.
+//! Reprise servers over core tables. [`local`] serves local clients (same host)
+//! over a Unix socket; they write and read step data in place in shared memory.
+//! [`remote`] serves remote clients (any host) over gRPC. Both speak the formats
+//! of `reprise-wire`; [`auth`] is the one token check of every endpoint.
 
 pub mod auth;
-pub mod grpc;
+pub mod remote;
 pub mod local;
 pub mod metrics;
 mod naming;
 
-pub use grpc::{GrpcOptions, GrpcServer};
+pub use remote::{RemoteServerOptions, RemoteServer};
 
 use reprise_core::error::{Error, Result};
 use reprise_core::{Store, Table};

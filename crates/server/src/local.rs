@@ -1,4 +1,4 @@
-//! The local server: tables served to same-host clients over a Unix socket.
+//! The local server: tables served to local clients (same host) over a Unix socket.
 //!
 //! One thread accepts connections; each connection gets a thread that handles its
 //! requests in order. A connection holds references on the blocks it leased and

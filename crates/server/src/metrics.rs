@@ -11,6 +11,9 @@ use reprise_core::Table;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
+/// Reads one gauge's value from a table's counters.
+type ReadGauge = fn(&reprise_core::TableInfo) -> f64;
+
 /// Counters the gRPC service updates.
 pub struct Metrics {
     registry: Registry,
@@ -19,7 +22,7 @@ pub struct Metrics {
     pub bytes_received: IntCounterVec,
     pub bytes_sent: IntCounterVec,
     tables: Vec<Table>,
-    gauges: Vec<(GaugeVec, fn(&reprise_core::TableInfo) -> f64)>,
+    gauges: Vec<(GaugeVec, ReadGauge)>,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {

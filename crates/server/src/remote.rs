@@ -33,9 +33,9 @@ use crate::metrics::{self, Metrics};
 /// HTTP/2 flow-control window of a stream (the connection's is twice that).
 pub const WINDOW: u32 = 16 << 20;
 
-/// Settings of a [`GrpcServer`].
+/// Settings of a [`RemoteServer`].
 #[derive(Clone)]
-pub struct GrpcOptions {
+pub struct RemoteServerOptions {
     /// Required unless the address is loopback; compared on every call.
     pub token: Option<String>,
     /// PEM certificate chain and private key: serve TLS.
@@ -52,9 +52,9 @@ pub struct GrpcOptions {
     pub metrics_address: Option<String>,
 }
 
-impl Default for GrpcOptions {
+impl Default for RemoteServerOptions {
     fn default() -> Self {
-        GrpcOptions {
+        RemoteServerOptions {
             token: None,
             tls: None,
             max_message_bytes: 64 << 20,
@@ -70,7 +70,7 @@ struct Shared {
     tables: Vec<Table>,
     stores: Vec<Store>,
     table_store: Vec<u32>,
-    options: GrpcOptions,
+    options: RemoteServerOptions,
     stopping: AtomicBool,
     /// Set at shutdown: streams end at their next message boundary.
     shutdown: tokio::sync::watch::Sender<bool>,
@@ -93,8 +93,8 @@ impl Shared {
 
 }
 
-/// A running gRPC service; [`GrpcServer::stop`] (or dropping it) shuts it down.
-pub struct GrpcServer {
+/// A running gRPC service; [`RemoteServer::stop`] (or dropping it) shuts it down.
+pub struct RemoteServer {
     address: SocketAddr,
     metrics_address: Option<SocketAddr>,
     shared: Arc<Shared>,
@@ -109,9 +109,9 @@ pub fn is_loopback(address: &str) -> bool {
     host == "localhost" || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
-impl GrpcServer {
+impl RemoteServer {
     /// Serves `tables` at `address` (`host:port`; port 0 picks a free one).
-    pub fn start(tables: Vec<Table>, address: &str, options: GrpcOptions) -> Result<GrpcServer> {
+    pub fn start(tables: Vec<Table>, address: &str, options: RemoteServerOptions) -> Result<RemoteServer> {
         let (stores, table_store) = crate::stores_of(&tables)?;
         if options.token.as_deref().is_some_and(str::is_empty) {
             return Err(Error::InvalidArgument("token must not be empty".into()));
@@ -189,7 +189,7 @@ impl GrpcServer {
                 .await;
             let _ = done_tx.send(());
         });
-        Ok(GrpcServer { address: bound, metrics_address, shared, shutdown: Some(tx), runtime: Some(runtime), done: Some(done_rx) })
+        Ok(RemoteServer { address: bound, metrics_address, shared, shutdown: Some(tx), runtime: Some(runtime), done: Some(done_rx) })
     }
 
     /// `host:port` the service listens on.
@@ -219,7 +219,7 @@ impl GrpcServer {
     }
 }
 
-impl Drop for GrpcServer {
+impl Drop for RemoteServer {
     fn drop(&mut self) {
         self.stop(Duration::from_secs(5));
     }
@@ -321,7 +321,7 @@ impl InsertSession {
                         return Err(Status::invalid_argument("steps: num_steps must be >= 1"));
                     }
                     for (col, f) in steps.columns.iter().zip(sig.fields()) {
-                        let want = n.checked_mul(f.row_bytes()).unwrap_or(usize::MAX);
+                        let want = n.saturating_mul(f.row_bytes());
                         if col.len() != want {
                             return Err(Status::invalid_argument(format!(
                                 "steps: field '{}' has {} bytes for {n} steps; expected {want} ({} per step: {})",

@@ -55,6 +55,34 @@ fn values(sample: &impl Collect) -> Vec<i64> {
 }
 
 #[test]
+fn samples_stay_held_after_their_client_closes_and_flush_returns_keys() {
+    let (store, table, server) = setup(&format!("t-close-{}", std::process::id()));
+    let client = LocalClient::connect(server.path()).unwrap();
+    let mut w = client.writer(None, None).unwrap();
+    for v in 0..4i64 {
+        w.append(&[&v.to_ne_bytes()]).unwrap();
+        w.create_item("replay", 1, 1.0).unwrap();
+    }
+    let keys = w.flush(None, None).unwrap();
+    assert_eq!(keys.len(), 4);
+    assert_eq!(keys, table.items().iter().map(|i| i.key).collect::<Vec<_>>());
+    assert!(w.flush(None, None).unwrap().is_empty(), "keys are those committed since the last flush");
+    w.close().unwrap();
+    drop(w);
+    let s = client.sample("replay", 2, &[], None, None).unwrap().sample;
+    client.close();
+    let e = client.info().err().unwrap();
+    assert!(e.to_string().contains("closed"), "{e}");
+    // Block 0 is held by the 4 items and the sample's 2 draws (Fifo: the oldest twice).
+    wait_until("the writer's reference to go", || store.block_refcount(0) == 6);
+    table.reset();
+    assert_eq!(store.block_refcount(0), 2, "only the closed client's live sample holds block 0");
+    assert_eq!(values(&s), vec![0, 0]);
+    drop(s);
+    wait_until("the closed client's connection to end and release the sample", || store.block_refcount(0) == 0);
+}
+
+#[test]
 fn client_writes_in_place_and_samples_read_in_place() {
     let (store, table, server) = setup(&format!("t-rw-{}", std::process::id()));
     let client = LocalClient::connect(server.path()).unwrap();

@@ -15,20 +15,20 @@ use prost::Message;
 use reprise_client::pb::{self, replay_client::ReplayClient};
 use reprise_client::StepWriter;
 use reprise_core::{DType, Field, RateLimiterConfig, SelectorSpec, Signature, Store, Table, TableConfig};
-use reprise_server::{GrpcOptions, GrpcServer};
+use reprise_server::{RemoteServerOptions, RemoteServer};
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 use support::{wait_until, PATIENCE};
 
-fn setup(max_message_bytes: usize) -> (Store, Table, GrpcServer) {
+fn setup(max_message_bytes: usize) -> (Store, Table, RemoteServer) {
     let limiter = RateLimiterConfig::new(1.0, 1, f64::NEG_INFINITY, f64::INFINITY).unwrap();
-    setup_with(limiter, GrpcOptions { max_message_bytes, ..GrpcOptions::default() })
+    setup_with(limiter, RemoteServerOptions { max_message_bytes, ..RemoteServerOptions::default() })
 }
 
 /// One table "t" over a store of 64 blocks of 16 steps of `x: float32[4]`.
-fn setup_with(rate_limiter: RateLimiterConfig, options: GrpcOptions) -> (Store, Table, GrpcServer) {
+fn setup_with(rate_limiter: RateLimiterConfig, options: RemoteServerOptions) -> (Store, Table, RemoteServer) {
     let sig = Signature::new(vec![Field::new("x", DType::Float32, vec![4]).unwrap()]).unwrap();
     let store = Store::new(sig, 1024, 16, None).unwrap();
     let config = TableConfig {
@@ -43,7 +43,7 @@ fn setup_with(rate_limiter: RateLimiterConfig, options: GrpcOptions) -> (Store, 
         external_selection: false,
     };
     let table = Table::new(config, &store).unwrap();
-    let server = GrpcServer::start(vec![table.clone()], "127.0.0.1:0", options).unwrap();
+    let server = RemoteServer::start(vec![table.clone()], "127.0.0.1:0", options).unwrap();
     (store, table, server)
 }
 
@@ -57,7 +57,7 @@ fn client_process() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap()
 }
 
-async fn connect(server: &GrpcServer) -> Channel {
+async fn connect(server: &RemoteServer) -> Channel {
     Channel::from_shared(format!("http://{}", server.address())).unwrap().connect().await.unwrap()
 }
 
@@ -138,7 +138,7 @@ fn two_messages() -> (pb::InsertRequest, pb::InsertRequest) {
 /// committed. The server must drop that item and end the stream (block 0 returns).
 /// With `client_dies` false, a sample makes room instead and the same item commits.
 fn second_item_waits_on_the_rate_limiter(client_dies: bool) {
-    let (store, table, server) = setup_with(RateLimiterConfig::queue(1).unwrap(), GrpcOptions::default());
+    let (store, table, server) = setup_with(RateLimiterConfig::queue(1).unwrap(), RemoteServerOptions::default());
     let blocks = store.num_blocks() as usize;
     let rt = client_process();
     let (tx, mut responses) = rt.block_on(async {
@@ -209,7 +209,7 @@ fn framed(length: usize, bytes: &[u8]) -> Vec<u8> {
 }
 
 /// Opens an `Insert` stream whose body is `chunk`, bytes as they go on the wire.
-async fn raw_insert(server: &GrpcServer, chunk: Vec<u8>) -> http::Response<tonic::body::Body> {
+async fn raw_insert(server: &RemoteServer, chunk: Vec<u8>) -> http::Response<tonic::body::Body> {
     use tonic::client::GrpcService;
     let mut channel = connect(server).await;
     std::future::poll_fn(|cx| GrpcService::<tonic::body::Body>::poll_ready(&mut channel, cx)).await.unwrap();
@@ -297,7 +297,7 @@ fn the_same_message_whole_stores_its_item() {
 /// connections are served; it proceeds as soon as one of the open streams ends.
 #[test]
 fn requests_past_the_per_connection_limit_wait_until_an_earlier_one_ends() {
-    let limit = GrpcOptions::default().max_concurrent_per_connection;
+    let limit = RemoteServerOptions::default().max_concurrent_per_connection;
     assert_eq!(limit, 64, "the documented default");
     // Samples wait on the empty table (min size 1).
     let (_store, table, server) = setup(1 << 20);

@@ -1,5 +1,5 @@
-//! The local control protocol between a store's owner (the server) and same-host
-//! clients. Only small records cross the socket — block leases and releases, item
+//! The local protocol between a store's owner (the server) and local clients (same
+//! host). Only small records cross the socket — block leases and releases, item
 //! commits, sample selections, priority updates — never step data, which clients
 //! write and read in place in the store's shared memory.
 //!

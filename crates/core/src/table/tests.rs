@@ -418,7 +418,8 @@ fn restored(t: &Table) -> (Store, Table) {
     for &b in pins.blocks() {
         let range = RowRange { start: b as u64 * bs, len: bs as u32 };
         let mut buf = vec![0u8; bs as usize * src.row_bytes(0)];
-        src.columns().read_ranges(0, &[range], &mut buf);
+        // SAFETY: the snapshot's pins hold these blocks for the duration of the read.
+        unsafe { src.columns().read_ranges(0, &[range], &mut buf) };
         dst.write_reserved(&reserved, 0, range.start, &buf).unwrap();
     }
     let t2 = Table::restore(&snap, &dst).unwrap();

@@ -12,7 +12,7 @@
 use prost::Message;
 use reprise_client::pb;
 use reprise_core::{DType, Field, RateLimiterConfig, SelectorSpec, Signature, Store, Table, TableConfig};
-use reprise_server::grpc::InsertSession;
+use reprise_server::remote::InsertSession;
 
 /// The store every run writes to: `x: float32[2]` and `y: int8` per step (9 bytes),
 /// 16 blocks of 4 steps, one table "t" of at most 16 items.
