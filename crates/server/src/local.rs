@@ -135,15 +135,15 @@ impl Drop for LocalServer {
 }
 
 /// Accepts connections until the server stops, checking the stop flag at least
-/// every 50 ms (the listener is non-blocking), so stopping never depends on the
-/// socket file still being there.
+/// every `Wait::POLL` (the listener is non-blocking), so stopping never depends on
+/// the socket file still being there.
 fn accept_loop(listener: UnixListener, shared: Arc<Shared>) {
     use std::os::fd::AsRawFd;
     let mut next = 0u64;
     while !shared.stopping.load(Ordering::SeqCst) {
         let mut fds = libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 };
         // SAFETY: one valid pollfd for the open listener.
-        if unsafe { libc::poll(&mut fds, 1, 50) } <= 0 {
+        if unsafe { libc::poll(&mut fds, 1, Wait::POLL.as_millis() as i32) } <= 0 {
             continue;
         }
         let Ok((stream, _)) = listener.accept() else { continue };

@@ -1,0 +1,43 @@
+"""Distributed Ape-X DQN on Reprise.
+
+    reprise demo apex                      # CartPole-v1 until solved (or --time-limit)
+    reprise demo apex --smoke              # about a minute; shows learning
+    reprise demo apex --env ALE/Pong-v5    # Atari, with the usual preprocessing (pip install 'reprise[atari]')
+    python -m reprise.examples.apex --help
+
+The processes (Horgan et al., "Distributed Prioritized Experience Replay", as laid out in the
+in-network replay papers):
+
+- the **supervisor** (this process) owns the tables and serves them with ``rp.Server``; it
+  starts the learner and the actors, restarts any that die, shows progress, and at the end
+  evaluates the newest parameters and writes ``summary.json`` and ``apex.png``;
+- **actors** (``--actors``, default: the cores available) each run ``--envs-per-actor``
+  environments with Ape-X's per-environment epsilon ``0.4 ** (1 + 7 i / (N - 1))``, write every
+  step once through ``rp.Client(server.local_address)`` and make one item per n-step
+  transition over the n + 1 steps it spans (so transitions share their steps), with an initial
+  priority |TD error| computed locally from the actor's copy of the network;
+- the **learner** (GPU when present) trains a dueling double DQN from the ``replay`` table
+  (``Prioritized`` sampler, importance weights, priority updates). A ``SampleToInsertRatio``
+  limiter sets how many samples the learner may draw per inserted transition, blocking whichever
+  side runs ahead. It publishes its parameters as the one item of the ``params`` table (Reverb's
+  "variable container"), which actors sample; a restarted learner reloads them from there.
+
+Episode returns and evaluations travel back to the supervisor through two more Reprise tables
+(``episodes`` and ``evals``, both queues).
+
+Modules, each using only those before it: ``envs`` (environments, Atari preprocessing, greedy
+evaluation), ``config`` (``Config``, the Atari and smoke presets, argument parsing), ``model``
+(the dueling Q network and its flat parameters), ``nstep`` (n-step items and their targets),
+``tables`` (the four tables), ``actor``, ``learner``, ``plots``, ``supervisor`` (processes,
+progress, the final evaluation and summary; ``run`` and ``main``).
+"""
+
+from .actor import actor_epsilon
+from .config import Config, parse_args
+from .envs import env_spec, make_env
+from .model import make_network
+from .nstep import NStepTransitions, n_step_targets
+from .supervisor import main, run
+
+__all__ = ["Config", "NStepTransitions", "actor_epsilon", "env_spec", "main", "make_env", "make_network",
+           "n_step_targets", "parse_args", "run"]
