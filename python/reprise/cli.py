@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
         from .datasets import main as import_main
         return import_main(rest) or 0
     if command == "serve":
-        from .serve import main as serve_main
+        from .server_config import main as serve_main
         return serve_main(rest)
     if command == "--version":
         from . import __version__

@@ -1,4 +1,4 @@
-"""``reprise serve --config reprise.toml``: a replay server process.
+"""``reprise serve --config reprise.toml``: a replay server (`rp.Server`) made from a TOML config.
 
 The config names the stores, the tables over them, the address, the token, TLS and the
 checkpoint directory::
@@ -9,7 +9,7 @@ checkpoint directory::
     checkpoint_on_exit = true
     max_message_bytes = 67108864
     max_batch_items = 65536
-    metrics_address = "127.0.0.1:9090"  # Prometheus: GET /metrics (off loopback: needs the token)
+    metrics_address = "127.0.0.1:9090"  # Prometheus: GET /metrics (with a token, scrapes send it)
 
     [tls]                               # optional
     cert = "server.pem"
