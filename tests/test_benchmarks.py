@@ -214,9 +214,11 @@ def test_full_run_sizes_are_the_ones_results_md_was_measured_with(benchmarks_imp
 
 # --- the package's layout ----------------------------------------------------------------------
 def benchmark_modules() -> list[str]:
-    """Every module under benchmarks/, as a path relative to it (``core/compare.py``)."""
+    """Every module under benchmarks/, as a path relative to it (``core/compare.py``);
+    not the peers' venvs (``.venvs/``) or results (``out/``)."""
     out = []
-    for folder, _, files in os.walk(os.path.join(ROOT, "benchmarks")):
+    for folder, dirs, files in os.walk(os.path.join(ROOT, "benchmarks")):
+        dirs[:] = [d for d in dirs if not d.startswith((".", "__")) and d != "out"]
         for name in files:
             if name.endswith(".py") and name != "__init__.py":
                 out.append(os.path.relpath(os.path.join(folder, name),

@@ -226,8 +226,12 @@ impl<'py, T: numpy::Element> Vector<'py, T> {
     }
 }
 
-/// The column indices of `fields` (`None`: all), `NotFound` for an unknown name.
+/// The column indices of `fields` (`None`: all; empty: none), `NotFound` for an
+/// unknown name.
 pub fn select_fields(py: Python<'_>, sig: &reprise_core::Signature, fields: Option<Vec<String>>) -> PyResult<Option<Vec<usize>>> {
-    let Some(names) = fields else { return Ok(None) };
-    sig.select(&names).map(Some).map_err(|e| not_found(py, e.to_string()))
+    match fields {
+        None => Ok(None),
+        Some(names) if names.is_empty() => Ok(Some(Vec::new())),
+        Some(names) => sig.select(&names).map(Some).map_err(|e| not_found(py, e.to_string())),
+    }
 }

@@ -15,7 +15,7 @@ use pyo3::types::PyDict;
 use reprise_client::{Drawn, LocalClient, LocalSample, RemoteClient, RemoteOptions, RemoteSample, ReplayClient, Sampler};
 use reprise_core::{Collect, Signature};
 
-use crate::arrays::{field_infos, new_array, Vector};
+use crate::arrays::{field_infos, new_array, select_fields, Vector};
 use crate::errors::invalid;
 use crate::raise::{py_err, to_py};
 use crate::rows::{HeldRows, PySampleRows};
@@ -74,11 +74,10 @@ fn finish<'py, S>(py: Python<'py>, drawn: Drawn<S>, drew_any: impl Fn(&S) -> boo
     }
 }
 
-fn local_sample<'py>(py: Python<'py>, drawn: Drawn<LocalSample>) -> PyResult<Bound<'py, PyAny>> {
-    finish(py, drawn, |s| !s.items().is_empty(), |s| {
-        let fields = s.fields().to_vec();
-        sample_object(py, s, Some(&fields))
-    })
+/// `select`: the columns to copy, as `select_fields` made them from Python's `fields`
+/// (`None`: all; an empty list: none, as `Table.sample` does).
+fn local_sample<'py>(py: Python<'py>, drawn: Drawn<LocalSample>, select: Option<&[usize]>) -> PyResult<Bound<'py, PyAny>> {
+    finish(py, drawn, |s| !s.items().is_empty(), |s| sample_object(py, s, select))
 }
 
 /// A remote answer as a `reprise.Sample`: the rows arrived as `[n, T, row]` bytes per
@@ -183,16 +182,17 @@ impl PyClient {
     fn sample<'py>(&self, py: Python<'py>, table: &str, n: i64, timeout: Option<f64>, fields: Option<Vec<String>>) -> PyResult<Bound<'py, PyAny>> {
         let timeout = timeout::parse(py, timeout)?;
         let n = sample_size(py, n)?;
-        let fields = fields.unwrap_or_default();
         let signals = Signals::default();
         let check = || signals.check();
         match &self.connection {
             Connection::Local(c) => {
-                let drawn = py.detach(|| c.sample(table, n, &fields, timeout, Some(&check))).map_err(|e| to_py(py, e, None, signals.take()))?;
-                local_sample(py, drawn)
+                let select = select_fields(py, &c.signature(table).map_err(py_err(py))?, fields)?;
+                let drawn = py.detach(|| c.sample(table, n, &[], timeout, Some(&check))).map_err(|e| to_py(py, e, None, signals.take()))?;
+                local_sample(py, drawn, select.as_deref())
             }
             Connection::Remote(c) => {
                 let sig = c.signature(table).map_err(py_err(py))?;
+                let fields = fields.unwrap_or_default();
                 let drawn = py.detach(|| c.sample(table, n, &fields, timeout, Some(&check))).map_err(|e| to_py(py, e, None, signals.take()))?;
                 remote_sample(py, drawn, &sig)
             }
@@ -206,11 +206,14 @@ impl PyClient {
         let timeout = timeout::parse(py, timeout)?;
         let n = sample_size(py, n)?;
         let k = u32::try_from(max_in_flight).ok().filter(|&k| k >= 1).ok_or_else(|| invalid(py, format!("max_in_flight must be >= 1, got {max_in_flight}")))?;
-        let fields = fields.unwrap_or_default();
         let inner = match &self.connection {
-            Connection::Local(c) => AnySampler::Local(py.detach(|| c.sampler(table, n, &fields, timeout, k)).map_err(py_err(py))?),
+            Connection::Local(c) => {
+                let select = select_fields(py, &c.signature(table).map_err(py_err(py))?, fields)?;
+                AnySampler::Local(py.detach(|| c.sampler(table, n, &[], timeout, k)).map_err(py_err(py))?, select)
+            }
             Connection::Remote(c) => {
                 let sig = c.signature(table).map_err(py_err(py))?;
+                let fields = fields.unwrap_or_default();
                 AnySampler::Remote(Box::new(py.detach(|| c.sampler(table, n, &fields, timeout, k)).map_err(py_err(py))?), sig)
             }
         };
@@ -288,7 +291,7 @@ impl PyClient {
 }
 
 enum AnySampler {
-    Local(reprise_client::local::LocalSampler),
+    Local(reprise_client::local::LocalSampler, Option<Vec<usize>>),
     Remote(Box<reprise_client::RemoteSampler>, Signature),
 }
 
@@ -307,9 +310,9 @@ impl PySampler {
         let signals = Signals::default();
         let check = || signals.check();
         match &mut *guard {
-            AnySampler::Local(s) => {
+            AnySampler::Local(s, select) => {
                 let drawn = py.detach(|| s.next(Some(&check))).map_err(|e| to_py(py, e, None, signals.take()))?;
-                local_sample(py, drawn)
+                local_sample(py, drawn, select.as_deref())
             }
             AnySampler::Remote(s, sig) => {
                 let drawn = py.detach(|| s.next(Some(&check))).map_err(|e| to_py(py, e, None, signals.take()))?;

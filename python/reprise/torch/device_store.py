@@ -15,6 +15,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from .. import _native
 from .._convert import priorities as as_priorities
 from ..errors import InvalidArgument
 from ._device import torch_module
@@ -116,7 +117,7 @@ def insert(table, data, priorities, timeout):
     # current block instead of each leaving a partly used one behind.
     with store._insert_lock:
         if store._insert_writer is None:
-            store._insert_writer = store._native.writer(None)
+            store._insert_writer = _native.Writer.in_process(store._native)
         w = store._insert_writer
         try:
             w.extend({INDEX_FIELD: np.zeros(n * t, np.uint8)})
