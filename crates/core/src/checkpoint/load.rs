@@ -145,13 +145,8 @@ fn load_one(ckpt: &Path, options: &mut LoadOptions<'_>) -> Result<Loaded> {
         let tables = (0..manifest.tables.len()).filter(|&k| manifest.tables[k].store == index).collect();
         plans.push(Planned { entry: s, spec, runs, tables });
     }
-    let total: u64 =
-        plans.iter().map(|p| p.runs.iter().map(|r| r.1).sum::<u64>() * p.spec.signature.step_bytes() as u64).sum();
-    if let Some(progress) = options.progress.as_mut() {
-        progress(0, total)?;
-    }
     let mut made: Vec<Store> = Vec::with_capacity(plans.len());
-    let result = build(ckpt, &manifest.files, &plans, &snaps, compression, options, total, &mut made);
+    let result = build(ckpt, &manifest.files, &plans, &snaps, compression, options, &mut made);
     match result {
         Ok((tables, pins)) => {
             drop(pins); // the tables hold their blocks now
@@ -175,9 +170,13 @@ fn build(
     snaps: &[TableSnapshot],
     compression: Compression,
     options: &mut LoadOptions<'_>,
-    total: u64,
     made: &mut Vec<Store>,
 ) -> Result<(Vec<Table>, Vec<Pins>)> {
+    let total: u64 =
+        plans.iter().map(|p| p.runs.iter().map(|r| r.1).sum::<u64>() * p.spec.signature.step_bytes() as u64).sum();
+    if let Some(progress) = options.progress.as_mut() {
+        progress(0, total)?;
+    }
     let mpath = ckpt.join(MANIFEST);
     let mut all_pins = Vec::with_capacity(plans.len());
     let (mut done, mut reported) = (0u64, 0u64);

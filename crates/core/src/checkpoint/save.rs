@@ -88,13 +88,16 @@ fn new_names(parent: &Path) -> (PathBuf, PathBuf) {
     }
 }
 
+/// A field as the manifest lists it.
+type FieldEntry = (String, Vec<usize>, String);
+
 /// One store being written: its tables' pins (merged), fields and row source.
 struct StoreOut {
     store: Store,
     pins: Pins,
     tables: Vec<usize>,
-    /// `(name, shape, dtype)` and row bytes per field.
-    fields: Vec<((String, Vec<usize>, String), usize)>,
+    /// The manifest's `[name, shape, dtype]` and row bytes of each field.
+    fields: Vec<(FieldEntry, usize)>,
     device: String,
     off_host: Option<usize>,
 }

@@ -219,7 +219,7 @@ fn other_versions_and_garbage_are_corrupt() {
 fn infinite_limiter_bounds_are_bare_tokens_as_python_writes_them() {
     let dir = TempDir::new("infinity");
     let (store, _t, q) = tables(256);
-    let path = save(&dir.0, &[q.clone()], SaveOptions::default()).unwrap();
+    let path = save(&dir.0, std::slice::from_ref(&q), SaveOptions::default()).unwrap();
     let text = std::fs::read_to_string(path.join(MANIFEST)).unwrap();
     assert!(text.contains("-Infinity") && !text.contains("\\u0000"), "{text}");
     let loaded = load(&path, LoadOptions::default()).unwrap();
@@ -232,7 +232,7 @@ fn infinite_limiter_bounds_are_bare_tokens_as_python_writes_them() {
 fn saves_clean_up_after_killed_ones_and_list_newest_first() {
     let dir = TempDir::new("stale");
     let (store, t, _q) = tables(256);
-    let first = save(&dir.0, &[t.clone()], SaveOptions::default()).unwrap();
+    let first = save(&dir.0, std::slice::from_ref(&t), SaveOptions::default()).unwrap();
     // A pid that is not running (pid_max is at most 2^22).
     let stale = dir.0.join(".ckpt-00000000000000000001.tmp-999999999");
     std::fs::create_dir(&stale).unwrap();
@@ -287,7 +287,7 @@ fn a_loaded_full_store_evicts_in_the_same_order() {
     for i in 0..12 {
         put(&t, 4, 1, 4 * i, &[1.0; 4]); // the store wraps: items are evicted to make room
     }
-    let loaded = load(&save(&dir.0, &[t.clone()], SaveOptions::default()).unwrap(), LoadOptions::default()).unwrap();
+    let loaded = load(&save(&dir.0, std::slice::from_ref(&t), SaveOptions::default()).unwrap(), LoadOptions::default()).unwrap();
     let t2 = &loaded.tables[0];
     for i in 0..3 {
         assert_eq!(put(&t, 4, 1, 500 + 4 * i, &[1.0; 4]), put(t2, 4, 1, 500 + 4 * i, &[1.0; 4]));
