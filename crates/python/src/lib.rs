@@ -4,12 +4,12 @@
 use pyo3::prelude::*;
 
 mod arrays;
+mod checkpoint;
 mod errors;
 mod rows;
 mod remote;
 mod sample;
 mod serving;
-mod snapshot;
 mod store;
 mod table;
 mod timeout;
@@ -21,13 +21,13 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<writer::PyWriter>()?;
     m.add_class::<table::PyTable>()?;
     m.add_class::<rows::PySampleRows>()?;
-    m.add_class::<snapshot::PyPins>()?;
     m.add_class::<serving::PyServer>()?;
     m.add_class::<serving::PyClient>()?;
     m.add_class::<remote::PyGrpcServer>()?;
     m.add_class::<remote::PyRemoteClient>()?;
     m.add_class::<remote::PyRemoteSampler>()?;
     m.add_function(wrap_pyfunction!(table::rate_limiter_preset, m)?)?;
+    checkpoint::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

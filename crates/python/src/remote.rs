@@ -8,7 +8,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyDict};
 use reprise_client::{RemoteClient, RemoteOptions};
 use reprise_core::{DType, Field, Signature};
-use reprise_server::local::Checkpointer;
+use reprise_server::checkpoint::Checkpointer;
 use reprise_server::{GrpcOptions, GrpcServer};
 
 use crate::arrays::{field_infos, Vector};

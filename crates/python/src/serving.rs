@@ -9,7 +9,7 @@ use pyo3::types::PyDict;
 use reprise_client::{ClientSample, LocalClient};
 
 use crate::rows::{Drawn, PySampleRows};
-use reprise_server::local::Checkpointer;
+use reprise_server::checkpoint::Checkpointer;
 use reprise_server::LocalServer;
 
 use crate::arrays::{field_infos, Vector};

@@ -1,13 +1,16 @@
 //! Reprise servers. [`local`] serves tables to clients on the same host over a
 //! Unix socket; the clients write and read step data in place in shared memory.
-//! [`grpc`] serves them to any host over gRPC.
+//! [`grpc`] serves them to any host over gRPC. Both run a [`checkpoint::Checkpointer`]
+//! when a client asks for a checkpoint.
 
 pub mod auth;
+pub mod checkpoint;
 pub mod grpc;
 pub mod local;
 pub mod metrics;
 mod naming;
 
+pub use checkpoint::Checkpointer;
 pub use grpc::{GrpcOptions, GrpcServer};
 
 use reprise_core::error::{Error, Result};
