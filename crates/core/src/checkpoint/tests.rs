@@ -1,7 +1,7 @@
 //! Checkpoint tests: round trips that continue exactly, damage named and
 //! nothing left behind, the manifest's non-finite floats, the npz files.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::manifest::utc_time;
@@ -320,3 +320,107 @@ fn utc_times() {
     assert_eq!(utc_time(1_763_822_384), "2025-11-22T14:39:44Z");
 }
 
+
+/// Rows kept "off the host" in plain vectors: what the Python package does for GPU stores.
+struct Offside {
+    columns: Vec<Vec<u8>>,
+    row_bytes: Vec<usize>,
+}
+
+impl ReadRows for Offside {
+    fn read_rows(&mut self, col: usize, row: u64, dst: &mut [u8]) -> crate::Result<()> {
+        let at = row as usize * self.row_bytes[col];
+        dst.copy_from_slice(&self.columns[col][at..at + dst.len()]);
+        Ok(())
+    }
+}
+
+impl WriteRows for std::sync::Arc<std::sync::Mutex<Offside>> {
+    fn write_rows(&mut self, col: usize, row: u64, bytes: &[u8]) -> crate::Result<()> {
+        let mut o = self.lock().unwrap();
+        let at = row as usize * o.row_bytes[col];
+        o.columns[col][at..at + bytes.len()].copy_from_slice(bytes);
+        Ok(())
+    }
+}
+
+struct OffsideMaker(std::sync::Arc<std::sync::Mutex<Offside>>);
+
+impl MakeStore for OffsideMaker {
+    fn make_store(&mut self, spec: &StoreSpec) -> crate::Result<NewStore> {
+        assert_eq!(spec.device, "gpu:3");
+        let index = Signature::new(vec![Field::new("index", DType::UInt8, vec![]).unwrap()]).unwrap();
+        let store = Store::new(index, spec.capacity, spec.block_steps, None)?;
+        Ok(NewStore { store, rows: Some(Box::new(self.0.clone())) })
+    }
+}
+
+#[test]
+fn stores_kept_off_the_host_are_read_and_written_through_their_callbacks() {
+    let dir = TempDir::new("off-host");
+    // The host store indexes blocks only; the step data is "on the device".
+    let index = Signature::new(vec![Field::new("index", DType::UInt8, vec![]).unwrap()]).unwrap();
+    let store = Store::new(index, 64, 4, None).unwrap();
+    let limiter = RateLimiterConfig::min_size(1).unwrap();
+    let t = Table::new(config("d", SelectorSpec::Uniform, SelectorSpec::Fifo, 16, limiter), &store).unwrap();
+    let one = vec![0u8; 20];
+    t.insert_batch(&[&one], 10, 2, &[1.0; 10], None).unwrap();
+    let row_bytes = vec![12, 8];
+    let columns = row_bytes.iter().map(|rb| (0..64 * rb).map(|i| (i % 251) as u8).collect()).collect();
+    let mut device = Offside { columns, row_bytes: row_bytes.clone() };
+    let off_host = vec![OffHost { store: store.clone(), device: "gpu:3".into(), signature: signature(), rows: &mut device }];
+    let path = save(&dir.0, std::slice::from_ref(&t), SaveOptions { off_host, ..Default::default() }).unwrap();
+    assert_eq!(verify(&path).unwrap().stores[0].device, "gpu:3");
+    let back = std::sync::Arc::new(std::sync::Mutex::new(Offside { columns: vec![vec![0; 64 * 12], vec![0; 64 * 8]], row_bytes }));
+    let mut maker = OffsideMaker(back.clone());
+    let loaded = load(&path, LoadOptions { stores: Some(&mut maker), progress: None }).unwrap();
+    assert_eq!(loaded.tables[0].items(), t.items());
+    let back = back.lock().unwrap();
+    for (col, rb) in [(0, 12), (1, 8)] {
+        // Every referenced row (items cover rows 0..20) came back; the rest stayed zero.
+        assert_eq!(back.columns[col][..20 * rb], device.columns[col][..20 * rb]);
+        assert!(back.columns[col][20 * rb..].iter().all(|&b| b == 0));
+    }
+    // Without a maker the same checkpoint loads into host memory.
+    let host = load(&path, LoadOptions::default()).unwrap();
+    assert_eq!(host.stores[0].signature().describe(), signature().describe());
+    for s in loaded.stores.iter().chain(&host.stores) {
+        s.unlink();
+    }
+    store.unlink();
+}
+
+#[test]
+fn a_checkpoint_written_by_the_python_format_code_loads() {
+    // tests/data/checkpoint_v1*: written before the format moved here (see
+    // tests/data/make_checkpoint_v1.py; tests/test_checkpoint.py checks every value).
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data");
+    let expected: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(data.join("checkpoint_v1_expected.json")).unwrap()).unwrap();
+    for fixture in ["checkpoint_v1", "checkpoint_v1_zstd"] {
+        let loaded = load(&data.join(fixture), LoadOptions::default()).unwrap();
+        let (t, q) = (by_name(&loaded, "replay"), by_name(&loaded, "queue"));
+        let items = |t: &Table| -> Vec<(u64, f64, u32, u32)> {
+            t.items().iter().map(|i| (i.key, i.priority, i.times_sampled, i.length)).collect()
+        };
+        let want = |key: &str| -> Vec<(u64, f64, u32, u32)> {
+            expected[key]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|i| (i[0].as_u64().unwrap(), i[1].as_f64().unwrap(), i[2].as_u64().unwrap() as u32, i[3].as_u64().unwrap() as u32))
+                .collect()
+        };
+        assert_eq!(items(t), want("replay_items"), "{fixture}");
+        assert_eq!(items(q), want("queue_items"), "{fixture}");
+        assert_eq!(t.info().num_evictions, expected["replay_info"]["num_evictions"].as_u64().unwrap());
+        let draw = t.sample(4, None).unwrap();
+        let keys: Vec<u64> = draw.items.iter().map(|i| i.key).collect();
+        let want_keys: Vec<u64> = expected["replay_draws"][0]["keys"].as_array().unwrap().iter().map(|k| k.as_u64().unwrap()).collect();
+        assert_eq!(keys, want_keys, "{fixture}: the sampler does not continue");
+        let want_acts: Vec<i64> =
+            expected["replay_draws"][0]["act"].as_array().unwrap().iter().flat_map(|a| a.as_array().unwrap().iter().map(|v| v.as_i64().unwrap())).collect();
+        assert_eq!(acts(&draw), want_acts, "{fixture}");
+        loaded.stores[0].unlink();
+    }
+}
