@@ -83,6 +83,44 @@ def test_round_trip_continues_exactly(tables, tmp_path, compression):
         close_all(loaded)
 
 
+FIXTURES = Path(__file__).parent / "data"
+
+
+@pytest.mark.parametrize("fixture", ["checkpoint_v1", "checkpoint_v1_zstd"])
+def test_a_checkpoint_written_before_the_format_moved_to_rust_loads_exactly(fixture):
+    """tests/data/<fixture> was written by the Python format code of 9619e5f (see
+    tests/data/make_checkpoint_v1.py), before the format moved into Rust; the expected
+    items, counters, draws and keys are what the saved tables themselves gave."""
+    expected = json.loads((FIXTURES / "checkpoint_v1_expected.json").read_text())
+    path = FIXTURES / fixture / "ckpt-00000000000000000001"
+    assert rp.checkpoint.verify(path)["version"] == 1
+    assert rp.checkpoint.latest(FIXTURES / fixture) == str(path)
+    loaded = rp.checkpoint.load(FIXTURES / fixture)
+    try:
+        t, q = loaded["replay"], loaded["queue"]
+        assert set(loaded) == {"replay", "queue"} and t.store is q.store
+        assert t.store.signature == {"obs": rp.Field((3,), "float32"), "act": rp.Field((), "int64")}
+        assert (t.store.capacity, t.store.block_steps) == (48, 4)
+        assert len(t) == 11 and len(q) == 8
+        assert [list(i) for i in t.items()] == expected["replay_items"]
+        assert [list(i) for i in q.items()] == expected["queue_items"]
+
+        def info(table):
+            i = table.info()
+            return {**i, "rate_limiter": {k: v for k, v in i["rate_limiter"].items() if not k.startswith("blocked")}}
+        assert info(t) == expected["replay_info"] and info(q) == expected["queue_info"]
+        for want in expected["replay_draws"]:  # the sampler and its generator continue
+            s = t.sample(4)
+            assert s.keys.tolist() == want["keys"]
+            assert s.probabilities.tolist() == want["probabilities"]
+            assert s.data["obs"].tolist() == want["obs"] and s.data["act"].tolist() == want["act"]
+        assert q.sample(3).data["act"].tolist() == expected["queue_draw"]  # FIFO order continues
+        inserted = {"obs": np.full((2, 1, 3), 7.0, np.float32), "act": np.array([[700], [701]], np.int64)}
+        assert t.insert(inserted, 2.0).tolist() == expected["inserted_keys"]  # keys continue
+    finally:
+        close_all(loaded)
+
+
 @pytest.mark.parametrize("sampler", [S.Uniform(), S.Fifo(), S.Lifo(), S.MaxHeap(), S.MinHeap(), S.TopK(), S.Prioritized(1.0)])
 def test_every_selector_continues(make_store, tmp_path, sampler):
     store = make_store(SIG, capacity=256, block_steps=4)

@@ -25,6 +25,7 @@
 //   sample         drawn items holding their blocks; collecting rows
 //   table          tables (table/sampling, table/batch_insert, table/snapshot)
 //   writer         steps into leased blocks, items over recent steps
+//   checkpoint     tables and their rows on disk, and back (uses table, store)
 pub mod error;
 pub mod wait;
 pub mod signature;
@@ -38,6 +39,7 @@ pub mod store;
 pub mod sample;
 pub mod table;
 pub mod writer;
+pub mod checkpoint;
 
 pub use table::snapshot;
 pub use columns::Columns;

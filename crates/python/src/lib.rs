@@ -12,7 +12,7 @@ mod timeout;
 mod rows;
 mod store;
 mod table;
-mod snapshot;
+mod checkpoint;
 mod writer;
 mod client;
 mod server;
@@ -23,12 +23,12 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<writer::PyWriter>()?;
     m.add_class::<table::PyTable>()?;
     m.add_class::<rows::PySampleRows>()?;
-    m.add_class::<snapshot::PyPins>()?;
     m.add_class::<server::PyLocalServer>()?;
     m.add_class::<server::PyRemoteServer>()?;
     m.add_class::<client::PyClient>()?;
     m.add_class::<client::PySampler>()?;
     m.add_function(wrap_pyfunction!(table::rate_limiter_preset, m)?)?;
+    checkpoint::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

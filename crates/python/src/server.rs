@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use pyo3::prelude::*;
-use reprise_server::local::Checkpointer;
+use reprise_server::checkpoint::Checkpointer;
 use reprise_server::{RemoteServerOptions, RemoteServer, LocalServer};
 
 use crate::errors::invalid;

@@ -93,24 +93,6 @@ impl PyStore {
         layout(self.store.columns())
     }
 
-    /// Takes these blocks out of the free queue for writing rows back (checkpoints).
-    fn reserve_blocks(&self, py: Python<'_>, blocks: &Bound<'_, PyAny>) -> PyResult<crate::snapshot::PyPins> {
-        let blocks = crate::arrays::Vector::<u32>::new(py, "blocks", blocks, None)?;
-        let pins = self.store.reserve_blocks(blocks.as_slice()).map_err(py_err(py))?;
-        Ok(crate::snapshot::PyPins { pins: parking_lot::Mutex::new(Some(pins)) })
-    }
-
-    /// Writes whole rows of column `col` from `row` into reserved blocks.
-    fn write_reserved(&self, py: Python<'_>, pins: &crate::snapshot::PyPins, col: usize, row: u64, data: &Bound<'_, PyAny>) -> PyResult<()> {
-        let data = crate::arrays::Vector::<u8>::new(py, "data", data, None)?;
-        let guard = pins.pins.lock();
-        let Some(p) = guard.as_ref() else {
-            return Err(invalid(py, "these pins were released".into()));
-        };
-        let bytes = data.as_slice();
-        py.detach(|| self.store.write_reserved(p, col, row, bytes)).map_err(py_err(py))
-    }
-
     /// Removes the shared-memory file; mapped memory lives on while in use.
     fn unlink(&self) {
         self.store.unlink();

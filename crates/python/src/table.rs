@@ -196,17 +196,6 @@ impl PyTable {
         ))
     }
 
-    /// `(snapshot dict, Pins)`: the whole index and a hold on its blocks (checkpoints).
-    fn snapshot<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyDict>, crate::snapshot::PyPins)> {
-        crate::snapshot::snapshot(py, &self.table)
-    }
-
-    /// Rebuilds a table from a snapshot dict over `store` (checkpoints).
-    #[staticmethod]
-    fn restore(py: Python<'_>, store: PyRef<'_, PyStore>, snapshot: &Bound<'_, PyDict>) -> PyResult<PyTable> {
-        crate::snapshot::restore(py, &store, snapshot)
-    }
-
     /// Sets priorities; keys no longer present are skipped. Returns how many applied.
     fn update_priorities(&self, py: Python<'_>, keys: &Bound<'_, PyAny>, priorities: &Bound<'_, PyAny>) -> PyResult<usize> {
         let keys = Vector::<u64>::new(py, "keys", keys, None)?;

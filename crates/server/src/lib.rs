@@ -1,9 +1,11 @@
 //! Reprise servers over core tables. [`local`] serves local clients (same host)
 //! over a Unix socket; they write and read step data in place in shared memory.
 //! [`remote`] serves remote clients (any host) over gRPC. Both speak the formats
-//! of `reprise-wire`; [`auth`] is the one token check of every endpoint.
+//! of `reprise-wire`; [`auth`] is the one token check of every endpoint. Both run a
+//! [`checkpoint::Checkpointer`] when a client asks for a checkpoint.
 
 pub mod auth;
+pub mod checkpoint;
 pub mod remote;
 pub mod local;
 pub mod metrics;

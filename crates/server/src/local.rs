@@ -24,13 +24,10 @@ use reprise_core::error::{Error, Partial, Result};
 use reprise_core::item::{for_each_block, NewItem};
 use reprise_core::{SampleBatch, Store, Table, Wait, Window};
 
+use crate::checkpoint::Checkpointer;
 use crate::naming;
 
 static SERVER_COUNTER: AtomicU64 = AtomicU64::new(0);
-
-/// Writes a checkpoint of the served tables and returns its path (the owner's
-/// checkpoint code; clients ask for it with a CHECKPOINT request).
-pub type Checkpointer = Arc<dyn Fn() -> Result<String> + Send + Sync>;
 
 struct Shared {
     tables: Vec<Table>,
@@ -59,7 +56,8 @@ impl LocalServer {
         Self::start_with(tables, name, None)
     }
 
-    /// [`LocalServer::start`] with a checkpointer for clients' CHECKPOINT requests.
+    /// [`LocalServer::start`] with a checkpointer for clients' CHECKPOINT requests
+    /// (the built-in one: [`crate::checkpoint::to_directory`]).
     pub fn start_with(tables: Vec<Table>, name: Option<&str>, checkpoint: Option<Checkpointer>) -> Result<LocalServer> {
         let (stores, table_store) = crate::stores_of(&tables)?;
         let name = match name {

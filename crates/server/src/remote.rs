@@ -27,7 +27,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::local::Checkpointer;
+use crate::checkpoint::Checkpointer;
 use crate::metrics::{self, Metrics};
 
 /// HTTP/2 flow-control window of a stream (the connection's is twice that).
@@ -46,6 +46,8 @@ pub struct RemoteServerOptions {
     pub max_batch_items: u32,
     /// Most requests and streams in progress on one connection.
     pub max_concurrent_per_connection: usize,
+    /// Runs a client's Checkpoint call (the built-in one:
+    /// [`crate::checkpoint::to_directory`]).
     pub checkpoint: Option<Checkpointer>,
     /// `host:port` for Prometheus metrics over HTTP (`GET /metrics`); off loopback it
     /// needs the token too.

@@ -6,8 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._convert import as_int
-# The checkpoint module's progress bar, private there for now: it moves with the checkpoint code (issue 12).
-from ..checkpoint import _Progress as Progress
+from .._progress import Progress
 from ..errors import InvalidArgument, NotFound
 from ..selectors import Fifo, Uniform
 from ..signature import Field

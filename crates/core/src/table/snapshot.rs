@@ -80,6 +80,48 @@ impl Pins {
             !release
         });
     }
+
+    /// Takes over `other`'s pins on the same store: afterwards `self` holds each
+    /// block of either once (a block pinned by both is released once).
+    pub fn absorb(&mut self, mut other: Pins) {
+        assert!(self.store.same(&other.store), "pins of two different stores");
+        let alloc = self.store.allocator();
+        for b in std::mem::take(&mut other.blocks) {
+            match self.blocks.binary_search(&b) {
+                Ok(_) => alloc.release(b),
+                Err(at) => self.blocks.insert(at, b),
+            }
+        }
+    }
+
+    /// Copies `dst.len() / row_bytes` whole rows of column `col` from `row` on
+    /// into `dst`. Every block they fall in must be pinned here: pinned blocks are
+    /// not reused, so their rows do not change while they are read.
+    pub fn read_rows(&self, col: usize, row: u64, dst: &mut [u8]) -> Result<()> {
+        let store = &self.store;
+        let Some(f) = store.signature().fields().get(col) else {
+            return Err(Error::InvalidArgument(format!("column {col} does not exist")));
+        };
+        let rb = f.row_bytes();
+        if rb == 0 || dst.len() % rb != 0 {
+            return Err(Error::InvalidArgument(format!("field '{}': {} bytes are not whole rows of {rb}", f.name, dst.len())));
+        }
+        let rows = (dst.len() / rb) as u64;
+        if rows == 0 {
+            return Ok(());
+        }
+        if row + rows > store.capacity() || rows > u32::MAX as u64 {
+            return Err(Error::InvalidArgument(format!("field '{}': rows {row}..{} are outside the store", f.name, row + rows)));
+        }
+        let bs = store.block_steps() as u64;
+        if let Some(b) = (row / bs..=(row + rows - 1) / bs).find(|&b| self.blocks.binary_search(&(b as u32)).is_err()) {
+            return Err(Error::InvalidArgument(format!("rows {row}..{} fall in block {b}, which is not pinned", row + rows)));
+        }
+        // SAFETY: every block the rows fall in is pinned by `self` (checked above), so
+        // no writer reuses them during the copy.
+        unsafe { store.columns().read_ranges(col, &[RowRange { start: row, len: rows as u32 }], dst) };
+        Ok(())
+    }
 }
 
 impl Drop for Pins {

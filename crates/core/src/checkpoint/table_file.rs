@@ -1,0 +1,146 @@
+//! A table's index in a checkpoint: scalars in the manifest, arrays in its
+//! `.npz` file (one entry per item in insertion order, ranges concatenated).
+
+use std::collections::BTreeMap;
+
+use super::manifest::{TableScalars, F64};
+use super::npz::{self, Array};
+use crate::item::RowRange;
+use crate::rate_limiter::RateLimiterConfig;
+use crate::selectors::SelectorSpec;
+use crate::snapshot::{ItemRecord, TableSnapshot};
+use crate::table::TableConfig;
+
+/// The manifest scalars and the table file's bytes of a snapshot.
+pub(crate) fn encode(s: &TableSnapshot) -> Result<(TableScalars, Vec<u8>), String> {
+    let c = &s.config;
+    let selector = |spec: &SelectorSpec| {
+        let (name, exponent) = spec.to_name();
+        (name, F64(exponent))
+    };
+    let r = &c.rate_limiter;
+    let scalars = TableScalars {
+        name: c.name.clone(),
+        sampler: selector(&c.sampler),
+        remover: selector(&c.remover),
+        max_size: c.max_size,
+        max_times_sampled: c.max_times_sampled,
+        rate_limiter: (F64(r.samples_per_insert), r.min_size_to_sample, F64(r.min_diff), F64(r.max_diff)),
+        seed: c.seed,
+        evict_when_store_full: c.evict_when_store_full,
+        external_selection: c.external_selection,
+        next_seq: s.next_seq,
+        counters: s.counters,
+        limiter: (s.limiter_inserts, s.limiter_samples, F64(s.blocked_insert_seconds), F64(s.blocked_sample_seconds)),
+        rng: s.rng.clone(),
+        sampler_order: s.sampler_order.as_ref().map(|_| ()),
+        remover_order: s.remover_order.as_ref().map(|_| ()),
+    };
+    let it = &s.items;
+    let mut arrays = vec![
+        ("slot", Array::U32(it.iter().map(|i| i.slot).collect())),
+        ("key", Array::U64(it.iter().map(|i| i.key).collect())),
+        ("seq", Array::U64(it.iter().map(|i| i.seq).collect())),
+        ("priority", Array::F64(it.iter().map(|i| i.priority).collect())),
+        ("times_sampled", Array::U32(it.iter().map(|i| i.times_sampled).collect())),
+        ("num_ranges", Array::U32(it.iter().map(|i| i.ranges.len() as u32).collect())),
+        ("range_start", Array::U64(it.iter().flat_map(|i| i.ranges.iter().map(|r| r.start)).collect())),
+        ("range_len", Array::U32(it.iter().flat_map(|i| i.ranges.iter().map(|r| r.len)).collect())),
+        ("generations", Array::U32(s.generations.clone())),
+        ("free_slots", Array::U32(s.free_slots.clone())),
+    ];
+    if let Some(o) = &s.sampler_order {
+        arrays.push(("sampler_order", Array::U32(o.clone())));
+    }
+    if let Some(o) = &s.remover_order {
+        arrays.push(("remover_order", Array::U32(o.clone())));
+    }
+    Ok((scalars, npz::write(&arrays)?))
+}
+
+fn take_u32(arrays: &mut BTreeMap<String, Array>, key: &str) -> Result<Vec<u32>, String> {
+    match arrays.remove(key) {
+        Some(Array::U32(v)) => Ok(v),
+        Some(_) => Err(format!("array '{key}' has the wrong dtype (expected uint32)")),
+        None => Err(format!("no array '{key}'")),
+    }
+}
+
+fn take_u64(arrays: &mut BTreeMap<String, Array>, key: &str) -> Result<Vec<u64>, String> {
+    match arrays.remove(key) {
+        Some(Array::U64(v)) => Ok(v),
+        Some(_) => Err(format!("array '{key}' has the wrong dtype (expected uint64)")),
+        None => Err(format!("no array '{key}'")),
+    }
+}
+
+/// The snapshot of a table file and its manifest scalars. `external_selection`
+/// is turned off: restored tables select on the host.
+pub(crate) fn decode(scalars: &TableScalars, file: &[u8]) -> Result<TableSnapshot, String> {
+    let mut a = npz::read(file)?;
+    let i = scalars;
+    let selector = |role: &str, (name, exponent): &(String, F64)| {
+        SelectorSpec::from_name(name, exponent.0).ok_or_else(|| format!("unknown {role} '{name}'"))
+    };
+    let (spi, min_size, min_diff, max_diff) = i.rate_limiter;
+    let config = TableConfig {
+        name: i.name.clone(),
+        sampler: selector("sampler", &i.sampler)?,
+        remover: selector("remover", &i.remover)?,
+        max_size: i.max_size,
+        max_times_sampled: i.max_times_sampled,
+        rate_limiter: RateLimiterConfig::new(spi.0, min_size, min_diff.0, max_diff.0).map_err(|e| format!("rate limiter: {e}"))?,
+        seed: i.seed,
+        evict_when_store_full: i.evict_when_store_full,
+        external_selection: false,
+    };
+    let slot = take_u32(&mut a, "slot")?;
+    let key = take_u64(&mut a, "key")?;
+    let seq = take_u64(&mut a, "seq")?;
+    let priority = match a.remove("priority") {
+        Some(Array::F64(v)) => v,
+        Some(_) => return Err("array 'priority' has the wrong dtype (expected float64)".into()),
+        None => return Err("no array 'priority'".into()),
+    };
+    let times = take_u32(&mut a, "times_sampled")?;
+    let num_ranges = take_u32(&mut a, "num_ranges")?;
+    let starts = take_u64(&mut a, "range_start")?;
+    let lens = take_u32(&mut a, "range_len")?;
+    let n = slot.len();
+    if [key.len(), seq.len(), priority.len(), times.len(), num_ranges.len()].iter().any(|&l| l != n)
+        || starts.len() != lens.len()
+        || num_ranges.iter().map(|&k| k as usize).sum::<usize>() != starts.len()
+    {
+        return Err("arrays have inconsistent lengths".into());
+    }
+    let mut items = Vec::with_capacity(n);
+    let mut at = 0usize;
+    for j in 0..n {
+        let k = num_ranges[j] as usize;
+        let ranges = (at..at + k).map(|r| RowRange { start: starts[r], len: lens[r] }).collect();
+        at += k;
+        items.push(ItemRecord { slot: slot[j], key: key[j], seq: seq[j], ranges, priority: priority[j], times_sampled: times[j] });
+    }
+    let order = |a: &mut BTreeMap<String, Array>, key: &str| -> Result<Option<Vec<u32>>, String> {
+        if a.contains_key(key) {
+            take_u32(a, key).map(Some)
+        } else {
+            Ok(None)
+        }
+    };
+    Ok(TableSnapshot {
+        config,
+        items,
+        generations: take_u32(&mut a, "generations")?,
+        free_slots: take_u32(&mut a, "free_slots")?,
+        next_seq: i.next_seq,
+        counters: i.counters,
+        limiter_inserts: i.limiter.0,
+        limiter_samples: i.limiter.1,
+        blocked_insert_seconds: i.limiter.2 .0,
+        blocked_sample_seconds: i.limiter.3 .0,
+        rng: i.rng.clone(),
+        sampler_order: order(&mut a, "sampler_order")?,
+        remover_order: order(&mut a, "remover_order")?,
+    })
+}
