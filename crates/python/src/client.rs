@@ -174,7 +174,7 @@ impl PyClient {
         let writer: Box<dyn reprise_client::StepWriter> = py
             .detach(|| each!(&self.connection, c => c.writer(table.as_deref(), msl).map(|w| Box::new(w) as Box<dyn reprise_client::StepWriter>)))
             .map_err(py_err(py))?;
-        Ok(PyWriter::new(AnyWriter::Client(writer), Arc::new(field_infos(py, &sig)?)))
+        Ok(PyWriter::new(AnyWriter::Client { writer, release_gil: !self.is_local() }, Arc::new(field_infos(py, &sig)?)))
     }
 
     /// Draws n items; a `reprise.Sample` of numpy arrays (`fields`: a subset).

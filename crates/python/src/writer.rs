@@ -25,7 +25,19 @@ const BULK_BYTES: usize = 64 * 1024;
 
 pub enum AnyWriter {
     InProcess(Writer),
-    Client(Box<dyn StepWriter>),
+    /// A client's writer. `release_gil`: its item calls may wait (a remote writer's
+    /// send queue), so they run without the GIL; a local writer's only queue a record
+    /// (a full batch is one socket write), cheaper than releasing the GIL per step.
+    Client { writer: Box<dyn StepWriter>, release_gil: bool },
+}
+
+/// Runs `f` without the GIL when `release`, else with it.
+fn maybe_detach<T: Send>(py: Python<'_>, release: bool, f: impl FnOnce() -> T + Send) -> T {
+    if release {
+        py.detach(f)
+    } else {
+        f()
+    }
 }
 
 impl AnyWriter {
@@ -33,8 +45,8 @@ impl AnyWriter {
         match (self, steps) {
             (AnyWriter::InProcess(w), None) => w.append(columns),
             (AnyWriter::InProcess(w), Some(t)) => w.extend(columns, t),
-            (AnyWriter::Client(w), None) => w.append(columns),
-            (AnyWriter::Client(w), Some(t)) => w.extend(columns, t),
+            (AnyWriter::Client { writer, .. }, None) => writer.append(columns),
+            (AnyWriter::Client { writer, .. }, Some(t)) => writer.extend(columns, t),
         }
     }
 }
@@ -161,7 +173,9 @@ impl PyWriter {
         let check = || signals.check();
         self.with(py, |w| match w {
             // May wait for room in the send queue: without the GIL.
-            AnyWriter::Client(w) => py.detach(|| w.create_item(target.name(), n, priority)).map(|_| None).map_err(py_err(py)),
+            AnyWriter::Client { writer, release_gil } => {
+                maybe_detach(py, *release_gil, || writer.create_item(target.name(), n, priority)).map(|_| None).map_err(py_err(py))
+            }
             AnyWriter::InProcess(w) => {
                 let call = |w: &mut Writer, wait: Wait<'_>| match &target {
                     Target::Name(name) => w.create_item_in(name, n, priority, wait),
@@ -191,7 +205,9 @@ impl PyWriter {
         let signals = Signals::default();
         let check = || signals.check();
         self.with(py, |w| match w {
-            AnyWriter::Client(w) => py.detach(|| w.create_items(target.name(), n, p)).map(|_| None).map_err(py_err(py)),
+            AnyWriter::Client { writer, release_gil } => {
+                maybe_detach(py, *release_gil, || writer.create_items(target.name(), n, p)).map(|_| None).map_err(py_err(py))
+            }
             AnyWriter::InProcess(w) => {
                 let table = target.resolve(py, w)?;
                 let keys = py
@@ -208,7 +224,7 @@ impl PyWriter {
         let k = u64::try_from(num_steps).map_err(|_| invalid(py, format!("num_steps must be >= 1, got {num_steps}")))?;
         let window = self.with(py, |w| match w {
             AnyWriter::InProcess(w) => w.recent_rows(k).map_err(py_err(py)),
-            AnyWriter::Client(_) => Err(invalid(py, "recent_rows is for in-process writers".into())),
+            AnyWriter::Client { .. } => Err(invalid(py, "recent_rows is for in-process writers".into())),
         })?;
         let rows = window.ranges().iter().flat_map(|r| (r.start..r.start + r.len as u64).map(|x| x as i64));
         Ok(numpy::PyArray1::from_iter(py, rows))
@@ -225,7 +241,7 @@ impl PyWriter {
         let signals = Signals::default();
         let check = || signals.check();
         self.with(py, |w| match w {
-            AnyWriter::Client(_) => Err(invalid(py, "create_tiled_items is for in-process writers".into())),
+            AnyWriter::Client { .. } => Err(invalid(py, "create_tiled_items is for in-process writers".into())),
             AnyWriter::InProcess(w) => {
                 let table = target.resolve(py, w)?;
                 let keys = py
@@ -243,7 +259,7 @@ impl PyWriter {
                 w.end_episode();
                 Ok(())
             }
-            AnyWriter::Client(w) => py.detach(|| w.end_episode()).map_err(py_err(py)),
+            AnyWriter::Client { writer, release_gil } => maybe_detach(py, *release_gil, || writer.end_episode()).map_err(py_err(py)),
         })
     }
 
@@ -254,7 +270,7 @@ impl PyWriter {
         let timeout = timeout::parse(py, timeout)?;
         self.with(py, |w| match w {
             AnyWriter::InProcess(_) => Ok(()),
-            AnyWriter::Client(w) => {
+            AnyWriter::Client { writer: w, .. } => {
                 let signals = Signals::default();
                 let check = || signals.check();
                 py.detach(|| w.flush(timeout, Some(&check))).map(|_| ()).map_err(|e| to_py(py, e, None, signals.take()))
@@ -267,7 +283,7 @@ impl PyWriter {
         self.with(py, |w| {
             Ok(match w {
                 AnyWriter::InProcess(w) => w.episode_steps(),
-                AnyWriter::Client(w) => w.episode_steps(),
+                AnyWriter::Client { writer, .. } => writer.episode_steps(),
             })
         })
     }
@@ -279,7 +295,7 @@ impl PyWriter {
             return Err(new_error(py, "RepriseError", "this writer is in use by another thread".into()));
         };
         match guard.take() {
-            Some(AnyWriter::Client(mut w)) => py.detach(|| w.close()).map_err(py_err(py)),
+            Some(AnyWriter::Client { writer: mut w, .. }) => py.detach(|| w.close()).map_err(py_err(py)),
             _ => Ok(()),
         }
     }
