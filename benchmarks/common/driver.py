@@ -283,3 +283,15 @@ def machine_lines(report: dict) -> list[str]:
 if __name__ == "__main__":
     if not memcpy_only_main():
         raise SystemExit(f"usage: python -m {__spec__.name} --memcpy-only NBYTES ROUNDS")
+
+
+def busy_lines(report: dict, threshold: float, names: dict | None = None, note: str = "") -> list[str]:
+    """A markdown warning naming each system whose 1-minute load average before it started
+    was above ``threshold`` (``names`` maps keys to display names), or nothing."""
+    busy = {n: s["loadavg_1m_before"] for n, s in report["systems"].items()
+            if s.get("loadavg_1m_before", 0) > threshold}
+    if not busy:
+        return []
+    shown = ", ".join(f"{(names or {}).get(n, n)} {v}" for n, v in busy.items())
+    return [f"**Warning:** the machine was busy (1-minute load average before the system started: "
+            f"{shown}){note}.", ""]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 
-from benchmarks.common.driver import (add_budget_args, add_common_args, machine_lines,
+from benchmarks.common.driver import (add_budget_args, add_common_args, busy_lines, machine_lines,
                                       run_systems, si, start_report, wanted_systems,
                                       write_outputs)
 
@@ -120,13 +120,7 @@ def build_markdown(report: dict) -> str:
            "",
            build_table(report),
            ""]
-    busy = {n: s["loadavg_1m_before"] for n, s in report["systems"].items()
-            if s.get("loadavg_1m_before", 0) > 0.7}
-    if busy:
-        out += ["**Warning:** the machine was busy (1-minute load average before the system "
-                "started: " + ", ".join(f"{DISPLAY[n]} {v}" for n, v in busy.items()) +
-                "); on 2 cores that skews every number, TorchRL's (2 intra-op threads) most.",
-                ""]
+    out += busy_lines(report, 0.7, DISPLAY, "; on 2 cores that skews every number, TorchRL's (2 intra-op threads) most")
     out.append("## Systems")
     for name, _, _, _ in SYSTEMS:
         s = report["systems"].get(name, {})

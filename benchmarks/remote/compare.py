@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 
-from benchmarks.common.driver import (add_budget_args, add_common_args, machine_lines,
+from benchmarks.common.driver import (add_budget_args, add_common_args, busy_lines, machine_lines,
                                       run_systems, si, start_report, wanted_systems,
                                       write_outputs)
 from benchmarks.remote.workloads import BATCH, CLIENTS, OPS, SIZES, TABLE_ITEMS, key
@@ -173,12 +173,7 @@ def build_markdown(report: dict) -> str:
            "",
            *goals(report),
            ""]
-    busy = {n: s["loadavg_1m_before"] for n, s in report["systems"].items()
-            if s.get("loadavg_1m_before", 0) > 1.0}
-    if busy:
-        out += ["**Warning:** 1-minute load average above 1 before: "
-                + ", ".join(f"{n} {v}" for n, v in busy.items())
-                + " (part of it can be the previous system's own processes).", ""]
+    out += busy_lines(report, 1.0, note="; part of it can be the previous system's own processes")
     out.append("## Systems")
     for name, *_ in SYSTEMS:
         s = report["systems"].get(name, {})
