@@ -171,15 +171,17 @@ def drain(r, store_rows, stop: threading.Event | None, count_key: bool, stops_ex
 
 # --- child processes -----------------------------------------------------------------------
 def make_push(r, rows: np.ndarray, variant: str):
-    """A call that pushes STEPS_PER_CALL items; returns pushes and list length."""
+    """A call that pushes STEPS_PER_CALL items; returns pushes and list length.
+    ``state["until"]`` (a clock time), once set, ends any wait for room: after a
+    measurement window nothing may drain the list any more."""
     element = rows[0].nbytes if variant == "step" else rows.nbytes
     limit = max(2, QUEUE_BYTES // element)
-    state = {"len": 0, "throttled": 0.0}
+    state = {"len": 0, "throttled": 0.0, "until": float("inf")}
 
     def wait_room() -> None:
         if state["len"] > limit:
             t = now()
-            while r.llen(KEY) > limit // 2:
+            while r.llen(KEY) > limit // 2 and now() < state["until"]:
                 time.sleep(0.001)
             state["throttled"] += now() - t
             state["len"] = 0
@@ -243,7 +245,9 @@ def mixed_writer_child(port: int, variant: str, seed: int, warmup: float, second
     call, state = make_push(r, payload(STEPS_PER_CALL, 100, seed), variant)
 
     def run(start):
-        out = count_in_window(Window(start, warmup, seconds), call, STEPS_PER_CALL)
+        win = Window(start, warmup, seconds)
+        state["until"] = win.end   # the sampler stops draining when the window ends
+        out = count_in_window(win, call, STEPS_PER_CALL)
         out["throttled_s"] = state["throttled"]
         return out
     return run
