@@ -186,6 +186,40 @@ impl Shared {
     }
 }
 
+/// A draw's claim on its connection, taken before the request is sent (so a
+/// concurrent `close` cannot shut the socket between the server's answer and the
+/// sample that holds its rows) and given back when the sample is dropped: then
+/// the server is told the draw `id` is done, and a retired connection is shut once
+/// nothing holds it.
+struct Hold {
+    shared: Arc<Shared>,
+    id: Option<u64>,
+}
+
+impl Hold {
+    fn new(shared: &Arc<Shared>) -> Hold {
+        shared.life.lock().live_samples += 1;
+        Hold { shared: shared.clone(), id: None }
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        let mut life = self.shared.life.lock();
+        life.live_samples -= 1;
+        let mut stream = self.shared.stream.lock();
+        if let Some(id) = self.id {
+            let mut f = Frame::new(p::SAMPLE_DONE);
+            f.u64(id);
+            // A server that is gone has released the rows already.
+            let _ = f.send(&mut *stream);
+        }
+        if life.retired.is_some() && life.live_samples == 0 {
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
 /// A connection to a replay server on this host.
 #[derive(Clone)]
 pub struct LocalClient {
@@ -267,7 +301,7 @@ impl ReplayClient for LocalClient {
 
     /// The server draws; the rows stay where they are until the sample is collected.
     /// While the server waits, `interrupt` is checked every [`POLL`]; when it fires
-    /// the connection is closed (the server then releases what the draw held).
+    /// the connection is retired (shut once no sample drawn on it is alive).
     fn sample(&self, table: &str, n: u32, fields: &[String], timeout: Option<Duration>, interrupt: Interrupt<'_>) -> Result<Drawn<LocalSample>> {
         let t = self.shared.table(table)?;
         check_sample_size(n, p::MAX_ITEMS)?;
@@ -275,6 +309,7 @@ impl ReplayClient for LocalClient {
         let fields = columns.signature().select(fields)?;
         let mut f = Frame::new(p::SAMPLE);
         f.u32(t).u32(n).i64(p::timeout_to_wire(timeout));
+        let mut hold = Hold::new(&self.shared);
         let (kind, body) = self.shared.call(f, interrupt)?;
         if kind != p::SAMPLED {
             return Err(unexpected(kind));
@@ -282,7 +317,7 @@ impl ReplayClient for LocalClient {
         let mut r = Reader::new(&body);
         let status = r.u8()?;
         let message = r.str()?;
-        let id = r.u64()?;
+        hold.id = Some(r.u64()?);
         let table_size = r.u64()?;
         let count = r.count(p::MAX_ITEMS, "sampled items")?;
         let mut items = Vec::with_capacity(count as usize);
@@ -304,8 +339,7 @@ impl ReplayClient for LocalClient {
                 return Err(Error::Corrupt(format!("sampled item {} has rows outside the store", item.key)));
             }
         }
-        self.shared.life.lock().live_samples += 1;
-        let sample = LocalSample { items, table_size, id, columns, fields, client: self.shared.clone() };
+        let sample = LocalSample { items, table_size, columns, fields, _hold: hold };
         let cut_short = (status != 0).then(|| Error::Timeout { message, partial: Default::default() });
         Ok(Drawn { sample, cut_short })
     }
@@ -393,10 +427,10 @@ impl Sampler for LocalSampler {
 pub struct LocalSample {
     items: Vec<SampledItem>,
     table_size: u64,
-    id: u64,
     columns: Arc<Columns>,
     fields: Vec<usize>,
-    client: Arc<Shared>,
+    /// Keeps the server's hold on the rows until this sample is dropped.
+    _hold: Hold,
 }
 
 impl LocalSample {
@@ -407,9 +441,9 @@ impl LocalSample {
 }
 
 // SAFETY: `sample` checked that every window lies inside the store's columns, and
-// the server holds a reference on every sampled block for this draw until `Drop`
-// sends SAMPLE_DONE (or the connection closes, which only happens after `self` is
-// gone or when the client shuts the stream, which the server treats the same way).
+// the server holds a reference on every sampled block for this draw until the
+// sample's `Hold` sends SAMPLE_DONE or the connection closes; the client shuts the
+// connection only when no `Hold` is alive, so neither happens before `self` is gone.
 unsafe impl Collect for LocalSample {
     fn items(&self) -> &[SampledItem] {
         &self.items
@@ -419,21 +453,6 @@ unsafe impl Collect for LocalSample {
     }
     fn columns(&self) -> &Columns {
         &self.columns
-    }
-}
-
-impl Drop for LocalSample {
-    fn drop(&mut self) {
-        let mut life = self.client.life.lock();
-        life.live_samples -= 1;
-        let mut stream = self.client.stream.lock();
-        let mut f = Frame::new(p::SAMPLE_DONE);
-        f.u64(self.id);
-        // A server that is gone has released the rows already.
-        let _ = f.send(&mut *stream);
-        if life.retired.is_some() && life.live_samples == 0 {
-            let _ = stream.shutdown(std::net::Shutdown::Both);
-        }
     }
 }
 

@@ -60,6 +60,8 @@ pub struct RemoteClient {
     rt: Arc<tokio::runtime::Runtime>,
     stub: Stub,
     layout: pb::Layout,
+    /// The signature of each store of `layout`, read once at connect.
+    signatures: Vec<Signature>,
     address: String,
     sampler: Mutex<Option<SampleStream>>,
 }
@@ -180,7 +182,8 @@ impl RemoteClient {
         // Answers are bounded by what the server says it sends.
         let limit = usize::try_from(layout.max_message_bytes).unwrap_or(usize::MAX).clamp(4096, 1 << 30);
         let stub = stub.max_decoding_message_size(limit);
-        Ok(RemoteClient { rt: Arc::new(rt), stub, layout, address: address.to_string(), sampler: Mutex::new(None) })
+        let signatures = layout.stores.iter().map(store_signature).collect::<Result<_>>()?;
+        Ok(RemoteClient { rt: Arc::new(rt), stub, layout, signatures, address: address.to_string(), sampler: Mutex::new(None) })
     }
 
     pub fn address(&self) -> &str {
@@ -191,12 +194,26 @@ impl RemoteClient {
         &self.layout
     }
 
-    /// The store layout of `table` (`NotFound` for an unknown name).
-    pub fn store_of(&self, table: &str) -> Result<&pb::Store> {
+    /// The index of the store `table` lives in (`NotFound` for an unknown name).
+    fn store_index(&self, table: &str) -> Result<usize> {
         let t = self.layout.tables.iter().find(|t| t.name == table).ok_or_else(|| {
             Error::NotFound(format!("no table named '{table}'; this server has {:?}", self.table_names()))
         })?;
-        self.layout.stores.get(t.store as usize).ok_or_else(|| Error::Corrupt("layout: table of a missing store".into()))
+        let i = t.store as usize;
+        if i >= self.layout.stores.len() {
+            return Err(Error::Corrupt("layout: table of a missing store".into()));
+        }
+        Ok(i)
+    }
+
+    /// The store layout of `table` (`NotFound` for an unknown name).
+    pub fn store_of(&self, table: &str) -> Result<&pb::Store> {
+        Ok(&self.layout.stores[self.store_index(table)?])
+    }
+
+    /// The signature of `table`'s store, without copying it ([`ReplayClient::signature`] copies).
+    pub fn signature_of(&self, table: &str) -> Result<&Signature> {
+        Ok(&self.signatures[self.store_index(table)?])
     }
 
     /// Bytes per step of each field of `table`'s store, in signature order (what
@@ -228,15 +245,7 @@ impl ReplayClient for RemoteClient {
     }
 
     fn signature(&self, table: &str) -> Result<Signature> {
-        let store = self.store_of(table)?;
-        let corrupt = |e: Error| Error::Corrupt(format!("layout of table '{table}': {e}"));
-        let fields = store
-            .fields
-            .iter()
-            .map(|f| Field::new(&f.name, DType::from_name(&f.dtype)?, f.shape.iter().map(|&d| d as usize).collect()))
-            .collect::<Result<Vec<_>>>()
-            .map_err(corrupt)?;
-        Signature::new(fields).map_err(corrupt)
+        self.signature_of(table).cloned()
     }
 
     fn writer(&self, table: Option<&str>, max_sequence_length: Option<u64>) -> Result<RemoteWriter> {
@@ -406,6 +415,18 @@ fn source_chain(e: &dyn std::error::Error) -> String {
         cur = s.source();
     }
     out
+}
+
+/// A store's signature from the server's layout (`Corrupt` when it does not make one).
+fn store_signature(store: &pb::Store) -> Result<Signature> {
+    let corrupt = |e: Error| Error::Corrupt(format!("the server's layout: {e}"));
+    let fields = store
+        .fields
+        .iter()
+        .map(|f| Field::new(&f.name, DType::from_name(&f.dtype)?, f.shape.iter().map(|&d| d as usize).collect()))
+        .collect::<Result<Vec<_>>>()
+        .map_err(corrupt)?;
+    Signature::new(fields).map_err(corrupt)
 }
 
 fn field_bytes(f: &pb::Field) -> Result<usize> {

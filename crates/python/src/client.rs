@@ -186,15 +186,16 @@ impl PyClient {
         let check = || signals.check();
         match &self.connection {
             Connection::Local(c) => {
-                let select = select_fields(py, &c.signature(table).map_err(py_err(py))?, fields)?;
+                let columns = c.columns(Some(table)).map_err(py_err(py))?;
+                let select = select_fields(py, columns.signature(), fields)?;
                 let drawn = py.detach(|| c.sample(table, n, &[], timeout, Some(&check))).map_err(|e| to_py(py, e, None, signals.take()))?;
                 local_sample(py, drawn, select.as_deref())
             }
             Connection::Remote(c) => {
-                let sig = c.signature(table).map_err(py_err(py))?;
+                let sig = c.signature_of(table).map_err(py_err(py))?;
                 let fields = fields.unwrap_or_default();
                 let drawn = py.detach(|| c.sample(table, n, &fields, timeout, Some(&check))).map_err(|e| to_py(py, e, None, signals.take()))?;
-                remote_sample(py, drawn, &sig)
+                remote_sample(py, drawn, sig)
             }
         }
     }
@@ -208,7 +209,7 @@ impl PyClient {
         let k = u32::try_from(max_in_flight).ok().filter(|&k| k >= 1).ok_or_else(|| invalid(py, format!("max_in_flight must be >= 1, got {max_in_flight}")))?;
         let inner = match &self.connection {
             Connection::Local(c) => {
-                let select = select_fields(py, &c.signature(table).map_err(py_err(py))?, fields)?;
+                let select = select_fields(py, c.columns(Some(table)).map_err(py_err(py))?.signature(), fields)?;
                 AnySampler::Local(py.detach(|| c.sampler(table, n, &[], timeout, k)).map_err(py_err(py))?, select)
             }
             Connection::Remote(c) => {
