@@ -19,11 +19,12 @@
 //   rate_limiter   the one limiter mechanism
 //   memory         mapped shared memory (raw memory lives here and in columns)
 //   selectors      samplers and removers
+//   cluster        cluster mode's plan arithmetic (uses selectors' generator)
 //   columns        step data, column by column, over one mapping
 //   blocks         the block allocator and reference counts
 //   store          columns + allocator + the tables over them (as a trait)
 //   sample         drawn items holding their blocks; collecting rows
-//   table          tables (table/sampling, table/batch_insert, table/snapshot)
+//   table          tables (table/sampling, table/batch_insert, table/snapshot, table/shard)
 //   writer         steps into leased blocks, items over recent steps
 //   checkpoint     tables and their rows on disk, and back (uses table, store)
 pub mod error;
@@ -33,6 +34,7 @@ pub mod item;
 pub mod rate_limiter;
 pub(crate) mod memory;
 pub mod selectors;
+pub mod cluster;
 pub mod columns;
 pub mod blocks;
 pub mod store;

@@ -98,6 +98,19 @@ pub unsafe trait Collect: Sync {
         self.items().iter().any(|i| i.length != t)
     }
 
+    /// Copies every column of item `i` into `dst`, column `c` at `offsets[c]`
+    /// (the item's `length` rows, nothing past them): one packed row of cluster
+    /// mode's exchange. Panics when a column does not fit in `dst`.
+    fn copy_item(&self, i: usize, offsets: &[usize], dst: &mut [u8]) {
+        let (item, columns) = (&self.items()[i], self.columns());
+        for (col, &at) in offsets.iter().enumerate() {
+            let bytes = item.length as usize * columns.row_bytes(col);
+            // SAFETY: `copy_item` runs only on a `Collect` implementor, which holds
+            // references on its items' blocks (the trait's contract).
+            unsafe { columns.read_ranges(col, item.window.ranges(), &mut dst[at..at + bytes]) };
+        }
+    }
+
     /// Copies column `col` into `dst`, laid out `[n, t_max, row]`. Rows past an
     /// item's length are left as they are (callers pass zeroed memory when ragged).
     /// Large copies are split across threads (at least [`PARALLEL_BYTES`] each, at

@@ -16,6 +16,7 @@ mod checkpoint;
 mod writer;
 mod client;
 mod server;
+mod cluster;
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -29,6 +30,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<client::PySampler>()?;
     m.add_function(wrap_pyfunction!(table::rate_limiter_preset, m)?)?;
     checkpoint::register(m)?;
+    cluster::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

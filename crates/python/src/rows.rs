@@ -82,6 +82,9 @@ pub fn rows_error(py: Python<'_>, e: reprise_core::Error, signal: Option<PyErr>)
     err
 }
 
+/// Bytes of a packed row's header (see `pack`).
+const HEADER: usize = 48;
+
 fn released(py: Python<'_>) -> PyErr {
     invalid(py, "this sample's rows were released".into())
 }
@@ -155,6 +158,81 @@ impl PySampleRows {
             HeldRows::InProcess(b) => sample_object(py, b, select.as_deref()),
             HeldRows::Local(c) => sample_object(py, c, select.as_deref()),
         }
+    }
+
+    /// Packs rows for cluster mode's exchange into `out` (zeroed uint8,
+    /// `len(order) * stride` bytes). Output row r is drawn target `order[r]`
+    /// (`filled[t]`: whether target t got an item; the items are the filled
+    /// targets in order). Each row: a 48-byte header (global key u64, probability
+    /// f64, priority f64, times sampled u32, length u32, shard u32, slot u32,
+    /// CRC-32 of the rest of the row u32, flags u32: 1 = filled), then column c at
+    /// `offsets[c]`, its item's rows and zeros past them. An unfilled target's row
+    /// is all zeros. Rows are kept held.
+    #[pyo3(signature = (out, stride, offsets, shard, order, filled))]
+    #[allow(clippy::too_many_arguments)]
+    fn pack<'py>(
+        &self,
+        py: Python<'py>,
+        out: &Bound<'py, PyArray1<u8>>,
+        stride: usize,
+        offsets: Vec<usize>,
+        shard: u32,
+        order: numpy::PyReadonlyArray1<'py, i64>,
+        filled: numpy::PyReadonlyArray1<'py, bool>,
+    ) -> PyResult<()> {
+        let mut out = out.try_readwrite().map_err(|e| invalid(py, format!("pack needs a writable uint8 array: {e}")))?;
+        let dst = out.as_slice_mut().map_err(|e| invalid(py, format!("pack needs a contiguous array: {e}")))?;
+        let order = order.as_slice().map_err(|_| invalid(py, "order must be contiguous".into()))?;
+        let filled = filled.as_slice().map_err(|_| invalid(py, "filled must be contiguous".into()))?;
+        if dst.len() != order.len() * stride {
+            return Err(invalid(py, format!("pack: {} bytes for {} rows of {stride}", dst.len(), order.len())));
+        }
+        // Target t's item: the count of filled targets before it.
+        let mut item_of = Vec::with_capacity(filled.len());
+        let mut next = 0usize;
+        for &f in filled {
+            item_of.push(f.then_some(next));
+            next += f as usize;
+        }
+        let guard = self.inner.lock();
+        let c = guard.as_ref().ok_or_else(|| released(py))?.collect();
+        if c.items().len() != next {
+            return Err(invalid(py, format!("pack: {} items drawn but {next} targets filled", c.items().len())));
+        }
+        let columns = c.columns();
+        if offsets.len() != columns.signature().fields().len() || offsets.first().is_some_and(|&o| o < HEADER) {
+            return Err(invalid(py, "pack: one offset per field, past the header, is needed".into()));
+        }
+        let widest = c.items().iter().map(|i| i.length as usize).max().unwrap_or(0);
+        for (col, &at) in offsets.iter().enumerate() {
+            if at + widest * columns.row_bytes(col) > stride {
+                return Err(invalid(py, format!("pack: field {col} of {widest} steps does not fit its row of {stride} bytes")));
+            }
+        }
+        let result = py.detach(|| {
+            for (row, &t) in dst.chunks_exact_mut(stride).zip(order) {
+                let Some(Some(i)) = item_of.get(t as usize).copied() else {
+                    if t < 0 || t as usize >= item_of.len() {
+                        return Err(t);
+                    }
+                    continue;
+                };
+                c.copy_item(i, &offsets, row);
+                let item = &c.items()[i];
+                let crc = crc32fast::hash(&row[HEADER..]);
+                let (_, _, slot) = reprise_core::cluster::split_key(item.key);
+                let mut h = Vec::with_capacity(HEADER);
+                h.extend_from_slice(&reprise_core::cluster::global_key(shard, item.key).to_le_bytes());
+                h.extend_from_slice(&item.probability.to_le_bytes());
+                h.extend_from_slice(&item.priority.to_le_bytes());
+                for v in [item.times_sampled, item.length, shard, slot, crc, 1] {
+                    h.extend_from_slice(&v.to_le_bytes());
+                }
+                row[..HEADER].copy_from_slice(&h);
+            }
+            Ok(())
+        });
+        result.map_err(|t| invalid(py, format!("pack: order names target {t}, but there are {}", item_of.len())))
     }
 
     /// Lets the rows go (writers may reuse them). Idempotent.

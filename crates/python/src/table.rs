@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use numpy::PyArray1;
+use numpy::{PyArray1, PyReadonlyArray1};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use reprise_core::{RateLimiterConfig, SelectorSpec, Table, TableConfig, TableInfo, Wait};
@@ -224,7 +224,99 @@ impl PyTable {
     fn items(&self, py: Python<'_>) -> Vec<(u64, f64, u32, u32)> {
         py.detach(|| self.table.items()).into_iter().map(|i| (i.key, i.priority, i.times_sampled, i.length)).collect()
     }
+
+    // Cluster mode (`reprise.distributed`): this table as one shard.
+
+    /// Makes inserts wait until `thaw()`.
+    fn freeze(&self, py: Python<'_>) {
+        py.detach(|| self.table.freeze())
+    }
+
+    fn thaw(&self, py: Python<'_>) {
+        py.detach(|| self.table.thaw())
+    }
+
+    /// `(size, mass, next_seq, num_inserts, num_samples, max_length)`.
+    fn shard_summary(&self, py: Python<'_>) -> (u64, f64, u64, u64, u64, u32) {
+        let s = py.detach(|| self.table.shard_summary());
+        (s.size, s.mass, s.next_seq, s.num_inserts, s.num_samples, s.max_length)
+    }
+
+    /// `(slots, seqs, priorities, times_sampled)` of the first k items in the
+    /// sampler's order (empty for random samplers).
+    fn ranked<'py>(&self, py: Python<'py>, k: usize) -> Ranked<'py> {
+        let c = py.detach(|| self.table.ranked(k));
+        (
+            PyArray1::from_iter(py, c.iter().map(|c| c.slot)),
+            PyArray1::from_iter(py, c.iter().map(|c| c.seq)),
+            PyArray1::from_iter(py, c.iter().map(|c| c.priority)),
+            PyArray1::from_iter(py, c.iter().map(|c| c.times_sampled)),
+        )
+    }
+
+    /// Draws planned targets (`mass` when `by_mass`, else `index`): `(rows, filled)`.
+    #[pyo3(signature = (by_mass, index, mass, divisor, table_size, summary_size, summary_mass))]
+    #[allow(clippy::too_many_arguments)]
+    fn draw_planned<'py>(
+        &self,
+        py: Python<'py>,
+        by_mass: bool,
+        index: PyReadonlyArray1<'py, u64>,
+        mass: PyReadonlyArray1<'py, f64>,
+        divisor: f64,
+        table_size: u64,
+        summary_size: u64,
+        summary_mass: f64,
+    ) -> PyResult<(PySampleRows, Bound<'py, PyArray1<bool>>)> {
+        use reprise_core::cluster::plan::Target;
+        let targets: Vec<Target> = if by_mass {
+            mass.as_slice().map_err(|_| invalid(py, "mass must be contiguous".into()))?.iter().map(|&m| Target::Mass(m)).collect()
+        } else {
+            index.as_slice().map_err(|_| invalid(py, "index must be contiguous".into()))?.iter().map(|&i| Target::Index(i)).collect()
+        };
+        let summary = reprise_core::table::ShardSummary {
+            size: summary_size,
+            mass: summary_mass,
+            next_seq: 0,
+            num_inserts: 0,
+            num_samples: 0,
+            max_length: 0,
+        };
+        let (batch, filled) = py.detach(|| self.table.draw_planned(&targets, divisor, table_size, &summary));
+        Ok((PySampleRows::new(HeldRows::InProcess(batch)), PyArray1::from_vec(py, filled)))
+    }
+
+    /// Draws merged candidates `(slots, seqs)` in order: `(rows, filled)`.
+    fn draw_ranked<'py>(
+        &self,
+        py: Python<'py>,
+        slots: PyReadonlyArray1<'py, u32>,
+        seqs: PyReadonlyArray1<'py, u64>,
+        table_size: u64,
+    ) -> PyResult<(PySampleRows, Bound<'py, PyArray1<bool>>)> {
+        let slots = slots.as_slice().map_err(|_| invalid(py, "slots must be contiguous".into()))?;
+        let seqs = seqs.as_slice().map_err(|_| invalid(py, "seqs must be contiguous".into()))?;
+        let picks: Vec<(u32, u64)> = slots.iter().copied().zip(seqs.iter().copied()).collect();
+        let (batch, filled) = py.detach(|| self.table.draw_ranked(&picks, table_size));
+        Ok((PySampleRows::new(HeldRows::InProcess(batch)), PyArray1::from_vec(py, filled)))
+    }
+
+    /// Local keys of global keys' `(generation, slot)` parts: `(keys, found)`.
+    fn local_keys<'py>(
+        &self,
+        py: Python<'py>,
+        generations: PyReadonlyArray1<'py, u32>,
+        slots: PyReadonlyArray1<'py, u32>,
+    ) -> PyResult<(Bound<'py, PyArray1<u64>>, Bound<'py, PyArray1<bool>>)> {
+        let g = generations.as_slice().map_err(|_| invalid(py, "generations must be contiguous".into()))?;
+        let s = slots.as_slice().map_err(|_| invalid(py, "slots must be contiguous".into()))?;
+        let found: Vec<Option<u64>> = py.detach(|| g.iter().zip(s).map(|(&g, &s)| self.table.local_key(s, g)).collect());
+        Ok((PyArray1::from_iter(py, found.iter().map(|k| k.unwrap_or(0))), PyArray1::from_iter(py, found.iter().map(|k| k.is_some()))))
+    }
 }
+
+/// `(slots, seqs, priorities, times_sampled)`.
+type Ranked<'py> = (Bound<'py, PyArray1<u32>>, Bound<'py, PyArray1<u64>>, Bound<'py, PyArray1<f64>>, Bound<'py, PyArray1<u32>>);
 
 /// The four numbers of a rate-limiter preset, validated by the core.
 #[pyfunction]

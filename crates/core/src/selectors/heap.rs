@@ -132,4 +132,31 @@ impl Selector for Heap {
         self.heap.clear();
         self.pos.clear();
     }
+
+    /// The best `k` in order: a frontier of heap positions (a max-heap on the same
+    /// order), whose children join it as each is taken. O(k log k).
+    fn ranked(&self, k: usize) -> Option<Vec<u32>> {
+        use std::cmp::Reverse;
+        use std::collections::BinaryHeap;
+        // Priorities are finite and >= 0, so their bits order like their values.
+        let rank = |e: &Entry| {
+            let bits = if e.priority == 0.0 { 0 } else { e.priority.to_bits() };
+            (if self.max_first { bits } else { u64::MAX - bits }, Reverse(e.seq))
+        };
+        let mut out = Vec::with_capacity(k.min(self.heap.len()));
+        let mut frontier = BinaryHeap::new();
+        if let Some(top) = self.heap.first() {
+            frontier.push((rank(top), 0usize));
+        }
+        while out.len() < k {
+            let Some((_, at)) = frontier.pop() else { break };
+            out.push(self.heap[at].slot);
+            for c in [2 * at + 1, 2 * at + 2] {
+                if let Some(e) = self.heap.get(c) {
+                    frontier.push((rank(e), c));
+                }
+            }
+        }
+        Some(out)
+    }
 }

@@ -48,6 +48,9 @@ impl Selector for Ordered {
     fn clear(&mut self) {
         self.order.clear();
     }
+    fn ranked(&self, k: usize) -> Option<Vec<u32>> {
+        Some(self.order.ranked(k, self.newest_first))
+    }
 }
 
 #[derive(Default)]
@@ -105,6 +108,16 @@ impl InsertionOrder {
             self.entries.pop_back();
         }
         unreachable!("newest() on an empty insertion order")
+    }
+
+    /// The first `k` present slots, oldest first (newest first when `newest_first`).
+    pub fn ranked(&self, k: usize, newest_first: bool) -> Vec<u32> {
+        let live = |e: &&(u32, u64)| self.is_live(e);
+        if newest_first {
+            self.entries.iter().rev().filter(live).take(k).map(|e| e.0).collect()
+        } else {
+            self.entries.iter().filter(live).take(k).map(|e| e.0).collect()
+        }
     }
 
     pub fn len(&self) -> usize {

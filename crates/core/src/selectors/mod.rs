@@ -72,6 +72,33 @@ pub trait Selector: Send {
     fn external(&mut self) -> Option<&mut External> {
         None
     }
+
+    // Cluster mode (`crate::cluster`): a global draw is planned over every shard's
+    // figures and resolved by each shard's own selector through these.
+
+    /// The slot at dense position `index` (< `len()`), the order a uniform pick
+    /// indexes; `None` for selectors without one.
+    fn at_index(&self, _index: usize) -> Option<u32> {
+        None
+    }
+    /// The total weight a weighted pick spreads over (`None` when unweighted).
+    fn mass(&self) -> Option<f64> {
+        None
+    }
+    /// The slot whose cumulative-weight interval holds `offset` in `[0, mass)`
+    /// (never a zero-weight slot while the mass is positive); `None` when unweighted.
+    fn at_mass(&self, _offset: f64) -> Option<u32> {
+        None
+    }
+    /// The weight of `slot` in [`Selector::mass`].
+    fn weight(&self, _slot: u32) -> f64 {
+        0.0
+    }
+    /// The first `k` present slots in the order this selector picks them (each
+    /// once); `None` for random selectors.
+    fn ranked(&self, _k: usize) -> Option<Vec<u32>> {
+        None
+    }
 }
 
 /// The configuration of a selector: what users pass and checkpoints record.
@@ -241,6 +268,11 @@ impl SlotSet {
 
     pub fn order(&self) -> Vec<u32> {
         self.slots.clone()
+    }
+
+    /// The slot at dense position `index`.
+    pub fn at(&self, index: usize) -> Option<u32> {
+        self.slots.get(index).copied()
     }
 
     /// Rearranges the dense order to `order`; false (and unchanged) unless it

@@ -75,4 +75,16 @@ impl Selector for Prioritized {
         self.tree = SumTree::default();
         self.present.clear();
     }
+    fn at_index(&self, index: usize) -> Option<u32> {
+        self.present.at(index)
+    }
+    fn mass(&self) -> Option<f64> {
+        Some(self.tree.total())
+    }
+    fn at_mass(&self, offset: f64) -> Option<u32> {
+        (self.tree.total() > 0.0).then(|| self.tree.find(offset))
+    }
+    fn weight(&self, slot: u32) -> f64 {
+        self.tree.get(slot)
+    }
 }

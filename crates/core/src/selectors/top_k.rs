@@ -68,4 +68,7 @@ impl Selector for TopK {
         self.order.clear();
         self.entries.clear();
     }
+    fn ranked(&self, k: usize) -> Option<Vec<u32>> {
+        Some(self.order.iter().take(k).map(|&(_, _, slot)| slot).collect())
+    }
 }

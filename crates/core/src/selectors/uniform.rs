@@ -32,4 +32,7 @@ impl Selector for Uniform {
     fn clear(&mut self) {
         self.set.clear();
     }
+    fn at_index(&self, index: usize) -> Option<u32> {
+        self.set.at(index)
+    }
 }

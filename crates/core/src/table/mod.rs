@@ -98,6 +98,10 @@ pub(crate) struct State {
     /// For each store block, the slots of the items that reference it (oldest
     /// first while removals are FIFO).
     pub(crate) block_items: Vec<VecDeque<u32>>,
+    /// The longest item ever inserted, in steps (cluster mode pads rows to it).
+    pub(crate) max_length: u32,
+    /// Cluster mode: inserts wait while a global draw reads this table's figures.
+    pub(crate) frozen: bool,
 }
 
 pub(crate) struct Shared {
@@ -160,6 +164,8 @@ impl State {
             num_store_evictions: 0,
             picks: Vec::new(),
             block_items: Vec::new(),
+            max_length: 0,
+            frozen: false,
         }
     }
 
@@ -219,13 +225,15 @@ impl State {
         let seq = self.next_seq;
         self.next_seq += 1;
         let key = key_of(self.slots[slot as usize].generation, slot);
+        let length = window_len(new.window.ranges()) as u32;
+        self.max_length = self.max_length.max(length);
         self.sampler.insert(slot, seq, new.priority);
         self.remover.insert(slot, seq, new.priority);
         self.slots[slot as usize].item = Some(Item {
             key,
             seq,
             window: new.window.clone(),
-            length: window_len(new.window.ranges()) as u32,
+            length,
             priority: new.priority,
             times_sampled: 0,
         });
@@ -378,7 +386,7 @@ impl Table {
         let mut st = sh.state.lock();
         while keys.len() < items.len() {
             let want = (items.len() - keys.len()) as u64;
-            let permits = st.limiter.insert_permits(want, st.size);
+            let permits = if st.frozen { 0 } else { st.limiter.insert_permits(want, st.size) };
             if permits == 0 {
                 match self.wait(&mut st, &sh.insert_cv, deadline, &wait, true) {
                     Woke::Again => continue,
@@ -593,6 +601,8 @@ impl Drop for Shared {
 
 mod batch_insert;
 mod sampling;
+mod shard;
+pub use shard::ShardSummary;
 pub mod snapshot;
 
 #[cfg(test)]

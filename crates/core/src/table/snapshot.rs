@@ -238,10 +238,12 @@ impl Table {
             });
             state.sampler.insert(r.slot, r.seq, r.priority);
             state.remover.insert(r.slot, r.seq, r.priority);
+            let length = window_len(window.ranges()) as u32;
+            state.max_length = state.max_length.max(length);
             slots[s].item = Some(Item {
                 key: r.key,
                 seq: r.seq,
-                length: window_len(window.ranges()) as u32,
+                length,
                 window,
                 priority: r.priority,
                 times_sampled: r.times_sampled,

@@ -1,0 +1,161 @@
+//! A table as one shard of a cluster-mode table (`crate::cluster`): its figures
+//! for a step's plan, its local best for a merge, and draws at planned targets.
+//!
+//! Between [`Table::freeze`] and [`Table::thaw`] inserts wait, so the figures a
+//! step gathered are the state its draws resolve against (inserts become visible
+//! at the next step boundary). Draws made here skip the table's own rate limiter:
+//! cluster mode decides globally whether a step may sample; they still count as
+//! samples in the limiter (which keeps pacing this shard's inserts).
+
+use super::{State, Table};
+use crate::cluster::merge::Candidate;
+use crate::cluster::plan::Target;
+use crate::cluster::GENERATION_BITS;
+use crate::sample::{SampleBatch, SampledItem};
+
+/// A shard's figures for one step.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ShardSummary {
+    pub size: u64,
+    /// The sampler's total weight (Prioritized), else the size.
+    pub mass: f64,
+    /// The next insertion sequence number (items below it are in this summary).
+    pub next_seq: u64,
+    pub num_inserts: u64,
+    pub num_samples: u64,
+    /// The longest item ever inserted, in steps.
+    pub max_length: u32,
+}
+
+impl Table {
+    /// Makes inserts wait until [`Table::thaw`].
+    pub fn freeze(&self) {
+        self.shared.state.lock().frozen = true;
+    }
+
+    pub fn thaw(&self) {
+        self.shared.state.lock().frozen = false;
+        self.shared.insert_cv.notify_all();
+    }
+
+    pub fn shard_summary(&self) -> ShardSummary {
+        let st = self.shared.state.lock();
+        ShardSummary {
+            size: st.size,
+            mass: st.sampler.mass().unwrap_or(st.size as f64),
+            next_seq: st.next_seq,
+            num_inserts: st.num_inserts,
+            num_samples: st.num_samples,
+            max_length: st.max_length,
+        }
+    }
+
+    /// The first `k` items in the sampler's order, as merge candidates whose
+    /// visible step is filled in by the caller. Empty for random samplers.
+    pub fn ranked(&self, k: usize) -> Vec<Candidate> {
+        let st = self.shared.state.lock();
+        let slots = st.sampler.ranked(k).unwrap_or_default();
+        slots
+            .into_iter()
+            .filter_map(|slot| {
+                let item = st.slots[slot as usize].item.as_ref()?;
+                Some(Candidate { slot, seq: item.seq, priority: item.priority, times_sampled: item.times_sampled, visible_step: 0 })
+            })
+            .collect()
+    }
+
+    /// Draws the items at `targets` (in order) for a planned global draw whose
+    /// probabilities divide by `divisor` over `table_size` items. `summary` is what
+    /// this shard reported for the step: when the shard changed since (items used
+    /// up by `max_times_sampled` within this batch), targets are scaled to what is
+    /// left. Returns the batch and, per target, whether it was filled (false only
+    /// when the shard ran out of items).
+    pub fn draw_planned(&self, targets: &[Target], divisor: f64, table_size: u64, summary: &ShardSummary) -> (SampleBatch, Vec<bool>) {
+        let sh = &*self.shared;
+        let mut batch = SampleBatch::new(sh.store.clone(), table_size);
+        let mut filled = Vec::with_capacity(targets.len());
+        let mut st = sh.state.lock();
+        for t in targets {
+            let slot = match *t {
+                _ if st.size == 0 => None,
+                Target::Index(i) => {
+                    let i = if st.size == summary.size { i } else { (i as u128 * st.size as u128 / summary.size.max(1) as u128) as u64 };
+                    st.sampler.at_index(i.min(st.size - 1) as usize)
+                }
+                Target::Mass(m) => {
+                    let now = st.sampler.mass().unwrap_or(0.0);
+                    if now > 0.0 {
+                        st.sampler.at_mass(if now == summary.mass { m } else { m * (now / summary.mass) })
+                    } else {
+                        // Every weight left is zero: uniform over what is left.
+                        let i = (m / summary.mass * st.size as f64) as usize;
+                        st.sampler.at_index(i.min(st.size as usize - 1))
+                    }
+                }
+            };
+            let Some(slot) = slot else {
+                filled.push(false);
+                continue;
+            };
+            let probability = match *t {
+                Target::Index(_) => 1.0 / divisor,
+                Target::Mass(_) => st.sampler.weight(slot) / divisor,
+            };
+            self.take(&mut st, slot, probability, &mut batch);
+            filled.push(true);
+        }
+        sh.insert_cv.notify_all();
+        (batch, filled)
+    }
+
+    /// Draws the merged candidates `(slot, seq)` in order (probability 1). A
+    /// candidate whose item left since is not filled.
+    pub fn draw_ranked(&self, picks: &[(u32, u64)], table_size: u64) -> (SampleBatch, Vec<bool>) {
+        let sh = &*self.shared;
+        let mut batch = SampleBatch::new(sh.store.clone(), table_size);
+        let mut filled = Vec::with_capacity(picks.len());
+        let mut st = sh.state.lock();
+        for &(slot, seq) in picks {
+            let live = matches!(st.slots.get(slot as usize), Some(s) if s.item.as_ref().is_some_and(|i| i.seq == seq));
+            if live {
+                self.take(&mut st, slot, 1.0, &mut batch);
+            }
+            filled.push(live);
+        }
+        sh.insert_cv.notify_all();
+        (batch, filled)
+    }
+
+    /// The current key of `slot` when its generation's low bits are `generation`
+    /// (a global key's local part); `None` when the item is gone.
+    pub fn local_key(&self, slot: u32, generation: u32) -> Option<u64> {
+        let st = self.shared.state.lock();
+        let s = st.slots.get(slot as usize)?;
+        let item = s.item.as_ref()?;
+        (s.generation & ((1 << GENERATION_BITS) - 1) == generation).then_some(item.key)
+    }
+
+    /// One draw of `slot`: counted, held by `batch`, removed when used up.
+    fn take(&self, st: &mut State, slot: u32, probability: f64, batch: &mut SampleBatch) {
+        let sh = &*self.shared;
+        let item = st.item(slot);
+        item.times_sampled += 1;
+        let sampled = SampledItem {
+            key: item.key,
+            probability,
+            priority: item.priority,
+            times_sampled: item.times_sampled,
+            length: item.length,
+            window: item.window.clone(),
+        };
+        let max_times = sh.config.max_times_sampled;
+        let exhausted = max_times > 0 && item.times_sampled >= max_times;
+        batch.push(sampled);
+        st.limiter.samples += 1;
+        st.num_samples += 1;
+        if exhausted {
+            st.remove(slot, &sh.store);
+            st.num_evictions += 1;
+        }
+    }
+}

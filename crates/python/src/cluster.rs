@@ -1,0 +1,143 @@
+//! Cluster mode's arithmetic for `reprise.distributed` (the plan, the merge, the
+//! assignment and global keys of `reprise_core::cluster`). Internal: the Python
+//! package passes arrays of the exact dtypes.
+
+use numpy::{PyArray1, PyReadonlyArray1};
+use pyo3::prelude::*;
+use reprise_core::cluster::{self, assign::Assignment, merge::Candidate, plan::ShardFigures, plan::Target};
+use reprise_core::SelectorSpec;
+
+use crate::errors::invalid;
+use crate::raise::py_err;
+
+type Planned<'py> = (Bound<'py, PyArray1<u32>>, Bound<'py, PyArray1<u64>>, Bound<'py, PyArray1<f64>>, bool, f64, u64);
+
+fn slice<'a, T: numpy::Element>(py: Python<'_>, what: &str, a: &'a PyReadonlyArray1<'_, T>) -> PyResult<&'a [T]> {
+    a.as_slice().map_err(|_| invalid(py, format!("{what} must be a contiguous array")))
+}
+
+/// `(shard, index, mass, by_mass, divisor, table_size)` of a draw of `batch`: per
+/// position its shard and its target (`mass[j]` when `by_mass`, else `index[j]`).
+#[pyfunction]
+#[pyo3(signature = (weighted, sizes, masses, batch, seed, table, step))]
+#[allow(clippy::too_many_arguments)]
+fn plan<'py>(
+    py: Python<'py>,
+    weighted: bool,
+    sizes: PyReadonlyArray1<'py, u64>,
+    masses: PyReadonlyArray1<'py, f64>,
+    batch: usize,
+    seed: u64,
+    table: u64,
+    step: u64,
+) -> PyResult<Planned<'py>> {
+    let (sizes, masses) = (slice(py, "sizes", &sizes)?, slice(py, "masses", &masses)?);
+    if sizes.len() != masses.len() {
+        return Err(invalid(py, format!("{} sizes but {} masses", sizes.len(), masses.len())));
+    }
+    let figures: Vec<ShardFigures> = sizes.iter().zip(masses).map(|(&size, &mass)| ShardFigures { size, mass }).collect();
+    let p = py.detach(|| cluster::plan::plan(weighted, &figures, batch, seed, table, step)).map_err(py_err(py))?;
+    let by_mass = matches!(p.target.first(), Some(Target::Mass(_)));
+    let index = p.target.iter().map(|t| if let Target::Index(i) = t { *i } else { 0 });
+    let mass = p.target.iter().map(|t| if let Target::Mass(m) = t { *m } else { 0.0 });
+    Ok((PyArray1::from_vec(py, p.shard), PyArray1::from_iter(py, index), PyArray1::from_iter(py, mass), by_mass, p.divisor, p.table_size))
+}
+
+/// `(shard, candidate)` per position of an ordered selector's merged draw.
+/// `counts[s]` candidates of shard s lie consecutively in the other arrays.
+#[pyfunction]
+#[pyo3(signature = (sampler, max_times_sampled, counts, slots, seqs, priorities, times_sampled, visible_steps, batch, table_size))]
+#[allow(clippy::too_many_arguments)]
+fn merge<'py>(
+    py: Python<'py>,
+    sampler: (String, f64),
+    max_times_sampled: u32,
+    counts: PyReadonlyArray1<'py, u64>,
+    slots: PyReadonlyArray1<'py, u32>,
+    seqs: PyReadonlyArray1<'py, u64>,
+    priorities: PyReadonlyArray1<'py, f64>,
+    times_sampled: PyReadonlyArray1<'py, u32>,
+    visible_steps: PyReadonlyArray1<'py, u64>,
+    batch: usize,
+    table_size: u64,
+) -> PyResult<(Bound<'py, PyArray1<u32>>, Bound<'py, PyArray1<u32>>)> {
+    let spec = SelectorSpec::from_name(&sampler.0, sampler.1).ok_or_else(|| invalid(py, format!("unknown sampler '{}'", sampler.0)))?;
+    let counts = slice(py, "counts", &counts)?;
+    let (slots, seqs, prios) = (slice(py, "slots", &slots)?, slice(py, "seqs", &seqs)?, slice(py, "priorities", &priorities)?);
+    let (times, steps) = (slice(py, "times_sampled", &times_sampled)?, slice(py, "visible_steps", &visible_steps)?);
+    let n = slots.len();
+    if [seqs.len(), prios.len(), times.len(), steps.len()].iter().any(|&l| l != n) || counts.iter().sum::<u64>() != n as u64 {
+        return Err(invalid(py, "merge: candidate arrays of different lengths".into()));
+    }
+    let mut shards = Vec::with_capacity(counts.len());
+    let mut at = 0usize;
+    for &c in counts {
+        shards.push(
+            (at..at + c as usize)
+                .map(|i| Candidate { slot: slots[i], seq: seqs[i], priority: prios[i], times_sampled: times[i], visible_step: steps[i] })
+                .collect::<Vec<_>>(),
+        );
+        at += c as usize;
+    }
+    let merged = py.detach(|| cluster::merge::merge(spec, max_times_sampled, &shards, batch, table_size)).map_err(py_err(py))?;
+    Ok((PyArray1::from_iter(py, merged.iter().map(|m| m.0)), PyArray1::from_iter(py, merged.iter().map(|m| m.1))))
+}
+
+/// Candidates each shard sends for a merged draw of `batch`.
+#[pyfunction]
+fn candidates_needed(py: Python<'_>, sampler: (String, f64), max_times_sampled: u32, batch: usize) -> PyResult<usize> {
+    let spec = SelectorSpec::from_name(&sampler.0, sampler.1).ok_or_else(|| invalid(py, format!("unknown sampler '{}'", sampler.0)))?;
+    Ok(cluster::merge::candidates_needed(spec, max_times_sampled, batch))
+}
+
+/// The consumer index of every position (`how`: "iid" or "local").
+#[pyfunction]
+fn assign<'py>(
+    py: Python<'py>,
+    how: &str,
+    shard: PyReadonlyArray1<'py, u32>,
+    shard_host: PyReadonlyArray1<'py, u32>,
+    consumer_host: PyReadonlyArray1<'py, u32>,
+) -> PyResult<Bound<'py, PyArray1<u32>>> {
+    let how = Assignment::from_name(how).ok_or_else(|| invalid(py, format!("assignment must be 'local' or 'iid', got {how:?}")))?;
+    let (shard, shard_host, consumer_host) = (slice(py, "shard", &shard)?, slice(py, "shard_host", &shard_host)?, slice(py, "consumer_host", &consumer_host)?);
+    let out = cluster::assign::assign(how, shard, shard_host, consumer_host).map_err(py_err(py))?;
+    Ok(PyArray1::from_vec(py, out))
+}
+
+#[pyfunction]
+fn table_id(name: &str) -> u64 {
+    cluster::table_id(name)
+}
+
+/// Global keys of `keys` (local keys of shard `shard`).
+#[pyfunction]
+fn global_keys<'py>(py: Python<'py>, shard: u32, keys: PyReadonlyArray1<'py, u64>) -> PyResult<Bound<'py, PyArray1<u64>>> {
+    let keys = slice(py, "keys", &keys)?;
+    Ok(PyArray1::from_iter(py, keys.iter().map(|&k| cluster::global_key(shard, k))))
+}
+
+/// `(shard, generation, slot)` of global keys.
+#[pyfunction]
+fn split_keys<'py>(py: Python<'py>, keys: PyReadonlyArray1<'py, u64>) -> PyResult<(Bound<'py, PyArray1<u32>>, Bound<'py, PyArray1<u32>>, Bound<'py, PyArray1<u32>>)> {
+    let parts: Vec<(u32, u32, u32)> = slice(py, "keys", &keys)?.iter().map(|&k| cluster::split_key(k)).collect();
+    Ok((
+        PyArray1::from_iter(py, parts.iter().map(|p| p.0)),
+        PyArray1::from_iter(py, parts.iter().map(|p| p.1)),
+        PyArray1::from_iter(py, parts.iter().map(|p| p.2)),
+    ))
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let c = PyModule::new(m.py(), "cluster")?;
+    c.add_function(wrap_pyfunction!(plan, &c)?)?;
+    c.add_function(wrap_pyfunction!(merge, &c)?)?;
+    c.add_function(wrap_pyfunction!(candidates_needed, &c)?)?;
+    c.add_function(wrap_pyfunction!(assign, &c)?)?;
+    c.add_function(wrap_pyfunction!(table_id, &c)?)?;
+    c.add_function(wrap_pyfunction!(global_keys, &c)?)?;
+    c.add_function(wrap_pyfunction!(split_keys, &c)?)?;
+    c.add("MAX_SHARDS", cluster::MAX_SHARDS)?;
+    m.add_submodule(&c)?;
+    Ok(())
+}
