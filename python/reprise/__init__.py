@@ -6,7 +6,7 @@
                      remover=rp.selectors.Fifo(), max_size=50_000)
 """
 
-from . import checkpoint, datasets, errors, rate_limiters, selectors
+from . import checkpoint, datasets, distributed, errors, rate_limiters, selectors
 from ._native import Writer, __version__
 from .client import Client
 from .pool import ClientPool
@@ -27,6 +27,7 @@ __all__ = [
     "Sample",
     "selectors",
     "checkpoint",
+    "distributed",
     "datasets",
     "rate_limiters",
     "errors",

@@ -44,6 +44,18 @@ class Unauthenticated(RepriseError):
     """A missing or wrong token."""
 
 
+class CollectiveError(RepriseError):
+    """A cluster-mode collective failed on some rank: a peer died, raised, or did
+    not arrive within the table's timeout. Every rank's call ends with it (or with
+    the error the failing rank raised); the table's process group cannot be used
+    after it."""
+
+
+class CollectiveMismatch(CollectiveError):
+    """Ranks made different cluster-mode calls at the same point (another table,
+    step, operation or argument): every rank gets this error, naming who differed."""
+
+
 __all__ = [
     "RepriseError",
     "InvalidArgument",
@@ -52,4 +64,6 @@ __all__ = [
     "ResourceExhausted",
     "Corrupt",
     "Unauthenticated",
+    "CollectiveError",
+    "CollectiveMismatch",
 ]

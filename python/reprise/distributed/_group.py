@@ -1,0 +1,101 @@
+"""The ranks of a cluster-mode table: a private gloo group for control messages
+(and CPU rows) with the table's timeout, every collective wrapped so that a dead,
+late or failing peer ends each rank's call with a ``RepriseError``."""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+
+import numpy as np
+
+from ..errors import CollectiveError, InvalidArgument
+
+HOST_ENV = "REPRISE_HOST_ID"
+
+
+def _dist():
+    try:
+        import torch.distributed as dist
+    except ImportError:  # pragma: no cover - torch is a test dependency
+        raise InvalidArgument("cluster mode needs torch (pip install torch)") from None
+    if not dist.is_available() or not dist.is_initialized():
+        raise InvalidArgument(
+            "cluster mode runs inside a torch.distributed job: call "
+            "torch.distributed.init_process_group(...) first (torchrun, Ray Train and "
+            "torch.multiprocessing.spawn all work)"
+        )
+    return dist
+
+
+def host_name() -> str:
+    """This process's host as cluster mode groups ranks: ``$REPRISE_HOST_ID`` when
+    set (tests emulating several hosts on one machine), else the hostname."""
+    return os.environ.get(HOST_ENV) or socket.gethostname()
+
+
+class Group:
+    """The ranks of ``group`` (None: the whole job), numbered 0..size-1 in group
+    order, with a dedicated gloo group for control. ``timeout`` bounds every
+    collective."""
+
+    def __init__(self, group, timeout: float, what: str):
+        dist = _dist()
+        self.dist = dist
+        self.what = what
+        self.broken: str | None = None
+        base = dist.group.WORLD if group is None else group
+        self.ranks = list(dist.get_process_group_ranks(base))
+        self.size = len(self.ranks)
+        self.rank = dist.get_rank(base)
+        if self.rank < 0:
+            raise InvalidArgument(f"{what}: this process is not a member of the given group")
+        self.backend = str(dist.get_backend(base)).lower()
+        self.timeout = timeout
+        self._base = base
+        # Only members make the group (use_local_synchronization): a subgroup's
+        # table does not involve the rest of the job.
+        self.control = self._guard("creating the control group", lambda: dist.new_group(
+            self.ranks, backend="gloo", timeout=timedelta(seconds=timeout), use_local_synchronization=True))
+        hosts = self.all_gather_object(host_name(), "gathering host names")
+        names = sorted(set(hosts), key=hosts.index)
+        self.host_of_rank = np.array([names.index(h) for h in hosts], dtype=np.uint32)
+        self.host_names = names
+
+    def _guard(self, doing: str, fn):
+        if self.broken is not None:
+            raise CollectiveError(f"{self.what}: its process group failed earlier ({self.broken}); make a new table")
+        try:
+            return fn()
+        except CollectiveError:
+            raise
+        except Exception as e:  # gloo raises RuntimeError/DistBackendError on timeouts and dead peers
+            self.broken = f"{doing}: {type(e).__name__}: {e}".strip()
+            raise CollectiveError(
+                f"{self.what}: {doing} failed on rank {self.rank} of {self.size} within the "
+                f"{self.timeout:g} s timeout (a peer died, raised, or called something else): {e}"
+            ) from e
+
+    def all_gather(self, words: np.ndarray, doing: str) -> np.ndarray:
+        """``[size, len(words)]``: every rank's ``words`` (int64), in rank order."""
+        import torch
+        t = torch.from_numpy(np.ascontiguousarray(words, dtype=np.int64))
+        out = [torch.empty_like(t) for _ in range(self.size)]
+        self._guard(doing, lambda: self.dist.all_gather(out, t, group=self.control))
+        return torch.stack(out).numpy()
+
+    def all_gather_object(self, obj, doing: str) -> list:
+        out = [None] * self.size
+        self._guard(doing, lambda: self.dist.all_gather_object(out, obj, group=self.control))
+        return out
+
+    def all_to_all(self, send, recv, send_splits, recv_splits, doing: str, group=None):
+        """``all_to_all_single`` of byte tensors with known splits (no count exchange)."""
+        g = self.control if group is None else group
+        self._guard(doing, lambda: self.dist.all_to_all_single(
+            recv, send, output_split_sizes=list(map(int, recv_splits)),
+            input_split_sizes=list(map(int, send_splits)), group=g))
+
+    def barrier(self, doing: str):
+        self.all_gather(np.zeros(1, dtype=np.int64), doing)

@@ -1,0 +1,76 @@
+"""The single-table reference of a cluster-mode draw: the same plan arithmetic
+applied, in one process, to a list of ordinary tables standing for the shards.
+With the same inserts, deletes and priority updates, ``ReferenceTable.sample``
+returns exactly (bit for bit) the keys and probabilities a ``ShardedTable`` with
+that many shards draws over all its consumers together, in position order."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _native
+from ..table import Table
+
+C = _native.cluster
+
+
+class ReferenceTable:
+    """``tables[s]`` plays shard s (each built as that shard would be, with the
+    same seed). ``sample(n)`` is step after step of the global draw."""
+
+    def __init__(self, tables: list[Table], seed: int, name: str | None = None):
+        self.tables = list(tables)
+        self.seed = int(seed)
+        self.table_id = C.table_id(name or self.tables[0].name)
+        self.step = 0
+        self.boundaries = [[] for _ in self.tables]
+
+    def sample(self, n: int) -> dict:
+        """``{keys, probabilities, table_size}`` of step ``self.step``'s n positions."""
+        natives = [t._native for t in self.tables]
+        summaries = [t.shard_summary() for t in natives]
+        sizes = np.array([s[0] for s in summaries], dtype=np.uint64)
+        masses = np.array([s[1] for s in summaries], dtype=np.float64)
+        kind = self.tables[0]._sampler._spec()
+        max_times = self.tables[0].info()["max_times_sampled"]
+        table_size = int(sizes.sum())
+        keys = np.zeros(n, dtype=np.uint64)
+        probabilities = np.zeros(n, dtype=np.float64)
+        filled = np.zeros(n, dtype=bool)
+        if kind[0] in ("Uniform", "Prioritized"):
+            shard, index, mass, by_mass, divisor, table_size = C.plan(
+                kind[0] == "Prioritized", sizes, masses, n, self.seed, self.table_id, self.step)
+            for s, t in enumerate(natives):
+                at = np.nonzero(shard == s)[0]
+                rows, ok = t.draw_planned(by_mass, np.ascontiguousarray(index[at]), np.ascontiguousarray(mass[at]),
+                                          divisor, table_size, int(sizes[s]), float(masses[s]))
+                self._put(rows, ok, at, s, keys, probabilities, filled)
+        else:
+            k = C.candidates_needed(kind, max_times, n)
+            ranked = [t.ranked(k) for t in natives]
+            counts = np.array([len(r[0]) for r in ranked], dtype=np.uint64)
+            visible = [np.searchsorted(np.array(b, dtype=np.int64), r[1].astype(np.int64), side="right")
+                       for b, r in zip(self.boundaries, ranked)]
+            cat = [np.concatenate([r[i] for r in ranked]) for i in range(4)]
+            shard, index = C.merge(kind, max_times, counts, cat[0].astype(np.uint32), cat[1].astype(np.uint64),
+                                   cat[2].astype(np.float64), cat[3].astype(np.uint32),
+                                   np.concatenate(visible).astype(np.uint64), n, table_size)
+            for s, t in enumerate(natives):
+                at = np.nonzero(shard == s)[0]
+                pick = index[at].astype(np.int64)
+                rows, ok = t.draw_ranked(np.ascontiguousarray(ranked[s][0][pick]),
+                                         np.ascontiguousarray(ranked[s][1][pick]), table_size)
+                self._put(rows, ok, at, s, keys, probabilities, filled)
+        for b, s in zip(self.boundaries, summaries):
+            b.append(s[2])
+        self.step += 1
+        return {"keys": keys[filled], "probabilities": probabilities[filled], "table_size": table_size}
+
+    @staticmethod
+    def _put(rows, ok, at, shard, keys, probabilities, filled):
+        local, probs = rows.meta()[:2]
+        rows.release()
+        done = at[ok]
+        keys[done] = C.global_keys(shard, local)
+        probabilities[done] = probs
+        filled[done] = True

@@ -1,0 +1,553 @@
+"""``ShardedTable``: one replay table sharded across the ranks of a
+torch.distributed job (GEAR's cluster mode). Design and reasoning:
+``docs/cluster.md``.
+
+Every public method is a collective (SPMD): each rank of the group calls it with
+the same arguments, in the same order. One ``sample`` step is one all_gather of a
+fixed-size summary per rank (plus, for ordered selectors, one of each shard's
+local best), a plan every rank computes alike in Rust, local draws by each
+shard's owner, and one ``all_to_all_single`` of packed rows whose split sizes
+follow from the plan.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from .. import _native
+from .._convert import as_int
+from ..errors import CollectiveError, CollectiveMismatch, InvalidArgument, Timeout
+from ..rate_limiters import MinSize, RateLimiter
+from ..sample import Sample
+from ..selectors import Fifo, Prioritized, Selector, Uniform
+from ..signature import Field
+from ..store import Store
+from ..table import Table
+from ..torch._device import is_host_device
+from . import _rows
+from ._group import Group
+from .topology import consumers as topology_consumers
+
+C = _native.cluster
+
+# The words of the header every collective call starts with (int64 each).
+(W_TABLE, W_STEP, W_OP, W_ARG, W_ERROR, W_EXPIRED, W_OWNER, W_SIZE, W_MASS, W_NEXT_SEQ, W_INSERTS,
+ W_SAMPLES, W_MAXLEN) = range(13)
+WORDS = 16
+OPS = {1: "sample", 2: "update_priorities", 3: "delete", 4: "info", 5: "save", 6: "placement_report"}
+OP = {v: k for k, v in OPS.items()}
+RANDOM = ("Uniform", "Prioritized")
+POLL_MAX = 0.05
+
+
+def _f64_bits(x: float) -> int:
+    return int(np.array([x], dtype=np.float64).view(np.int64)[0])
+
+
+def _bits_f64(words) -> np.ndarray:
+    return np.ascontiguousarray(words, dtype=np.int64).view(np.float64)
+
+
+class ShardedTable:
+    """A replay table whose items live in shards, one per host (``shards="host"``:
+    the host's first rank owns it, the others reach it through a same-host server)
+    or one per rank (``shards="rank"``). A collective constructor: every rank of
+    ``group`` (None: the whole job) calls it with the same arguments.
+
+    ``capacity_per_shard`` steps and ``max_size_per_shard`` items per shard;
+    ``sampler``/``remover``/``rate_limiter``/``max_times_sampled`` as for
+    ``reprise.Table`` (the limiter gates ``sample`` on the counters summed over all
+    shards, and each shard's inserts on its own). ``seed`` keys the draws: the same
+    seed and the same inserts give the same batches. ``topology`` picks the
+    consumers (None: every rank); ``assignment`` ``"local"`` fills each consumer
+    from its own host first, ``"iid"`` gives each an iid sub-batch. ``timeout``
+    (seconds) bounds every collective. ``data_backend``: ``"gloo"`` (rows cross on
+    the host) or ``"nccl"`` (CUDA rows over the job's NCCL group; one GPU per
+    rank). ``verify_rows`` checks each received row's CRC-32.
+    """
+
+    def __init__(self, name: str, signature: dict, capacity_per_shard: int, sampler: Selector | None = None,
+                 remover: Selector | None = None, max_size_per_shard: int | None = None,
+                 rate_limiter: RateLimiter | None = None, seed: int = 0, group=None, shards: str = "host",
+                 topology=None, assignment: str = "local", timeout: float = 60.0, max_times_sampled: int = 0,
+                 block_steps: int = 64, data_backend: str | None = None, verify_rows: bool = True,
+                 _restore=None, _expect_shards: int | None = None):
+        what = f"sharded table '{name}'"
+        if not isinstance(name, str) or not name:
+            raise InvalidArgument(f"table name must be a non-empty string, got {name!r}")
+        if not isinstance(signature, dict) or not signature or not all(isinstance(f, Field) for f in signature.values()):
+            raise InvalidArgument(f"{what}: signature must be a non-empty dict of name -> reprise.Field")
+        if shards not in ("host", "rank"):
+            raise InvalidArgument(f"{what}: shards must be 'host' or 'rank', got {shards!r}")
+        if assignment not in ("local", "iid"):
+            raise InvalidArgument(f"{what}: assignment must be 'local' or 'iid', got {assignment!r}")
+        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not timeout > 0:
+            raise InvalidArgument(f"{what}: timeout must be a number of seconds > 0, got {timeout!r}")
+        if data_backend not in (None, "gloo", "nccl"):
+            raise InvalidArgument(f"{what}: data_backend must be None, 'gloo' or 'nccl', got {data_backend!r}")
+        seed = as_int(f"{what}: seed", seed, minimum=0)
+        sampler = Uniform() if sampler is None else sampler
+        remover = Fifo() if remover is None else remover
+        rate_limiter = MinSize(1) if rate_limiter is None else rate_limiter
+        for role, sel in (("sampler", sampler), ("remover", remover)):
+            if not isinstance(sel, Selector):
+                raise InvalidArgument(f"{what}: {role} must be a reprise.selectors selector, got {sel!r}")
+        if not isinstance(rate_limiter, RateLimiter):
+            raise InvalidArgument(f"{what}: rate_limiter must be a reprise.rate_limiters limiter, got {rate_limiter!r}")
+        self.name = name
+        self._what = what
+        self._signature = dict(signature)
+        self._sampler, self._remover, self._rate_limiter = sampler, remover, rate_limiter
+        self._max_times = as_int(f"{what}: max_times_sampled", max_times_sampled, minimum=0)
+        self._seed = seed
+        self._assignment = assignment
+        self._shards_by = shards
+        self._verify = bool(verify_rows)
+        self._table_id = C.table_id(name)
+        self._step = 0
+        self._boundaries: list[int] = []  # per step: the owner's next_seq in its summary
+
+        g = self._g = Group(group, float(timeout), what)
+        config = (name, [(k, tuple(f.shape), f.dtype) for k, f in signature.items()], int(capacity_per_shard),
+                  sampler._spec(), remover._spec(), max_size_per_shard, rate_limiter._spec(), self._max_times, seed,
+                  shards, assignment, block_steps)
+        configs = g.all_gather_object(config, "comparing constructor arguments")
+        differ = [r for r, c in enumerate(configs) if c != configs[0]]
+        if differ:
+            raise CollectiveMismatch(f"{what}: ranks {differ} passed other constructor arguments than rank 0 "
+                                     f"(every rank must make the same table)")
+        hosts = g.host_of_rank
+        if shards == "rank":
+            owners = list(range(g.size))
+        else:
+            owners = [int(np.nonzero(hosts == h)[0][0]) for h in range(len(g.host_names))]
+        if _expect_shards is not None and len(owners) != _expect_shards:
+            raise InvalidArgument(f"{what}: the checkpoint holds {_expect_shards} shards but this job makes "
+                                  f"{len(owners)} (shards={shards!r}); restore on the same number of shards")
+        if len(owners) > C.MAX_SHARDS:
+            raise InvalidArgument(f"{what}: {len(owners)} shards, more than the {C.MAX_SHARDS} global keys can name")
+        self._owner = np.array(owners, dtype=np.int64)
+        self._shard_host = hosts[self._owner].astype(np.uint32)
+        mine = np.nonzero(self._owner == g.rank)[0]
+        self.shard = int(mine[0]) if len(mine) else None
+        self._consumers = topology_consumers(topology, g.size)
+        self._consumer_host = hosts[np.array(self._consumers, dtype=np.int64)].astype(np.uint32)
+        self._data_backend = self._pick_backend(data_backend)
+
+        self._store = self._table = self._server = None
+        if self.shard is not None:
+            if _restore is not None:
+                self._table = _restore[self.shard]
+                self._store = self._table.store
+            else:
+                self._store = Store(signature, capacity=capacity_per_shard, block_steps=block_steps)
+                self._table = Table(name, self._store, sampler=sampler, remover=remover,
+                                    max_size=max_size_per_shard, rate_limiter=rate_limiter,
+                                    max_times_sampled=self._max_times, seed=seed)
+        self._local_address = None
+        if shards == "host":
+            address = None
+            if self.shard is not None and (hosts == hosts[g.rank]).sum() > 1:
+                from ..server import Server
+                self._server = Server([self._table], name=f"reprise-cluster-{os.getpid()}-{self._table_id:x}-{self.shard}")
+                address = self._server.local_address
+            addresses = g.all_gather_object(address, "sharing same-host server addresses")
+            if self.shard is None:
+                self._local_address = addresses[int(self._owner[np.nonzero(self._shard_host == hosts[g.rank])[0][0]])]
+
+    # ------------------------------------------------------------------ setup
+
+    def _pick_backend(self, asked):
+        backend = asked or ("nccl" if "nccl" in self._g.backend else "gloo")
+        if backend == "nccl":
+            import torch
+            if not torch.cuda.is_available():
+                raise InvalidArgument(f"{self._what}: data_backend='nccl' needs CUDA; pass data_backend='gloo'")
+            if "nccl" not in self._g.backend:
+                raise InvalidArgument(f"{self._what}: data_backend='nccl' needs a group made with the NCCL backend, "
+                                      f"this one uses {self._g.backend!r}")
+            here = (self._g.host_names[self._g.host_of_rank[self._g.rank]], torch.cuda.current_device())
+            devices = self._g.all_gather_object(here, "checking one GPU per rank")
+            if len(set(devices)) != len(devices):
+                raise InvalidArgument(
+                    f"{self._what}: NCCL cannot run two ranks on one GPU (ranks share {sorted(devices)}); "
+                    f"give each rank its own GPU (torch.cuda.set_device(local_rank)) or pass data_backend='gloo' "
+                    f"(rows cross on the host, then go to the GPU)")
+        return backend
+
+    @property
+    def num_shards(self) -> int:
+        return len(self._owner)
+
+    @property
+    def consumers(self) -> list[int]:
+        """The ranks (in group order) that receive batches."""
+        return list(self._consumers)
+
+    @property
+    def step(self) -> int:
+        """The number of ``sample`` steps taken so far."""
+        return self._step
+
+    @property
+    def local_table(self) -> Table | None:
+        """This rank's shard (None on ranks that own none)."""
+        return self._table
+
+    def writer(self, max_sequence_length: int | None = None):
+        """A writer into this host's shard (``create_item(table.name, ...)``): in
+        process on the owner, through the host's same-host server elsewhere."""
+        if self._table is not None:
+            return self._store.writer(max_sequence_length)
+        from ..client import Client
+        return Client(self._local_address).writer(max_sequence_length=max_sequence_length)
+
+    def insert(self, data: dict, priorities, timeout: float | None = None) -> np.ndarray:
+        """``Table.insert`` into this rank's shard (owners only); returns global keys.
+        Not a collective."""
+        if self._table is None:
+            raise InvalidArgument(f"{self._what}: rank {self._g.rank} owns no shard; write through table.writer()")
+        keys = self._table.insert(data, priorities, timeout)
+        return C.global_keys(self.shard, np.asarray(keys, dtype=np.uint64))
+
+    # -------------------------------------------------------------- the header
+
+    def _header(self, op: int, arg: int, error: bool = False, expired: bool = False) -> np.ndarray:
+        h = np.zeros(WORDS, dtype=np.int64)
+        h[W_TABLE] = np.uint64(self._table_id).view(np.int64)
+        h[W_STEP], h[W_OP], h[W_ARG], h[W_ERROR], h[W_EXPIRED] = self._step, op, arg, error, expired
+        if self._table is not None:
+            size, mass, next_seq, inserts, samples, maxlen = self._table._native.shard_summary()
+            h[W_OWNER], h[W_SIZE], h[W_MASS], h[W_NEXT_SEQ] = 1, size, _f64_bits(mass), next_seq
+            h[W_INSERTS], h[W_SAMPLES], h[W_MAXLEN] = inserts, samples, maxlen
+        return h
+
+    def _agree(self, heads: np.ndarray, op: int, err: Exception | None):
+        """Raises on every rank when the ranks' calls differ or one could not make it."""
+        keys = heads[:, [W_TABLE, W_STEP, W_OP, W_ARG]]
+        if (keys != keys[0]).any():
+            def says(h):
+                name = "this table" if h[W_TABLE] == heads[self._g.rank][W_TABLE] else "another table"
+                return f"{OPS.get(int(h[W_OP]), 'op ' + str(h[W_OP]))}({int(h[W_ARG])}) at step {int(h[W_STEP])} of {name}"
+            calls = "; ".join(f"rank {r}: {says(h)}" for r, h in enumerate(heads))
+            raise CollectiveMismatch(f"{self._what}: the ranks made different calls ({calls}); every rank must "
+                                     f"call the same method with the same arguments in the same order")
+        failed = [r for r, h in enumerate(heads) if h[W_ERROR]]
+        if failed:
+            if err is not None:
+                raise err
+            raise CollectiveError(f"{self._what}: rank(s) {failed} could not make the {OPS[op]} call "
+                                  f"(they raised; see their error)")
+
+    def _begin(self, op: int, arg: int, err: Exception | None, freeze: bool = False, expired: bool = False):
+        """The header gather every collective starts with; returns the headers."""
+        if freeze and self._table is not None and err is None:
+            self._table._native.freeze()
+        try:
+            heads = self._g.all_gather(self._header(op, arg, err is not None, expired), f"{OPS[op]} step {self._step}")
+            self._agree(heads, op, err)
+        except BaseException:
+            self._thaw()
+            raise
+        return heads
+
+    def _thaw(self):
+        if self._table is not None:
+            self._table._native.thaw()
+
+    # ------------------------------------------------------------------ sample
+
+    def sample(self, batch_size: int, device=None, timeout: float | None = None) -> Sample | None:
+        """One global draw of ``batch_size`` items, split evenly over the
+        consumers: a collective. Consumers get a ``Sample`` of
+        ``batch_size / len(consumers)`` items (global ``probabilities`` and
+        ``table_size``, so importance weights are right), other ranks None.
+        ``device="cuda"``: ``data`` holds tensors there. Waits (every rank together)
+        while the rate limiter, on counters summed over the shards, forbids the
+        step; past ``timeout`` every rank raises ``Timeout``."""
+        err = None
+        try:
+            batch_size = as_int("batch_size", batch_size, 1)
+            if batch_size % len(self._consumers):
+                raise InvalidArgument(f"{self._what}: batch_size {batch_size} does not split evenly over "
+                                      f"{len(self._consumers)} consumers; expected a multiple of {len(self._consumers)}")
+            if timeout is not None and not (isinstance(timeout, (int, float)) and timeout >= 0):
+                raise InvalidArgument(f"{self._what}: timeout must be None or seconds >= 0, got {timeout!r}")
+            if not is_host_device(device):
+                from ..torch import resolve
+                device = resolve(device)
+        except InvalidArgument as e:
+            err, batch_size = e, -1
+        deadline = None if timeout is None else time.monotonic() + float(timeout)
+        poll = 0.001
+        while True:
+            expired = deadline is not None and time.monotonic() >= deadline
+            heads = self._begin(OP["sample"], batch_size, err, freeze=True, expired=expired)
+            owners = heads[self._owner]
+            if self._gate(owners, batch_size):
+                break
+            self._thaw()
+            if heads[:, W_EXPIRED].any():
+                raise Timeout(f"{self._what}: the rate limiter did not allow a step of {batch_size} before the "
+                              f"timeout (global size {int(owners[:, W_SIZE].sum())}, "
+                              f"min_size_to_sample {self._rate_limiter.min_size_to_sample})")
+            time.sleep(poll)
+            poll = min(2 * poll, POLL_MAX)
+        try:
+            positions = self._plan(owners, batch_size)
+        except BaseException:
+            self._thaw()
+            raise
+        return self._exchange(owners, positions, device)
+
+    def _gate(self, owners: np.ndarray, batch: int) -> bool:
+        spi, min_size, min_diff, _ = self._rate_limiter._spec()
+        size = int(owners[:, W_SIZE].sum())
+        inserts, samples = float(owners[:, W_INSERTS].sum()), float(owners[:, W_SAMPLES].sum())
+        return size >= max(1, min_size) and inserts * spi - samples - batch >= min_diff
+
+    def _plan(self, owners: np.ndarray, batch: int) -> dict:
+        """Per position: shard, target, consumer rank; and what the owners need."""
+        kind = self._sampler._spec()
+        steps = int(owners[:, W_MAXLEN].max())
+        table_size = int(owners[:, W_SIZE].sum())
+        if kind[0] in RANDOM:
+            shard, index, mass, by_mass, divisor, table_size = C.plan(
+                kind[0] == "Prioritized", owners[:, W_SIZE].astype(np.uint64), _bits_f64(owners[:, W_MASS]),
+                batch, self._seed, self._table_id, self._step)
+            plan = {"shard": shard, "index": index, "mass": mass, "by_mass": by_mass, "divisor": divisor}
+        else:
+            shard, picks = self._merge(kind, owners, batch, table_size)
+            plan = {"shard": shard, "picks": picks}
+        consumer = C.assign(self._assignment, shard, self._shard_host, self._consumer_host)
+        plan["dest"] = np.array(self._consumers, dtype=np.int64)[consumer]
+        plan["steps"], plan["table_size"] = steps, table_size
+        return plan
+
+    def _merge(self, kind, owners, batch, table_size):
+        k = C.candidates_needed(kind, self._max_times, batch)
+        words = np.zeros(1 + 5 * k, dtype=np.int64)
+        mine = None
+        if self._table is not None:
+            slots, seqs, prios, times = self._table._native.ranked(k)
+            visible = np.searchsorted(np.array(self._boundaries, dtype=np.int64), seqs.astype(np.int64), side="right")
+            n = len(slots)
+            words[0] = n
+            words[1:].reshape(5, k)[:, :n] = [slots, seqs.astype(np.int64), prios.view(np.int64), times, visible]
+            mine = (slots, seqs)
+        rows = self._g.all_gather(words, f"sample step {self._step}: gathering candidates")[self._owner]
+        counts = rows[:, 0].astype(np.uint64)
+        parts = [r[1:].reshape(5, k)[:, :int(n)] for r, n in zip(rows, counts)]
+        cat = np.concatenate(parts, axis=1) if parts else np.zeros((5, 0), dtype=np.int64)
+        shard, index = C.merge(kind, self._max_times, counts, cat[0].astype(np.uint32), cat[1].astype(np.uint64),
+                               np.ascontiguousarray(cat[2]).view(np.float64), cat[3].astype(np.uint32),
+                               cat[4].astype(np.uint64), batch, table_size)
+        picks = None
+        if mine is not None:
+            at = index[shard == self.shard].astype(np.int64)
+            picks = (np.ascontiguousarray(mine[0][at]), np.ascontiguousarray(mine[1][at]))
+        return shard, picks
+
+    def _exchange(self, owners, plan, device):
+        g = self._g
+        shard, dest = plan["shard"], plan["dest"]
+        offsets, stride = _rows.layout(self._signature, plan["steps"])
+        source = self._owner[shard]  # the rank that sends each position
+        status, failure = 0, None
+        send_parts = []
+        try:
+            rows = None
+            if self._table is not None:
+                here = np.nonzero(shard == self.shard)[0]
+                native = self._table._native
+                if "picks" in plan:
+                    rows, filled = native.draw_ranked(plan["picks"][0], plan["picks"][1], plan["table_size"])
+                else:
+                    rows, filled = native.draw_planned(
+                        plan["by_mass"], np.ascontiguousarray(plan["index"][here]),
+                        np.ascontiguousarray(plan["mass"][here]), plan["divisor"], plan["table_size"],
+                        int(owners[self.shard, W_SIZE]), float(_bits_f64(owners[self.shard:self.shard + 1, W_MASS])[0]))
+                self._boundaries.append(int(owners[self.shard, W_NEXT_SEQ]))
+            self._thaw()
+            for d in range(g.size):
+                if rows is None:
+                    send_parts.append(np.zeros(_rows.STATUS, dtype=np.uint8))
+                    continue
+                targets = np.nonzero(dest[here] == d)[0]
+                part = np.zeros(_rows.STATUS + len(targets) * stride, dtype=np.uint8)
+                rows.pack(part[_rows.STATUS:], stride, offsets, self.shard, targets.astype(np.int64), filled)
+                send_parts.append(part)
+            if rows is not None:
+                rows.release()
+        except BaseException as e:  # still take part in the exchange, telling every rank
+            self._thaw()
+            status, failure = 1, e
+            send_parts = [np.zeros(_rows.STATUS + int(((source == g.rank) & (dest == d)).sum()) * stride,
+                                   dtype=np.uint8) for d in range(g.size)]
+        for p in send_parts:
+            p[:8] = np.frombuffer(np.int64(status).tobytes(), dtype=np.uint8)
+        recv_rows = np.array([((source == s) & (dest == g.rank)).sum() for s in range(g.size)], dtype=np.int64)
+        recv_splits = _rows.STATUS + recv_rows * stride
+        send = np.concatenate(send_parts)
+        recv = self._all_to_all(send, [len(p) for p in send_parts], recv_splits, device)
+        self._step += 1
+        if failure is not None:
+            raise failure
+        starts = np.concatenate([[0], np.cumsum(recv_splits)[:-1]])
+        bad = [s for s in range(g.size) if recv[starts[s]:starts[s] + 8].view(np.int64)[0] != 0]
+        if bad:
+            raise CollectiveError(f"{self._what}: rank(s) {bad} failed while drawing their rows at step "
+                                  f"{self._step - 1}; see their error")
+        if g.rank not in self._consumers:
+            return None
+        return self._receive(recv, starts, recv_rows, source, dest, stride, plan, device)
+
+    def _all_to_all(self, send: np.ndarray, send_splits, recv_splits, device) -> np.ndarray:
+        import torch
+        doing = f"sample step {self._step}: exchanging rows"
+        total = int(np.sum(recv_splits))
+        if self._data_backend == "nccl":
+            dev = torch.device("cuda", torch.cuda.current_device())
+            s = torch.from_numpy(send).to(dev)
+            r = torch.empty(total, dtype=torch.uint8, device=dev)
+            self._g.all_to_all(s, r, send_splits, recv_splits, doing, group=self._g._base)
+            return r.cpu().numpy()
+        r = torch.empty(total, dtype=torch.uint8)
+        self._g.all_to_all(torch.from_numpy(send), r, send_splits, recv_splits, doing)
+        return r.numpy()
+
+    def _receive(self, recv, starts, recv_rows, source, dest, stride, plan, device) -> Sample:
+        mine = np.nonzero(dest == self._g.rank)[0]  # my positions, in position order
+        order = np.argsort(source[mine], kind="stable")  # the order rows arrive in
+        rows = np.empty((len(mine), stride), dtype=np.uint8)
+        arrived = np.concatenate([recv[starts[s] + _rows.STATUS: starts[s] + _rows.STATUS + n * stride]
+                                  for s, n in enumerate(recv_rows)]).reshape(-1, stride)
+        rows[order] = arrived
+        header, data = _rows.unpack(rows, self._signature, plan["steps"], self._verify, self._what)
+        if not is_host_device(device):
+            import torch
+            data = {k: torch.from_numpy(v).to(device, non_blocking=False) for k, v in data.items()}
+        return Sample(
+            keys=header["key"].copy(), probabilities=header["probability"].copy(),
+            priorities=header["priority"].copy(), times_sampled=header["times_sampled"].astype(np.int64),
+            table_size=int(plan["table_size"]), lengths=header["length"].astype(np.int64), data=data)
+
+    # ------------------------------------------------------- updates, deletes
+
+    def update_priorities(self, keys, priorities) -> int:
+        """Sets priorities by global key; each rank passes its own (possibly none).
+        Routed to the owning shards in one all_to_all and applied in rank order.
+        Returns how many were applied over all shards. A collective."""
+        return self._route(OP["update_priorities"], keys, priorities)
+
+    def delete(self, keys) -> int:
+        """Removes items by global key (each rank its own list); returns how many
+        were removed over all shards. A collective."""
+        return self._route(OP["delete"], keys, None)
+
+    def _route(self, op, keys, priorities) -> int:
+        import torch
+        g = self._g
+        err, shard = None, None
+        try:
+            keys = np.ascontiguousarray(np.asarray(keys, dtype=np.uint64).reshape(-1))
+            shard, generation, slot = C.split_keys(keys)
+            if priorities is not None:
+                from .._convert import priorities as as_priorities
+                priorities = as_priorities(priorities, len(keys))
+                if self._table is not None or len(keys):
+                    bad = np.nonzero(~np.isfinite(priorities) | (priorities < 0))[0]
+                    if len(bad):
+                        raise InvalidArgument(f"{self._what}: priority {priorities[bad[0]]} of key "
+                                              f"{int(keys[bad[0]])} must be finite and >= 0")
+            if len(shard) and int(shard.max()) >= self.num_shards:
+                raise InvalidArgument(f"{self._what}: key {int(keys[np.argmax(shard)])} names shard "
+                                      f"{int(shard.max())}, but there are {self.num_shards}")
+        except (InvalidArgument, ValueError, TypeError) as e:
+            err = e if isinstance(e, InvalidArgument) else InvalidArgument(f"{self._what}: keys: {e}")
+        self._begin(op, 0, err)
+        dest = self._owner[shard.astype(np.int64)] if shard is not None else np.zeros(0, dtype=np.int64)
+        order = np.argsort(dest, kind="stable")
+        counts = np.bincount(dest, minlength=g.size).astype(np.int64)
+        matrix = g.all_gather(counts, f"{OPS[op]}: counting keys")  # [source, dest]
+        payload = np.zeros((len(keys), 2), dtype=np.uint64)
+        payload[:, 0] = keys
+        if priorities is not None:
+            payload[:, 1] = priorities.view(np.uint64)
+        payload = np.ascontiguousarray(payload[order]).view(np.uint8).reshape(-1)
+        recv_counts = matrix[:, g.rank]
+        r = torch.empty(int(recv_counts.sum()) * 16, dtype=torch.uint8)
+        g.all_to_all(torch.from_numpy(payload), r, counts * 16, recv_counts * 16, f"{OPS[op]}: routing keys")
+        done = 0
+        if self._table is not None:
+            got = r.numpy().view(np.uint64).reshape(-1, 2)
+            _, generation, slot = C.split_keys(np.ascontiguousarray(got[:, 0]))
+            local, found = self._table._native.local_keys(generation, slot)
+            local = local[found]
+            if op == OP["delete"]:
+                done = self._table.delete(local)
+            else:
+                done = self._table.update_priorities(local, np.ascontiguousarray(got[found, 1]).view(np.float64))
+        totals = g.all_gather(np.array([done], dtype=np.int64), f"{OPS[op]}: counting what was applied")
+        return int(totals.sum())
+
+    # ------------------------------------------------------------ information
+
+    def info(self) -> dict:
+        """Global and per-shard figures (a collective)."""
+        self._begin(OP["info"], 0, None)
+        mine = None if self._table is None else self._table.info()
+        infos = [i for i in self._g.all_gather_object(mine, "info: gathering shard figures") if i is not None]
+        total = {k: sum(i[k] for i in infos) for k in ("size", "max_size", "num_inserts", "num_samples",
+                                                       "num_evictions", "num_deletes", "num_store_evictions")}
+        return {"name": self.name, "num_shards": self.num_shards, "step": self._step, "consumers": self.consumers,
+                "sampler": infos[0]["sampler"], "remover": infos[0]["remover"], **total,
+                "shards": [{"shard": s, "rank": int(self._owner[s]), "host": self._g.host_names[self._shard_host[s]],
+                            **{k: i[k] for k in ("size", "num_inserts", "num_samples", "num_evictions")}}
+                           for s, i in enumerate(infos)]}
+
+    def placement_report(self, batch_size: int) -> dict:
+        """Each host's share of the sampling mass against its consumers' share, and
+        the rows (and bytes) per step of ``batch_size`` expected to cross hosts under
+        this table's assignment. A collective."""
+        from .placement import report
+        batch_size = as_int("batch_size", batch_size, 1)
+        heads = self._begin(OP["placement_report"], batch_size, None)
+        return report(self, heads[self._owner], batch_size)
+
+    # ------------------------------------------------------------ checkpoints
+
+    def save(self, path) -> str:
+        """A checkpoint of every shard (the usual format) plus a manifest with the
+        shard map, step, seed and each shard checkpoint's CRC: a collective. Returns
+        the checkpoint's directory."""
+        from .checkpoint import save
+        self._begin(OP["save"], 0, None)
+        return save(self, path)
+
+    @classmethod
+    def restore(cls, path, group=None, topology=None, assignment: str | None = None, timeout: float = 60.0,
+                data_backend: str | None = None, verify_rows: bool = True) -> "ShardedTable":
+        """The table saved under ``path`` (a ``save`` directory, or the newest under
+        ``path``), on a job with the same number of shards: a collective. It
+        continues with the batches the saved run would have drawn."""
+        from .checkpoint import restore
+        return restore(cls, path, group, topology, assignment, timeout, data_backend, verify_rows)
+
+    def close(self):
+        """Stops this rank's same-host server and closes its shard's store."""
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+        if self._store is not None:
+            self._store.close()
+
+    def __repr__(self):
+        return (f"ShardedTable({self.name!r}, shards={self.num_shards}, sampler={self._sampler!r}, "
+                f"consumers={len(self._consumers)}, step={self._step})")
+
+
+__all__ = ["ShardedTable"]
