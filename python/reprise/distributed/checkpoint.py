@@ -21,7 +21,7 @@ VERSION = 1
 
 
 def _manifest_crc(shard_dir: str) -> int:
-    with open(os.path.join(shard_dir, "manifest.json"), "rb") as f:
+    with open(os.path.join(shard_dir, "MANIFEST.json"), "rb") as f:
         return zlib.crc32(f.read())
 
 

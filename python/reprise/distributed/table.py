@@ -287,30 +287,36 @@ class ShardedTable:
             expired = deadline is not None and time.monotonic() >= deadline
             heads = self._begin(OP["sample"], batch_size, err, freeze=True, expired=expired)
             owners = heads[self._owner]
+            plan = None
             if self._gate(owners, batch_size):
-                break
+                try:
+                    plan = self._plan(owners, batch_size)
+                except BaseException:
+                    self._thaw()
+                    raise
+                if plan is not None:
+                    break
             self._thaw()
             if heads[:, W_EXPIRED].any():
-                raise Timeout(f"{self._what}: the rate limiter did not allow a step of {batch_size} before the "
+                raise Timeout(f"{self._what}: the rate limiter (or max_times_sampled: too few draws left) did not allow a step of {batch_size} before the "
                               f"timeout (global size {int(owners[:, W_SIZE].sum())}, "
                               f"min_size_to_sample {self._rate_limiter.min_size_to_sample})")
             time.sleep(poll)
             poll = min(2 * poll, POLL_MAX)
-        try:
-            positions = self._plan(owners, batch_size)
-        except BaseException:
-            self._thaw()
-            raise
-        return self._exchange(owners, positions, device)
+        return self._exchange(owners, plan, device)
 
     def _gate(self, owners: np.ndarray, batch: int) -> bool:
         spi, min_size, min_diff, _ = self._rate_limiter._spec()
         size = int(owners[:, W_SIZE].sum())
+        if size == 0:
+            return False
         inserts, samples = float(owners[:, W_INSERTS].sum()), float(owners[:, W_SAMPLES].sum())
         return size >= max(1, min_size) and inserts * spi - samples - batch >= min_diff
 
-    def _plan(self, owners: np.ndarray, batch: int) -> dict:
-        """Per position: shard, target, consumer rank; and what the owners need."""
+    def _plan(self, owners: np.ndarray, batch: int) -> dict | None:
+        """Per position: shard, target, consumer rank; and what the owners need.
+        None when an ordered selector's items have fewer draws left than the batch
+        (``max_times_sampled``): the step waits for inserts, as one table would."""
         kind = self._sampler._spec()
         steps = int(owners[:, W_MAXLEN].max())
         table_size = int(owners[:, W_SIZE].sum())
@@ -321,6 +327,8 @@ class ShardedTable:
             plan = {"shard": shard, "index": index, "mass": mass, "by_mass": by_mass, "divisor": divisor}
         else:
             shard, picks = self._merge(kind, owners, batch, table_size)
+            if len(shard) < batch:
+                return None
             plan = {"shard": shard, "picks": picks}
         consumer = C.assign(self._assignment, shard, self._shard_host, self._consumer_host)
         plan["dest"] = np.array(self._consumers, dtype=np.int64)[consumer]

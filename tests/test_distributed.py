@@ -1,0 +1,348 @@
+"""Cluster mode (rp.distributed.ShardedTable) on spawned gloo ranks: exactness
+against the single-table reference, determinism, routing, rows, topology, rate
+limiting, failures and checkpoints. Every collective has a timeout and every
+run a deadline (tests/cluster_ranks.py): nothing here can hang."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import numpy as np
+import pytest
+
+import reprise as rp
+from cluster_ranks import run_ranks
+
+torch = pytest.importorskip("torch")
+
+SIG = {"x": rp.Field((), "int64"), "v": rp.Field((3,), "float32")}
+
+
+def sampler_of(name):
+    return rp.selectors.Prioritized(0.7) if name == "Prioritized" else getattr(rp.selectors, name)()
+
+
+def shard_ops(seed, shard, step, world):
+    """Deterministic inserts of one shard at one step: (n, T, priorities). Shard 0
+    stays empty; the last shard gets zero priorities (zero mass)."""
+    rng = np.random.default_rng([seed, shard, step])
+    if shard == 0 and world > 2:
+        return 0, 1, np.zeros(0)
+    n = int(rng.integers(1, 6)) + shard
+    pr = rng.uniform(0.1, 5.0, n)
+    if shard == world - 1:
+        pr[:] = 0.0
+    return n, int(rng.integers(1, 4)), pr
+
+
+def items_of(seed, shard, step, n, T):
+    x = (seed * 1_000_000 + shard * 10_000 + step * 100 + np.arange(n))[:, None] + np.zeros((1, T), dtype=np.int64)
+    v = np.broadcast_to(x[..., None].astype(np.float32) * 0.5, (n, T, 3)).copy()
+    return {"x": x, "v": v}
+
+
+def make_table(sampler, seed, world, max_times=0, **kw):
+    return rp.distributed.ShardedTable(
+        "replay", SIG, capacity_per_shard=4096, sampler=sampler_of(sampler), seed=seed, shards="rank",
+        timeout=20, max_times_sampled=max_times, block_steps=4, **kw)
+
+
+def _exact_body(rank, world, samplers, seeds, steps, max_times, batch):
+    """Every rank runs the sharded table; rank 0 also replays every shard's
+    operations on plain tables and compares each step's global draw."""
+    results = []
+    for sampler in samplers:
+        for seed in seeds:
+            t = make_table(sampler, seed, world, max_times, assignment="iid")
+            ref = None
+            if rank == 0:
+                stores = [rp.Store(SIG, capacity=4096, block_steps=4) for _ in range(world)]
+                ref = rp.distributed.ReferenceTable(
+                    [rp.Table("replay", s, sampler=sampler_of(sampler), max_times_sampled=max_times) for s in stores],
+                    seed=seed)
+            for step in range(steps):
+                for shard in range(world):
+                    n, T, pr = shard_ops(seed, shard, step, world)
+                    if n == 0:
+                        continue
+                    data = items_of(seed, shard, step, n, T)
+                    if shard == rank:
+                        t.insert(data, pr)
+                    if ref is not None:
+                        ref.tables[shard].insert(data, pr)
+                if step == 2:  # routed updates and deletes: each rank sends the next shard's keys
+                    shard_keys = route_keys(t, rank, world)
+                    upd = t.update_priorities(shard_keys[::2], np.linspace(0.5, 2.0, len(shard_keys[::2])))
+                    dele = t.delete(shard_keys[1::3])
+                    if ref is not None:
+                        apply_reference_routing(ref, world)
+                    results.append((sampler, seed, step, "routed", upd, dele))
+                s = t.sample(batch)
+                got = t._g.all_gather_object((s.keys.tolist(), s.probabilities.tolist(), s.table_size,
+                                              s.data["x"][:, 0].tolist(), s.lengths.tolist()), "test gather")
+                if ref is not None:
+                    want = ref.sample(batch)
+                    keys = sum((g[0] for g in got), [])
+                    probs = sum((g[1] for g in got), [])
+                    assert keys == want["keys"].tolist(), (sampler, seed, step, keys, want["keys"].tolist())
+                    assert probs == want["probabilities"].tolist(), (sampler, seed, step)
+                    assert all(g[2] == want["table_size"] for g in got)
+                    for g in got:  # each row's data is its item's (x encodes seed/shard/step)
+                        for key, x in zip(g[0], g[3]):
+                            assert x // 10_000 % 100 == key >> 52, (key, x)
+                results.append((sampler, seed, step, hashlib.sha256(repr(got).encode()).hexdigest()))
+            t.close()
+    return results
+
+
+def route_keys(t, rank, world):
+    """The global keys this rank routes at step 2: half of the next shard's items,
+    learned from that shard's owner through a gather (each rank sends its own)."""
+    own = t.local_table.items()
+    mine = rp._native.cluster.global_keys(rank, np.array([k for k, *_ in own], dtype=np.uint64))
+    every = t._g.all_gather_object(mine.tolist(), "test routing")
+    return np.array(every[(rank + 1) % world], dtype=np.uint64)
+
+
+def apply_reference_routing(ref, world):
+    """What the routed calls did, replayed on the reference tables."""
+    for r in range(world):
+        target = (r + 1) % world
+        local = np.array([k for k, *_ in ref.tables[target].items()], dtype=np.uint64)
+        ref.tables[target].update_priorities(local[::2], np.linspace(0.5, 2.0, len(local[::2])))
+        ref.tables[target].delete(local[1::3])
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_random_selectors_draw_exactly_the_reference(world):
+    seeds = range(10) if world == 3 else range(0, 10, 3)
+    out = run_ranks(world, _exact_body, ("Uniform", "Prioritized"), seeds, 4, 0, 12 * world)
+    assert out[0] == out[1]
+
+
+def test_ordered_selectors_draw_exactly_the_reference():
+    samplers = ("Fifo", "Lifo", "MaxHeap", "MinHeap", "TopK")
+    run_ranks(3, _exact_body, samplers, (0, 1), 4, 0, 9)
+    run_ranks(3, _exact_body, samplers, (2,), 4, 1, 3)
+
+
+def test_same_seed_gives_identical_batches_across_runs():
+    a = run_ranks(2, _exact_body, ("Prioritized",), (5,), 3, 0, 8)
+    b = run_ranks(2, _exact_body, ("Prioritized",), (5,), 3, 0, 8)
+    assert a == b
+
+
+def test_plan_distribution_matches_priorities_and_the_negative_control_fails():
+    """Chi-square over items of three shards (one process: the same plan
+    arithmetic the ranks run, checked against them above)."""
+    stores = [rp.Store(SIG, capacity=4096, block_steps=4) for _ in range(3)]
+    tables = [rp.Table("replay", s, sampler=rp.selectors.Prioritized(1.0)) for s in stores]
+    prios = [np.array([1.0, 2.0]), np.array([3.0, 4.0, 5.0]), np.array([10.0])]
+    for t, p in zip(tables, prios):
+        t.insert({"x": np.zeros((len(p), 1), np.int64), "v": np.zeros((len(p), 1, 3), np.float32)}, p)
+    ref = rp.distributed.ReferenceTable(tables, seed=1)
+    counts = {}
+    for _ in range(200):
+        for k in ref.sample(100)["keys"].tolist():
+            counts[k] = counts.get(k, 0) + 1
+    keys = [int(rp._native.cluster.global_keys(s, np.array([k], np.uint64))[0])
+            for s, t in enumerate(tables) for k, *_ in t.items()]
+    observed = np.array([counts.get(k, 0) for k in keys], dtype=float)
+    p = np.concatenate(prios)
+    expected = observed.sum() * p / p.sum()
+    chi = ((observed - expected) ** 2 / expected).sum()
+    assert chi < 24.3  # 5 degrees of freedom, 0.9999 quantile 25.7
+    equal_per_shard = observed.sum() * np.concatenate([np.full(len(q), 1 / 3 / len(q)) for q in prios])
+    assert ((observed - equal_per_shard) ** 2 / equal_per_shard).sum() > 100
+    for s in stores:
+        s.close()
+
+
+def _topology_body(rank, world):
+    t = rp.distributed.ShardedTable("replay", SIG, capacity_per_shard=1024, shards="rank", seed=0, timeout=20,
+                                    topology=(2, 2), block_steps=4)
+    n = 3 if rank % 2 else 5  # windows of 3 steps over blocks of 4: crossing block boundaries
+    t.insert(items_of(0, rank, 0, n, 3), np.ones(n))
+    out = []
+    for _ in range(3):
+        s = t.sample(8)
+        if s is None:
+            out.append(None)
+            continue
+        for key, x, v, length in zip(s.keys, s.data["x"], s.data["v"], s.lengths):
+            assert length == 3 and (x == x[0]).all() and np.allclose(v, x[:, None] * 0.5)
+            assert x[0] // 10_000 % 100 == int(key) >> 52
+        out.append(len(s))
+    return out
+
+
+def test_pipeline_grid_only_first_stage_receives_and_rows_hold_their_items():
+    out = run_ranks(4, _topology_body)
+    assert out[0] == out[1] == [4, 4, 4]
+    assert out[2] == out[3] == [None, None, None]
+
+
+def _limiter_body(rank, world):
+    t = rp.distributed.ShardedTable("q", SIG, capacity_per_shard=1024, shards="rank", seed=0, timeout=20,
+                                    rate_limiter=rp.rate_limiters.SampleToInsertRatio(1.0, 1, 4.0))
+    if rank == 0:
+        t.insert(items_of(0, 0, 0, 4, 1), np.ones(4))
+    got = [len(t.sample(4)) if rank in t.consumers else None]
+    try:
+        t.sample(4, timeout=0.5)  # 4 inserts, 4 samples: the ratio forbids more, on every rank
+        got.append("sampled")
+    except rp.errors.Timeout as e:
+        got.append("timeout" if "rate limiter" in str(e) else str(e))
+    if rank == 0:
+        t.insert(items_of(0, 0, 1, 4, 1), np.ones(4))  # within the ratio: this insert does not block
+    got.append(len(t.sample(4, timeout=10)))
+    return got
+
+
+def test_rate_limiter_on_global_counters_blocks_and_times_out_together():
+    assert run_ranks(2, _limiter_body) == [[2, "timeout", 2], [2, "timeout", 2]]
+
+
+def _mismatch_body(rank, world, kind):
+    t = rp.distributed.ShardedTable("m", SIG, capacity_per_shard=256, shards="rank", seed=0, timeout=10)
+    t.insert(items_of(0, rank, 0, 2, 1), np.ones(2))
+    try:
+        if kind == "batch":
+            t.sample(4 if rank == 0 else 6)
+        elif kind == "op":
+            t.sample(4) if rank == 0 else t.delete([])
+        elif kind == "bad-key":
+            t.update_priorities([(4000 << 52)] if rank == 1 else [], [1.0] if rank == 1 else [])
+        return "no error"
+    except rp.errors.RepriseError as e:
+        return type(e).__name__, str(e)
+
+
+def test_ranks_making_different_calls_all_get_collective_mismatch():
+    for kind in ("batch", "op"):
+        out = run_ranks(2, _mismatch_body, kind)
+        assert [o[0] for o in out] == ["CollectiveMismatch", "CollectiveMismatch"], out
+        assert "rank 0" in out[0][1] and "rank 1" in out[0][1]
+
+
+def test_bad_input_on_one_rank_fails_every_rank():
+    out = run_ranks(2, _mismatch_body, "bad-key")
+    assert out[1][0] == "InvalidArgument" and "names shard 4000, but there are 2" in out[1][1]
+    assert out[0][0] == "CollectiveError" and "rank(s) [1]" in out[0][1]
+
+
+def _killed_body(rank, world):
+    import time
+    t = rp.distributed.ShardedTable("k", SIG, capacity_per_shard=256, shards="rank", seed=0, timeout=5)
+    t.insert(items_of(0, rank, 0, 2, 1), np.ones(2))
+    t.sample(2)
+    if rank == 1:
+        os.kill(os.getpid(), 9)
+    start = time.monotonic()
+    try:
+        t.sample(2)
+        return "no error"
+    except rp.errors.CollectiveError as e:
+        late = None
+        try:
+            t.sample(2)
+        except rp.errors.CollectiveError as again:
+            late = str(again)
+        return "CollectiveError", time.monotonic() - start, late
+
+
+def test_a_killed_rank_ends_the_others_calls_within_the_timeout():
+    out = run_ranks(2, _killed_body, allow_missing=(1,))
+    kind, took, late = out[0]
+    assert kind == "CollectiveError" and took < 15
+    assert "failed earlier" in late
+
+
+def _checkpoint_body(rank, world, path, phase):
+    if phase == "save":
+        t = make_table("Prioritized", 3, world)
+        for step in range(3):
+            t.insert(items_of(3, rank, step, 4 + rank, 2), np.arange(1, 5 + rank, dtype=float))
+            t.sample(6)
+        t.save(path)
+        return [t.sample(6).keys.tolist() for _ in range(3)]
+    try:
+        t = rp.distributed.ShardedTable.restore(path, timeout=20)
+    except rp.errors.InvalidArgument as e:
+        return str(e)
+    return [t.sample(6).keys.tolist() for _ in range(3)]
+
+
+def test_restore_continues_with_the_same_batches_and_refuses_another_shard_count(tmp_path):
+    path = str(tmp_path / "ckpt")
+    before = run_ranks(2, _checkpoint_body, path, "save")
+    after = run_ranks(2, _checkpoint_body, path, "restore")
+    assert after == before
+    manifest = next(tmp_path.glob("ckpt/cluster-*/manifest.json"))
+    assert oct(manifest.stat().st_mode & 0o777) == "0o600"
+    other = run_ranks(3, _checkpoint_body, path, "restore")
+    assert all("holds 2 shards but this job makes 3" in o for o in other)
+
+
+def _host_body(rank, world):
+    t = rp.distributed.ShardedTable("h", SIG, capacity_per_shard=256, shards="host", seed=0, timeout=20)
+    assert t.num_shards == 1 and (t.shard == 0) == (rank == 0)
+    w = t.writer()
+    for i in range(3):
+        w.append({"x": np.int64(rank * 100 + i), "v": np.full(3, rank, np.float32)})
+        w.create_item(t.name, 1, 1.0)
+    w.flush() if hasattr(w, "flush") else None
+    w.close()
+    t._g.barrier("test: written")
+    s = t.sample(12)
+    return sorted(set(int(x) for x in s.data["x"][:, 0]))
+
+
+def test_host_shards_take_writes_of_every_local_rank():
+    out = run_ranks(2, _host_body)
+    assert set(out[0]) | set(out[1]) <= {0, 1, 2, 100, 101, 102}
+    assert len(set(out[0]) | set(out[1])) >= 4
+
+
+def _bytes_body(rank, world):
+    t = rp.distributed.ShardedTable("b", SIG, capacity_per_shard=8192, shards="rank", seed=0, timeout=20)
+    sent = []
+    gather = t._g.all_gather
+
+    def counting(words, doing):
+        sent.append(words.nbytes)
+        return gather(words, doing)
+
+    t._g.all_gather = counting
+    per_call = []
+    for n, batch in ((10, 2), (2000, 64)):
+        t.insert(items_of(0, rank, n, n, 1), np.ones(n))
+        sent.clear()
+        t.sample(batch)
+        per_call.append(sum(sent))
+    return per_call
+
+
+def test_control_bytes_per_call_do_not_grow_with_batch_or_table():
+    out = run_ranks(2, _bytes_body)
+    assert out[0][0] == out[0][1] == 16 * 8
+
+
+def test_without_a_process_group_the_constructor_says_what_to_do():
+    with pytest.raises(rp.errors.InvalidArgument, match="init_process_group"):
+        rp.distributed.ShardedTable("t", SIG, capacity_per_shard=16)
+    with pytest.raises(rp.errors.InvalidArgument, match="shards must be 'host' or 'rank'"):
+        rp.distributed.ShardedTable("t", SIG, capacity_per_shard=16, shards="gpu")
+    with pytest.raises(rp.errors.InvalidArgument, match="assignment must be 'local' or 'iid'"):
+        rp.distributed.ShardedTable("t", SIG, capacity_per_shard=16, assignment="random")
+
+
+def test_topologies_pick_the_first_stage():
+    from reprise.distributed import consumers
+    assert consumers(None, 4) == [0, 1, 2, 3]
+    assert consumers((2, 2), 4) == [0, 1]
+    with pytest.raises(rp.errors.InvalidArgument, match="covers 6 ranks, but the group has 4"):
+        consumers((2, 3), 4)
+    with pytest.raises(rp.errors.InvalidArgument, match="topology must be None"):
+        consumers("pp2", 4)
