@@ -10,6 +10,7 @@ use reprise_core::SelectorSpec;
 use crate::errors::invalid;
 use crate::raise::py_err;
 
+type Array<'py, T> = Bound<'py, PyArray1<T>>;
 type Planned<'py> = (Bound<'py, PyArray1<u32>>, Bound<'py, PyArray1<u64>>, Bound<'py, PyArray1<f64>>, bool, f64, u64);
 
 fn slice<'a, T: numpy::Element>(py: Python<'_>, what: &str, a: &'a PyReadonlyArray1<'_, T>) -> PyResult<&'a [T]> {
@@ -60,7 +61,7 @@ fn merge<'py>(
     visible_steps: PyReadonlyArray1<'py, u64>,
     batch: usize,
     table_size: u64,
-) -> PyResult<(Bound<'py, PyArray1<u32>>, Bound<'py, PyArray1<u32>>)> {
+) -> PyResult<(Array<'py, u32>, Array<'py, u32>)> {
     let spec = SelectorSpec::from_name(&sampler.0, sampler.1).ok_or_else(|| invalid(py, format!("unknown sampler '{}'", sampler.0)))?;
     let counts = slice(py, "counts", &counts)?;
     let (slots, seqs, prios) = (slice(py, "slots", &slots)?, slice(py, "seqs", &seqs)?, slice(py, "priorities", &priorities)?);
@@ -119,7 +120,7 @@ fn global_keys<'py>(py: Python<'py>, shard: u32, keys: PyReadonlyArray1<'py, u64
 
 /// `(shard, generation, slot)` of global keys.
 #[pyfunction]
-fn split_keys<'py>(py: Python<'py>, keys: PyReadonlyArray1<'py, u64>) -> PyResult<(Bound<'py, PyArray1<u32>>, Bound<'py, PyArray1<u32>>, Bound<'py, PyArray1<u32>>)> {
+fn split_keys<'py>(py: Python<'py>, keys: PyReadonlyArray1<'py, u64>) -> PyResult<(Array<'py, u32>, Array<'py, u32>, Array<'py, u32>)> {
     let parts: Vec<(u32, u32, u32)> = slice(py, "keys", &keys)?.iter().map(|&k| cluster::split_key(k)).collect();
     Ok((
         PyArray1::from_iter(py, parts.iter().map(|p| p.0)),

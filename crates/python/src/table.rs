@@ -307,13 +307,16 @@ impl PyTable {
         py: Python<'py>,
         generations: PyReadonlyArray1<'py, u32>,
         slots: PyReadonlyArray1<'py, u32>,
-    ) -> PyResult<(Bound<'py, PyArray1<u64>>, Bound<'py, PyArray1<bool>>)> {
+    ) -> PyResult<LocalKeys<'py>> {
         let g = generations.as_slice().map_err(|_| invalid(py, "generations must be contiguous".into()))?;
         let s = slots.as_slice().map_err(|_| invalid(py, "slots must be contiguous".into()))?;
         let found: Vec<Option<u64>> = py.detach(|| g.iter().zip(s).map(|(&g, &s)| self.table.local_key(s, g)).collect());
         Ok((PyArray1::from_iter(py, found.iter().map(|k| k.unwrap_or(0))), PyArray1::from_iter(py, found.iter().map(|k| k.is_some()))))
     }
 }
+
+/// `(keys, found)`.
+type LocalKeys<'py> = (Bound<'py, PyArray1<u64>>, Bound<'py, PyArray1<bool>>);
 
 /// `(slots, seqs, priorities, times_sampled)`.
 type Ranked<'py> = (Bound<'py, PyArray1<u32>>, Bound<'py, PyArray1<u64>>, Bound<'py, PyArray1<f64>>, Bound<'py, PyArray1<u32>>);

@@ -492,3 +492,97 @@ fn restore_refuses_inconsistent_snapshots() {
     // Blocks already in use cannot be reserved again.
     assert!(dst.reserve_blocks(pins.blocks()).is_err());
 }
+
+// ---- a table as a cluster-mode shard (table/shard.rs)
+
+#[test]
+fn a_frozen_table_holds_inserts_until_thawed() {
+    let s = store(64);
+    let t = Table::new(config("t", SelectorSpec::Uniform, SelectorSpec::Fifo, 10), &s).unwrap();
+    t.freeze();
+    let err = t.insert_batch(&[&5i64.to_ne_bytes()], 1, 1, &[1.0], Some(Duration::from_millis(30))).unwrap_err();
+    assert!(matches!(err, Error::Timeout { .. }), "{err}");
+    assert_eq!(t.size(), 0);
+    let t2 = t.clone();
+    let waiting = thread::spawn(move || put(&t2, &[7], &[1.0]));
+    thread::sleep(Duration::from_millis(30));
+    assert_eq!(t.shard_summary().size, 0);
+    t.thaw();
+    waiting.join().unwrap();
+    let sum = t.shard_summary();
+    assert_eq!((sum.size, sum.mass, sum.next_seq, sum.max_length), (1, 1.0, 1, 1));
+}
+
+#[test]
+fn planned_draws_resolve_targets_in_the_shard_and_count_as_samples() {
+    use crate::cluster::plan::Target;
+    let s = store(64);
+    let t = Table::new(config("t", SelectorSpec::Prioritized { priority_exponent: 1.0 }, SelectorSpec::Fifo, 10), &s).unwrap();
+    put(&t, &[10, 20, 30], &[1.0, 0.0, 3.0]);
+    let sum = t.shard_summary();
+    assert_eq!(sum.mass, 4.0);
+    let (b, filled) = t.draw_planned(&[Target::Mass(0.5), Target::Mass(1.0), Target::Mass(3.99)], 8.0, 9, &sum);
+    assert_eq!(filled, vec![true; 3]);
+    assert_eq!(values(&t, &b), vec![10, 30, 30]);
+    assert_eq!(b.items.iter().map(|i| i.probability).collect::<Vec<_>>(), vec![1.0 / 8.0, 3.0 / 8.0, 3.0 / 8.0]);
+    assert_eq!(b.table_size, 9);
+    assert_eq!(t.info().num_samples, 3);
+    let (b, _) = t.draw_planned(&[Target::Index(1)], 9.0, 9, &sum);
+    assert_eq!(b.items[0].probability, 1.0 / 9.0);
+}
+
+#[test]
+fn planned_draws_after_items_are_used_up_land_on_what_is_left() {
+    use crate::cluster::plan::Target;
+    let s = store(64);
+    let mut c = config("t", SelectorSpec::Uniform, SelectorSpec::Fifo, 10);
+    c.max_times_sampled = 1;
+    let t = Table::new(c, &s).unwrap();
+    put(&t, &[1, 2], &[1.0; 2]);
+    let sum = t.shard_summary();
+    let (b, filled) = t.draw_planned(&[Target::Index(1), Target::Index(1), Target::Index(0)], 2.0, 2, &sum);
+    assert_eq!(filled, vec![true, true, false]);
+    let mut got = values(&t, &b);
+    got.sort();
+    assert_eq!(got, vec![1, 2]);
+    assert_eq!(t.size(), 0);
+}
+
+#[test]
+fn ranked_candidates_follow_the_sampler_and_ranked_draws_skip_departed_items() {
+    let s = store(64);
+    for (spec, want) in [
+        (SelectorSpec::Fifo, vec![1, 2, 3]),
+        (SelectorSpec::Lifo, vec![4, 3, 2]),
+        (SelectorSpec::MaxHeap, vec![3, 1, 4]),
+        (SelectorSpec::MinHeap, vec![2, 4, 1]),
+        (SelectorSpec::TopK, vec![3, 1, 4]),
+    ] {
+        let t = Table::new(config(&format!("{spec:?}"), spec, SelectorSpec::Fifo, 10), &s).unwrap();
+        let keys = put(&t, &[1, 2, 3, 4], &[5.0, 1.0, 9.0, 2.0]);
+        let c = t.ranked(3);
+        let priority_of = |v: i64| [5.0, 1.0, 9.0, 2.0][v as usize - 1];
+        assert_eq!(c.iter().map(|c| c.priority).collect::<Vec<_>>(), want.iter().map(|&v| priority_of(v)).collect::<Vec<_>>(), "{spec:?}");
+        t.delete(&keys[..1]);
+        let picks: Vec<(u32, u64)> = c.iter().map(|c| (c.slot, c.seq)).collect();
+        let (_, filled) = t.draw_ranked(&picks, 4);
+        assert_eq!(filled, c.iter().map(|c| c.seq != 0).collect::<Vec<_>>(), "{spec:?}");
+    }
+    let t = Table::new(config("u", SelectorSpec::Uniform, SelectorSpec::Fifo, 10), &s).unwrap();
+    put(&t, &[1], &[1.0]);
+    assert!(t.ranked(3).is_empty());
+}
+
+#[test]
+fn local_keys_come_back_from_global_keys_until_the_item_leaves() {
+    let s = store(64);
+    let t = Table::new(config("t", SelectorSpec::Uniform, SelectorSpec::Fifo, 10), &s).unwrap();
+    let keys = put(&t, &[1, 2], &[1.0; 2]);
+    let (shard, generation, slot) = crate::cluster::split_key(crate::cluster::global_key(3, keys[1]));
+    assert_eq!(shard, 3);
+    assert_eq!(t.local_key(slot, generation), Some(keys[1]));
+    t.delete(&keys[1..]);
+    assert_eq!(t.local_key(slot, generation), None);
+    put(&t, &[3], &[1.0]); // reuses the slot with a new generation
+    assert_eq!(t.local_key(slot, generation), None);
+}
