@@ -3,6 +3,8 @@
     reprise demo offline                   # CartPole-v1, a few minutes on a CPU; close to 500
     reprise demo offline --smoke           # well under a minute; shows learning
     reprise demo offline --dataset D       # an existing dataset file or checkpoint instead
+    reprise demo offline --nproc 2         # cluster mode: 2 ranks, a sharded table, DDP
+    torchrun --nproc-per-node 2 -m reprise.examples.offline   # the same under torchrun
     python -m reprise.examples.offline --help
 
 What it does:
@@ -24,6 +26,10 @@ What it does:
 4. **Evaluation.** Online in CartPole-v1, conditioned on ``--target-return`` (500): the
    mean return over ``--eval-episodes``, beside a uniformly random policy (~22) and the
    dataset's mean return. ``summary.json`` and ``offline.png`` go into ``--out``.
+
+With ``--nproc N`` (or under ``torchrun``) the same model trains on N ranks with
+DistributedDataParallel, its windows drawn from an ``rp.distributed.ShardedTable``
+with one shard per rank: ``offline_cluster.py``. Everything else is shared.
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ import reprise as rp
 
 ENV = "CartPole-v1"
 FIELDS = ("observations", "actions", "rewards", "returns_to_go", "timesteps")
+TRAIN_FIELDS = ("observations", "actions", "returns_to_go", "timesteps")  # what a training batch reads
+PROBE = 2048  # windows drawn once for the state normalisation
 RTG_SCALE = 100.0  # returns-to-go are fed to the model divided by this
 
 
@@ -65,6 +73,7 @@ class Config:
     seed: int = 0
     out: str | None = None
     smoke: bool = False
+    nproc: int = 1                   # ranks (cluster mode when > 1, or under torchrun)
 
 
 SMOKE = {"episodes": 40, "steps": 300, "batch_size": 32, "context": 10, "eval_episodes": 5}
@@ -139,11 +148,16 @@ def make_model(state_dim: int, num_actions: int, max_timestep: int, cfg: Config)
     return DecisionTransformer()
 
 
+def is_checkpoint(path: Path) -> bool:
+    """Whether ``path`` is a checkpoint directory (or holds checkpoints)."""
+    return path.is_dir() and ((path / "MANIFEST.json").exists() or bool(rp.checkpoint.checkpoints(path)))
+
+
 def open_dataset(cfg: Config, out: Path):
     """``(windows table, stats, closer)``: the generated dataset or ``--dataset``
     imported with ``window=K``, or the tables of a checkpoint."""
     path = Path(cfg.dataset) if cfg.dataset else None
-    if path is not None and path.is_dir() and ((path / "MANIFEST.json").exists() or rp.checkpoint.checkpoints(path)):
+    if path is not None and is_checkpoint(path):
         tables = rp.checkpoint.load(path)
         if "windows" not in tables:
             raise rp.errors.InvalidArgument(f"{path}: the checkpoint has no 'windows' table; "
@@ -245,7 +259,9 @@ def plot(path: Path, losses: list, summary: dict):
               label=f"mean of {w}")
     left.set_xlabel("training step")
     left.set_ylabel("action cross-entropy")
-    left.set_title(f"training on [{summary['config']['batch_size']}, {summary['config']['context']}] windows")
+    ranks = summary["config"].get("nproc", 1)
+    left.set_title(f"training on [{summary['config']['batch_size']}, {summary['config']['context']}] windows"
+                   + (f" on each of {ranks} ranks" if ranks > 1 else ""))
     left.legend(fontsize=8)
     bars = {"random policy": summary["random_policy"]["mean_return"],
             "dataset (mean)": summary["dataset"].get("return_mean", float("nan")),
@@ -263,15 +279,112 @@ def plot(path: Path, losses: list, summary: dict):
     plt.close(fig)
 
 
-def run(cfg: Config) -> dict:
-    """Runs the demo; returns the summary (also written to ``<out>/summary.json``)."""
+def to_torch(sample, torch, dev):
+    """``(data, lengths)``: a sample's training fields and lengths as tensors on ``dev``."""
+    data = {k: (torch.from_numpy(v) if isinstance(v, np.ndarray) else v).to(dev)
+            for k, v in sample.data.items() if k in TRAIN_FIELDS}
+    return data, torch.from_numpy(sample.lengths).to(dev)
+
+
+def valid_states(data, lengths, torch, dev):
+    """``(states, top)``: the states of a batch's steps inside its items (not the
+    padding) and its largest timestep."""
+    valid = torch.arange(data["observations"].shape[1], device=dev)[None] < lengths[:, None]
+    return data["observations"][valid].float(), int(data["timesteps"].max())
+
+
+def normalisation(states, top: int, cfg: Config):
+    """``(state_mean, state_std, max_timestep)`` from a probe's valid states and largest timestep."""
+    return states.mean(0), states.std(0) + 1e-6, max(500, top + cfg.context)
+
+
+def train(cfg: Config, model, next_batch, state_mean, state_std, torch, dev, show: bool = True,
+          unit: str = "samples/s"):
+    """``cfg.steps`` steps of AdamW (linear warm-up over the first 10%, gradients
+    clipped to norm 1) on ``next_batch() -> (data, lengths)``, the loss masked past
+    each item's length. Returns ``(losses, seconds, seconds inside next_batch)``.
+    ``show``: the progress bar or lines (one rank of several shows them)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=1e-4)
+    warmup = max(1, cfg.steps // 10)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / warmup))
+    from tqdm import tqdm
+    interactive = show and sys.stderr.isatty()
+    bar = tqdm(range(cfg.steps), desc="train", disable=not interactive, dynamic_ncols=True)
+    losses, t0, waited = [], time.time(), 0.0
+    for step in bar:
+        t = time.time()
+        data, lengths = next_batch()
+        waited += time.time() - t
+        k = data["actions"].shape[1]
+        logits = model(data["returns_to_go"].float() / RTG_SCALE,
+                       (data["observations"].float() - state_mean) / state_std,
+                       data["actions"].long(), data["timesteps"].long())
+        mask = torch.arange(k, device=dev)[None] < lengths[:, None]
+        loss = torch.nn.functional.cross_entropy(logits[mask], data["actions"].long()[mask])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        rate = (step + 1) * cfg.batch_size / max(time.time() - t0, 1e-9)
+        bar.set_postfix(loss=f"{losses[-1]:.3f}", samples_s=f"{rate:,.0f}")
+        if show and not interactive and ((step + 1) % max(1, cfg.steps // 5) == 0 or step + 1 == cfg.steps):
+            print(f"step {step + 1}/{cfg.steps}  loss {np.mean(losses[-20:]):.4f}  {rate:,.0f} {unit}", flush=True)
+    bar.close()
+    return losses, time.time() - t0, waited
+
+
+def finish(cfg: Config, dev, out: Path, stats: dict, model, state_mean, state_std, max_timestep, losses: list,
+           times: dict, started: float, train_extra: dict | None = None, extra: dict | None = None,
+           where: str | None = None) -> dict:
+    """Evaluates ``model`` (and a random policy), writes ``summary.json`` and
+    ``offline.png`` into ``out``, prints the result; returns the summary.
+    ``times`` holds ``train_s``; ``train_extra`` and ``extra`` go into the
+    summary's ``train`` and top level."""
+    import torch
+    t1 = time.time()
+    eval_returns = evaluate(model, torch, dev, cfg, cfg.eval_episodes, state_mean, state_std,
+                            max_timestep, seed=cfg.seed + 10_000)
+    times["eval_s"] = time.time() - t1
+    baseline = random_returns(cfg.random_episodes, seed=cfg.seed + 20_000)
+    times["total_s"] = time.time() - started
+    samples = cfg.steps * cfg.batch_size * cfg.nproc
+    summary = {
+        "config": dataclasses.asdict(cfg),
+        "device": str(dev),
+        "dataset": stats,
+        "train": {"steps": cfg.steps, "samples": samples,
+                  "first_loss": float(np.mean(losses[:20])), "final_loss": float(np.mean(losses[-20:])),
+                  "samples_per_s": samples / max(times["train_s"], 1e-9), **(train_extra or {})},
+        "eval": {"target_return": cfg.target_return, "returns": eval_returns,
+                 "mean_return": float(np.mean(eval_returns)), "std_return": float(np.std(eval_returns))},
+        "random_policy": {"returns": baseline, "mean_return": float(np.mean(baseline))},
+        **(extra or {}),
+        "times": times,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    plot(out / "offline.png", losses, summary)
+    print(f"Decision Transformer, target return {cfg.target_return:g}: mean return "
+          f"{summary['eval']['mean_return']:.1f} over {len(eval_returns)} episodes "
+          f"(dataset mean {stats.get('return_mean', float('nan')):.1f}, random policy "
+          f"{summary['random_policy']['mean_return']:.1f}); loss {summary['train']['first_loss']:.3f} -> "
+          f"{summary['train']['final_loss']:.3f} in {cfg.steps} steps on {where or dev}; {times['total_s']:.0f} s")
+    print(f"wrote {out / 'summary.json'} and {out / 'offline.png'}", flush=True)
+    return summary
+
+
+def run(cfg: Config) -> dict | None:
+    """Runs the demo; returns the summary (also written to ``<out>/summary.json``).
+    With ``cfg.nproc > 1`` or under torchrun, runs it on several ranks
+    (``offline_cluster.run``; None on ranks other than 0 under torchrun)."""
+    from . import offline_cluster
+    if cfg.nproc > 1 or offline_cluster.under_torchrun():
+        return offline_cluster.run(cfg)
     import torch
     started = time.time()
-    dev = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise rp.errors.InvalidArgument(f"--device {cfg.device}: CUDA is not available here")
-    out = Path(cfg.out or f"reprise-offline-{time.strftime('%Y%m%d-%H%M%S')}")
-    out.mkdir(parents=True, exist_ok=True)
+    dev = device_of(cfg, torch)
+    out = out_dir(cfg)
     threads = torch.get_num_threads()
     if dev.type == "cpu":
         # Half the cores at most: a small model gains little from more threads, and
@@ -283,6 +396,22 @@ def run(cfg: Config) -> dict:
         torch.set_num_threads(threads)
 
 
+def device_of(cfg: Config, torch, index: int | None = None):
+    """``--device``, else cuda when available (``cuda:index`` when given), else cpu."""
+    dev = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise rp.errors.InvalidArgument(f"--device {cfg.device}: CUDA is not available here")
+    if dev.type == "cuda" and index is not None and dev.index is None:
+        dev = torch.device("cuda", index % torch.cuda.device_count())
+    return dev
+
+
+def out_dir(cfg: Config) -> Path:
+    out = Path(cfg.out or f"reprise-offline-{time.strftime('%Y%m%d-%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
 def _run(cfg: Config, torch, dev, out: Path, started: float) -> dict:
     torch.manual_seed(cfg.seed)
     windows, stats, close = open_dataset(cfg, out)
@@ -292,75 +421,16 @@ def _run(cfg: Config, torch, dev, out: Path, started: float) -> dict:
         sample_device = None if dev.type == "cpu" else dev
 
         def batch(n):
-            s = windows.sample(n, fields=["observations", "actions", "returns_to_go", "timesteps"],
-                               device=sample_device)
-            data = {k: (torch.from_numpy(v) if isinstance(v, np.ndarray) else v).to(dev) for k, v in s.data.items()}
-            lengths = torch.from_numpy(s.lengths).to(dev)
-            return data, lengths
+            return to_torch(windows.sample(n, fields=list(TRAIN_FIELDS), device=sample_device), torch, dev)
 
         # State normalisation and the timestep range, from a large draw.
-        probe, lengths = batch(2048)
-        valid = torch.arange(probe["observations"].shape[1], device=dev)[None] < lengths[:, None]
-        states = probe["observations"][valid].float()
-        state_mean, state_std = states.mean(0), states.std(0) + 1e-6
-        max_timestep = max(500, int(probe["timesteps"].max()) + cfg.context)
+        state_mean, state_std, max_timestep = normalisation(*valid_states(*batch(PROBE), torch, dev), cfg)
         model = make_model(4, 2, max_timestep, cfg).to(dev)
-        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=1e-4)
-        warmup = max(1, cfg.steps // 10)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / warmup))
-        from tqdm import tqdm
-        interactive = sys.stderr.isatty()
-        bar = tqdm(range(cfg.steps), desc="train", disable=not interactive, dynamic_ncols=True)
-        losses, t0 = [], time.time()
-        for step in bar:
-            data, lengths = batch(cfg.batch_size)
-            t = data["actions"].shape[1]
-            logits = model(data["returns_to_go"].float() / RTG_SCALE,
-                           (data["observations"].float() - state_mean) / state_std,
-                           data["actions"].long(), data["timesteps"].long())
-            mask = torch.arange(t, device=dev)[None] < lengths[:, None]
-            loss = torch.nn.functional.cross_entropy(logits[mask], data["actions"].long()[mask])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            losses.append(loss.item())
-            rate = (step + 1) * cfg.batch_size / max(time.time() - t0, 1e-9)
-            bar.set_postfix(loss=f"{losses[-1]:.3f}", samples_s=f"{rate:,.0f}")
-            if not interactive and ((step + 1) % max(1, cfg.steps // 5) == 0 or step + 1 == cfg.steps):
-                print(f"step {step + 1}/{cfg.steps}  loss {np.mean(losses[-20:]):.4f}  {rate:,.0f} samples/s")
-        bar.close()
-        times["train_s"] = time.time() - t0
-        t1 = time.time()
-        eval_returns = evaluate(model, torch, dev, cfg, cfg.eval_episodes, state_mean, state_std, max_timestep,
-                                seed=cfg.seed + 10_000)
-        times["eval_s"] = time.time() - t1
-        baseline = random_returns(cfg.random_episodes, seed=cfg.seed + 20_000)
+        losses, times["train_s"], _ = train(cfg, model, lambda: batch(cfg.batch_size), state_mean, state_std,
+                                            torch, dev)
+        return finish(cfg, dev, out, stats, model, state_mean, state_std, max_timestep, losses, times, started)
     finally:
         close()
-    times["total_s"] = time.time() - started
-    summary = {
-        "config": dataclasses.asdict(cfg),
-        "device": str(dev),
-        "dataset": stats,
-        "train": {"steps": cfg.steps, "samples": cfg.steps * cfg.batch_size,
-                  "first_loss": float(np.mean(losses[:20])), "final_loss": float(np.mean(losses[-20:])),
-                  "samples_per_s": cfg.steps * cfg.batch_size / max(times["train_s"], 1e-9)},
-        "eval": {"target_return": cfg.target_return, "returns": eval_returns,
-                 "mean_return": float(np.mean(eval_returns)), "std_return": float(np.std(eval_returns))},
-        "random_policy": {"returns": baseline, "mean_return": float(np.mean(baseline))},
-        "times": times,
-    }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    plot(out / "offline.png", losses, summary)
-    print(f"Decision Transformer, target return {cfg.target_return:g}: mean return "
-          f"{summary['eval']['mean_return']:.1f} over {len(eval_returns)} episodes "
-          f"(dataset mean {stats.get('return_mean', float('nan')):.1f}, random policy "
-          f"{summary['random_policy']['mean_return']:.1f}); loss {summary['train']['first_loss']:.3f} -> "
-          f"{summary['train']['final_loss']:.3f} in {cfg.steps} steps on {dev}; {times['total_s']:.0f} s")
-    print(f"wrote {out / 'summary.json'} and {out / 'offline.png'}")
-    return summary
 
 
 def parse_args(argv) -> Config:
@@ -380,13 +450,16 @@ def parse_args(argv) -> Config:
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--out", default=None, help="output directory (default: ./reprise-offline-<time>)")
     p.add_argument("--smoke", action="store_true", help="a small dataset and a short run (CI)")
+    p.add_argument("--nproc", type=int, default=d.nproc,
+                   help="ranks: > 1 trains with DDP on a sharded table (one shard per rank), each rank on "
+                        "--batch-size windows of a global draw of N x --batch-size (ignored under torchrun)")
     a = p.parse_args(argv)
     values = {f.name: getattr(a, f.name) for f in dataclasses.fields(Config) if hasattr(a, f.name)}
     if a.smoke:
         for k, v in SMOKE.items():
             if values[k] == getattr(d, k):   # explicit options win over the smoke defaults
                 values[k] = v
-    for name in ("episodes", "steps", "batch_size", "context", "eval_episodes"):
+    for name in ("episodes", "steps", "batch_size", "context", "eval_episodes", "nproc"):
         if values[name] < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {values[name]}")
     return Config(**values)
@@ -398,11 +471,15 @@ def main(argv=None) -> int:
     if missing:
         print(f"reprise demo offline: needs {', '.join(missing)}: pip install 'reprise[demo]'", file=sys.stderr)
         return 2
+    from .offline_cluster import RankFailed
     try:
         run(cfg)
     except rp.errors.RepriseError as e:
         print(f"reprise demo offline: {e}", file=sys.stderr)
         return 2
+    except RankFailed as e:
+        print(f"reprise demo offline: {e}", file=sys.stderr)
+        return 1
     return 0
 
 
