@@ -346,3 +346,19 @@ def test_topologies_pick_the_first_stage():
         consumers((2, 3), 4)
     with pytest.raises(rp.errors.InvalidArgument, match="topology must be None"):
         consumers("pp2", 4)
+
+
+def _two_hosts_body(rank, world):
+    t = rp.distributed.ShardedTable("hh", SIG, capacity_per_shard=256, shards="host", seed=0, timeout=20)
+    assert t.num_shards == 2
+    with t.writer() as w:  # the non-owner's writes go to its host's shard; then straight into sample
+        for i in range(5):
+            w.append({"x": np.int64(rank * 100 + i), "v": np.zeros(3, np.float32)})
+            w.create_item(t.name, 1, 1.0)
+    s = t.sample(8)
+    return len(s), t.info()["size"]
+
+
+def test_two_emulated_hosts_with_writes_right_before_sample():
+    out = run_ranks(4, _two_hosts_body, env=lambda r: {"REPRISE_HOST_ID": f"h{r // 2}"})
+    assert out == [(2, 20)] * 4

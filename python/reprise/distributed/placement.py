@@ -69,7 +69,8 @@ def load_dataset(table, episodes, priority: float = 1.0, window: int | None = No
     """Spreads ``episodes`` (a sequence of ``{field: array[T, ...]}``, the same on
     every rank) over the shards so each host's share matches its consumers' share;
     each owner inserts its episodes (whole, or every ``window``-step window when
-    given). Returns the items this rank inserted. Not a collective, but every
+    given; an episode shorter than ``window`` is one item of its length). Returns
+    the items this rank inserted. Not a collective, but every
     owner must call it with the same episodes."""
     shares = consumer_shares(table)
     if shares.sum() <= 0:
@@ -89,9 +90,7 @@ def load_dataset(table, episodes, priority: float = 1.0, window: int | None = No
     for i in np.nonzero(owner_of == table.shard)[0]:
         ep = episodes[int(i)]
         T = len(next(iter(ep.values())))
-        w = T if window is None else window
-        if T < w:
-            continue
+        w = T if window is None or T < window else window  # a short episode: one item, as rp.datasets.load
         starts = range(0, T - w + 1)
         data = {k: np.stack([np.asarray(v)[s:s + w] for s in starts]) for k, v in ep.items()}
         table.insert(data, priority)

@@ -148,6 +148,7 @@ class ShardedTable:
                                     max_size=max_size_per_shard, rate_limiter=rate_limiter,
                                     max_times_sampled=self._max_times, seed=seed)
         self._local_address = None
+        self._shared_host = shards == "host" and len(self._owner) < g.size
         if shards == "host":
             address = None
             if self.shard is not None and (hosts == hosts[g.rank]).sum() > 1:
@@ -244,6 +245,11 @@ class ShardedTable:
 
     def _begin(self, op: int, arg: int, err: Exception | None, freeze: bool = False, expired: bool = False):
         """The header gather every collective starts with; returns the headers."""
+        if freeze and self._shared_host:
+            # A rank that writes into another rank's shard (shards="host") must be
+            # out of its write before that shard freezes: wait until every rank
+            # has entered the call (the same extra gather on every rank).
+            self._g.barrier(f"{OPS[op]} step {self._step}: entering")
         if freeze and self._table is not None and err is None:
             self._table._native.freeze()
         try:
