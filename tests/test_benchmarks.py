@@ -26,10 +26,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT_S = 180  # per driver; a quick run takes 10-50 s on 2 busy cores
 
 
-def run_module(module: str, *args: str) -> subprocess.CompletedProcess:
+def run_module(module: str, *args: str, timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess:
     """``python -m module args`` from the repository root; asserts it exits 0."""
     r = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True,
-                       text=True, timeout=TIMEOUT_S)
+                       text=True, timeout=timeout)
     assert r.returncode == 0, (f"{module} exited {r.returncode}\n--- stdout\n{r.stdout[-3000:]}"
                                f"\n--- stderr\n{r.stderr[-6000:]}")
     return r
@@ -179,6 +179,31 @@ def test_gpu_quick_runs_every_section(tmp_path):
     assert "| workload | reprise | peer (TorchRL) |" in r.stdout
 
 
+def test_cluster_quick_measures_sample_against_bare_collectives(tmp_path):
+    pytest.importorskip("torch.distributed")
+    # ~15 s on 2 idle cores (2 spawned gloo ranks); the timeout leaves room for a busy machine
+    r = run_module("benchmarks.cluster.compare", "--quick", "--out-dir", str(tmp_path), timeout=120)
+    report = report_in(tmp_path, "cluster")
+    assert not errors_in(report["systems"]), errors_in(report["systems"])
+    res = report["systems"]["world2"]["results"]
+    assert set(res["bandwidth"]) == {"iid/b256", "iid/b1024", "iid/b256/no-crc", "iid/b1024/no-crc",
+                                     "local-hosts/b1024"}
+    for key, e in res["bandwidth"].items():
+        assert e["sample_gb_per_s"] > 0 and e["bare_gb_per_s_same_payload"] > 0 and e["ratio"] > 0, (key, e)
+        assert e["steps"] == 12 and e["exchange_bytes_per_step"] >= e["payload_bytes_per_step"], (key, e)
+    # iid on one host: about half the rows cross ranks; local with a host per rank: few
+    assert 300 < res["bandwidth"]["iid/b1024"]["remote_rows_per_step"]["mean"] < 724
+    assert res["bandwidth"]["local-hosts/b1024"]["remote_rows_per_step"]["mean"] < 100
+    lat = res["latency"]
+    assert lat["sample_us"]["p50"] > 0 and lat["gather64_us"]["p50"] > 0 and lat["ratio_vs_gather64"] > 0
+    control = res["control"]
+    assert control["constant"] and control["sent_bytes_per_rank"] == 128, control
+    assert control["gathered_bytes_per_rank"] == 256 and set(control["batches"]) == {2, 256, 1024}
+    assert "## 1. Collected bytes/s" in r.stdout and "| 2 | iid | 1024 |" in r.stdout
+    assert "128 B sent and 256 B gathered per rank per call" in r.stdout
+    assert "predictions, not measurements" in r.stdout
+
+
 # --- the full runs' sizes --------------------------------------------------------------------
 @pytest.fixture
 def benchmarks_importable(monkeypatch):
@@ -186,6 +211,7 @@ def benchmarks_importable(monkeypatch):
 
 
 def test_full_run_sizes_are_the_ones_results_md_was_measured_with(benchmarks_importable):
+    from benchmarks.cluster.compare import FULL as cluster
     from benchmarks.core.workloads import make_config as core_config
     from benchmarks.remote.workloads import make_config as remote_config
     from benchmarks.remote.workloads import table_specs
@@ -210,6 +236,10 @@ def test_full_run_sizes_are_the_ones_results_md_was_measured_with(benchmarks_imp
     assert [(s["name"], s["items"], s["batch"]) for s in table_specs(remote)] == [
         ("insert_4KB", 16_384, 256), ("insert_400KB", 1_024, 16),
         ("sample_4KB", 16_384, 256), ("sample_400KB", 1_024, 16)]
+    assert (cluster["worlds"], cluster["items_per_shard"], cluster["batches"], cluster["row_floats"]) \
+        == ([1, 2, 4], 4096, [256, 1024], 1024)
+    assert (cluster["warmup_steps"], cluster["rounds"], cluster["steps_per_round"],
+            cluster["tiny_items"], cluster["tiny_steps_per_round"]) == (20, 5, 40, 1024, 60)
 
 
 # --- the package's layout ----------------------------------------------------------------------
