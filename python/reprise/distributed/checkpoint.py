@@ -37,7 +37,7 @@ def save(table, path) -> str:
         os.makedirs(shard_root, mode=0o700, exist_ok=True)
         made = single.save(shard_root, [table._table])
         mine = {"shard": table.shard, "dir": os.path.relpath(made, root), "manifest_crc": _manifest_crc(made),
-                "boundaries": list(table._boundaries)}
+                "boundaries": [list(b) for b in table._boundaries]}
     shards = sorted((s for s in g.all_gather_object(mine, "save: gathering shard checkpoints") if s), key=lambda s: s["shard"])
     if g.rank == 0:
         manifest = {"format": FORMAT, "version": VERSION, "name": table.name, "step": table.step,
@@ -110,5 +110,5 @@ def restore(cls, path, group, topology, assignment, timeout, data_backend, verif
                 _restore=_Lazy(), _expect_shards=m["num_shards"])
     table._step = int(m["step"])
     if table.shard is not None:
-        table._boundaries = list(by_shard[table.shard]["boundaries"])
+        table._boundaries = [tuple(b) for b in by_shard[table.shard]["boundaries"]]
     return table

@@ -108,7 +108,10 @@ class ShardedTable:
         self._verify = bool(verify_rows)
         self._table_id = C.table_id(name)
         self._step = 0
-        self._boundaries: list[int] = []  # per step: the owner's next_seq in its summary
+        # Where the owner's next_seq (in its step summary) rose: (next_seq, step) at
+        # each rise, so an item's visible step is the step of the first rise above
+        # its seq. Steps without inserts add nothing.
+        self._boundaries: list[tuple[int, int]] = []
 
         g = self._g = Group(group, float(timeout), what)
         config = (name, [(k, tuple(f.shape), f.dtype) for k, f in signature.items()], int(capacity_per_shard),
@@ -347,7 +350,7 @@ class ShardedTable:
         mine = None
         if self._table is not None:
             slots, seqs, prios, times = self._table._native.ranked(k)
-            visible = np.searchsorted(np.array(self._boundaries, dtype=np.int64), seqs.astype(np.int64), side="right")
+            visible = self._visible_steps(seqs)
             n = len(slots)
             words[0] = n
             words[1:].reshape(5, k)[:, :n] = [slots, seqs.astype(np.int64), prios.view(np.int64), times, visible]
@@ -364,6 +367,13 @@ class ShardedTable:
             at = index[shard == self.shard].astype(np.int64)
             picks = (np.ascontiguousarray(mine[0][at]), np.ascontiguousarray(mine[1][at]))
         return shard, picks
+
+    def _visible_steps(self, seqs: np.ndarray) -> np.ndarray:
+        """The step from which each of ``seqs`` could be drawn."""
+        b = np.array(self._boundaries, dtype=np.int64).reshape(-1, 2)
+        at = np.searchsorted(b[:, 0], seqs.astype(np.int64), side="right")
+        steps = np.append(b[:, 1], self._step)
+        return steps[at]
 
     def _exchange(self, owners, plan, device):
         g = self._g
@@ -384,7 +394,9 @@ class ShardedTable:
                         plan["by_mass"], np.ascontiguousarray(plan["index"][here]),
                         np.ascontiguousarray(plan["mass"][here]), plan["divisor"], plan["table_size"],
                         int(owners[self.shard, W_SIZE]), float(_bits_f64(owners[self.shard:self.shard + 1, W_MASS])[0]))
-                self._boundaries.append(int(owners[self.shard, W_NEXT_SEQ]))
+                rise = int(owners[self.shard, W_NEXT_SEQ])
+                if not self._boundaries or rise > self._boundaries[-1][0]:
+                    self._boundaries.append((rise, self._step))
             self._thaw()
             for d in range(g.size):
                 if rows is None:
