@@ -8,7 +8,7 @@ the same ranks and the same gloo group.
 Run it from the repository root with the Python that has ``reprise`` and torch installed.
 World size 1 is a reference (no peer: the collectives are local, so the step is the table's
 own work); the goals are judged at 2 and more. Each world size is one job of spawned ranks
-(``ranks.py``: TCPStore on a free loopback port, gloo, ``OMP_NUM_THREADS=1``); every rank
+(``reprise.distributed.local_ranks``: TCPStore on a free loopback port, gloo, ``OMP_NUM_THREADS=1``); every rank
 runs ``measure.rank_main``:
 
 1. Collected bytes/s: ``sample(B)`` of rows of one float32[1024] field (4 KB; each shard
@@ -46,7 +46,7 @@ import numpy as np
 
 from benchmarks.cluster import model
 from benchmarks.cluster.measure import rank_main, variants
-from benchmarks.cluster.ranks import run_ranks
+from reprise.distributed.local_ranks import run_ranks
 from benchmarks.common.config import Config
 from benchmarks.common.driver import OUT, busy_lines, machine_lines, start_report, write_outputs
 
@@ -177,7 +177,7 @@ def run_world(world: int, cfg: Config, idle_wait: float = 0.0) -> dict:
     t0 = time.perf_counter()
     entry = {"loadavg_1m_before": round(load, 2)}
     try:
-        ranks = run_ranks(world, rank_main, cfg.as_dict(), deadline=cfg.deadline_s)
+        ranks = run_ranks(world, rank_main, cfg.as_dict(), deadline=cfg.deadline_s, timeout=60.0)
     except Exception as e:  # noqa: BLE001 - recorded, the other world sizes still run
         log(f"world size {world}: ERROR: {e}")
         entry.update(error=str(e)[-6000:], wall_s=round(time.perf_counter() - t0, 1))

@@ -1,5 +1,5 @@
 """The ranks' side of the cluster benchmark: what every rank runs, in the same order
-(every call below is a collective), inside one spawned gloo job (``ranks.py``).
+(every call below is a collective), inside one spawned gloo job (``reprise.distributed.local_ranks``).
 
 ``rank_main(rank, world, cfg)`` measures, on the same ranks and the same gloo group:
 
