@@ -362,3 +362,23 @@ def _two_hosts_body(rank, world):
 def test_two_emulated_hosts_with_writes_right_before_sample():
     out = run_ranks(4, _two_hosts_body, env=lambda r: {"REPRISE_HOST_ID": f"h{r // 2}"})
     assert out == [(2, 20)] * 4
+
+
+def test_a_row_damaged_in_transit_fails_its_crc_check(make_store):
+    from reprise.distributed import _rows
+    store = make_store(SIG, capacity=64, block_steps=4)
+    table = rp.Table("t", store)
+    table.insert(items_of(0, 1, 0, 3, 2), np.ones(3))
+    rows = table._native.sample_rows(3, None)
+    offsets, stride = _rows.layout(SIG, 2)
+    out = np.zeros(3 * stride, dtype=np.uint8)
+    rows.pack(out, stride, offsets, 1, np.arange(3, dtype=np.int64), np.ones(3, dtype=bool))
+    header, data = _rows.unpack(out.reshape(3, stride), SIG, 2, True, "t")
+    assert (data["x"][:, 0] // 10_000 == 1).all() and (header["shard"] == 1).all()
+    damaged = out.reshape(3, stride).copy()
+    damaged[1, offsets[1]] ^= 0xFF
+    before = damaged.copy()
+    with pytest.raises(rp.errors.Corrupt, match=r"from shard 1 \(slot \d+\) failed its CRC-32 check"):
+        _rows.unpack(damaged, SIG, 2, True, "t")
+    assert (damaged == before).all()
+    _rows.unpack(damaged, SIG, 2, False, "t")  # verify_rows=False reads it as it is

@@ -129,6 +129,23 @@ fn split_keys<'py>(py: Python<'py>, keys: PyReadonlyArray1<'py, u64>) -> PyResul
     ))
 }
 
+/// The first packed row (`stride` bytes each, as `SampleRows.pack` writes them)
+/// whose CRC-32 does not match its header, or -1. Unfilled rows (flags 0) are
+/// skipped.
+#[pyfunction]
+fn check_rows(py: Python<'_>, rows: PyReadonlyArray1<'_, u8>, stride: usize) -> PyResult<i64> {
+    use crate::rows::{CRC_AT, HEADER};
+    let bytes = slice(py, "rows", &rows)?;
+    if stride < HEADER || bytes.len() % stride != 0 {
+        return Err(invalid(py, format!("check_rows: {} bytes are not rows of {stride}", bytes.len())));
+    }
+    let word = |row: &[u8], at: usize| u32::from_le_bytes([row[at], row[at + 1], row[at + 2], row[at + 3]]);
+    let bad = py.detach(|| {
+        bytes.chunks_exact(stride).position(|row| word(row, CRC_AT + 4) == 1 && crc32fast::hash(&row[HEADER..]) != word(row, CRC_AT))
+    });
+    Ok(bad.map_or(-1, |i| i as i64))
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let c = PyModule::new(m.py(), "cluster")?;
     c.add_function(wrap_pyfunction!(plan, &c)?)?;
@@ -138,6 +155,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     c.add_function(wrap_pyfunction!(table_id, &c)?)?;
     c.add_function(wrap_pyfunction!(global_keys, &c)?)?;
     c.add_function(wrap_pyfunction!(split_keys, &c)?)?;
+    c.add_function(wrap_pyfunction!(check_rows, &c)?)?;
     c.add("MAX_SHARDS", cluster::MAX_SHARDS)?;
     m.add_submodule(&c)?;
     Ok(())

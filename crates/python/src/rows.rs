@@ -82,8 +82,9 @@ pub fn rows_error(py: Python<'_>, e: reprise_core::Error, signal: Option<PyErr>)
     err
 }
 
-/// Bytes of a packed row's header (see `pack`).
-const HEADER: usize = 48;
+/// Bytes of a packed row's header (see `pack`); its CRC-32 sits at `CRC_AT`.
+pub const HEADER: usize = 48;
+pub const CRC_AT: usize = 40;
 
 fn released(py: Python<'_>) -> PyErr {
     invalid(py, "this sample's rows were released".into())
@@ -221,14 +222,12 @@ impl PySampleRows {
                 let item = &c.items()[i];
                 let crc = crc32fast::hash(&row[HEADER..]);
                 let (_, _, slot) = reprise_core::cluster::split_key(item.key);
-                let mut h = Vec::with_capacity(HEADER);
-                h.extend_from_slice(&reprise_core::cluster::global_key(shard, item.key).to_le_bytes());
-                h.extend_from_slice(&item.probability.to_le_bytes());
-                h.extend_from_slice(&item.priority.to_le_bytes());
-                for v in [item.times_sampled, item.length, shard, slot, crc, 1] {
-                    h.extend_from_slice(&v.to_le_bytes());
+                row[0..8].copy_from_slice(&reprise_core::cluster::global_key(shard, item.key).to_le_bytes());
+                row[8..16].copy_from_slice(&item.probability.to_le_bytes());
+                row[16..24].copy_from_slice(&item.priority.to_le_bytes());
+                for (k, v) in [item.times_sampled, item.length, shard, slot, crc, 1].into_iter().enumerate() {
+                    row[24 + 4 * k..28 + 4 * k].copy_from_slice(&v.to_le_bytes());
                 }
-                row[..HEADER].copy_from_slice(&h);
             }
             Ok(())
         });
