@@ -274,14 +274,7 @@ impl PyTable {
         } else {
             index.as_slice().map_err(|_| invalid(py, "index must be contiguous".into()))?.iter().map(|&i| Target::Index(i)).collect()
         };
-        let summary = reprise_core::table::ShardSummary {
-            size: summary_size,
-            mass: summary_mass,
-            next_seq: 0,
-            num_inserts: 0,
-            num_samples: 0,
-            max_length: 0,
-        };
+        let summary = reprise_core::cluster::plan::ShardFigures { size: summary_size, mass: summary_mass };
         let (batch, filled) = py.detach(|| self.table.draw_planned(&targets, divisor, table_size, &summary));
         Ok((PySampleRows::new(HeldRows::InProcess(batch)), PyArray1::from_vec(py, filled)))
     }

@@ -484,11 +484,10 @@ class ShardedTable:
             if priorities is not None:
                 from .._convert import priorities as as_priorities
                 priorities = as_priorities(priorities, len(keys))
-                if self._table is not None or len(keys):
-                    bad = np.nonzero(~np.isfinite(priorities) | (priorities < 0))[0]
-                    if len(bad):
-                        raise InvalidArgument(f"{self._what}: priority {priorities[bad[0]]} of key "
-                                              f"{int(keys[bad[0]])} must be finite and >= 0")
+                bad = np.nonzero(~np.isfinite(priorities) | (priorities < 0))[0]
+                if len(bad):
+                    raise InvalidArgument(f"{self._what}: priority {priorities[bad[0]]} of key "
+                                          f"{int(keys[bad[0]])} must be finite and >= 0")
             if len(shard) and int(shard.max()) >= self.num_shards:
                 raise InvalidArgument(f"{self._what}: key {int(keys[np.argmax(shard)])} names shard "
                                       f"{int(shard.max())}, but there are {self.num_shards}")

@@ -9,7 +9,7 @@
 
 use super::{State, Table};
 use crate::cluster::merge::Candidate;
-use crate::cluster::plan::Target;
+use crate::cluster::plan::{ShardFigures, Target};
 use crate::cluster::GENERATION_BITS;
 use crate::sample::{SampleBatch, SampledItem};
 
@@ -65,12 +65,12 @@ impl Table {
     }
 
     /// Draws the items at `targets` (in order) for a planned global draw whose
-    /// probabilities divide by `divisor` over `table_size` items. `summary` is what
-    /// this shard reported for the step: when the shard changed since (items used
+    /// probabilities divide by `divisor` over `table_size` items. `summary` is the
+    /// size and mass this shard reported for the step: when the shard changed since (items used
     /// up by `max_times_sampled` within this batch), targets are scaled to what is
     /// left. Returns the batch and, per target, whether it was filled (false only
     /// when the shard ran out of items).
-    pub fn draw_planned(&self, targets: &[Target], divisor: f64, table_size: u64, summary: &ShardSummary) -> (SampleBatch, Vec<bool>) {
+    pub fn draw_planned(&self, targets: &[Target], divisor: f64, table_size: u64, summary: &ShardFigures) -> (SampleBatch, Vec<bool>) {
         let sh = &*self.shared;
         let mut batch = SampleBatch::new(sh.store.clone(), table_size);
         let mut filled = Vec::with_capacity(targets.len());

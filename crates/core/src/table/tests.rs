@@ -495,6 +495,10 @@ fn restore_refuses_inconsistent_snapshots() {
 
 // ---- a table as a cluster-mode shard (table/shard.rs)
 
+fn figures(s: &ShardSummary) -> crate::cluster::plan::ShardFigures {
+    crate::cluster::plan::ShardFigures { size: s.size, mass: s.mass }
+}
+
 #[test]
 fn a_frozen_table_holds_inserts_until_thawed() {
     let s = store(64);
@@ -521,13 +525,13 @@ fn planned_draws_resolve_targets_in_the_shard_and_count_as_samples() {
     put(&t, &[10, 20, 30], &[1.0, 0.0, 3.0]);
     let sum = t.shard_summary();
     assert_eq!(sum.mass, 4.0);
-    let (b, filled) = t.draw_planned(&[Target::Mass(0.5), Target::Mass(1.0), Target::Mass(3.99)], 8.0, 9, &sum);
+    let (b, filled) = t.draw_planned(&[Target::Mass(0.5), Target::Mass(1.0), Target::Mass(3.99)], 8.0, 9, &figures(&sum));
     assert_eq!(filled, vec![true; 3]);
     assert_eq!(values(&t, &b), vec![10, 30, 30]);
     assert_eq!(b.items.iter().map(|i| i.probability).collect::<Vec<_>>(), vec![1.0 / 8.0, 3.0 / 8.0, 3.0 / 8.0]);
     assert_eq!(b.table_size, 9);
     assert_eq!(t.info().num_samples, 3);
-    let (b, _) = t.draw_planned(&[Target::Index(1)], 9.0, 9, &sum);
+    let (b, _) = t.draw_planned(&[Target::Index(1)], 9.0, 9, &figures(&sum));
     assert_eq!(b.items[0].probability, 1.0 / 9.0);
 }
 
@@ -540,7 +544,7 @@ fn planned_draws_after_items_are_used_up_land_on_what_is_left() {
     let t = Table::new(c, &s).unwrap();
     put(&t, &[1, 2], &[1.0; 2]);
     let sum = t.shard_summary();
-    let (b, filled) = t.draw_planned(&[Target::Index(1), Target::Index(1), Target::Index(0)], 2.0, 2, &sum);
+    let (b, filled) = t.draw_planned(&[Target::Index(1), Target::Index(1), Target::Index(0)], 2.0, 2, &figures(&sum));
     assert_eq!(filled, vec![true, true, false]);
     let mut got = values(&t, &b);
     got.sort();
