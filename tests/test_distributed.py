@@ -78,7 +78,7 @@ def _exact_body(rank, world, samplers, seeds, steps, max_times, batch):
                     if ref is not None:
                         apply_reference_routing(ref, world)
                     results.append((sampler, seed, step, "routed", upd, dele))
-                s = t.sample(batch)
+                s = t.sample(batch // len(t.consumers))  # batch: the global draw
                 got = t._g.all_gather_object((s.keys.tolist(), s.probabilities.tolist(), s.table_size,
                                               s.data["x"][:, 0].tolist(), s.lengths.tolist()), "test gather")
                 if ref is not None:
@@ -166,7 +166,7 @@ def _topology_body(rank, world):
     t.insert(items_of(0, rank, 0, n, 3), np.ones(n))
     out = []
     for _ in range(3):
-        s = t.sample(8)
+        s = t.sample(4)
         if s is None:
             out.append(None)
             continue
@@ -188,15 +188,15 @@ def _limiter_body(rank, world):
                                     rate_limiter=rp.rate_limiters.SampleToInsertRatio(1.0, 1, 4.0))
     if rank == 0:
         t.insert(items_of(0, 0, 0, 4, 1), np.ones(4))
-    got = [len(t.sample(4)) if rank in t.consumers else None]
+    got = [len(t.sample(2)) if rank in t.consumers else None]
     try:
-        t.sample(4, timeout=0.5)  # 4 inserts, 4 samples: the ratio forbids more, on every rank
+        t.sample(2, timeout=0.5)  # 4 inserts, 4 samples: the ratio forbids more, on every rank
         got.append("sampled")
     except rp.errors.Timeout as e:
         got.append("timeout" if "rate limiter" in str(e) else str(e))
     if rank == 0:
         t.insert(items_of(0, 0, 1, 4, 1), np.ones(4))  # within the ratio: this insert does not block
-    got.append(len(t.sample(4, timeout=10)))
+    got.append(len(t.sample(2, timeout=10)))
     return got
 
 
@@ -236,17 +236,17 @@ def _killed_body(rank, world):
     import time
     t = rp.distributed.ShardedTable("k", SIG, capacity_per_shard=256, shards="rank", seed=0, timeout=5)
     t.insert(items_of(0, rank, 0, 2, 1), np.ones(2))
-    t.sample(2)
+    t.sample(1)
     if rank == 1:
         os.kill(os.getpid(), 9)
     start = time.monotonic()
     try:
-        t.sample(2)
+        t.sample(1)
         return "no error"
     except rp.errors.CollectiveError as e:
         late = None
         try:
-            t.sample(2)
+            t.sample(1)
         except rp.errors.CollectiveError as again:
             late = str(again)
         return "CollectiveError", time.monotonic() - start, late
@@ -264,14 +264,14 @@ def _checkpoint_body(rank, world, path, phase):
         t = make_table("Prioritized", 3, world)
         for step in range(3):
             t.insert(items_of(3, rank, step, 4 + rank, 2), np.arange(1, 5 + rank, dtype=float))
-            t.sample(6)
+            t.sample(3)
         t.save(path)
-        return [t.sample(6).keys.tolist() for _ in range(3)]
+        return [t.sample(3).keys.tolist() for _ in range(3)]
     try:
         t = rp.distributed.ShardedTable.restore(path, timeout=20)
     except rp.errors.InvalidArgument as e:
         return str(e)
-    return [t.sample(6).keys.tolist() for _ in range(3)]
+    return [t.sample(3).keys.tolist() for _ in range(3)]
 
 
 def test_restore_continues_with_the_same_batches_and_refuses_another_shard_count(tmp_path):
@@ -295,7 +295,7 @@ def _host_body(rank, world):
     w.flush() if hasattr(w, "flush") else None
     w.close()
     t._g.barrier("test: written")
-    s = t.sample(12)
+    s = t.sample(6)
     return sorted(set(int(x) for x in s.data["x"][:, 0]))
 
 
@@ -319,7 +319,7 @@ def _bytes_body(rank, world):
     for n, batch in ((10, 2), (2000, 64)):
         t.insert(items_of(0, rank, n, n, 1), np.ones(n))
         sent.clear()
-        t.sample(batch)
+        t.sample(batch // len(t.consumers))
         per_call.append(sum(sent))
     return per_call
 
@@ -355,7 +355,10 @@ def _two_hosts_body(rank, world):
         for i in range(5):
             w.append({"x": np.int64(rank * 100 + i), "v": np.zeros(3, np.float32)})
             w.create_item(t.name, 1, 1.0)
-    s = t.sample(8)
+    s = t.sample(2)
+    report = t.placement_report()  # for the last step's batch: 2 per consumer, 8 in all
+    assert report["global_batch_size"] == 8 and [h["consumer_share"] for h in report["hosts"]] == [0.5, 0.5]
+    assert abs(sum(h["mass_share"] for h in report["hosts"]) - 1.0) < 1e-12
     return len(s), t.info()["size"]
 
 

@@ -108,7 +108,7 @@ def _step(table, probe, batch):
     """One timed sample step: (seconds, sample, its collectives and parts)."""
     f0 = minor_faults()
     t0 = clock()
-    s = table.sample(batch)
+    s = table.sample(batch // len(table.consumers))  # batch: the global draw
     t = clock() - t0
     events = probe.take()
     events.append(("faults", minor_faults() - f0))

@@ -97,5 +97,14 @@ class Group:
             recv, send, output_split_sizes=list(map(int, recv_splits)),
             input_split_sizes=list(map(int, send_splits)), group=g))
 
+    def close(self):
+        """Destroys the control group (its gloo threads); later calls fail clearly."""
+        if self.broken is None:
+            self.broken = "the table was closed"
+        try:
+            self.dist.destroy_process_group(self.control)
+        except Exception:  # the job's group may already be gone
+            pass
+
     def barrier(self, doing: str):
         self.all_gather(np.zeros(1, dtype=np.int64), doing)

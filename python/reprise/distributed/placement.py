@@ -48,7 +48,7 @@ def report(table, owners: np.ndarray, batch: int) -> dict:
         remote_rows += crossing
         hosts.append({"host": name, "mass_share": share, "consumer_share": consumers_here / n_consumers,
                       "expected_rows_sent_away": crossing})
-    return {"batch_size": batch, "assignment": table._assignment, "row_bytes": stride, "hosts": hosts,
+    return {"global_batch_size": batch, "assignment": table._assignment, "row_bytes": stride, "hosts": hosts,
             "expected_remote_rows_per_step": remote_rows,
             "expected_remote_bytes_per_step": remote_rows * stride,
             "expected_remote_fraction": remote_rows / batch}

@@ -108,6 +108,7 @@ class ShardedTable:
         self._verify = bool(verify_rows)
         self._table_id = C.table_id(name)
         self._step = 0
+        self._last_batch: int | None = None  # per consumer, of the last sample step
         # Where the owner's next_seq (in its step summary) rose: (next_seq, step) at
         # each rise, so an item's visible step is the step of the first rise above
         # its seq. Steps without inserts add nothing.
@@ -270,9 +271,9 @@ class ShardedTable:
     # ------------------------------------------------------------------ sample
 
     def sample(self, batch_size: int, device=None, timeout: float | None = None) -> Sample | None:
-        """One global draw of ``batch_size`` items, split evenly over the
-        consumers: a collective. Consumers get a ``Sample`` of
-        ``batch_size / len(consumers)`` items (global ``probabilities`` and
+        """One global draw of ``batch_size`` items per consumer: a collective.
+        Consumers get a ``Sample`` of ``batch_size`` items of the draw of
+        ``batch_size * len(consumers)`` (global ``probabilities`` and
         ``table_size``, so importance weights are right), other ranks None.
         ``device="cuda"``: ``data`` holds tensors there. Waits (every rank together)
         while the rate limiter, on counters summed over the shards, forbids the
@@ -280,9 +281,6 @@ class ShardedTable:
         err = None
         try:
             batch_size = as_int("batch_size", batch_size, 1)
-            if batch_size % len(self._consumers):
-                raise InvalidArgument(f"{self._what}: batch_size {batch_size} does not split evenly over "
-                                      f"{len(self._consumers)} consumers; expected a multiple of {len(self._consumers)}")
             if timeout is not None and not (isinstance(timeout, (int, float)) and timeout >= 0):
                 raise InvalidArgument(f"{self._what}: timeout must be None or seconds >= 0, got {timeout!r}")
             if not is_host_device(device):
@@ -290,6 +288,7 @@ class ShardedTable:
                 device = resolve(device)
         except InvalidArgument as e:
             err, batch_size = e, -1
+        total = max(batch_size, 0) * len(self._consumers)  # the global draw
         deadline = None if timeout is None else time.monotonic() + float(timeout)
         poll = 0.001
         while True:
@@ -297,9 +296,9 @@ class ShardedTable:
             heads = self._begin(OP["sample"], batch_size, err, freeze=True, expired=expired)
             owners = heads[self._owner]
             plan = None
-            if self._gate(owners, batch_size):
+            if self._gate(owners, total):
                 try:
-                    plan = self._plan(owners, batch_size)
+                    plan = self._plan(owners, total)
                 except BaseException:
                     self._thaw()
                     raise
@@ -307,11 +306,12 @@ class ShardedTable:
                     break
             self._thaw()
             if heads[:, W_EXPIRED].any():
-                raise Timeout(f"{self._what}: the rate limiter (or max_times_sampled: too few draws left) did not allow a step of {batch_size} before the "
+                raise Timeout(f"{self._what}: the rate limiter (or max_times_sampled: too few draws left) did not allow a step of {total} before the "
                               f"timeout (global size {int(owners[:, W_SIZE].sum())}, "
                               f"min_size_to_sample {self._rate_limiter.min_size_to_sample})")
             time.sleep(poll)
             poll = min(2 * poll, POLL_MAX)
+        self._last_batch = batch_size
         return self._exchange(owners, plan, device)
 
     def _gate(self, owners: np.ndarray, batch: int) -> bool:
@@ -534,14 +534,19 @@ class ShardedTable:
                             **{k: i[k] for k in ("size", "num_inserts", "num_samples", "num_evictions")}}
                            for s, i in enumerate(infos)]}
 
-    def placement_report(self, batch_size: int) -> dict:
+    def placement_report(self, batch_size: int | None = None) -> dict:
         """Each host's share of the sampling mass against its consumers' share, and
-        the rows (and bytes) per step of ``batch_size`` expected to cross hosts under
-        this table's assignment. A collective."""
+        the rows (and bytes) per step expected to cross hosts under this table's
+        assignment, for steps of ``batch_size`` per consumer (default: the last
+        ``sample``'s). A collective."""
         from .placement import report
+        if batch_size is None:
+            if self._last_batch is None:
+                raise InvalidArgument(f"{self._what}: placement_report needs batch_size (no sample step yet)")
+            batch_size = self._last_batch
         batch_size = as_int("batch_size", batch_size, 1)
         heads = self._begin(OP["placement_report"], batch_size, None)
-        return report(self, heads[self._owner], batch_size)
+        return report(self, heads[self._owner], batch_size * len(self._consumers))
 
     # ------------------------------------------------------------ checkpoints
 
@@ -563,7 +568,9 @@ class ShardedTable:
         return restore(cls, path, group, topology, assignment, timeout, data_backend, verify_rows)
 
     def close(self):
-        """Stops this rank's same-host server and closes its shard's store."""
+        """Stops this rank's same-host server, closes its shard's store and its
+        private control group."""
+        self._g.close()
         if self._server is not None:
             self._server.stop()
             self._server = None

@@ -11,13 +11,12 @@ demo started by ``torchrun``.
 3. Every rank makes the same ``rp.distributed.ShardedTable`` (one shard per
    rank, Uniform sampler, the config's seed, the dataset's signature) and
    ``rp.distributed.load_dataset`` places the episodes over the shards, each
-   owner inserting every K-step window of its episodes. (Episodes shorter than
-   K have no such window and are left out; the single-process demo keeps them
-   whole.)
+   owner inserting every K-step window of its episodes (an episode shorter
+   than K as one item of its own length, as the single-process demo does).
 4. The Decision Transformer of ``offline.py`` trains under
    ``DistributedDataParallel``: each step every rank calls
-   ``table.sample(batch_size * N)``, one global draw, and trains on its own
-   ``batch_size`` windows; DDP averages the gradients.
+   ``table.sample(batch_size)``, one global draw of ``batch_size * N``, and
+   trains on its own ``batch_size`` windows; DDP averages the gradients.
 5. Rank 0 evaluates and writes ``summary.json`` and ``offline.png`` as the
    single-process demo does, with ``nproc``, each rank's throughput and the
    shards' sizes added.
@@ -210,7 +209,7 @@ def train_rank(cfg: demo.Config, payload: dict, launcher: str, local_rank: int) 
     signature = {name: rp.Field(shape, dtype) for name, (shape, dtype) in payload["signature"].items()}
     episodes = payload["episodes"]
     lengths = np.array([len(next(iter(e.values()))) for e in episodes], dtype=np.int64)
-    expected = int(np.maximum(lengths - k + 1, 0).sum())
+    expected = int(np.where(lengths >= k, lengths - k + 1, 1).sum())  # a short episode is one item
 
     table = rp.distributed.ShardedTable("windows", signature, capacity_per_shard=shard_capacity(lengths, k, world),
                                         sampler=rp.selectors.Uniform(), shards="rank", seed=cfg.seed,
@@ -220,7 +219,8 @@ def train_rank(cfg: demo.Config, payload: dict, launcher: str, local_rank: int) 
         info = table.info()
         if info["size"] != expected:
             raise RuntimeError(f"the sharded table holds {info['size']} windows after load_dataset, expected "
-                               f"{expected} (every {k}-step window of {int((lengths >= k).sum())} episodes)")
+                               f"{expected} (every {k}-step window, and each of the {int((lengths < k).sum())} shorter "
+                               f"episodes whole)")
         if rank == 0:
             sizes = ", ".join(f"{s['size']:,}" for s in info["shards"])
             print(f"cluster: {world} ranks ({launcher}, gloo), {table.num_shards} shards of K={k} windows "
@@ -229,7 +229,7 @@ def train_rank(cfg: demo.Config, payload: dict, launcher: str, local_rank: int) 
         sample_device = None if dev.type == "cpu" else dev
 
         def batch(per_rank: int):
-            return demo.to_torch(table.sample(per_rank * world, device=sample_device), torch, dev)
+            return demo.to_torch(table.sample(per_rank, device=sample_device), torch, dev)
 
         # The state normalisation from one global draw of about PROBE windows,
         # every rank's share gathered so that every rank normalises alike.
