@@ -19,6 +19,7 @@ checkpoint directory::
     name = "replay"
     capacity = 1_000_000
     block_steps = 64
+    directory = "/dev/shm"              # where the store's shared-memory file lives (the default)
     fields = { obs = { shape = [4], dtype = "float32" }, action = { dtype = "int64" } }
 
     [[tables]]
@@ -30,6 +31,10 @@ checkpoint directory::
     max_times_sampled = 0
     rate_limiter = { kind = "SampleToInsertRatio", samples_per_insert = 8.0, min_size_to_sample = 1000, error_buffer = 100.0 }
 
+Every key at every level is checked: a misspelled or unknown key, or a value of the wrong
+kind, stops ``reprise serve`` with exit code 2 and a message naming the key, its section and
+the closest valid key.
+
 On SIGTERM or SIGINT the server stops accepting calls, lets calls in progress finish
 (``--grace`` seconds), writes a checkpoint when ``checkpoint_on_exit`` is set, and exits 0.
 """
@@ -37,6 +42,8 @@ On SIGTERM or SIGINT the server stops accepting calls, lets calls in progress fi
 from __future__ import annotations
 
 import argparse
+import difflib
+import inspect
 import os
 import signal
 import sys
@@ -54,27 +61,88 @@ _SELECTORS = {"Fifo": selectors.Fifo, "Lifo": selectors.Lifo, "Uniform": selecto
               "TopK": selectors.TopK}
 _LIMITERS = {"MinSize": rate_limiters.MinSize, "SampleToInsertRatio": rate_limiters.SampleToInsertRatio,
              "Queue": rate_limiters.Queue, "Stack": rate_limiters.Stack, "RateLimiter": rate_limiters.RateLimiter}
-_TOP = {"address", "token", "token_file", "checkpoint_dir", "checkpoint_on_exit", "max_message_bytes",
-        "max_batch_items", "name", "tls", "stores", "tables", "metrics_address"}
+
+# What each section may hold: key -> the kind of value expected. Anything else is refused with
+# the closest valid key, so a misspelling never runs silently with a default.
+_TOP = {"address": "string", "token": "string", "token_file": "string", "checkpoint_dir": "string",
+        "checkpoint_on_exit": "boolean", "max_message_bytes": "integer", "max_batch_items": "integer",
+        "name": "string", "tls": "table", "stores": "array of tables", "tables": "array of tables",
+        "metrics_address": "string"}
+_TLS = {"cert": "string", "key": "string"}
+_STORE = {"name": "string", "capacity": "integer", "block_steps": "integer", "directory": "string",
+          "fields": "table"}
+_FIELD = {"shape": "array of integers", "dtype": "string"}
+_TABLE = {"name": "string", "store": "string", "sampler": "string or table", "remover": "string or table",
+          "rate_limiter": "string or table", "max_size": "integer", "max_times_sampled": "integer",
+          "seed": "integer", "evict_when_store_full": "boolean"}
+_ANNOTATION = {"int": "integer", "float": "number", "int | None": "integer", "float | None": "number"}
+
+
+def _is(value, kind: str) -> bool:
+    integer = isinstance(value, int) and not isinstance(value, bool)
+    return {"string": isinstance(value, str),
+            "integer": integer,
+            "number": integer or isinstance(value, float),
+            "boolean": isinstance(value, bool),
+            "table": isinstance(value, dict),
+            "array of tables": isinstance(value, list) and all(isinstance(v, dict) for v in value),
+            "array of integers": isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool)
+                                                                 for v in value),
+            "string or table": isinstance(value, (str, dict))}[kind]
+
+
+def _describe(value) -> str:
+    kind = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
+            dict: "a table"}.get(type(value), type(value).__name__)
+    return f"{kind} ({value!r})" if not isinstance(value, (dict, list)) else kind
+
+
+def _check(where: str, section: dict, schema: dict, what: str) -> None:
+    """Every key of ``section`` is in ``schema`` with a value of the kind it names."""
+    for key, value in section.items():
+        if key not in schema:
+            close = difflib.get_close_matches(key, list(schema), n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            valid = f"{what} keys are {', '.join(schema)}" if schema else f"{what} takes no keys"
+            raise InvalidArgument(f"{where}: unknown key {key!r}; {hint}{valid}")
+        if not _is(value, schema[key]):
+            raise InvalidArgument(f"{where}.{key}: expected {schema[key]}, got {_describe(value)}")
+
+
+def _parameters(cls) -> dict:
+    """A selector's or rate limiter's keyword arguments -> (kind, required), from its signature."""
+    target = cls.__new__ if "__new__" in vars(cls) else cls.__init__
+    params = list(inspect.signature(target).parameters.values())[1:]   # past cls / self
+    return {p.name: (_ANNOTATION.get(str(p.annotation), "number"), p.default is inspect.Parameter.empty)
+            for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
 
 
 def _kind(where: str, spec, known: dict):
-    """``"Name"`` or ``{kind = "Name", arg = ...}`` -> ``known[Name](**args)``."""
+    """``"Name"`` or ``{kind = "Name", arg = ...}`` -> ``known[Name](**args)``, every argument checked."""
     if isinstance(spec, str):
         spec = {"kind": spec}
     if not isinstance(spec, dict) or "kind" not in spec:
-        raise InvalidArgument(f"{where}: expected a name or a table with 'kind', got {spec!r}")
+        raise InvalidArgument(f"{where}: expected a name or a table with 'kind', got {_describe(spec)}")
     args = dict(spec)
     kind = args.pop("kind")
     if kind not in known:
-        raise InvalidArgument(f"{where}: unknown kind {kind!r}; expected one of {sorted(known)}")
+        close = difflib.get_close_matches(str(kind), list(known), n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise InvalidArgument(f"{where}: unknown kind {kind!r}; {hint}expected one of {', '.join(known)}")
+    params = _parameters(known[kind])
+    _check(where, args, {name: k for name, (k, _) in params.items()}, kind)
+    missing = [name for name, (_, required) in params.items() if required and name not in args]
+    if missing:
+        raise InvalidArgument(f"{where}: {kind} needs {', '.join(repr(m) for m in missing)} "
+                              f"({kind}'s keys are {', '.join(params)})")
     try:
         return known[kind](**args)
-    except TypeError as e:
+    except InvalidArgument as e:
         raise InvalidArgument(f"{where}: {kind}: {e}") from None
 
 
 def load_config(path: str) -> dict:
+    """The parsed TOML of ``path``, every key at every level checked (see ``check``)."""
     try:
         import tomllib
     except ImportError:  # Python 3.10
@@ -86,14 +154,35 @@ def load_config(path: str) -> dict:
         raise InvalidArgument(f"config {path!r}: cannot read it ({e.strerror})") from None
     except tomllib.TOMLDecodeError as e:
         raise InvalidArgument(f"config {path!r}: not valid TOML ({e})") from None
-    unknown = sorted(set(config) - _TOP)
-    if unknown:
-        raise InvalidArgument(f"config {path!r}: unknown keys {unknown}; expected some of {sorted(_TOP)}")
+    try:
+        check(config)
+    except InvalidArgument as e:
+        raise InvalidArgument(f"config {path!r}: {e}") from None
     return config
+
+
+def check(config: dict) -> None:
+    """Refuses unknown keys and values of the wrong kind at every level of a server config:
+    the top level, ``[tls]``, ``[[stores]]`` and their fields, ``[[tables]]``. Selector and
+    rate-limiter arguments are checked when they are built."""
+    _check("top level", config, _TOP, "top-level")
+    _check("tls", config.get("tls", {}), _TLS, "[tls]")
+    for i, s in enumerate(config.get("stores", [])):
+        where = f"stores[{i}]" + (f" ({s['name']!r})" if isinstance(s.get("name"), str) else "")
+        _check(where, s, _STORE, "[[stores]]")
+        for fname, f in s.get("fields", {}).items():
+            if not isinstance(f, dict):
+                raise InvalidArgument(f"{where}.fields.{fname}: expected a table {{shape = [...], dtype = \"...\"}}, "
+                                      f"got {_describe(f)}")
+            _check(f"{where}.fields.{fname}", f, _FIELD, "field")
+    for i, t in enumerate(config.get("tables", [])):
+        where = f"tables[{i}]" + (f" ({t['name']!r})" if isinstance(t.get("name"), str) else "")
+        _check(where, t, _TABLE, "[[tables]]")
 
 
 def build(config: dict, directory: str = ".") -> tuple[list[Store], list[Table]]:
     """The stores and tables a config describes (relative paths are from ``directory``)."""
+    check(config)
     stores: dict[str, Store] = {}
     tables: list[Table] = []
     try:
@@ -101,23 +190,25 @@ def build(config: dict, directory: str = ".") -> tuple[list[Store], list[Table]]
             where = f"stores[{i}]"
             name = s.get("name", f"store{i}")
             fields = s.get("fields")
-            if not isinstance(fields, dict) or not fields:
-                raise InvalidArgument(f"{where} ({name}): 'fields' must be a non-empty table of name = {{shape, dtype}}")
-            signature = {}
-            for fname, f in fields.items():
-                if not isinstance(f, dict):
-                    raise InvalidArgument(f"{where}.fields.{fname}: expected {{shape = [...], dtype = \"...\"}}, got {f!r}")
-                signature[fname] = Field(tuple(f.get("shape", ())), f.get("dtype", "float32"))
+            if not fields:
+                raise InvalidArgument(f"{where} ({name!r}): 'fields' must be a non-empty table of name = {{shape, dtype}}")
+            signature = {fname: Field(tuple(f.get("shape", ())), f.get("dtype", "float32"))
+                         for fname, f in fields.items()}
             if "capacity" not in s:
-                raise InvalidArgument(f"{where} ({name}): 'capacity' (steps) is required")
-            stores[name] = Store(signature, capacity=s["capacity"], block_steps=s.get("block_steps", 64))
+                raise InvalidArgument(f"{where} ({name!r}): 'capacity' (steps) is required")
+            store_dir = os.path.join(directory, s["directory"]) if "directory" in s else None
+            stores[name] = Store(signature, capacity=s["capacity"], block_steps=s.get("block_steps", 64),
+                                 directory=store_dir)
         if not config.get("tables"):
-            raise InvalidArgument("config: no [[tables]]; a server needs at least one table")
+            raise InvalidArgument("no [[tables]]; a server needs at least one table")
         for i, t in enumerate(config["tables"]):
             where = f"tables[{i}]"
             store = stores.get(t.get("store"))
             if store is None:
-                raise InvalidArgument(f"{where}: store {t.get('store')!r} is not one of the [[stores]] {sorted(stores)}")
+                close = difflib.get_close_matches(str(t.get("store")), list(stores), n=1, cutoff=0.6)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise InvalidArgument(f"{where}.store: {t.get('store')!r} is not one of the [[stores]] "
+                                      f"{sorted(stores)}{hint}")
             kwargs = {}
             if "sampler" in t:
                 kwargs["sampler"] = _kind(f"{where}.sampler", t["sampler"], _SELECTORS)

@@ -1,0 +1,115 @@
+"""`reprise serve --config`: every key at every level is checked. A misspelled key, an unknown
+kind or a value of the wrong type stops the server with exit code 2 and a message that names
+the key, its section and the closest valid key; nothing is started and no store is left behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import reprise as rp
+from reprise import server_config
+
+GOOD = """
+address = "127.0.0.1:0"
+
+[[stores]]
+name = "main"
+capacity = 256
+block_steps = 16
+fields = { obs = { shape = [3], dtype = "float32" }, action = { dtype = "int64" } }
+
+[[tables]]
+name = "replay"
+store = "main"
+sampler = { kind = "Prioritized", priority_exponent = 0.6 }
+remover = "Fifo"
+max_size = 100
+rate_limiter = { kind = "SampleToInsertRatio", samples_per_insert = 4.0, min_size_to_sample = 10, error_buffer = 40.0 }
+"""
+
+# (what the user wrote in place of a line of GOOD, what the message must say)
+MISTAKES = [
+    ("max_size = 100", "max_sise = 100",
+     "tables[0] ('replay'): unknown key 'max_sise'; did you mean 'max_size'? [[tables]] keys are name, store,"),
+    ('sampler = { kind = "Prioritized", priority_exponent = 0.6 }', 'samplr = "Uniform"',
+     "tables[0] ('replay'): unknown key 'samplr'; did you mean 'sampler'?"),
+    ("block_steps = 16", "blok_steps = 16",
+     "stores[0] ('main'): unknown key 'blok_steps'; did you mean 'block_steps'? [[stores]] keys are"),
+    ('fields = { obs = { shape = [3], dtype = "float32" }, action = { dtype = "int64" } }',
+     'fields = { obs = { shap = [3], dtype = "float32" }, action = { dtype = "int64" } }',
+     "stores[0] ('main').fields.obs: unknown key 'shap'; did you mean 'shape'? field keys are shape, dtype"),
+    ("error_buffer = 40.0", "eror_buffer = 40.0",
+     "tables[0].rate_limiter: unknown key 'eror_buffer'; did you mean 'error_buffer'? SampleToInsertRatio keys are "
+     "samples_per_insert, min_size_to_sample, error_buffer"),
+    ("samples_per_insert = 4.0, ", "",
+     "tables[0].rate_limiter: SampleToInsertRatio needs 'samples_per_insert'"),
+    ("priority_exponent = 0.6", "priority_exponant = 0.6",
+     "tables[0].sampler: unknown key 'priority_exponant'; did you mean 'priority_exponent'?"),
+    ('remover = "Fifo"', 'remover = { kind = "Fifo", size = 3 }',
+     "tables[0].remover: unknown key 'size'; Fifo takes no keys"),
+    ('remover = "Fifo"', 'remover = "Fifi"', "tables[0].remover: unknown kind 'Fifi'; did you mean 'Fifo'?"),
+    ("max_size = 100", 'max_size = "100"', "tables[0] ('replay').max_size: expected integer, got a string ('100')"),
+    ("max_size = 100", "max_size = true", "tables[0] ('replay').max_size: expected integer, got a boolean (True)"),
+    ("min_size_to_sample = 10", "min_size_to_sample = 10.5",
+     "tables[0].rate_limiter.min_size_to_sample: expected integer, got a number (10.5)"),
+    ("capacity = 256", 'capacity = "big"', "stores[0] ('main').capacity: expected integer, got a string ('big')"),
+    ('address = "127.0.0.1:0"', 'address = "127.0.0.1:0"\nadress = "x"',
+     "top level: unknown key 'adress'; did you mean 'address'? top-level keys are address, token,"),
+    ('address = "127.0.0.1:0"', 'address = "127.0.0.1:0"\ncheckpoint_on_exit = "yes"',
+     "top level.checkpoint_on_exit: expected boolean, got a string ('yes')"),
+    ('address = "127.0.0.1:0"', 'address = "127.0.0.1:0"\n[tls]\ncertificate = "a.pem"',
+     "tls: unknown key 'certificate'; [tls] keys are cert, key"),
+    ('store = "main"', 'store = "mian"', "tables[0].store: 'mian' is not one of the [[stores]] ['main']; did you mean 'main'?"),
+]
+
+
+def _write(tmp_path, text: str) -> str:
+    path = tmp_path / "reprise.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_the_good_config_builds_its_stores_and_tables(tmp_path):
+    config = server_config.load_config(_write(tmp_path, GOOD))
+    stores, tables = server_config.build(config)
+    try:
+        assert [t.name for t in tables] == ["replay"]
+        assert tables[0].info()["max_size"] == 100
+    finally:
+        for s in stores:
+            s.close()
+
+
+@pytest.mark.parametrize("old,new,message", MISTAKES, ids=[m[1][:30] or m[0][:30] for m in MISTAKES])
+def test_a_mistake_at_any_level_names_the_key_its_section_and_the_closest_valid_key(tmp_path, old, new, message):
+    assert old in GOOD
+    path = _write(tmp_path, GOOD.replace(old, new, 1))
+    before = set(os.listdir("/dev/shm"))
+    with pytest.raises(rp.errors.InvalidArgument) as e:
+        server_config.build(server_config.load_config(path))
+    assert message in str(e.value), str(e.value)
+    assert set(os.listdir("/dev/shm")) <= before          # no store was left behind
+
+
+def test_reprise_serve_exits_2_with_the_message_and_no_traceback(tmp_path):
+    path = _write(tmp_path, GOOD.replace("max_size = 100", "max_sise = 100"))
+    r = subprocess.run([sys.executable, "-m", "reprise.cli", "serve", "--config", path],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert "unknown key 'max_sise'; did you mean 'max_size'?" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_a_store_directory_is_taken_relative_to_the_config(tmp_path):
+    (tmp_path / "shm").mkdir()
+    text = GOOD.replace("block_steps = 16", 'block_steps = 16\ndirectory = "shm"')
+    stores, _ = server_config.build(server_config.load_config(_write(tmp_path, text)), str(tmp_path))
+    try:
+        assert os.listdir(tmp_path / "shm"), "the store's file is in the configured directory"
+    finally:
+        for s in stores:
+            s.close()
