@@ -4,6 +4,7 @@
     reprise demo offline [options]    import a generated dataset, train a Decision Transformer
     reprise import PATH --out DIR     load a D4RL/Minari/npz dataset into a store, save a checkpoint
     reprise serve --config FILE       serve tables over gRPC (stores, tables, address, token, TLS)
+    reprise doctor [--json]           versions, GPU, /dev/shm and runtime directory, for bug reports
 
 ``reprise <command> --help`` lists each command's options.
 """
@@ -34,11 +35,14 @@ def main(argv: list[str] | None = None) -> int:
     if command == "serve":
         from .server_config import main as serve_main
         return serve_main(rest)
+    if command == "doctor":
+        from .doctor import main as doctor_main
+        return doctor_main(rest)
     if command == "--version":
         from . import __version__
         print(__version__)
         return 0
-    print(f"reprise: unknown command {command!r}; expected one of demo, import, serve\n\n{_USAGE}", file=sys.stderr)
+    print(f"reprise: unknown command {command!r}; expected one of demo, import, serve, doctor\n\n{_USAGE}", file=sys.stderr)
     return 2
 
 

@@ -29,6 +29,33 @@ pub type Interrupt<'a> = Option<&'a (dyn Fn() -> bool + Sync)>;
 /// How often a waiting call checks its [`Interrupt`].
 pub const POLL: Duration = reprise_core::wait::Wait::POLL;
 
+/// What a client call that has waited past `reprise_core::wait::slow_wait` says,
+/// from the server's own figures (`infos`, asked for once): for a sample of `want`
+/// from `table`, what that table's rate limiter needs; for a flush (`table` None),
+/// each table whose rate limiter blocks inserts now.
+pub(crate) fn explain_wait(what: &str, server: &str, waited: Duration, infos: &[TableInfo], table: Option<&str>, want: u64) -> String {
+    use reprise_core::rate_limiter::RateLimiter;
+    let limiter = |info: &TableInfo| {
+        let mut r = RateLimiter::new(info.rate_limiter);
+        (r.inserts, r.samples) = (info.limiter_inserts, info.limiter_samples);
+        r
+    };
+    let head = format!("{what} has waited {:.1} s for the replay server at {server}", waited.as_secs_f64());
+    let reasons: Vec<String> = match table {
+        Some(t) => infos.iter().filter(|i| i.name == t).map(|i| format!("table '{t}': {}", limiter(i).explain(false, i.size, want))).collect(),
+        None => infos
+            .iter()
+            .filter(|i| !limiter(i).can_insert(1, i.size))
+            .map(|i| format!("table '{}': {}", i.name, limiter(i).explain(true, i.size, 1)))
+            .collect(),
+    };
+    if reasons.is_empty() {
+        format!("{head}; no table's rate limiter blocks it now (the server may be busy, or its store full)")
+    } else {
+        format!("{head}; {}", reasons.join("; "))
+    }
+}
+
 /// What a draw returns: the items drawn, and the error that stopped it before `n`
 /// (`Error::Timeout` or `Error::Interrupted`) when one did. A cut-short draw keeps
 /// what it took from the table (a queue's items are not lost).

@@ -27,7 +27,9 @@ use reprise_core::{Collect, Columns, SampledItem, TableInfo, Window, Writer};
 use reprise_wire::codes::from_local_code;
 use reprise_wire::local::{self as p, Frame, Reader};
 
-use crate::{check_priority_pairs, check_sample_size, Drawn, Interrupt, ReplayClient, Sampler, StepWriter, POLL};
+use reprise_core::wait::SlowWait;
+
+use crate::{check_priority_pairs, check_sample_size, explain_wait, Drawn, Interrupt, ReplayClient, Sampler, StepWriter, POLL};
 
 /// Items per commit message.
 const BATCH: u32 = 256;
@@ -46,20 +48,42 @@ pub struct ServerInfo {
     pub tables: Vec<TableRef>,
 }
 
+/// Who a long wait asks why, once it has waited past `slow_wait`: the server at
+/// `path`, over a connection of its own (the waiting one is busy), for its figures
+/// for `table` (a sample of `want`) or for every table (a flush).
+struct Slow<'a> {
+    path: &'a Path,
+    what: &'a str,
+    table: Option<&'a str>,
+    want: u64,
+}
+
+impl Slow<'_> {
+    fn say(&self, clock: &SlowWait) {
+        let server = format!("unix://{}", self.path.display());
+        let message = match LocalClient::connect(self.path).and_then(|c| c.info()) {
+            Ok(infos) => explain_wait(self.what, &server, clock.elapsed(), &infos, self.table, self.want),
+            Err(e) => format!("{} has waited {:.1} s for the replay server at {server}, which does not answer: {e}", self.what, clock.elapsed().as_secs_f64()),
+        };
+        clock.say(&message);
+    }
+}
+
 /// Waits until a reply can be read, the deadline passes (`Timeout`) or the
 /// interrupt check fires (`Interrupted`). The caller must then retire the
-/// connection: its reply would arrive later and confuse the next call.
-fn wait_readable(stream: &UnixStream, deadline: Option<Instant>, interrupt: Interrupt<'_>) -> Result<()> {
+/// connection: its reply would arrive later and confuse the next call. With
+/// `slow`, a wait past `slow_wait` says once what the server waits for.
+fn wait_readable(stream: &UnixStream, deadline: Option<Instant>, interrupt: Interrupt<'_>, slow: Option<&Slow<'_>>) -> Result<()> {
     use std::os::fd::AsRawFd;
-    if deadline.is_none() && interrupt.is_none() {
+    let mut clock = SlowWait::start();
+    if deadline.is_none() && interrupt.is_none() && (slow.is_none() || clock.due().is_none()) {
         return Ok(());
     }
     loop {
-        let mut slice = if interrupt.is_some() { POLL.as_millis() as i32 } else { i32::MAX };
-        if let Some(d) = deadline {
-            let left = d.saturating_duration_since(Instant::now()).as_millis().min(i32::MAX as u128) as i32;
-            slice = slice.min(left);
-        }
+        let now = Instant::now();
+        let poll = interrupt.map(|_| now + POLL);
+        let wake = [deadline, poll, slow.and(clock.due())].into_iter().flatten().min();
+        let slice = wake.map_or(-1, |w| w.saturating_duration_since(now).as_millis().min(i32::MAX as u128) as i32);
         let mut fds = libc::pollfd { fd: stream.as_raw_fd(), events: libc::POLLIN, revents: 0 };
         // SAFETY: one valid pollfd for an open socket.
         if unsafe { libc::poll(&mut fds, 1, slice) } > 0 {
@@ -71,6 +95,9 @@ fn wait_readable(stream: &UnixStream, deadline: Option<Instant>, interrupt: Inte
         if interrupt.is_some_and(|stop| stop()) {
             return Err(Error::Interrupted { partial: Default::default() });
         }
+        if let Some(s) = slow.filter(|_| clock.is_due()) {
+            s.say(&clock);
+        }
     }
 }
 
@@ -79,9 +106,9 @@ fn unexpected(kind: u8) -> Error {
 }
 
 /// Sends a request and reads its reply; an `ERROR` reply becomes the error.
-fn call(stream: &mut UnixStream, frame: Frame, interrupt: Interrupt<'_>) -> Result<(u8, Vec<u8>)> {
+fn call(stream: &mut UnixStream, frame: Frame, interrupt: Interrupt<'_>, slow: Option<&Slow<'_>>) -> Result<(u8, Vec<u8>)> {
     frame.send(stream)?;
-    wait_readable(stream, None, interrupt)?;
+    wait_readable(stream, None, interrupt, slow)?;
     reply(stream)
 }
 
@@ -100,7 +127,7 @@ fn hello(path: &Path) -> Result<(UnixStream, ServerInfo)> {
     })?;
     let mut f = Frame::new(p::HELLO);
     f.u32(p::VERSION);
-    let (kind, body) = call(&mut stream, f, None)?;
+    let (kind, body) = call(&mut stream, f, None, None)?;
     if kind != p::HELLO_OK {
         return Err(unexpected(kind));
     }
@@ -166,10 +193,15 @@ impl Shared {
     }
 
     fn call(&self, frame: Frame, interrupt: Interrupt<'_>) -> Result<(u8, Vec<u8>)> {
+        self.call_slow(frame, interrupt, None)
+    }
+
+    /// [`Shared::call`] for a call that may wait on a rate limiter (`slow`).
+    fn call_slow(&self, frame: Frame, interrupt: Interrupt<'_>, slow: Option<&Slow<'_>>) -> Result<(u8, Vec<u8>)> {
         if let Some(why) = self.life.lock().retired {
             return Err(Error::Io(format!("this client's connection is {why}; make a new client")));
         }
-        let result = call(&mut self.stream.lock(), frame, interrupt);
+        let result = call(&mut self.stream.lock(), frame, interrupt, slow);
         if let Err(Error::Interrupted { .. }) = result {
             self.retire("interrupted");
         }
@@ -287,6 +319,7 @@ impl ReplayClient for LocalClient {
         let (stream, info) = hello(&self.shared.path)?;
         let blocks = LeasedBlocks {
             stream,
+            path: self.shared.path.clone(),
             columns,
             store,
             counts: HashMap::new(),
@@ -310,7 +343,8 @@ impl ReplayClient for LocalClient {
         let mut f = Frame::new(p::SAMPLE);
         f.u32(t).u32(n).i64(p::timeout_to_wire(timeout));
         let mut hold = Hold::new(&self.shared);
-        let (kind, body) = self.shared.call(f, interrupt)?;
+        let slow = Slow { path: &self.shared.path, what: "sample", table: Some(table), want: n as u64 };
+        let (kind, body) = self.shared.call_slow(f, interrupt, Some(&slow))?;
         if kind != p::SAMPLED {
             return Err(unexpected(kind));
         }
@@ -459,6 +493,8 @@ unsafe impl Collect for LocalSample {
 /// Blocks leased from the local server over the writer's own connection.
 pub struct LeasedBlocks {
     stream: UnixStream,
+    /// The server's socket (a long wait for a commit asks it why on another connection).
+    path: PathBuf,
     columns: Arc<Columns>,
     store: u32,
     /// This writer's references per leased block; the server holds one per block.
@@ -491,6 +527,8 @@ impl LeasedBlocks {
 
     /// Reads the reply to the oldest commit message.
     fn read_commit_reply(&mut self) -> Result<()> {
+        let slow = Slow { path: &self.path, what: "a writer's commit", table: None, want: 1 };
+        wait_readable(&self.stream, None, None, Some(&slow))?;
         let items = self.inflight.pop_front().expect("a commit is in flight");
         match reply(&mut self.stream) {
             Ok((p::CREATED, body)) => {
@@ -662,8 +700,10 @@ impl StepWriter for LocalWriter {
         let deadline = timeout.map(|t| Instant::now() + t);
         let blocks = self.writer.source_mut();
         blocks.send_pending()?;
+        let path = blocks.path.clone();
+        let slow = Slow { path: &path, what: "flush", table: None, want: 1 };
         while !blocks.inflight.is_empty() {
-            wait_readable(&blocks.stream, deadline, interrupt).map_err(|e| match e {
+            wait_readable(&blocks.stream, deadline, interrupt, Some(&slow)).map_err(|e| match e {
                 Error::Timeout { .. } => Error::Timeout {
                     message: format!("items were not all committed within {:.3} s", timeout.unwrap_or_default().as_secs_f64()),
                     partial: Default::default(),

@@ -20,7 +20,9 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use tonic::{Request, Status, Streaming};
 
 use crate::pb::{self, replay_client::ReplayClient as GrpcStub};
-use crate::{check_priority_pairs, check_sample_size, Drawn, Interrupt, ReplayClient, Sampler, StepWriter, POLL};
+use reprise_core::wait::SlowWait;
+
+use crate::{check_priority_pairs, check_sample_size, explain_wait, Drawn, Interrupt, ReplayClient, Sampler, StepWriter, POLL};
 
 /// Bytes of queued operations that make a writer send a message.
 const SEND_BYTES: usize = 1 << 20;
@@ -91,21 +93,31 @@ fn drawn(response: pb::SampleResponse, request: &pb::SampleRequest) -> Drawn<Rem
     Drawn { sample: RemoteSample { response }, cut_short }
 }
 
-/// Runs `fut` on `rt`, giving up at `deadline` (Timeout) or when `interrupt` says so.
+/// Who a long wait asks why, once it has waited past `slow_wait`: the server's
+/// figures for `table` (a sample of `want`), or for every table (a flush).
+struct Slow<'a> {
+    stub: &'a Stub,
+    server: &'a str,
+    table: Option<&'a str>,
+    want: u64,
+}
+
+/// Runs `fut` on `rt`, giving up at `deadline` (Timeout) or when `interrupt` says
+/// so. With `slow`, a wait past `slow_wait` says once what the server waits for.
 fn wait_for<T>(
     rt: &tokio::runtime::Runtime,
     fut: impl std::future::Future<Output = Result<T>>,
     deadline: Option<Instant>,
     interrupt: Interrupt<'_>,
     what: &str,
+    slow: Option<Slow<'_>>,
 ) -> Result<T> {
     rt.block_on(async {
         tokio::pin!(fut);
+        let mut clock = SlowWait::start();
         loop {
-            let step = match deadline {
-                Some(d) => d.saturating_duration_since(Instant::now()).min(POLL),
-                None => POLL,
-            };
+            let wake = [deadline, Some(Instant::now() + POLL), slow.as_ref().and(clock.due())].into_iter().flatten().min();
+            let step = wake.map_or(POLL, |w| w.saturating_duration_since(Instant::now()));
             match tokio::time::timeout(step, &mut fut).await {
                 Ok(r) => return r,
                 Err(_) => {
@@ -114,6 +126,21 @@ fn wait_for<T>(
                     }
                     if deadline.is_some_and(|d| Instant::now() >= d) {
                         return Err(Error::Timeout { message: format!("{what} timed out"), partial: Default::default() });
+                    }
+                    if let Some(s) = slow.as_ref().filter(|_| clock.is_due()) {
+                        let asked = tokio::time::timeout(Duration::from_secs(2), s.stub.clone().info(pb::InfoRequest {})).await;
+                        let message = match asked {
+                            Ok(Ok(r)) => {
+                                let infos: Vec<TableInfo> = r.into_inner().tables.into_iter().map(TableInfo::from).collect();
+                                explain_wait(what, s.server, clock.elapsed(), &infos, s.table, s.want)
+                            }
+                            _ => format!(
+                                "{what} has waited {:.1} s for the replay server at {}, which does not answer an info request",
+                                clock.elapsed().as_secs_f64(),
+                                s.server
+                            ),
+                        };
+                        clock.say(&message);
                     }
                 }
             }
@@ -268,6 +295,8 @@ impl ReplayClient for RemoteClient {
             .into_inner();
         Ok(RemoteWriter {
             rt: self.rt.clone(),
+            stub: self.stub.clone(),
+            server: self.address.clone(),
             tx: Some(tx),
             responses,
             rows,
@@ -307,6 +336,7 @@ impl ReplayClient for RemoteClient {
             None,
             interrupt,
             "sample",
+            Some(Slow { stub: &self.stub, server: &self.address, table: Some(table), want: n as u64 }),
         );
         match result {
             Ok(r) => Ok(drawn(r, &req)),
@@ -328,7 +358,7 @@ impl ReplayClient for RemoteClient {
         let (tx, rx) = mpsc::channel::<pb::SampleRequest>(max_in_flight as usize);
         let mut stub = self.stub.clone();
         let responses = self.rt.block_on(stub.sample(Request::new(ReceiverStream::new(rx)))).map_err(from_status)?.into_inner();
-        Ok(RemoteSampler { rt: self.rt.clone(), tx, rx: responses, request, in_flight: 0, max_in_flight })
+        Ok(RemoteSampler { rt: self.rt.clone(), stub: self.stub.clone(), server: self.address.clone(), tx, rx: responses, request, in_flight: 0, max_in_flight })
     }
 
     fn update_priorities(&self, table: &str, keys: &[u64], priorities: &[f64]) -> Result<u64> {
@@ -370,6 +400,8 @@ impl ReplayClient for RemoteClient {
 /// Batches from one `Sample` stream, `max_in_flight` requested ahead.
 pub struct RemoteSampler {
     rt: Arc<tokio::runtime::Runtime>,
+    stub: Stub,
+    server: String,
     tx: mpsc::Sender<pb::SampleRequest>,
     rx: Streaming<pb::SampleResponse>,
     request: pb::SampleRequest,
@@ -402,6 +434,7 @@ impl Sampler for RemoteSampler {
             None,
             interrupt,
             "sample",
+            Some(Slow { stub: &self.stub, server: &self.server, table: Some(&self.request.table), want: self.request.num_items as u64 }),
         )?;
         Ok(drawn(r, &self.request))
     }
@@ -441,6 +474,8 @@ fn field_bytes(f: &pb::Field) -> Result<usize> {
 /// `flush` returns once the server has applied everything before it.
 pub struct RemoteWriter {
     rt: Arc<tokio::runtime::Runtime>,
+    stub: Stub,
+    server: String,
     tx: Option<mpsc::Sender<pb::InsertRequest>>,
     responses: Streaming<pb::InsertResponse>,
     rows: Vec<usize>,
@@ -602,6 +637,7 @@ impl StepWriter for RemoteWriter {
             deadline,
             interrupt,
             "flush",
+            Some(Slow { stub: &self.stub, server: &self.server, table: None, want: 1 }),
         );
         if let Err(e) = &result {
             if !matches!(e, Error::Timeout { .. }) {

@@ -122,6 +122,46 @@ impl RateLimiter {
         self.inserts = 0;
         self.samples = 0;
     }
+
+    /// Why inserting one item (`inserting`) or sampling `want` items cannot proceed
+    /// with `size` items in the table, in words a user can act on: what the limiter
+    /// needs (items before the first sample, or how many more samples or inserts)
+    /// and the counts it has. Said once by a call that waits long (see `wait.rs`).
+    pub fn explain(&self, inserting: bool, size: u64, want: u64) -> String {
+        let c = &self.config;
+        let (inserts, samples, spi) = (self.inserts, self.samples, c.samples_per_insert);
+        let counts = format!("{inserts} inserts and {samples} samples so far, {size} items in the table");
+        if inserting {
+            if self.can_insert(1, size) {
+                return format!("the rate limiter allows an insert now ({counts})");
+            }
+            // (inserts + 1) * spi - samples' <= max_diff
+            let more = clamp_count(((inserts + 1) as f64 * spi - c.max_diff - samples as f64).ceil()).max(1);
+            return format!(
+                "inserts wait for samples: with samples_per_insert = {spi} the next insert needs {more} more \
+                 sample{} ({counts}); is a learner sampling this table?",
+                if more == 1 { "" } else { "s" }
+            );
+        }
+        if size < c.min_size_to_sample {
+            return format!(
+                "sampling waits until the table holds min_size_to_sample = {} items; it holds {size} \
+                 ({inserts} inserted so far); are the writers flushing items into this table?",
+                c.min_size_to_sample
+            );
+        }
+        if self.can_sample(want.max(1), size) {
+            return format!("the rate limiter allows {want} samples now ({counts})");
+        }
+        // inserts' * spi - samples - want >= min_diff
+        let more = clamp_count(((c.min_diff + samples as f64 + want as f64) / spi - inserts as f64).ceil()).max(1);
+        format!(
+            "sampling waits for inserts: with samples_per_insert = {spi}, {want} more sample{} need {more} more \
+             insert{} ({counts}); are the writers running?",
+            if want == 1 { "" } else { "s" },
+            if more == 1 { "" } else { "s" }
+        )
+    }
 }
 
 fn clamp_count(x: f64) -> u64 {
@@ -187,6 +227,39 @@ mod tests {
             assert!(s == 0 || r.can_sample(s, size));
             r.samples += s;
         }
+    }
+
+    #[test]
+    fn explain_names_what_the_limiter_waits_for_and_the_numbers_are_exact() {
+        // Reverb-style ratio: 8 samples per insert, 1000 items before the first sample.
+        let mut r = RateLimiter::new(RateLimiterConfig::sample_to_insert_ratio(8.0, 1000, 100.0).unwrap());
+        r.inserts = 12;
+        let m = r.explain(false, 12, 256);
+        assert!(m.contains("min_size_to_sample = 1000 items; it holds 12 (12 inserted so far)"), "{m}");
+        // Full: inserts wait for samples. The message's count is exactly what unblocks.
+        r.inserts = 1012;
+        assert!(!r.can_insert(1, 1012));
+        let m = r.explain(true, 1012, 1);
+        let more: u64 = m.split("needs ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
+        r.samples = more - 1;
+        assert!(!r.can_insert(1, 1012), "{m}");
+        r.samples = more;
+        assert!(r.can_insert(1, 1012), "{m}");
+        // Samples ahead of inserts: the count of inserts that unblocks `want` samples.
+        let mut r = RateLimiter::new(RateLimiterConfig::sample_to_insert_ratio(2.0, 10, 4.0).unwrap());
+        r.inserts = 12;
+        r.samples = 8;
+        assert!(!r.can_sample(5, 12));
+        let m = r.explain(false, 12, 5);
+        let more: u64 = m.split("need ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
+        r.inserts += more - 1;
+        assert!(!r.can_sample(5, 12), "{m}");
+        r.inserts += 1;
+        assert!(r.can_sample(5, 12), "{m}");
+        // A queue that is full.
+        let mut q = RateLimiter::new(RateLimiterConfig::queue(2).unwrap());
+        q.inserts = 2;
+        assert!(q.explain(true, 2, 1).contains("the next insert needs 1 more sample ("));
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! How long a blocking call may wait, and how it learns it should stop early.
 
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// A timeout (`None` waits for ever) plus an optional interrupt check. While
@@ -28,5 +29,57 @@ impl Wait<'_> {
 impl From<Option<Duration>> for Wait<'_> {
     fn from(timeout: Option<Duration>) -> Self {
         Wait { timeout, interrupt: None }
+    }
+}
+
+/// How long a blocking call waits before it says, once, what it waits for: a
+/// `tracing` warning with target `"reprise"` (the Python bindings pass it to the
+/// `logging` logger "reprise"). `REPRISE_SLOW_WAIT_SECONDS` sets it; 5 s by default,
+/// `0` turns the message off.
+pub fn slow_wait() -> Option<Duration> {
+    static SLOW: OnceLock<Option<Duration>> = OnceLock::new();
+    *SLOW.get_or_init(|| {
+        let seconds = std::env::var("REPRISE_SLOW_WAIT_SECONDS").ok().and_then(|v| v.trim().parse::<f64>().ok());
+        match seconds {
+            Some(0.0) => None,
+            Some(s) if s.is_finite() && s > 0.0 => Some(Duration::from_secs_f64(s)),
+            _ => Some(Duration::from_secs(5)),
+        }
+    })
+}
+
+/// One blocking call's clock for [`slow_wait`]: says its message at most once.
+pub struct SlowWait {
+    start: Instant,
+    said: bool,
+}
+
+impl SlowWait {
+    pub fn start() -> SlowWait {
+        SlowWait { start: Instant::now(), said: slow_wait().is_none() }
+    }
+
+    /// When to wake up to say it, if it has not been said.
+    pub fn due(&self) -> Option<Instant> {
+        match (self.said, slow_wait()) {
+            (false, Some(after)) => Some(self.start + after),
+            _ => None,
+        }
+    }
+
+    /// True once, when the call has waited past the threshold.
+    pub fn is_due(&mut self) -> bool {
+        let due = self.due().is_some_and(|d| Instant::now() >= d);
+        self.said |= due;
+        due
+    }
+
+    pub fn elapsed(&self) -> Duration {
+        self.start.elapsed()
+    }
+
+    /// Says `message` (what the call waits for) as a warning.
+    pub fn say(&self, message: &str) {
+        tracing::warn!(target: "reprise", "{message}");
     }
 }

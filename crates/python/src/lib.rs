@@ -4,6 +4,7 @@
 use pyo3::prelude::*;
 
 // Modules in layer order: each uses only modules above it.
+mod logging;
 mod errors;
 mod arrays;
 mod sample;
@@ -20,6 +21,7 @@ mod cluster;
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    logging::install();
     m.add_class::<store::PyStore>()?;
     m.add_class::<writer::PyWriter>()?;
     m.add_class::<table::PyTable>()?;
@@ -29,6 +31,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<client::PyClient>()?;
     m.add_class::<client::PySampler>()?;
     m.add_function(wrap_pyfunction!(table::rate_limiter_preset, m)?)?;
+    m.add_function(wrap_pyfunction!(server::socket_dir, m)?)?;
     checkpoint::register(m)?;
     cluster::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

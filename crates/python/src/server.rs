@@ -125,3 +125,9 @@ impl PyRemoteServer {
         }
     }
 }
+
+/// Where local servers put their sockets and name locks (`reprise doctor` shows it).
+#[pyfunction]
+pub fn socket_dir(py: Python<'_>) -> PyResult<String> {
+    reprise_server::socket_dir().map(|d| d.display().to_string()).map_err(py_err(py))
+}

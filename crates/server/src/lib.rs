@@ -37,3 +37,4 @@ pub(crate) fn stores_of(tables: &[Table]) -> Result<(Vec<Store>, Vec<u32>)> {
     Ok((stores, table_store))
 }
 pub use local::LocalServer;
+pub use naming::socket_dir;

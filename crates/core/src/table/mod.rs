@@ -22,7 +22,7 @@ use crate::item::{check_priority, for_each_block, window_len, Item, NewItem};
 use crate::rate_limiter::{RateLimiter, RateLimiterConfig};
 use crate::selectors::{Pick, Prioritized, Rng, Selector, SelectorSpec};
 use crate::store::{Store, TableOverStore};
-use crate::wait::Wait;
+use crate::wait::{SlowWait, Wait};
 
 #[derive(Clone, Debug)]
 pub struct TableConfig {
@@ -383,12 +383,18 @@ impl Table {
         let sh = &*self.shared;
         let deadline = wait.deadline();
         let mut keys = Vec::with_capacity(items.len());
+        let mut slow = SlowWait::start();
         let mut st = sh.state.lock();
         while keys.len() < items.len() {
             let want = (items.len() - keys.len()) as u64;
             let permits = if st.frozen { 0 } else { st.limiter.insert_permits(want, st.size) };
             if permits == 0 {
-                match self.wait(&mut st, &sh.insert_cv, deadline, &wait, true) {
+                if slow.is_due() {
+                    let message = self.slow_message(&st, &slow, true, want, keys.len());
+                    MutexGuard::unlocked(&mut st, || slow.say(&message));
+                    continue;
+                }
+                match self.wait(&mut st, &sh.insert_cv, deadline, &wait, true, &slow) {
                     Woke::Again => continue,
                     Woke::Interrupted => return Err(Error::Interrupted { partial: Partial::Inserted(keys) }),
                     Woke::TimedOut => {
@@ -418,15 +424,32 @@ impl Table {
         Ok(keys)
     }
 
-    /// Waits on `cv` until notified, `deadline`, or (with an interrupt check) the
-    /// next poll slice, after which the check runs with the table unlocked.
-    fn wait(&self, st: &mut MutexGuard<'_, State>, cv: &Condvar, deadline: Option<Instant>, wait: &Wait<'_>, inserting: bool) -> Woke {
+    /// What a call that has waited past [`crate::wait::slow_wait`] says: the table,
+    /// how long, how much is done, and what the rate limiter needs (or that a
+    /// cluster step holds the table).
+    pub(crate) fn slow_message(&self, st: &State, slow: &SlowWait, inserting: bool, want: u64, done: usize) -> String {
+        let total = want as usize + done;
+        let items = if total == 1 { "item" } else { "items" };
+        let (what, done) = if inserting {
+            (format!("an insert of {total} {items}"), format!("{done} inserted"))
+        } else {
+            (format!("a sample of {total} {items}"), format!("{done} drawn"))
+        };
+        let why = if inserting && st.frozen {
+            "a cluster step is reading the table's shard; inserts resume when it ends".to_string()
+        } else {
+            st.limiter.explain(inserting, st.size, want)
+        };
+        format!("table '{}': {what} has waited {:.1} s ({done}): {why}", self.name(), slow.elapsed().as_secs_f64())
+    }
+
+    /// Waits on `cv` until notified, `deadline`, the moment `slow` is due, or (with
+    /// an interrupt check) the next poll slice, after which the check runs with the
+    /// table unlocked.
+    fn wait(&self, st: &mut MutexGuard<'_, State>, cv: &Condvar, deadline: Option<Instant>, wait: &Wait<'_>, inserting: bool, slow: &SlowWait) -> Woke {
         let start = Instant::now();
         let slice = wait.interrupt.map(|_| start + Wait::POLL);
-        let until = match (deadline, slice) {
-            (Some(d), Some(s)) => Some(d.min(s)),
-            (d, s) => d.or(s),
-        };
+        let until = [deadline, slice, slow.due()].into_iter().flatten().min();
         let woke = match until {
             _ if deadline.is_some_and(|d| start >= d) => Woke::TimedOut,
             None => {

@@ -9,7 +9,7 @@ use crate::error::{Error, Partial, PartialSample, Result};
 use crate::invalid;
 use crate::sample::{SampleBatch, SampledItem};
 use crate::selectors::external::{Candidate, Change};
-use crate::wait::Wait;
+use crate::wait::{SlowWait, Wait};
 
 impl Table {
     /// Draws `n` items (with replacement) by the sampler, waiting for the rate
@@ -70,11 +70,17 @@ impl Table {
         }
         let sh = &*self.shared;
         let deadline = wait.deadline();
+        let mut slow = SlowWait::start();
         let mut st = sh.state.lock();
         while batch.len() < n {
             let permits = if st.size == 0 { 0 } else { st.limiter.sample_permits((n - batch.len()) as u64, st.size) };
             if permits == 0 {
-                let woke = self.wait(&mut st, &sh.sample_cv, deadline, &wait, false);
+                if slow.is_due() {
+                    let message = self.slow_message(&st, &slow, false, (n - batch.len()) as u64, batch.len());
+                    MutexGuard::unlocked(&mut st, || slow.say(&message));
+                    continue;
+                }
+                let woke = self.wait(&mut st, &sh.sample_cv, deadline, &wait, false, &slow);
                 if let Woke::Interrupted = woke {
                     return Err(Error::Interrupted { partial: Partial::Sampled(PartialSample::new(batch)) });
                 }
