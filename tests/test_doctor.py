@@ -1,0 +1,43 @@
+"""`reprise doctor` prints what a bug report needs and changes nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import reprise as rp
+
+
+def doctor(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "reprise.cli", "doctor", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_doctor_json_reports_versions_gpu_shared_memory_and_the_runtime_directory():
+    store = rp.Store({"x": rp.Field((), "float32")}, capacity=64)
+    server = rp.Server([rp.Table("t", store)], name="doctor-test")
+    try:
+        r = doctor("--json")
+        assert r.returncode == 0, r.stderr
+        report = json.loads(r.stdout)
+    finally:
+        server.stop()
+        store.close()
+    assert report["reprise"] == rp.__version__
+    assert report["packages"]["numpy"]
+    assert set(report["torch"]) >= {"installed"}
+    assert report["shared_memory"]["size_bytes"] == shutil.disk_usage("/dev/shm").total
+    runtime = report["runtime_directory"]
+    assert os.path.isdir(runtime["path"]) and "doctor-test" in runtime["servers"]
+
+
+def test_doctor_text_and_a_bad_flag():
+    r = doctor()
+    assert r.returncode == 0, r.stderr
+    for label in ("reprise ", "python ", "torch ", "/dev/shm ", "memlock limit ", "runtime dir "):
+        assert any(line.startswith(label) for line in r.stdout.splitlines()), (label, r.stdout)
+    bad = doctor("--jsn")
+    assert bad.returncode == 2 and "unrecognized arguments: --jsn" in bad.stderr
