@@ -48,21 +48,35 @@ pub fn slow_wait() -> Option<Duration> {
     })
 }
 
-/// One blocking call's clock for [`slow_wait`]: says its message at most once.
+/// One blocking call's clock for [`slow_wait`]: says its message at most once. The
+/// clock starts at [`SlowWait::start`], or for a call that mostly does not wait, at
+/// its first wait ([`SlowWait::lazy`] then [`SlowWait::begin`]): no clock read on
+/// the fast path.
 pub struct SlowWait {
-    start: Instant,
+    start: Option<Instant>,
     said: bool,
 }
 
 impl SlowWait {
     pub fn start() -> SlowWait {
-        SlowWait { start: Instant::now(), said: slow_wait().is_none() }
+        SlowWait { start: Some(Instant::now()), said: slow_wait().is_none() }
+    }
+
+    pub fn lazy() -> SlowWait {
+        SlowWait { start: None, said: slow_wait().is_none() }
+    }
+
+    /// Starts a lazy clock (once; later calls keep the first start).
+    pub fn begin(&mut self) {
+        if self.start.is_none() && !self.said {
+            self.start = Some(Instant::now());
+        }
     }
 
     /// When to wake up to say it, if it has not been said.
     pub fn due(&self) -> Option<Instant> {
-        match (self.said, slow_wait()) {
-            (false, Some(after)) => Some(self.start + after),
+        match (self.said, self.start, slow_wait()) {
+            (false, Some(start), Some(after)) => Some(start + after),
             _ => None,
         }
     }
@@ -75,7 +89,7 @@ impl SlowWait {
     }
 
     pub fn elapsed(&self) -> Duration {
-        self.start.elapsed()
+        self.start.map_or(Duration::ZERO, |s| s.elapsed())
     }
 
     /// Says `message` (what the call waits for) as a warning.

@@ -383,12 +383,13 @@ impl Table {
         let sh = &*self.shared;
         let deadline = wait.deadline();
         let mut keys = Vec::with_capacity(items.len());
-        let mut slow = SlowWait::start();
+        let mut slow = SlowWait::lazy();
         let mut st = sh.state.lock();
         while keys.len() < items.len() {
             let want = (items.len() - keys.len()) as u64;
             let permits = if st.frozen { 0 } else { st.limiter.insert_permits(want, st.size) };
             if permits == 0 {
+                slow.begin();
                 if slow.is_due() {
                     let message = self.slow_message(&st, &slow, true, want, keys.len());
                     MutexGuard::unlocked(&mut st, || slow.say(&message));

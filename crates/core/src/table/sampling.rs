@@ -70,11 +70,12 @@ impl Table {
         }
         let sh = &*self.shared;
         let deadline = wait.deadline();
-        let mut slow = SlowWait::start();
+        let mut slow = SlowWait::lazy();
         let mut st = sh.state.lock();
         while batch.len() < n {
             let permits = if st.size == 0 { 0 } else { st.limiter.sample_permits((n - batch.len()) as u64, st.size) };
             if permits == 0 {
+                slow.begin();
                 if slow.is_due() {
                     let message = self.slow_message(&st, &slow, false, (n - batch.len()) as u64, batch.len());
                     MutexGuard::unlocked(&mut st, || slow.say(&message));
