@@ -219,13 +219,31 @@ def test_timeout_partial_is_none_when_the_call_did_nothing(scalar_store):
     assert e.value.partial is None
 
 
-def interrupt_main_thread_in(seconds):
-    timer = threading.Timer(seconds, lambda: os.kill(os.getpid(), signal.SIGINT))
-    timer.start()
-    return timer
+@pytest.fixture
+def interrupt_main_thread_in():
+    """``interrupt_main_thread_in(seconds)``: a timer that sends this process SIGINT. The test
+    installs Python's own SIGINT handler (KeyboardInterrupt) for its duration, whatever the
+    suite started with: a background job (``pytest &``) starts with SIGINT ignored. The old
+    handler is back at teardown."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    timers = []
+
+    def arm(seconds):
+        timer = threading.Timer(seconds, lambda: os.kill(os.getpid(), signal.SIGINT))
+        timers.append(timer)
+        timer.start()
+        return timer
+
+    try:
+        yield arm
+    finally:
+        for timer in timers:
+            timer.cancel()
+            timer.join()
+        signal.signal(signal.SIGINT, old)
 
 
-def test_ctrl_c_stops_a_blocked_sample_and_carries_what_was_drawn(scalar_store):
+def test_ctrl_c_stops_a_blocked_sample_and_carries_what_was_drawn(scalar_store, interrupt_main_thread_in):
     q = rp.Table.queue("q", scalar_store, max_size=5)
     keys = insert_scalars(q, [1, 2])
     timer = interrupt_main_thread_in(0.2)
@@ -238,7 +256,7 @@ def test_ctrl_c_stops_a_blocked_sample_and_carries_what_was_drawn(scalar_store):
     assert e.value.partial.keys.tolist() == keys.tolist()
 
 
-def test_ctrl_c_stops_a_blocked_insert_and_carries_the_inserted_keys(scalar_store):
+def test_ctrl_c_stops_a_blocked_insert_and_carries_the_inserted_keys(scalar_store, interrupt_main_thread_in):
     q = rp.Table.queue("q", scalar_store, max_size=2)
     insert_scalars(q, [1])
     timer = interrupt_main_thread_in(0.2)
@@ -249,7 +267,7 @@ def test_ctrl_c_stops_a_blocked_insert_and_carries_the_inserted_keys(scalar_stor
     assert q.size == 2
 
 
-def test_ctrl_c_stops_a_blocked_create_item_and_the_writer_stays_usable(scalar_store):
+def test_ctrl_c_stops_a_blocked_create_item_and_the_writer_stays_usable(scalar_store, interrupt_main_thread_in):
     q = rp.Table.queue("q", scalar_store, max_size=1)
     insert_scalars(q, [0])
     with scalar_store.writer() as w:
@@ -264,7 +282,7 @@ def test_ctrl_c_stops_a_blocked_create_item_and_the_writer_stays_usable(scalar_s
     assert q.sample(1, timeout=0).data["x"].tolist() == [[1]]
 
 
-def test_ctrl_c_partial_is_none_when_the_call_did_nothing(scalar_store):
+def test_ctrl_c_partial_is_none_when_the_call_did_nothing(scalar_store, interrupt_main_thread_in):
     t = limited(scalar_store, RL.MinSize(1))
     timer = interrupt_main_thread_in(0.2)
     with pytest.raises(KeyboardInterrupt) as e:

@@ -56,7 +56,7 @@ class Served:
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline()
         if " at " not in line:
-            self.proc.kill()
+            self.close()
             raise AssertionError(f"server did not start: {line!r} {self.proc.stderr.read()}")
         self.banner = line
         self.address = line.split(" at ")[1].split(" ")[0]
@@ -67,9 +67,15 @@ class Served:
         return self.proc.returncode, out, err
 
     def close(self):
+        """Stops the server as an operator would (SIGTERM), so it removes its socket, lock
+        file and store files; SIGKILL only if it hangs."""
         if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.communicate()
+            self.proc.terminate()
+            try:
+                self.proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.communicate()
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ Child processes are spawned (multiprocessing "spawn") and run functions of
 serving_workers.py. Every wait is bounded: a bug fails a test instead of hanging
 the suite."""
 
+import contextlib
 import glob
 import json
 import multiprocessing as mp
@@ -72,13 +73,15 @@ def shm_files_of(pid):
 
 @pytest.fixture
 def procs():
-    """Processes a test started; any still alive at teardown are SIGKILLed (by pid)."""
+    """Processes a test started; any still alive at teardown are SIGKILLed (by pid), and
+    what killed ones left is removed (remove_leftovers_of)."""
     started = []
     yield started
     for p in started:
         if p.is_alive():
             os.kill(p.pid, signal.SIGKILL)
         p.join(5)
+    remove_leftovers_of([p.pid for p in started if p.exitcode is not None and p.exitcode < 0])
 
 
 @pytest.fixture
@@ -109,30 +112,38 @@ def socket_dir():
     return f"/tmp/reprise-{os.getuid()}"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def tidy_socket_dir():
-    """Removes what this module's servers left in the socket directory (their names all
-    carry this process's pid): lock files nobody holds, sockets nobody listens on."""
+def remove_leftovers_of(pids):
+    """Removes what processes killed by a test (SIGKILL gives them no chance to clean up)
+    left: their store files in /dev/shm, and the socket and lock file of every name in the
+    socket directory whose lock nobody holds, as the next server start would
+    (crates/server/src/naming.rs)."""
     import fcntl
 
-    yield
+    for pid in pids:
+        for path in shm_files_of(pid):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
     d = socket_dir()
-    for path in glob.glob(os.path.join(d, f"*-{os.getpid()}-*")):
+    for lock_path in glob.glob(os.path.join(d, "*.lock")):
         try:
-            if path.endswith(".lock"):
-                with open(path, "rb") as f:
-                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises if a server holds it
+            f = open(lock_path, "rb")
+        except FileNotFoundError:
+            continue
+        with f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # a live server's
+            try:
+                held, at_path = os.fstat(f.fileno()), os.stat(lock_path)
+            except FileNotFoundError:
+                continue
+            if (held.st_dev, held.st_ino) != (at_path.st_dev, at_path.st_ino):
+                continue  # a stopping server removed it; the name may be another's now
+            # Ours now: its socket is a dead server's. The lock file goes last, still locked.
+            for path in (lock_path[: -len(".lock")] + ".sock", lock_path):
+                with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
-            elif path.endswith(".sock"):
-                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                try:
-                    s.connect(path)
-                except ConnectionRefusedError:
-                    os.unlink(path)
-                finally:
-                    s.close()
-        except OSError:
-            pass
 
 
 def start_server_child(procs, name):

@@ -8,11 +8,17 @@
 
 A server that cannot be reached is skipped with a logged warning (logger ``reprise``)
 and tried again after ``retry_after`` seconds.
+
+The pool, not the writer, holds the round-robin turn: an episode takes the next live
+server when its first step is appended, whichever writer or thread writes it, so one
+short-lived writer per episode spreads episodes as evenly as one long-lived writer.
+The pool is thread-safe; each ``PoolWriter`` is used by one thread at a time.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import numpy as np
@@ -36,7 +42,8 @@ class ClientPool:
     """Clients of several servers with the same tables.
 
     - ``writer(table)``: a writer whose episodes go to the live servers round-robin
-      (an item's steps are on one server, so the writer moves on at ``end_episode``).
+      (an item's steps are on one server). The turn is the pool's: each episode, of
+      any writer in any thread, takes the next live server at its first step.
     - ``sample(table, n)``: each live server draws a share of n proportional to its
       table's size; the batches are merged. ``table_size`` is the total size and each
       ``probabilities[i]`` is the item's probability in the merged draw, so
@@ -55,17 +62,18 @@ class ClientPool:
         self._down_until = [0.0] * len(addresses)
         self._retry_after = float(retry_after)
         self._next = 0
+        # Guards _clients, _down_until and _next; never held while connecting.
+        self._lock = threading.Lock()
         for i in range(len(addresses)):
             self._client(i)
         if not any(self._clients):
             raise RepriseError(f"none of the servers {addresses} can be reached")
 
     def _client(self, i: int) -> Client | None:
-        c = self._clients[i]
-        if c is not None:
-            return c
-        if time.monotonic() < self._down_until[i]:
-            return None
+        with self._lock:
+            c = self._clients[i]
+            if c is not None or time.monotonic() < self._down_until[i]:
+                return c
         try:
             c = Client(self.addresses[i], **self._options)
         except RepriseError as e:
@@ -73,22 +81,34 @@ class ClientPool:
                 raise
             self._mark_down(i, e)
             return None
-        self._clients[i] = c
-        return c
+        with self._lock:
+            other = self._clients[i]
+            if other is None:
+                self._clients[i] = c
+                return c
+        c.close()  # another thread connected first
+        return other
 
     def _mark_down(self, i: int, e: BaseException):
         log.warning("replay server %s is unreachable, skipping it for %.0f s: %s", self.addresses[i], self._retry_after, e)
-        self._clients[i] = None
-        self._down_until[i] = time.monotonic() + self._retry_after
+        with self._lock:
+            self._clients[i] = None
+            self._down_until[i] = time.monotonic() + self._retry_after
+
+    def _live_clients(self) -> list[tuple[int, Client]]:
+        found = ((i, self._client(i)) for i in range(len(self.addresses)))
+        return [(i, c) for i, c in found if c is not None]
 
     def live(self) -> list[int]:
         """Indexes of the servers reachable now."""
-        return [i for i in range(len(self.addresses)) if self._client(i) is not None]
+        return [i for i, _ in self._live_clients()]
 
     def _next_live(self) -> tuple[int, Client]:
+        """Takes the next turn of the rotation: the server of a new episode."""
         for _ in range(len(self.addresses)):
-            i = self._next
-            self._next = (self._next + 1) % len(self.addresses)
+            with self._lock:
+                i = self._next
+                self._next = (i + 1) % len(self.addresses)
             c = self._client(i)
             if c is not None:
                 return i, c
@@ -99,10 +119,11 @@ class ClientPool:
 
     def sample(self, table: str, n: int, timeout: float | None = None, fields: list[str] | None = None) -> Sample:
         n = as_int("n", n, 1)
-        sizes = {}
-        for i in self.live():
+        sizes, clients = {}, {}
+        for i, c in self._live_clients():
             try:
-                sizes[i] = self._clients[i].info()[table]["size"]
+                sizes[i] = c.info()[table]["size"]
+                clients[i] = c
             except KeyError:
                 raise NotFound(f"server {self.addresses[i]} has no table named '{table}'") from None
             except RepriseError as e:
@@ -118,7 +139,7 @@ class ClientPool:
             if k == 0:
                 continue
             try:
-                s = self._clients[i].sample(table, k, timeout=timeout, fields=fields)
+                s = clients[i].sample(table, k, timeout=timeout, fields=fields)
             except RepriseError as e:
                 if not _unreachable(e):
                     raise
@@ -171,10 +192,12 @@ class ClientPool:
 
     def info(self) -> dict:
         """``{address: client.info()}`` for the live servers."""
-        return {self.addresses[i]: self._clients[i].info() for i in self.live()}
+        return {self.addresses[i]: c.info() for i, c in self._live_clients()}
 
     def close(self):
-        for c in self._clients:
+        with self._lock:
+            clients = list(self._clients)
+        for c in clients:
             if c is not None:
                 c.close()
 
@@ -215,12 +238,33 @@ def _merge(parts: list[Sample], total: int) -> Sample:
 
 
 class PoolWriter:
-    """A writer that sends each episode to the next live server of a pool."""
+    """A writer whose episodes go to the servers of a pool in turn. An episode takes
+    the pool's next live server at its first step (``append``, ``extend``, or asking
+    ``server``), so a writer that is closed after ``end_episode`` takes no turn for an
+    episode it never starts."""
 
     def __init__(self, pool: ClientPool, table: str | None, max_sequence_length: int | None):
+        # Checked now, as a client's writer() would, though no server is taken yet.
+        if max_sequence_length is not None:
+            max_sequence_length = as_int("max_sequence_length", max_sequence_length, 1)
+        if table is not None:
+            for i in range(len(pool.addresses)):  # the first live server answers for all
+                c = pool._client(i)
+                if c is None:
+                    continue
+                if table not in c.tables:
+                    raise NotFound(f"no table named '{table}'; server {pool.addresses[i]} has {c.tables}")
+                break
         self._pool, self._table, self._msl = pool, table, max_sequence_length
         self._writers: dict[int, object] = {}
-        self._server, self._w = self._open()
+        # The episode in progress: its server's index and writer; None between episodes.
+        self._server: int | None = None
+        self._w = None
+
+    def _current(self):
+        if self._w is None:
+            self._server, self._w = self._open()
+        return self._w
 
     def _open(self):
         for _ in range(len(self._pool.addresses)):
@@ -241,29 +285,33 @@ class PoolWriter:
 
     @property
     def server(self) -> str:
-        """The address the current episode goes to."""
+        """The address the current episode goes to (taking the pool's next turn if
+        no episode is in progress)."""
+        self._current()
         return self._pool.addresses[self._server]
 
     @property
     def episode_steps(self) -> int:
-        return self._w.episode_steps
+        return 0 if self._w is None else self._w.episode_steps
 
     def append(self, step):
-        self._w.append(step)
+        self._current().append(step)
 
     def extend(self, steps):
-        self._w.extend(steps)
+        self._current().extend(steps)
 
     def create_item(self, table, num_steps, priority, timeout=None):
-        return self._w.create_item(table, num_steps, priority, timeout)
+        return self._current().create_item(table, num_steps, priority, timeout)
 
     def create_items(self, table, num_steps, priorities, timeout=None):
-        return self._w.create_items(table, num_steps, priorities, timeout)
+        return self._current().create_items(table, num_steps, priorities, timeout)
 
     def end_episode(self):
-        """Ends the episode here; the next one goes to the next live server. A server
-        that died during the episode is reported (the episode's items it had not
-        committed are lost with it) and skipped."""
+        """Ends the episode here; the next one takes the pool's next live server. A
+        server that died during the episode is reported (the episode's items it had
+        not committed are lost with it) and skipped."""
+        if self._w is None:
+            return
         try:
             self._w.end_episode()
             self._w.flush()
@@ -272,7 +320,7 @@ class PoolWriter:
                 raise
             self._writers.pop(self._server, None)
             self._pool._mark_down(self._server, e)
-        self._server, self._w = self._open()
+        self._server, self._w = None, None
 
     def flush(self, timeout=None):
         for i, w in list(self._writers.items()):
@@ -283,8 +331,11 @@ class PoolWriter:
                     raise
                 self._writers.pop(i, None)
                 self._pool._mark_down(i, e)
+                if i == self._server:
+                    self._server, self._w = None, None
 
     def close(self):
+        self._server, self._w = None, None
         for i, w in list(self._writers.items()):
             try:
                 w.close()

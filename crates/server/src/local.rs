@@ -39,19 +39,21 @@ struct Shared {
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
-/// A running local server; stops (and removes its socket) when dropped.
+/// A running local server; stops (and removes its socket and lock file) when
+/// dropped.
 pub struct LocalServer {
     name: String,
     path: PathBuf,
     shared: Arc<Shared>,
     accept: Option<JoinHandle<()>>,
-    /// Holds the name (see `naming::claim_name`) until the server is dropped.
-    _lock: naming::NameLock,
+    /// Holds the name (see `naming::claim_name`) until the server stops.
+    lock: Option<naming::NameLock>,
 }
 
 impl LocalServer {
     /// Serves `tables` under `name` (default `reprise-<pid>-<n>`). Fails if a live
-    /// server already uses the name; cleans up after dead ones.
+    /// server already uses the name; cleans up after dead ones (their sockets and
+    /// lock files, whatever their names, and their shared-memory files).
     pub fn start(tables: Vec<Table>, name: Option<&str>) -> Result<LocalServer> {
         Self::start_with(tables, name, None)
     }
@@ -67,14 +69,20 @@ impl LocalServer {
         naming::check_name(&name)?;
         let dir = naming::socket_dir()?;
         let lock = naming::claim_name(&dir, &name)?;
+        naming::remove_stale_names(&dir);
         let path = dir.join(format!("{name}.sock"));
         if let Some(dir) = stores[0].path().parent() {
             naming::remove_stale_stores(dir);
         }
         let listener = UnixListener::bind(&path).map_err(|e| Error::Io(format!("cannot listen at {}: {e}", path.display())))?;
-        listener.set_nonblocking(true).map_err(|e| Error::Io(format!("cannot configure {}: {e}", path.display())))?;
+        // From here a failure removes the socket (the lock file goes with `lock`).
+        let unbind = |e: Error| {
+            let _ = std::fs::remove_file(&path);
+            e
+        };
+        listener.set_nonblocking(true).map_err(|e| unbind(Error::Io(format!("cannot configure {}: {e}", path.display()))))?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
-            .map_err(|e| Error::Io(format!("cannot make {} private: {e}", path.display())))?;
+            .map_err(|e| unbind(Error::Io(format!("cannot make {} private: {e}", path.display()))))?;
         let shared = Arc::new(Shared {
             tables,
             checkpoint,
@@ -89,9 +97,9 @@ impl LocalServer {
             std::thread::Builder::new()
                 .name(format!("reprise-accept-{name}"))
                 .spawn(move || accept_loop(listener, shared))
-                .map_err(|e| Error::Io(format!("cannot start the server thread: {e}")))?
+                .map_err(|e| unbind(Error::Io(format!("cannot start the server thread: {e}"))))?
         };
-        Ok(LocalServer { name, path, shared, accept: Some(accept), _lock: lock })
+        Ok(LocalServer { name, path, shared, accept: Some(accept), lock: Some(lock) })
     }
 
     pub fn name(&self) -> &str {
@@ -109,7 +117,7 @@ impl LocalServer {
     }
 
     /// Stops accepting, closes every connection (releasing what they held) and
-    /// removes the socket. Idempotent.
+    /// removes the socket, then the lock file (releasing the name). Idempotent.
     pub fn stop(&mut self) {
         let Some(accept) = self.accept.take() else { return };
         // The accept loop polls the flag; then wake every connection's read or wait.
@@ -122,7 +130,10 @@ impl LocalServer {
         for t in threads {
             let _ = t.join();
         }
+        // The socket goes while the name is still ours, so a server that claims
+        // the name next never loses its own socket to this removal.
         let _ = std::fs::remove_file(&self.path);
+        self.lock = None;
     }
 }
 
@@ -414,5 +425,44 @@ impl Connection {
         }
         self.samples.insert(id, batch);
         Ok(f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reprise_core::{DType, Field, RateLimiterConfig, SelectorSpec, Signature, TableConfig};
+
+    fn table(store: &Store) -> Table {
+        let config = TableConfig {
+            name: "replay".into(),
+            sampler: SelectorSpec::Fifo,
+            remover: SelectorSpec::Fifo,
+            max_size: 8,
+            max_times_sampled: 0,
+            rate_limiter: RateLimiterConfig::min_size(1).expect("a valid limiter"),
+            seed: Some(0),
+            evict_when_store_full: true,
+            external_selection: false,
+        };
+        Table::new(config, store).expect("a valid table")
+    }
+
+    #[test]
+    fn a_stopped_server_has_removed_its_socket_and_lock_file_before_it_is_dropped() {
+        let sig = Signature::new(vec![Field::new("v", DType::Int64, vec![]).unwrap()]).unwrap();
+        let store = Store::new(sig, 64, 8, None).unwrap();
+        let name = format!("t-stopfiles-{}", std::process::id());
+        let table = table(&store);
+        let mut server = LocalServer::start(vec![table.clone()], Some(&name)).unwrap();
+        let lock = server.path().with_extension("lock");
+        assert!(server.path().exists() && lock.exists());
+        server.stop();
+        assert!(!server.path().exists(), "the socket is still there");
+        assert!(!lock.exists(), "the lock file is still there");
+        // The name is free again while the stopped server is still alive.
+        let again = LocalServer::start(vec![table], Some(&name)).unwrap();
+        drop(again);
+        assert!(!lock.exists(), "a dropped server left its lock file");
     }
 }
