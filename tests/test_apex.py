@@ -1,8 +1,11 @@
-"""The Ape-X demo: n-step items against a reference, targets, the CLI, and a smoke run that
-must learn while an actor and the learner are killed and restarted."""
+"""The Ape-X demo: n-step items against a reference, targets, the CLI, a smoke run that
+must learn while an actor and the learner are killed and restarted, and a new user's
+misuses: refused devices and environments, Ctrl-C and SIGTERM at every stage, runs started
+together, the time limit, a crash loop, progress without a terminal, --help."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -230,3 +233,264 @@ def test_atari_observations_network_and_items():
     finally:
         env.close()
         store.close()
+
+
+# ----------------------------------------------------------------- a new user's misuses
+#
+# Each demo run below is a subprocess in a session of its own (signals reach it and its
+# children only), with its own runtime directory (XDG_RUNTIME_DIR: where the server puts its
+# socket and lock, crates/server/src/naming.rs) and an output directory under tmp_path. The
+# child restores Python's SIGINT handler first: pytest run as a background job has SIGINT
+# ignored, and its children would inherit that (the demo keeps an inherited SIG_IGN).
+
+DEMO = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "from reprise import cli; sys.exit(cli.main(sys.argv[1:]))")
+TINY = ["--actors", "1", "--envs-per-actor", "2", "--min-replay", "100", "--batch-size", "32",
+        "--eval-episodes", "5"]
+
+
+class DemoRun:
+    """``reprise demo apex ARGS`` in a subprocess; its stderr lines are collected as they come."""
+
+    def __init__(self, args, cwd=None):
+        import tempfile
+        import threading
+        self.runtime = Path(tempfile.mkdtemp(prefix="rp-xdg-"))  # short: a Unix socket path has 108 bytes
+        env = dict(os.environ, XDG_RUNTIME_DIR=str(self.runtime))
+        self.proc = subprocess.Popen([sys.executable, "-c", DEMO, "demo", "apex", *args], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env=env, cwd=cwd, start_new_session=True)
+        self.err_lines: list[str] = []
+        self.out_lines: list[str] = []
+        self._readers = [threading.Thread(target=lambda: self.err_lines.extend(self.proc.stderr), daemon=True),
+                         threading.Thread(target=lambda: self.out_lines.extend(self.proc.stdout), daemon=True)]
+        for reader in self._readers:
+            reader.start()
+
+    def wait_for(self, predicate, timeout: float, what: str):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        self.kill()
+        pytest.fail(f"no {what} within {timeout} s (exit {self.proc.returncode}):\n{self.stderr[-3000:]}")
+
+    def saw(self, text: str) -> bool:
+        return any(text in line for line in list(self.err_lines))
+
+    def finish(self, timeout: float) -> int:
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            pytest.fail(f"the demo ran past {timeout} s:\n{self.stderr[-3000:]}")
+        for reader in self._readers:
+            reader.join(5)
+        return self.proc.returncode
+
+    @property
+    def out(self) -> str:
+        return "".join(self.out_lines)
+
+    def kill(self):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    @property
+    def stderr(self) -> str:
+        return "".join(self.err_lines)
+
+    def assert_clean(self, child_pids=()):
+        """No traceback; no socket, lock or shared memory of the run left; no child left."""
+        assert "Traceback" not in self.stderr and "Traceback" not in self.out, self.stderr[-3000:]
+        left = list((self.runtime / "reprise").iterdir()) if (self.runtime / "reprise").exists() else []
+        assert left == [], left
+        pids = {self.proc.pid, *child_pids}
+        shm = [f for f in os.listdir("/dev/shm") if any(f.startswith(f"reprise-{p}-") for p in pids)] \
+            if os.path.isdir("/dev/shm") else []
+        assert shm == [], shm
+        for pid in child_pids:
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
+
+
+def test_help_shows_every_default_once():
+    text = apex.config.make_parser().format_help()
+    entries = re.split(r"\n(?=  -)", text.split("options:")[1].split("\n\n")[0])
+    options = [e for e in entries if e.strip().startswith("--")]
+    assert len(options) == len([a for a in apex.config.make_parser()._actions if a.option_strings]) - 1
+    for entry in options:
+        assert entry.count("(default:") == 1, entry
+        assert "None" not in entry, entry
+
+
+def test_cuda_without_cuda_is_refused_before_anything_starts(tmp_path, capsys, monkeypatch):
+    from reprise import cli
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli.main(["demo", "apex", "--device", "cuda", "--out", str(tmp_path / "never")]) == 2
+    err = capsys.readouterr().err
+    assert "reprise demo apex: --device cuda:" in err and "--device cpu" in err and "Traceback" not in err
+    assert not (tmp_path / "never").exists()
+    assert cli.main(["demo", "apex", "--device", "gpu", "--out", str(tmp_path / "never")]) == 2
+    assert "--device gpu: not a device torch knows" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("env, expected", [
+    ("Pendulum-v1", ["--env Pendulum-v1 has the action space Box(", "Discrete(n)", "CartPole-v1"]),
+    ("FrozenLake-v1", ["--env FrozenLake-v1 has the observation space Discrete(16)", "vector observations"]),
+    ("NoSuchEnv-v0", ["--env NoSuchEnv-v0: Environment `NoSuchEnv` doesn't exist", "supported:"]),
+    ("ALE/Pong-v5", ["--env ALE/Pong-v5 needs the atari extra (ale-py is not installed here)",
+                     "pip install 'reprise[atari]'"]),
+])
+def test_unsupported_environments_are_refused(env, expected, tmp_path, capsys, monkeypatch):
+    from reprise import cli
+    monkeypatch.setitem(sys.modules, "ale_py", None)  # as if the atari extra were not installed
+    assert cli.main(["demo", "apex", "--env", env, "--out", str(tmp_path / "never")]) == 2
+    err = capsys.readouterr().err
+    for text in expected:
+        assert text in err, err
+    assert "Traceback" not in err
+    assert not (tmp_path / "never").exists()
+
+
+def test_three_runs_started_together_each_get_a_directory_and_end_at_the_time_limit(tmp_path):
+    """No --out: each run makes its own ./reprise-runs/apex-<time>-<pid>. --time-limit 3 ends
+    a run as it starts: a summary that says so, exit 0, nothing left behind. The third run
+    gets Ctrl-C while it draws its plot (matplotlib's import): the plot is skipped, the
+    summary says where the signal came, and it exits 130."""
+    runs = [DemoRun([*TINY, "--time-limit", "3"], cwd=tmp_path) for _ in range(3)]
+    runs[2].wait_for(lambda: runs[2].saw("apex.png (Ctrl-C skips it)"), 60, "the plot")
+    os.kill(runs[2].proc.pid, signal.SIGINT)
+    codes = [r.finish(timeout=90) for r in runs]
+    dirs = list((tmp_path / "reprise-runs").iterdir())
+    assert sorted(int(d.name.rsplit("-", 1)[1]) for d in dirs) == sorted(r.proc.pid for r in runs)
+    assert all(re.fullmatch(r"apex-\d{8}-\d{6}-\d+", d.name) for d in dirs), dirs
+    for run, code in zip(runs, codes):
+        assert code == (130 if run is runs[2] else 0), run.stderr[-3000:]
+        run_dir = next(d for d in dirs if d.name.endswith(f"-{run.proc.pid}"))
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["ended"] == "time_limit" and not summary["solved"]
+        assert summary["config"]["out"] == str(Path("reprise-runs") / run_dir.name)
+        assert "time limit (3 s) reached" in run.stderr
+        assert "not solved (time limit)" in run.out
+        if run is runs[2]:
+            assert summary["interrupted"] and summary["signal"] == "SIGINT" and summary["phase"] == "writing the plot"
+            assert summary["plot"] is None and not (run_dir / "apex.png").exists()
+            assert "then stopped by SIGINT while writing the plot" in run.out
+        else:
+            assert not summary["interrupted"] and summary["plot"] == "apex.png"
+            assert f"wrote {Path('reprise-runs') / run_dir.name / 'summary.json'} and " in run.out
+        run.assert_clean()
+
+
+def test_sigint_before_the_server_is_up_writes_a_summary(tmp_path):
+    out = tmp_path / "run"
+    run = DemoRun([*TINY, "--out", str(out)])
+    run.wait_for(lambda: out.exists(), 30, "run directory")
+    os.kill(run.proc.pid, signal.SIGINT)
+    assert run.finish(timeout=30) == 130, run.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["ended"] == "interrupted" and summary["signal"] == "SIGINT" and summary["phase"] == "starting"
+    assert "interrupted by SIGINT" in run.out
+    run.assert_clean()
+
+
+def test_sigterm_to_the_supervisor_while_its_children_start_then_a_ctrl_c_storm(tmp_path):
+    """SIGTERM to the supervisor alone while the learner and actor import torch, then, once it
+    is stopping, SIGINT to the whole group every 50 ms until it exits (as a terminal's Ctrl-C
+    reaches every process): the children stop quietly, the first signal decides the exit
+    code, and nothing is left behind."""
+    out = tmp_path / "run"
+    run = DemoRun([*TINY, "--out", str(out)])
+    run.wait_for(lambda: (_status(out) or {}).get("pids"), 60, "status.json with the children's pids")
+    pids = list(_status(out)["pids"].values())
+    os.kill(run.proc.pid, signal.SIGTERM)
+    # Python runs pending handlers in signal-number order: SIGINT sent before the SIGTERM was
+    # handled would count as the first. A user's second Ctrl-C comes after the first one acted.
+    run.wait_for(lambda: run.saw("stopped by SIGTERM"), 30, "the supervisor handling SIGTERM")
+    while run.proc.poll() is None:
+        try:
+            os.killpg(run.proc.pid, signal.SIGINT)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    assert run.finish(timeout=30) == 143, run.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["ended"] == "interrupted" and summary["signal"] == "SIGTERM"
+    assert summary["phase"] in ("starting the processes", "waiting for the processes", "training")
+    run.assert_clean(pids)
+
+
+def test_sigint_while_training_then_again_while_plotting(tmp_path):
+    """The first Ctrl-C stops training: the processes stop, the summary is written; a second
+    one during the plot (matplotlib's import) skips it. No traceback anywhere."""
+    out = tmp_path / "run"
+    run = DemoRun([*TINY, "--out", str(out)])
+    run.wait_for(lambda: (_status(out) or {}).get("samples", 0) > 0, 120, "learner samples")
+    pids = list(_status(out)["pids"].values())
+    os.kill(run.proc.pid, signal.SIGINT)
+    run.wait_for(lambda: run.saw("apex.png (Ctrl-C skips it)"), 30, "the plot")
+    os.kill(run.proc.pid, signal.SIGINT)
+    assert run.finish(timeout=30) == 130, run.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["ended"] == "interrupted" and summary["signal"] == "SIGINT" and summary["phase"] == "training"
+    assert summary["inserts"] > 0 and summary["samples"] > 0 and summary["final_eval_returns"] is None
+    assert summary["plot"] is None and any("plot skipped: stopped by SIGINT" in line for line in summary["log"])
+    assert not (out / "apex.png").exists()
+    # Without a terminal, progress comes as lines: toward the solve threshold, against the time limit.
+    assert re.search(r"apex CartPole-v1 +\d+% .* of 10:00", run.stderr), run.stderr[-3000:]
+    run.assert_clean(pids)
+
+
+def test_a_process_that_keeps_failing_ends_the_run_instead_of_a_restart_loop(monkeypatch):
+    from reprise.examples.apex import processes
+
+    class Dead:
+        pid, exitcode = 4242, 1
+
+    sup = processes.Supervisor(apex.Config(actors=1), "unix:///nowhere", time.time(), stop=None)
+    started = []
+    monkeypatch.setattr(sup, "start", lambda name: (started.append(name), sup.procs.__setitem__(name, Dead())))
+    sup.procs = {"learner": Dead()}
+    logged = []
+    for _ in range(processes.FAILURES_TO_GIVE_UP - 1):
+        assert sup.check(logged.append) is None
+    why = sup.check(logged.append)
+    assert why.startswith(f"learner exited {processes.FAILURES_TO_GIVE_UP} times within 60 s (last exit code 1)")
+    assert started == ["learner"] * (processes.FAILURES_TO_GIVE_UP - 1) and sup.restarts["learner"] == 4
+
+
+def test_run_directories_are_never_shared(tmp_path):
+    from reprise.examples import rundirs
+    a, b = rundirs.claim("apex", None, base=tmp_path), rundirs.claim("apex", None, base=tmp_path)
+    assert a.path != b.path and a.path.parent == b.path.parent == tmp_path / "reprise-runs"
+    assert re.fullmatch(rf"apex-\d{{8}}-\d{{6}}-{os.getpid()}(-\d+)?", b.path.name)
+    # --out given twice while the first run holds it: refused; free again once released.
+    first = rundirs.claim("apex", tmp_path / "mine")
+    with pytest.raises(rundirs.DirectoryInUse, match="output directory of another run"):
+        rundirs.claim("apex", tmp_path / "mine")
+    first.release()
+    rundirs.claim("apex", tmp_path / "mine").release()
+    for d in (a, b):
+        d.release()
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]  # the lock leaves no file
+
+
+def test_progress_prints_lines_without_a_terminal_or_on_a_pty_of_size_zero():
+    import pty
+    from reprise.examples.progress import ProgressLine, terminal_width
+    master, slave = pty.openpty()  # a new pty reports 0 x 0 until someone sizes it
+    with os.fdopen(slave, "w") as stream:
+        assert stream.isatty() and terminal_width(stream) is None
+        line = ProgressLine("apex CartPole-v1", every=10.0, stream=stream)
+        line.update(212 / 475, "greedy return 212 of 475 | 0:42 of 10:00")
+        line.update(0.5, "not shown yet: within 10 s of the last line")
+        line.close()  # prints the last state
+        os.set_blocking(master, False)
+        shown = os.read(master, 4096).decode()
+    os.close(master)
+    assert "apex CartPole-v1  45% greedy return 212 of 475 | 0:42 of 10:00" in shown
+    assert "apex CartPole-v1  50% not shown yet" in shown and "\x1b[K" not in shown

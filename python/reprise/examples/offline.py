@@ -35,11 +35,13 @@ with one shard per rank: ``offline_cluster.py``. Everything else is shared.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib.util
 import json
 import os
 import sys
+import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,11 +50,17 @@ import numpy as np
 
 import reprise as rp
 
+from . import rundirs
+from .devices import device_problem
+from .progress import ProgressLine
+from .stopping import Interrupted, StopSignals, signal_name
+
 ENV = "CartPole-v1"
 FIELDS = ("observations", "actions", "rewards", "returns_to_go", "timesteps")
 TRAIN_FIELDS = ("observations", "actions", "returns_to_go", "timesteps")  # what a training batch reads
 PROBE = 2048  # windows drawn once for the state normalisation
 RTG_SCALE = 100.0  # returns-to-go are fed to the model divided by this
+LINE_EVERY_S = 10.0  # a progress line this often without a terminal
 
 
 @dataclass
@@ -71,7 +79,7 @@ class Config:
     dataset: str | None = None       # a dataset file or checkpoint; default: generate one
     device: str | None = None        # default: cuda when available
     seed: int = 0
-    out: str | None = None
+    out: str | None = None           # default: a new ./reprise-runs/offline-<time>-<pid> (rundirs.py)
     smoke: bool = False
     nproc: int = 1                   # ranks (cluster mode when > 1, or under torchrun)
 
@@ -153,39 +161,57 @@ def is_checkpoint(path: Path) -> bool:
     return path.is_dir() and ((path / "MANIFEST.json").exists() or bool(rp.checkpoint.checkpoints(path)))
 
 
-def open_dataset(cfg: Config, out: Path):
-    """``(windows table, stats, closer)``: the generated dataset or ``--dataset``
-    imported with ``window=K``, or the tables of a checkpoint."""
-    path = Path(cfg.dataset) if cfg.dataset else None
-    if path is not None and is_checkpoint(path):
+def dataset_file(cfg: Config, out: Path) -> Path:
+    """``--dataset``, or a dataset generated into ``out`` (``cartpole-scripted.hdf5``)."""
+    if cfg.dataset:
+        return Path(cfg.dataset)
+    path = out / "cartpole-scripted.hdf5"
+    rp.datasets.write_d4rl(path, generate(cfg.episodes, cfg.seed),
+                           metadata={"policy": "scripted controller, per-episode random-action rate U(0, 1)"})
+    return path
+
+
+def open_dataset(cfg: Config, path: Path):
+    """``(windows table, stats, closer)``: the dataset file at ``path`` imported with
+    ``window=K``, or the tables of the checkpoint there. Closed again if it fails."""
+    if is_checkpoint(path):
         tables = rp.checkpoint.load(path)
-        if "windows" not in tables:
-            raise rp.errors.InvalidArgument(f"{path}: the checkpoint has no 'windows' table; "
-                                            "make it with reprise import --window K")
-        windows = tables["windows"]
-        stats = {"source": str(path), "format": "reprise checkpoint", "windows": windows.size}
-        if "episodes" in tables and "rewards" in windows.store.signature:
-            s = tables["episodes"].sample(min(4 * tables["episodes"].size, 4096), fields=["rewards"])
-            keys, first = np.unique(s.keys, return_index=True)
-            returns = s.data["rewards"][first].sum(axis=1)
-            stats.update(episodes=tables["episodes"].size, return_mean=float(returns.mean()),
-                         return_min=float(returns.min()), return_max=float(returns.max()),
-                         returns_from=f"{keys.size} episodes drawn")
-        return windows, stats, windows.store.close
-    if path is None:
-        path = out / "cartpole-scripted.hdf5"
-        rp.datasets.write_d4rl(path, generate(cfg.episodes, cfg.seed),
-                               metadata={"policy": "scripted controller, per-episode random-action rate U(0, 1)"})
+        stores = {id(t.store): t.store for t in tables.values()}.values()
+
+        def close():
+            for store in stores:
+                store.close()
+        try:
+            if "windows" not in tables:
+                raise rp.errors.InvalidArgument(f"{path}: the checkpoint has no 'windows' table; "
+                                                "make it with reprise import --window K")
+            windows = tables["windows"]
+            stats = {"source": str(path), "format": "reprise checkpoint", "windows": windows.size}
+            if "episodes" in tables and "rewards" in windows.store.signature:
+                s = tables["episodes"].sample(min(4 * tables["episodes"].size, 4096), fields=["rewards"])
+                keys, first = np.unique(s.keys, return_index=True)
+                returns = s.data["rewards"][first].sum(axis=1)
+                stats.update(episodes=tables["episodes"].size, return_mean=float(returns.mean()),
+                             return_min=float(returns.min()), return_max=float(returns.max()),
+                             returns_from=f"{keys.size} episodes drawn")
+        except BaseException:
+            close()
+            raise
+        return windows, stats, close
     sig = rp.datasets.infer_signature(path)
     missing = [f for f in FIELDS if f not in sig]
     if missing:
         raise rp.errors.InvalidArgument(f"{path}: the demo needs per-step {', '.join(FIELDS)}; missing {missing}")
     ds = rp.datasets.load(path, window=cfg.context, fields=list(FIELDS), seed=cfg.seed)
-    print(ds.describe())
-    r = ds.episode_returns
-    stats = {"source": ds.source, "format": ds.format, "steps": ds.num_steps, "episodes": ds.num_episodes,
-             "windows": ds.windows.size, "return_mean": float(r.mean()), "return_min": float(r.min()),
-             "return_max": float(r.max()), "episode_length_mean": float(ds.episode_lengths.mean())}
+    try:
+        print(ds.describe())
+        r = ds.episode_returns
+        stats = {"source": ds.source, "format": ds.format, "steps": ds.num_steps, "episodes": ds.num_episodes,
+                 "windows": ds.windows.size, "return_mean": float(r.mean()), "return_min": float(r.min()),
+                 "return_max": float(r.max()), "episode_length_mean": float(ds.episode_lengths.mean())}
+    except BaseException:
+        ds.close()
+        raise
     return ds.windows, stats, ds.close
 
 
@@ -299,62 +325,71 @@ def normalisation(states, top: int, cfg: Config):
 
 
 def train(cfg: Config, model, next_batch, state_mean, state_std, torch, dev, show: bool = True,
-          unit: str = "samples/s"):
+          unit: str = "samples/s", losses: list | None = None):
     """``cfg.steps`` steps of AdamW (linear warm-up over the first 10%, gradients
     clipped to norm 1) on ``next_batch() -> (data, lengths)``, the loss masked past
-    each item's length. Returns ``(losses, seconds, seconds inside next_batch)``.
-    ``show``: the progress bar or lines (one rank of several shows them)."""
+    each item's length. Returns ``(losses, seconds, seconds inside next_batch)``;
+    ``losses`` (if given) is filled as it goes, so a caller stopped midway has them.
+    ``show``: the progress line (one rank of several shows it)."""
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=1e-4)
     warmup = max(1, cfg.steps // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / warmup))
-    from tqdm import tqdm
-    interactive = show and sys.stderr.isatty()
-    bar = tqdm(range(cfg.steps), desc="train", disable=not interactive, dynamic_ncols=True)
-    losses, t0, waited = [], time.time(), 0.0
-    for step in bar:
-        t = time.time()
-        data, lengths = next_batch()
-        waited += time.time() - t
-        k = data["actions"].shape[1]
-        logits = model(data["returns_to_go"].float() / RTG_SCALE,
-                       (data["observations"].float() - state_mean) / state_std,
-                       data["actions"].long(), data["timesteps"].long())
-        mask = torch.arange(k, device=dev)[None] < lengths[:, None]
-        loss = torch.nn.functional.cross_entropy(logits[mask], data["actions"].long()[mask])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        losses.append(loss.item())
-        rate = (step + 1) * cfg.batch_size / max(time.time() - t0, 1e-9)
-        bar.set_postfix(loss=f"{losses[-1]:.3f}", samples_s=f"{rate:,.0f}")
-        if show and not interactive and ((step + 1) % max(1, cfg.steps // 5) == 0 or step + 1 == cfg.steps):
-            print(f"step {step + 1}/{cfg.steps}  loss {np.mean(losses[-20:]):.4f}  {rate:,.0f} {unit}", flush=True)
-    bar.close()
+    progress = ProgressLine("train", every=LINE_EVERY_S, enabled=show)
+    losses = [] if losses is None else losses
+    t0, waited = time.time(), 0.0
+    try:
+        for step in range(cfg.steps):
+            t = time.time()
+            data, lengths = next_batch()
+            waited += time.time() - t
+            k = data["actions"].shape[1]
+            logits = model(data["returns_to_go"].float() / RTG_SCALE,
+                           (data["observations"].float() - state_mean) / state_std,
+                           data["actions"].long(), data["timesteps"].long())
+            mask = torch.arange(k, device=dev)[None] < lengths[:, None]
+            loss = torch.nn.functional.cross_entropy(logits[mask], data["actions"].long()[mask])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            losses.append(loss.item())
+            elapsed = time.time() - t0
+            rate = (step + 1) * cfg.batch_size / max(elapsed, 1e-9)
+            progress.update((step + 1) / cfg.steps, f"step {step + 1}/{cfg.steps} loss {np.mean(losses[-20:]):.4f} "
+                                                    f"{rate:,.0f} {unit} {elapsed:.0f} s")
+    finally:
+        progress.close()
     return losses, time.time() - t0, waited
 
 
 def finish(cfg: Config, dev, out: Path, stats: dict, model, state_mean, state_std, max_timestep, losses: list,
            times: dict, started: float, train_extra: dict | None = None, extra: dict | None = None,
-           where: str | None = None) -> dict:
+           where: str | None = None, stop: StopSignals | None = None) -> dict:
     """Evaluates ``model`` (and a random policy), writes ``summary.json`` and
     ``offline.png`` into ``out``, prints the result; returns the summary.
     ``times`` holds ``train_s``; ``train_extra`` and ``extra`` go into the
-    summary's ``train`` and top level."""
+    summary's ``train`` and top level. With ``stop``, a signal during the plot
+    skips it (the summary says so)."""
     import torch
     t1 = time.time()
     eval_returns = evaluate(model, torch, dev, cfg, cfg.eval_episodes, state_mean, state_std,
                             max_timestep, seed=cfg.seed + 10_000)
     times["eval_s"] = time.time() - t1
     baseline = random_returns(cfg.random_episodes, seed=cfg.seed + 20_000)
+    if stop is not None:
+        stop.stopping()  # from here a signal only skips the plot
     times["total_s"] = time.time() - started
     samples = cfg.steps * cfg.batch_size * cfg.nproc
     summary = {
+        "ended": "completed",
+        "interrupted": False,
+        "signal": None,
+        "phase": None,
         "config": dataclasses.asdict(cfg),
         "device": str(dev),
         "dataset": stats,
-        "train": {"steps": cfg.steps, "samples": samples,
+        "train": {"steps": cfg.steps, "steps_done": len(losses), "samples": samples,
                   "first_loss": float(np.mean(losses[:20])), "final_loss": float(np.mean(losses[-20:])),
                   "samples_per_s": samples / max(times["train_s"], 1e-9), **(train_extra or {})},
         "eval": {"target_return": cfg.target_return, "returns": eval_returns,
@@ -362,36 +397,92 @@ def finish(cfg: Config, dev, out: Path, stats: dict, model, state_mean, state_st
         "random_policy": {"returns": baseline, "mean_return": float(np.mean(baseline))},
         **(extra or {}),
         "times": times,
+        "plot": None,
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    plot(out / "offline.png", losses, summary)
+    write_json(out / "summary.json", summary)
+    if stop is None:
+        plot(out / "offline.png", losses, summary)
+        drawn = True
+    else:
+        drawn, _ = stop.optional(plot, out / "offline.png", losses, summary)
+    summary.update(plot="offline.png" if drawn else None, interrupted=stop is not None and stop.interrupted,
+                   signal=signal_name(stop.first) if stop is not None else None)
+    write_json(out / "summary.json", summary)
     print(f"Decision Transformer, target return {cfg.target_return:g}: mean return "
           f"{summary['eval']['mean_return']:.1f} over {len(eval_returns)} episodes "
           f"(dataset mean {stats.get('return_mean', float('nan')):.1f}, random policy "
           f"{summary['random_policy']['mean_return']:.1f}); loss {summary['train']['first_loss']:.3f} -> "
           f"{summary['train']['final_loss']:.3f} in {cfg.steps} steps on {where or dev}; {times['total_s']:.0f} s")
-    print(f"wrote {out / 'summary.json'} and {out / 'offline.png'}", flush=True)
+    print(f"wrote {out / 'summary.json'}" + (f" and {out / 'offline.png'}" if drawn else
+                                             f" (plot skipped: stopped by {summary['signal']})"), flush=True)
     return summary
 
 
-def run(cfg: Config) -> dict | None:
+def write_json(path: Path, value) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(value, indent=2))
+    os.replace(tmp, path)
+
+
+class Record:
+    """What a run has done so far, for the summary of one that a signal stopped."""
+
+    def __init__(self, started: float):
+        self.started = started
+        self.phase = "starting"     # starting, making the dataset, importing, training, evaluating, ...
+        self.stats: dict | None = None
+        self.losses: list = []
+        self.times: dict = {}
+
+
+def write_interrupted(cfg: Config, stop: StopSignals, rec: Record, dev, out: Path, extra: dict | None = None) -> dict:
+    """``summary.json`` of a run a signal stopped: how far it got. No plot."""
+    losses = rec.losses
+    summary = {
+        "ended": "interrupted",
+        "interrupted": True,
+        "signal": signal_name(stop.first),
+        "phase": rec.phase,
+        "config": dataclasses.asdict(cfg),
+        "device": None if dev is None else str(dev),
+        "dataset": rec.stats,
+        "train": {"steps": cfg.steps, "steps_done": len(losses),
+                  "first_loss": float(np.mean(losses[:20])) if losses else None,
+                  "last_loss": float(np.mean(losses[-20:])) if losses else None},
+        **(extra or {}),
+        "times": {**rec.times, "total_s": time.time() - rec.started},
+        "plot": None,
+    }
+    write_json(out / "summary.json", summary)
+    print(f"stopped by {summary['signal']} while {rec.phase}, after {summary['times']['total_s']:.0f} s and "
+          f"{len(losses)} of {cfg.steps} training steps; wrote {out / 'summary.json'}", flush=True)
+    return summary
+
+
+def run(cfg: Config, stop: StopSignals | None = None) -> dict | None:
     """Runs the demo; returns the summary (also written to ``<out>/summary.json``).
     With ``cfg.nproc > 1`` or under torchrun, runs it on several ranks
-    (``offline_cluster.run``; None on ranks other than 0 under torchrun)."""
+    (``offline_cluster.run``; None on ranks other than 0 under torchrun).
+    ``stop``: the signal handlers ``main`` installed; without them ``run`` installs
+    its own for its duration. A signal ends the run early, with a summary
+    (``ended: interrupted``, ``signal``, ``phase``)."""
     from . import offline_cluster
-    if cfg.nproc > 1 or offline_cluster.under_torchrun():
-        return offline_cluster.run(cfg)
+    if offline_cluster.under_torchrun():
+        return offline_cluster.run(cfg, stop)
+    if stop is None:
+        with StopSignals() as own:
+            return run(cfg, own)
+    if cfg.nproc > 1:
+        return offline_cluster.run(cfg, stop)
     import torch
-    started = time.time()
     dev = device_of(cfg, torch)
-    out = out_dir(cfg)
     threads = torch.get_num_threads()
     if dev.type == "cpu":
         # Half the cores at most: a small model gains little from more threads, and
         # oversubscribed OpenMP threads slow to a crawl when the machine is busy.
         torch.set_num_threads(max(1, min(4, (os.cpu_count() or 1) // 2)))
     try:
-        return _run(cfg, torch, dev, out, started)
+        return _run(cfg, torch, dev, stop)
     finally:
         torch.set_num_threads(threads)
 
@@ -406,53 +497,105 @@ def device_of(cfg: Config, torch, index: int | None = None):
     return dev
 
 
-def out_dir(cfg: Config) -> Path:
-    out = Path(cfg.out or f"reprise-offline-{time.strftime('%Y%m%d-%H%M%S')}")
-    out.mkdir(parents=True, exist_ok=True)
-    return out
-
-
-def _run(cfg: Config, torch, dev, out: Path, started: float) -> dict:
-    torch.manual_seed(cfg.seed)
-    windows, stats, close = open_dataset(cfg, out)
-    times = {"dataset_s": time.time() - started}
+def _run(cfg: Config, torch, dev, stop: StopSignals) -> dict:
+    rec = Record(time.time())
+    run_dir = close = None
     try:
-        check_signature(windows.store.signature, state_dim=4)
-        sample_device = None if dev.type == "cpu" else dev
+        try:
+            with stop.hold():  # a signal waits until the directory is claimed: the summary goes there
+                run_dir = rundirs.claim("offline", cfg.out)
+                cfg = dataclasses.replace(cfg, out=str(run_dir.path))
+            out = run_dir.path
+            torch.manual_seed(cfg.seed)
+            rec.phase = "making the dataset" if not cfg.dataset else "importing the dataset"
+            path = dataset_file(cfg, out)
+            rec.phase = "importing the dataset"
+            with stop.hold():  # its stores exist, and will be closed, or not at all
+                windows, rec.stats, close = open_dataset(cfg, path)
+            rec.times["dataset_s"] = time.time() - rec.started
+            check_signature(windows.store.signature, state_dim=4)
+            sample_device = None if dev.type == "cpu" else dev
 
-        def batch(n):
-            return to_torch(windows.sample(n, fields=list(TRAIN_FIELDS), device=sample_device), torch, dev)
+            def batch(n):
+                return to_torch(windows.sample(n, fields=list(TRAIN_FIELDS), device=sample_device), torch, dev)
 
-        # State normalisation and the timestep range, from a large draw.
-        state_mean, state_std, max_timestep = normalisation(*valid_states(*batch(PROBE), torch, dev), cfg)
-        model = make_model(4, 2, max_timestep, cfg).to(dev)
-        losses, times["train_s"], _ = train(cfg, model, lambda: batch(cfg.batch_size), state_mean, state_std,
-                                            torch, dev)
-        return finish(cfg, dev, out, stats, model, state_mean, state_std, max_timestep, losses, times, started)
+            # State normalisation and the timestep range, from a large draw.
+            state_mean, state_std, max_timestep = normalisation(*valid_states(*batch(PROBE), torch, dev), cfg)
+            model = make_model(4, 2, max_timestep, cfg).to(dev)
+            rec.phase = "training"
+            _, rec.times["train_s"], _ = train(cfg, model, lambda: batch(cfg.batch_size), state_mean, state_std,
+                                               torch, dev, losses=rec.losses)
+            rec.phase = "evaluating"
+            summary = finish(cfg, dev, out, rec.stats, model, state_mean, state_std, max_timestep, rec.losses,
+                             dict(rec.times), rec.started, stop=stop)
+            stop.stopping()
+            return summary
+        except Interrupted:
+            if run_dir is None:
+                raise  # before the run directory: main says that nothing was written
+            stop.stopping()
+            return write_interrupted(cfg, stop, rec, dev, run_dir.path)
     finally:
-        close()
+        stop.stopping()
+        if close is not None:
+            close()
+        if run_dir is not None:
+            run_dir.release()
+
+
+EPILOG = """\
+output: a new directory ./reprise-runs/offline-<time>-<pid> (or --out) with the generated
+dataset, summary.json and offline.png.
+exit status: 0 done, 1 a rank failed (--nproc), 2 a refused option, dataset, device or
+output directory, 130 / 143 stopped by SIGINT (Ctrl-C) / SIGTERM (summary.json says how far
+it got)."""
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Wraps option help without breaking words at hyphens (``--batch-size``, ``reprise-runs``)."""
+
+    def _split_lines(self, text, width):
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
+def make_parser() -> argparse.ArgumentParser:
+    """The command line. Each option's help ends with its default, once (no
+    ArgumentDefaultsHelpFormatter: it would add a second one, or ``None``)."""
+    d = Config()
+    p = argparse.ArgumentParser(prog="reprise demo offline", description=__doc__.split("\n\n")[0],
+                                epilog=EPILOG, formatter_class=_HelpFormatter)
+
+    def option(flag, help, shown=None, **kw):
+        name = flag[2:].replace("-", "_")
+        value = getattr(d, name) if shown is None else shown
+        text = f"{help} (default: {value:g}" if isinstance(value, float) else f"{help} (default: {value}"
+        if name in SMOKE:
+            text += f"; --smoke: {SMOKE[name]}"
+        p.add_argument(flag, default=getattr(d, name), help=text + ")", **kw)
+
+    option("--dataset", "a dataset file (D4RL HDF5, Minari, npz) or a checkpoint of 'reprise import --window K'",
+           shown="generate one")
+    option("--episodes", "episodes to generate", type=int)
+    option("--steps", "training steps", type=int)
+    option("--batch-size", "windows per training step (per rank with --nproc)", type=int)
+    option("--context", "K: steps per training window", type=int)
+    option("--lr", "learning rate", type=float)
+    option("--target-return", "the return the evaluation conditions on", type=float)
+    option("--eval-episodes", "evaluation episodes", type=int)
+    option("--device", "where the model trains; cuda is refused where it is not available",
+           shown="cuda when available, else cpu")
+    option("--seed", "dataset, model, sampling and evaluation seed", type=int)
+    option("--out", "output directory", shown="a new ./reprise-runs/offline-<time>-<pid>")
+    p.add_argument("--smoke", action="store_true", default=False,
+                   help="a small dataset and a short run (CI): the --smoke values above (default: off)")
+    option("--nproc", "ranks: > 1 trains with DDP on a sharded table (one shard per rank), each rank on "
+                      "--batch-size windows of a global draw of N x --batch-size (ignored under torchrun)", type=int)
+    return p
 
 
 def parse_args(argv) -> Config:
     d = Config()
-    p = argparse.ArgumentParser(prog="reprise demo offline", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--dataset", default=None, help="a dataset file (D4RL HDF5, Minari, npz) or a checkpoint of "
-                                                   "'reprise import --window K' (default: generate one)")
-    p.add_argument("--episodes", type=int, default=d.episodes, help="episodes to generate")
-    p.add_argument("--steps", type=int, default=d.steps, help="training steps")
-    p.add_argument("--batch-size", type=int, default=d.batch_size)
-    p.add_argument("--context", type=int, default=d.context, help="K: steps per training window")
-    p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--target-return", type=float, default=d.target_return)
-    p.add_argument("--eval-episodes", type=int, default=d.eval_episodes)
-    p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--out", default=None, help="output directory (default: ./reprise-offline-<time>)")
-    p.add_argument("--smoke", action="store_true", help="a small dataset and a short run (CI)")
-    p.add_argument("--nproc", type=int, default=d.nproc,
-                   help="ranks: > 1 trains with DDP on a sharded table (one shard per rank), each rank on "
-                        "--batch-size windows of a global draw of N x --batch-size (ignored under torchrun)")
+    p = make_parser()
     a = p.parse_args(argv)
     values = {f.name: getattr(a, f.name) for f in dataclasses.fields(Config) if hasattr(a, f.name)}
     if a.smoke:
@@ -466,20 +609,36 @@ def parse_args(argv) -> Config:
 
 
 def main(argv=None) -> int:
-    cfg = parse_args(sys.argv[1:] if argv is None else argv)
-    missing = [m for m in ("torch", "gymnasium", "matplotlib", "h5py") if importlib.util.find_spec(m) is None]
-    if missing:
-        print(f"reprise demo offline: needs {', '.join(missing)}: pip install 'reprise[demo]'", file=sys.stderr)
-        return 2
-    from .offline_cluster import RankFailed
-    try:
-        run(cfg)
-    except rp.errors.RepriseError as e:
-        print(f"reprise demo offline: {e}", file=sys.stderr)
-        return 2
-    except RankFailed as e:
-        print(f"reprise demo offline: {e}", file=sys.stderr)
-        return 1
+    """``reprise demo offline``. Exit status: 0 done, 1 a rank failed, 2 refused (options,
+    missing packages, dataset, device, output directory in use), 128 + the signal's number
+    when stopped by SIGINT (130) or SIGTERM (143). Under torchrun, torchrun handles the
+    signals (it stops the ranks), and the demo installs no handlers of its own."""
+    from .offline_cluster import RankFailed, under_torchrun
+    handlers = contextlib.nullcontext(None) if under_torchrun() else StopSignals(quiet_after=True)
+    with handlers as stop:
+        try:
+            cfg = parse_args(sys.argv[1:] if argv is None else argv)
+            missing = [m for m in ("torch", "gymnasium", "matplotlib", "h5py") if importlib.util.find_spec(m) is None]
+            if missing:
+                print(f"reprise demo offline: needs {', '.join(missing)}: pip install 'reprise[demo]'", file=sys.stderr)
+                return 2
+            problem = device_problem(cfg.device)
+            if problem is not None:
+                print(f"reprise demo offline: {problem}", file=sys.stderr)
+                return 2
+            run(cfg, stop)
+        except Interrupted as e:
+            print(f"reprise demo offline: stopped by {e.name} before the run began; nothing was written",
+                  file=sys.stderr)
+            return e.exit_code
+        except (rp.errors.RepriseError, rundirs.DirectoryInUse) as e:
+            print(f"reprise demo offline: {e}", file=sys.stderr)
+            return 2
+        except RankFailed as e:
+            print(f"reprise demo offline: {e}", file=sys.stderr)
+            return 1
+    if stop is not None and stop.interrupted:
+        return stop.exit_code
     return 0
 
 

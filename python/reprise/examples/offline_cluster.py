@@ -27,8 +27,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import signal
-import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -38,6 +36,8 @@ import numpy as np
 import reprise as rp
 
 from . import offline as demo
+from . import rundirs, stopping
+from .stopping import Interrupted, StopSignals, block_sigint
 
 TABLE_TIMEOUT_S = 60.0    # every collective of the sharded table
 GROUP_TIMEOUT_S = 300.0   # the process group's (DDP's all-reduces; under torchrun the wait for rank 0's dataset)
@@ -53,12 +53,18 @@ def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def run(cfg: demo.Config) -> dict | None:
+def run(cfg: demo.Config, stop: StopSignals | None = None) -> dict | None:
     """The demo on ``cfg.nproc`` spawned ranks, or on torchrun's ranks. Returns
-    the summary (None on the ranks other than 0 under torchrun)."""
+    the summary (None on the ranks other than 0 under torchrun). ``stop``: the
+    parent's signal handlers (spawned ranks); a signal stops the ranks and
+    writes a summary of how far the run got. Under torchrun it is not used:
+    torchrun stops its ranks."""
     if under_torchrun():
         return _torchrun(cfg)
-    return _spawn(cfg)
+    if stop is None:
+        with StopSignals() as own:
+            return _spawn(cfg, own)
+    return _spawn(cfg, stop)
 
 
 # ------------------------------------------------------------------ dataset
@@ -76,15 +82,24 @@ def read_episodes(source: str, format: str, fields) -> list[dict]:
     return [{f: a[starts[i]:starts[i + 1]] for f, a in data.items()} for i in range(len(lengths))]
 
 
-def prepare(cfg: demo.Config, started: float) -> dict:
-    """What every rank needs: the dataset made or read as the single-process demo
-    does (its description printed), its episodes, statistics and signature."""
+def check_dataset(cfg: demo.Config) -> None:
     if cfg.dataset and demo.is_checkpoint(Path(cfg.dataset)):
         raise rp.errors.InvalidArgument(
             f"--nproc: {cfg.dataset} is a checkpoint; cluster mode reads the episodes from a dataset file "
             "(D4RL/Minari/npz, the input of reprise import), not from a checkpoint's tables")
-    out = demo.out_dir(cfg)
-    windows, stats, close = demo.open_dataset(cfg, out)
+
+
+def prepare(cfg: demo.Config, started: float, out: Path, rec: demo.Record | None = None) -> dict:
+    """What every rank needs: the dataset made or read into ``out`` as the
+    single-process demo does (its description printed), its episodes,
+    statistics and signature. ``rec`` follows the phases."""
+    check_dataset(cfg)
+    rec = rec or demo.Record(started)
+    rec.phase = "making the dataset" if not cfg.dataset else "importing the dataset"
+    path = demo.dataset_file(cfg, out)
+    rec.phase = "importing the dataset"
+    windows, stats, close = demo.open_dataset(cfg, path)
+    rec.stats = stats
     try:
         signature = windows.store.signature
         demo.check_signature(signature, state_dim=4)
@@ -108,48 +123,81 @@ def shard_capacity(lengths: np.ndarray, k: int, shards: int) -> int:
 
 # ---------------------------------------------------------------- launchers
 
-def _spawn(cfg: demo.Config) -> dict:
+def _spawn(cfg: demo.Config, stop: StopSignals) -> dict:
     import torch
     import torch.distributed as dist
     import torch.multiprocessing as tmp
-    started = time.time()
+    rec = demo.Record(time.time())
     demo.device_of(cfg, torch)  # an unusable --device fails here, not in every rank
-    payload = prepare(cfg, started)
-    master = dist.TCPStore("127.0.0.1", 0, cfg.nproc + 1, is_master=True, wait_for_workers=False,
-                           timeout=timedelta(seconds=GROUP_TIMEOUT_S))
-    print(f"cluster: spawning {cfg.nproc} ranks (gloo, one thread each)", flush=True)
-    threads = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = "1"  # read by the children's torch at import
+    check_dataset(cfg)
+    run_dir, ranks, pids = None, None, []
     try:
-        tmp.spawn(_spawned, args=(cfg.nproc, master.port, cfg, {**payload, "parent": os.getpid()}),
-                  nprocs=cfg.nproc, join=True)
-    except tmp.ProcessRaisedException as e:
-        raise RankFailed(f"a rank failed (the others were stopped):\n{e}") from None
-    except tmp.ProcessExitedException as e:
-        raise RankFailed(f"a rank exited early (the others were stopped): {e}") from None
-    finally:
-        if threads is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-        else:
-            os.environ["OMP_NUM_THREADS"] = threads
-    return json.loads((Path(payload["out"]) / "summary.json").read_text())
-
-
-def _die_with_parent(parent: int):
-    """On Linux, a rank gets SIGTERM when the process that spawned it dies (a
-    killed demo leaves no ranks behind waiting for the collective timeout)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
         try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            return
-        if os.getppid() != parent:  # it died before the prctl
-            os.kill(os.getpid(), signal.SIGTERM)
+            with stop.hold():  # a signal waits until the directory is claimed: the summary goes there
+                run_dir = rundirs.claim("offline", cfg.out)
+                cfg = dataclasses.replace(cfg, out=str(run_dir.path))
+            payload = prepare(cfg, rec.started, run_dir.path, rec)
+            rec.times.update(payload["times"])
+            master = dist.TCPStore("127.0.0.1", 0, cfg.nproc + 1, is_master=True, wait_for_workers=False,
+                                   timeout=timedelta(seconds=GROUP_TIMEOUT_S))
+            print(f"cluster: spawning {cfg.nproc} ranks (gloo, one thread each)", flush=True)
+            rec.phase = f"training on {cfg.nproc} ranks"
+            threads = os.environ.get("OMP_NUM_THREADS")
+            os.environ["OMP_NUM_THREADS"] = "1"  # read by the children's torch at import
+            try:
+                # The ranks start with SIGINT blocked and then ignore it (stopping.child_setup):
+                # the terminal's Ctrl-C is for this process, which stops them.
+                with stop.hold(), block_sigint():
+                    ranks = tmp.spawn(_spawned, args=(cfg.nproc, master.port, cfg, {**payload, "parent": os.getpid()}),
+                                      nprocs=cfg.nproc, join=False)
+                    pids = [p.pid for p in ranks.processes]
+            finally:
+                if threads is None:
+                    os.environ.pop("OMP_NUM_THREADS", None)
+                else:
+                    os.environ["OMP_NUM_THREADS"] = threads
+            try:
+                while not ranks.join(timeout=0.5):
+                    pass
+            except tmp.ProcessRaisedException as e:
+                raise RankFailed(f"a rank failed (the others were stopped):\n{e}") from None
+            except tmp.ProcessExitedException as e:
+                raise RankFailed(f"a rank exited early (the others were stopped): {e}") from None
+            stop.stopping()
+            return json.loads((run_dir.path / "summary.json").read_text())
+        except Interrupted:
+            if run_dir is None:
+                raise  # before the run directory: main says that nothing was written
+            stop.stopping()
+            _stop_ranks(ranks)
+            return demo.write_interrupted(cfg, stop, rec, cfg.device, run_dir.path,
+                                          extra={"cluster": {"launcher": "spawn", "ranks": cfg.nproc}})
+    finally:
+        stop.stopping()
+        _stop_ranks(ranks)
+        # A rank killed (by us, or by torch when another failed) could not close its shard.
+        stopping.remove_shared_memory_of(pids)
+        if run_dir is not None:
+            run_dir.release()
+
+
+def _stop_ranks(ranks, grace: float = 5.0) -> None:
+    """SIGTERM to the ranks still running, SIGKILL after ``grace`` seconds; joined."""
+    if ranks is None:
+        return
+    for p in ranks.processes:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + grace
+    for p in ranks.processes:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join()
 
 
 def _spawned(rank: int, world: int, port: int, cfg: demo.Config, payload: dict):
-    _die_with_parent(payload["parent"])
+    stopping.child_setup(payload["parent"])
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
     import torch.distributed as dist
@@ -175,7 +223,7 @@ def _torchrun(cfg: demo.Config) -> dict | None:
         box, error = [None], None
         if rank == 0:
             try:
-                box[0] = prepare(cfg, time.time())
+                box[0] = prepare(cfg, time.time(), rundirs.claim("offline", cfg.out).path)
             except Exception as e:  # noqa: BLE001 - the other ranks must hear of it, not wait
                 error, box[0] = e, {"error": f"rank 0 could not prepare the dataset: {type(e).__name__}: {e}"}
         dist.broadcast_object_list(box, src=0)

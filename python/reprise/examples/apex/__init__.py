@@ -9,8 +9,10 @@ The processes (Horgan et al., "Distributed Prioritized Experience Replay", as la
 in-network replay papers):
 
 - the **supervisor** (this process) owns the tables and serves them with ``rp.Server``; it
-  starts the learner and the actors, restarts any that die, shows progress, and at the end
-  evaluates the newest parameters and writes ``summary.json`` and ``apex.png``;
+  starts the learner and the actors, restarts any that die (and gives up on one that keeps
+  dying), shows progress, and at the end (solved, time limit, SIGINT or SIGTERM) stops them,
+  evaluates the newest parameters and writes ``summary.json`` and ``apex.png`` into a new
+  ``./reprise-runs/apex-<time>-<pid>`` (or ``--out``);
 - **actors** (``--actors``, default: the cores available) each run ``--envs-per-actor``
   environments with Ape-X's per-environment epsilon ``0.4 ** (1 + 7 i / (N - 1))``, write every
   step once through ``rp.Client(server.local_address)`` and make one item per n-step
@@ -25,11 +27,14 @@ in-network replay papers):
 Episode returns and evaluations travel back to the supervisor through two more Reprise tables
 (``episodes`` and ``evals``, both queues).
 
-Modules, each using only those before it: ``envs`` (environments, Atari preprocessing, greedy
-evaluation), ``config`` (``Config``, the Atari and smoke presets, argument parsing), ``model``
-(the dueling Q network and its flat parameters), ``nstep`` (n-step items and their targets),
-``tables`` (the four tables), ``actor``, ``learner``, ``plots``, ``supervisor`` (processes,
-progress, the final evaluation and summary; ``run`` and ``main``).
+Modules, each using only those before it: ``envs`` (environments, the check of ``--env``,
+Atari preprocessing, greedy evaluation), ``config`` (``Config``, the Atari and smoke presets,
+the command line), ``model`` (the dueling Q network and its flat parameters), ``nstep`` (n-step
+items and their targets), ``tables`` (the four tables), ``actor``, ``learner``, ``processes``
+(starting, restarting and stopping them), ``plots``, ``supervisor`` (the run, progress, the
+final evaluation and summary, how a run ends; ``run`` and ``main``). From ``reprise.examples``
+they use ``stopping`` (SIGINT and SIGTERM), ``rundirs`` (one output directory per run),
+``devices`` (the ``--device`` check) and ``progress`` (the progress line).
 """
 
 from .actor import actor_epsilon

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import signal
-
 import numpy as np
 
 import reprise as rp
 
+from ..stopping import child_setup
 from .config import Config
 from .envs import env_spec, make_env
 from .model import load_flat_parameters, make_network
@@ -20,12 +19,13 @@ def actor_epsilon(cfg: Config, index: int) -> float:
     return cfg.epsilon ** (1.0 + cfg.epsilon_alpha * index / max(1, total - 1))
 
 
-def actor_main(cfg: Config, actor_id: int, address: str, seed: int) -> None:
+def actor_main(cfg: Config, actor_id: int, address: str, seed: int, parent: int) -> None:
     """One actor process: ``cfg.envs_per_actor`` environments, an epsilon each, n-step items
-    with initial priorities, parameters fetched every ``cfg.sync_every`` iterations."""
+    with initial priorities, parameters fetched every ``cfg.sync_every`` iterations. The
+    supervisor (``parent``) stops it with SIGTERM; it ignores the terminal's SIGINT."""
+    child_setup(parent)
     import torch
     torch.set_num_threads(1)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor stops us
     spec = env_spec(cfg.env)
     net = make_network(spec, cfg.hidden)
     rng = np.random.default_rng(seed)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import time
+import textwrap
 
 from dataclasses import dataclass
 
@@ -41,15 +41,13 @@ class Config:
     time_limit: float = 600.0
     device: str | None = None        # learner device; default cuda when available
     seed: int = 0
-    out: str | None = None
+    out: str | None = None           # default: a new ./reprise-runs/apex-<time>-<pid> (rundirs.py)
     smoke: bool = False
 
     def resolved(self) -> "Config":
         c = dataclasses.replace(self)
         if c.actors <= 0:
             c.actors = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-        if c.out is None:
-            c.out = f"reprise-apex-{time.strftime('%Y%m%d-%H%M%S')}"
         return c
 
 
@@ -66,31 +64,74 @@ def solve_threshold(cfg: Config, spec: dict) -> float | None:
     return cfg.solve_return if cfg.solve_return is not None else spec["reward_threshold"]
 
 
+EPILOG = """\
+output: a new directory ./reprise-runs/apex-<time>-<pid> (or --out) with summary.json,
+status.json and apex.png.
+exit status: 0 the run ended (solved or at the time limit; summary.json says which),
+1 a process kept failing, 2 a refused option, environment or device,
+130 / 143 stopped by SIGINT (Ctrl-C) / SIGTERM (the summary is still written)."""
+
+
+def _default(name: str, shown=None) -> str:
+    """``(default: X; Atari: Y; --smoke: Z)`` for option ``name``: every default once."""
+    value = getattr(Config(), name) if shown is None else shown
+    text = f"(default: {value:g}" if isinstance(value, float) else f"(default: {value}"
+    for preset, values in (("Atari", ATARI), ("--smoke", SMOKE)):
+        if name in values:
+            v = values[name]
+            text += f"; {preset}: {v:g}" if isinstance(v, float) else f"; {preset}: {v}"
+    return text + ")"
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Wraps option help without breaking words at hyphens (``--min-replay``, ``reprise-runs``)."""
+
+    def _split_lines(self, text, width):
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
+def make_parser() -> argparse.ArgumentParser:
+    """The command line. Each option's help ends with its default, once (no
+    ArgumentDefaultsHelpFormatter: it would add a second one, or ``None``)."""
+    d = Config()
+    p = argparse.ArgumentParser(prog="reprise demo apex", description=DESCRIPTION, epilog=EPILOG,
+                                formatter_class=_HelpFormatter)
+
+    def option(flag, help, shown=None, **kw):
+        name = flag[2:].replace("-", "_")
+        p.add_argument(flag, default=getattr(d, name), help=f"{help} {_default(name, shown)}", **kw)
+
+    option("--env", "a gymnasium id with discrete actions and vector observations, or ALE/<Game>-v5 for "
+                    "Atari (needs the atari extra)")
+    option("--actors", "actor processes; 0: one per core available", type=int)
+    option("--envs-per-actor", "environments each actor steps", type=int)
+    option("--n-step", "steps of each transition's return", type=int)
+    option("--gamma", "discount", type=float)
+    option("--hidden", "MLP width (vector observations)", type=int)
+    option("--lr", "learning rate", type=float)
+    option("--batch-size", "items per learner step", type=int)
+    option("--samples-per-insert", "replay ratio the rate limiter holds", type=float)
+    option("--min-replay", "transitions before the learner samples", type=int)
+    option("--replay-size", "transitions the replay table keeps", type=int)
+    option("--priority-exponent", "prioritized sampling exponent", type=float)
+    option("--target-update", "learner steps between target-network copies", type=int)
+    option("--eval-every", "seconds between the learner's quick greedy evaluations", type=float)
+    option("--eval-episodes", "episodes of the solve check and of the final evaluation", type=int)
+    option("--solve-return", "mean greedy return over --eval-episodes that ends the run", type=float,
+           shown="the environment's reward threshold, 475 for CartPole-v1")
+    option("--time-limit", "seconds before the run ends unsolved", type=float)
+    option("--device", "the learner's device; cuda is refused where it is not available",
+           shown="cuda when available, else cpu")
+    option("--seed", "seed of the environments, the network and the sampler", type=int)
+    option("--out", "output directory", shown="a new ./reprise-runs/apex-<time>-<pid>")
+    p.add_argument("--smoke", action="store_true", default=False,
+                   help="a short run (about a minute) for CI: the --smoke values above (default: off)")
+    return p
+
+
 def parse_args(argv) -> Config:
     d = Config()
-    p = argparse.ArgumentParser(prog="reprise demo apex", description=DESCRIPTION,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--env", default=d.env, help="a gymnasium id; ALE/<Game>-v5 for Atari (needs the atari extra)")
-    p.add_argument("--actors", type=int, default=d.actors, help="actor processes (0: the cores available)")
-    p.add_argument("--envs-per-actor", type=int, default=d.envs_per_actor)
-    p.add_argument("--n-step", type=int, default=d.n_step)
-    p.add_argument("--gamma", type=float, default=d.gamma)
-    p.add_argument("--hidden", type=int, default=d.hidden, help="MLP width (vector observations)")
-    p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--batch-size", type=int, default=d.batch_size)
-    p.add_argument("--samples-per-insert", type=float, default=d.samples_per_insert)
-    p.add_argument("--min-replay", type=int, default=d.min_replay)
-    p.add_argument("--replay-size", type=int, default=d.replay_size)
-    p.add_argument("--priority-exponent", type=float, default=d.priority_exponent)
-    p.add_argument("--target-update", type=int, default=d.target_update)
-    p.add_argument("--eval-episodes", type=int, default=d.eval_episodes)
-    p.add_argument("--solve-return", type=float, default=None,
-                   help="mean greedy return over --eval-episodes that ends the run (default: the env's threshold)")
-    p.add_argument("--time-limit", type=float, default=d.time_limit, help="seconds")
-    p.add_argument("--device", default=None, help="learner device (default: cuda when available, else cpu)")
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--out", default=None, help="output directory (default: ./reprise-apex-<time>)")
-    p.add_argument("--smoke", action="store_true", help="a short run (about a minute) for CI")
+    p = make_parser()
     a = p.parse_args(argv)
     values = {f.name: getattr(a, f.name) for f in dataclasses.fields(Config) if hasattr(a, f.name)}
     for k, v in ATARI.items() if is_atari(values["env"]) else ():
@@ -109,6 +150,6 @@ def parse_args(argv) -> Config:
         p.error(f"--min-replay ({values['min_replay']}) must be <= --replay-size ({values['replay_size']})")
     if not (0.0 < values["gamma"] <= 1.0):
         p.error(f"--gamma must be in (0, 1], got {values['gamma']}")
-    if values["samples_per_insert"] <= 0 or values["time_limit"] <= 0 or values["lr"] <= 0:
-        p.error("--samples-per-insert, --time-limit and --lr must be > 0")
+    if values["samples_per_insert"] <= 0 or values["time_limit"] <= 0 or values["lr"] <= 0 or values["eval_every"] <= 0:
+        p.error("--samples-per-insert, --time-limit, --eval-every and --lr must be > 0")
     return Config(**values)

@@ -3,24 +3,25 @@ parameters to ``params`` and its quick evaluations to ``evals``."""
 
 from __future__ import annotations
 
-import signal
 import time
 
 import numpy as np
 
 import reprise as rp
 
+from ..stopping import child_setup
 from .config import Config, solve_threshold
 from .envs import env_spec, evaluate
 from .model import flat_parameters, load_flat_parameters, make_network
 from .nstep import n_step_targets
 
 
-def learner_main(cfg: Config, address: str, seed: int, started: float) -> None:
-    """The learner process: dueling double DQN on prioritized n-step samples."""
+def learner_main(cfg: Config, address: str, seed: int, started: float, parent: int) -> None:
+    """The learner process: dueling double DQN on prioritized n-step samples. The
+    supervisor (``parent``) stops it with SIGTERM; it ignores the terminal's SIGINT."""
+    child_setup(parent)
     import torch
     import torch.nn.functional as F
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.manual_seed(seed)
     device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cpu":

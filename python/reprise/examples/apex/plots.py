@@ -25,7 +25,8 @@ def plot(path: Path, history: list[dict], episodes: list[tuple], evals: list[dic
     if threshold is not None:
         top.axhline(threshold, color="gray", linestyle="--", linewidth=1, label=f"solved ({threshold:g})")
     top.set_ylabel("episode return")
-    top.legend(loc="upper left", fontsize=8)
+    if top.get_legend_handles_labels()[0]:
+        top.legend(loc="upper left", fontsize=8)
     top.set_title(title)
     if len(history) > 1:
         t = np.array([h["time"] for h in history])
@@ -37,7 +38,8 @@ def plot(path: Path, history: list[dict], episodes: list[tuple], evals: list[dic
         bottom.set_yscale("symlog")
     bottom.set_xlabel("seconds")
     bottom.set_ylabel("replay throughput")
-    bottom.legend(loc="upper left", fontsize=8)
+    if bottom.get_legend_handles_labels()[0]:
+        bottom.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

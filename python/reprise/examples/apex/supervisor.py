@@ -1,12 +1,26 @@
-"""The supervisor: owns and serves the tables, runs the actor and learner processes (restarting
-any that die), shows progress, and at the end evaluates the newest parameters and writes
-``summary.json`` and ``apex.png``. ``run(cfg)`` is the whole demo; ``main(argv)`` the command."""
+"""The supervisor: owns and serves the tables, runs the learner and the actors
+(``processes.Supervisor``), shows progress, and at the end evaluates the newest parameters
+and writes ``summary.json`` and ``apex.png``. ``run(cfg)`` is the whole demo; ``main(argv)``
+the command.
+
+Before anything starts, ``main`` refuses (exit 2, one line, no traceback) an environment
+the demo cannot run (``envs.env_spec``) and a ``--device`` this machine lacks.
+
+A run ends (``summary.json``'s ``ended``) ``solved``, at the ``time_limit``, ``failed`` (a
+process kept exiting: exit 1), or ``interrupted`` by SIGINT or SIGTERM at any point
+(``signal``, and the ``phase`` it came in: exit 130 or 143). Every end takes the same way
+out: the children are stopped (before the server, so none sees its connection lost); the
+final greedy evaluation runs when the run was solved or reached its time limit and the
+learner had published parameters; ``summary.json`` is written, then ``apex.png``; the
+server is stopped (its socket and lock file removed) and the stores closed (their shared
+memory removed). A second signal skips the final evaluation or the plot, whichever is left,
+and nothing else (``stopping.StopSignals``).
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import multiprocessing as mp
 import os
 import sys
 import time
@@ -17,65 +31,20 @@ import numpy as np
 
 import reprise as rp
 
-from .actor import actor_main
+from .. import rundirs
+from ..devices import device_problem
+from ..progress import ProgressLine
+from ..stopping import Interrupted, StopSignals, signal_name
 from .config import Config, parse_args, solve_threshold
-from .envs import env_spec, evaluate
-from .learner import learner_main
+from .envs import UnsupportedEnv, env_spec, evaluate
 from .model import load_flat_parameters, make_network, num_parameters
 from .plots import plot
+from .processes import Supervisor
 from .tables import drain, make_tables
 
 RANDOM_CARTPOLE_RETURN = 22.0  # mean return of a uniformly random policy on CartPole-v1
-
-
-class Supervisor:
-    """Starts the learner and the actors as processes, restarts any that die."""
-
-    def __init__(self, cfg: Config, address: str, started: float):
-        self.cfg, self.address, self.started = cfg, address, started
-        self.ctx = mp.get_context("spawn")
-        self.procs: dict[str, mp.Process] = {}
-        self.restarts = {"learner": 0, "actors": 0}
-        self.launches = 0
-
-    def start(self, name: str):
-        self.launches += 1
-        seed = self.cfg.seed * 7919 + self.launches
-        if name == "learner":
-            p = self.ctx.Process(target=learner_main, args=(self.cfg, self.address, seed, self.started),
-                                 name="reprise-apex-learner", daemon=True)
-        else:
-            actor_id = int(name.split("-")[1])
-            p = self.ctx.Process(target=actor_main, args=(self.cfg, actor_id, self.address, seed),
-                                 name=f"reprise-apex-{name}", daemon=True)
-        p.start()
-        self.procs[name] = p
-
-    def start_all(self):
-        self.start("learner")
-        for i in range(self.cfg.actors):
-            self.start(f"actor-{i}")
-
-    def check(self, log) -> None:
-        for name, p in list(self.procs.items()):
-            if p.exitcode is not None:
-                log(f"{name} (pid {p.pid}) exited with {p.exitcode}: restarting it")
-                self.restarts["learner" if name == "learner" else "actors"] += 1
-                self.start(name)
-
-    def pids(self) -> dict:
-        return {name: p.pid for name, p in self.procs.items()}
-
-    def stop(self):
-        for p in self.procs.values():
-            if p.exitcode is None:
-                p.terminate()
-        deadline = time.monotonic() + 5.0
-        for p in self.procs.values():
-            p.join(max(0.0, deadline - time.monotonic()))
-            if p.exitcode is None:
-                p.kill()
-                p.join()
+TICK_S = 0.5                   # the supervisor's loop: drain reports, check processes, status, progress
+LINE_EVERY_S = 10.0            # a progress line this often without a terminal
 
 
 def write_json(path: Path, value) -> None:
@@ -84,143 +53,290 @@ def write_json(path: Path, value) -> None:
     os.replace(tmp, path)
 
 
-def run(cfg: Config) -> dict:
-    """Runs the demo; returns the summary (also written to ``<out>/summary.json``)."""
-    import torch
-    cfg = cfg.resolved()
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    spec = env_spec(cfg.env)
-    threshold = solve_threshold(cfg, spec)
-    tables = make_tables(cfg, spec, num_parameters(spec, cfg.hidden))
-    replay, params, episodes_q, evals_q = tables
-    server = rp.Server(tables, name=f"apex-{os.getpid()}")
-    started = time.time()
-    sup = Supervisor(cfg, server.local_address, started)
-    history, episodes, evals, log_lines = [], [], [], []
-    solved_at = None
-    env_steps = 0
-    interactive = sys.stderr.isatty()
-    from tqdm import tqdm
-    bar = tqdm(total=round(cfg.time_limit), unit="s", disable=not interactive, dynamic_ncols=True,
-               bar_format="{desc} {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s {postfix}",
-               desc=f"apex {cfg.env}")
+def clock(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 \
+        else f"{seconds // 60}:{seconds % 60:02d}"
 
-    def log(msg):
-        line = f"[{time.time() - started:6.1f}s] {msg}"
-        log_lines.append(line)
-        (tqdm.write if interactive else print)(line, file=sys.stderr)
 
-    device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    log(f"serving replay, params, episodes, evals at {server.local_address}; "
-        f"{cfg.actors} actors x {cfg.envs_per_actor} envs, learner on {device}")
-    sup.start_all()
-    last_print = 0.0
-    try:
-        while True:
-            time.sleep(0.5)
-            now = time.time() - started
-            got = drain(episodes_q)
-            for ret, length in zip(got.get("episode_return", []), got.get("episode_length", [])):
-                episodes.append((now, float(ret)))
-                env_steps += int(length)
-            got = drain(evals_q)
-            for i in range(len(got.get("mean_return", []))):
-                e = {"time": now, "learner_step": int(got["learner_step"][i]),
-                     "mean_return": float(got["mean_return"][i]), "episodes": int(got["episodes"][i]),
-                     "loss": float(got["loss"][i])}
-                evals.append(e)
-                if e["episodes"] >= cfg.eval_episodes and threshold is not None and e["mean_return"] >= threshold:
-                    solved_at = e
-            info = replay.info()
-            history.append({"time": now, "inserts": info["num_inserts"], "samples": info["num_samples"],
-                            "env_steps": env_steps})
-            sup.check(log)
-            recent = [r for _, r in episodes[-100:]]
-            window = [h for h in history if h["time"] >= now - 5.0]
-            rates = {k: (window[-1][k] - window[0][k]) / max(1e-9, window[-1]["time"] - window[0]["time"])
-                     for k in ("inserts", "samples", "env_steps")} if len(window) > 1 else {}
-            status = {
-                "time": now, "pids": sup.pids(), "restarts": sup.restarts, "env_steps": env_steps,
-                "inserts": info["num_inserts"], "samples": info["num_samples"], "episodes": len(episodes),
-                "learner_step": evals[-1]["learner_step"] if evals else 0,
-                "mean_actor_return": float(np.mean(recent)) if recent else None,
-                "last_eval": evals[-1]["mean_return"] if evals else None,
-            }
-            write_json(out / "status.json", status)
-            if rates:
-                postfix = (f"env {rates['env_steps']:,.0f}/s ins {rates['inserts']:,.0f}/s "
-                           f"smp {rates['samples']:,.0f}/s return {status['mean_actor_return'] or 0:.0f} "
-                           f"eval {status['last_eval'] if status['last_eval'] is not None else float('nan'):.0f}")
-                bar.set_postfix_str(postfix, refresh=False)
-                if not interactive and now - last_print >= 10.0:
-                    last_print = now
-                    print(f"[{now:6.1f}s] {postfix}", file=sys.stderr, flush=True)
-            bar.update(min(round(now), bar.total) - bar.n)
-            if solved_at is not None:
-                log(f"solved: greedy mean return {solved_at['mean_return']:.1f} over {solved_at['episodes']} "
-                    f"episodes at learner step {solved_at['learner_step']}")
-                break
-            if now >= cfg.time_limit:
-                log(f"time limit ({cfg.time_limit:g} s) reached")
-                break
-    except KeyboardInterrupt:
-        log("interrupted")
-    finally:
-        bar.close()
-        sup.stop()
-    elapsed = time.time() - started
+class Record:
+    """What happened, as the run goes: reports drained from the tables, counters, the log."""
 
-    # The final evaluation: the newest published parameters, greedy, in this process.
+    def __init__(self, started: float, progress: ProgressLine):
+        self.started, self.progress = started, progress
+        # starting, starting the processes, waiting for the processes (their imports, the first
+        # transitions), training, stopping, final evaluation, writing the plot
+        self.phase = "starting"
+        self.lines: list[str] = []
+        self.history: list[dict] = []
+        self.episodes: list[tuple] = []
+        self.evals: list[dict] = []
+        self.env_steps = 0
+        self.solved_at = None
+
+    def now(self) -> float:
+        return time.time() - self.started
+
+    def log(self, msg: str) -> None:
+        line = f"[{self.now():6.1f}s] {msg}"
+        self.lines.append(line)
+        self.progress.log(line)
+
+
+def solve_progress(cfg: Config, threshold, rec: Record, info: dict, rates: dict) -> tuple:
+    """``(fraction, text)`` for the progress line. The fraction is the newest greedy
+    evaluation's mean return on the way to the solve threshold, from the lowest return seen
+    (or 0: so ``return / 475`` on CartPole); the text has the time against the limit."""
+    when = f"{clock(rec.now())} of {clock(cfg.time_limit)}"
+    if info["num_inserts"] == 0:
+        return 0.0, f"{when} | starting the learner and {cfg.actors} actors (each imports torch)"
+    if info["num_samples"] == 0:
+        return 0.0, f"{when} | filling replay: {info['size']:,} of {cfg.min_replay:,} transitions before learning"
+    recent = [r for _, r in rec.episodes[-100:]]
+    actors = f"actors {np.mean(recent):.0f} (last {len(recent)})" if recent else "actors -"
+    speed = (f"env {rates.get('env_steps', 0):,.0f}/s ins {rates.get('inserts', 0):,.0f}/s "
+             f"smp {rates.get('samples', 0):,.0f}/s")
+    last = rec.evals[-1]["mean_return"] if rec.evals else None
+    if threshold is None:
+        solve = f"greedy return {last:.0f} (no solve threshold)" if last is not None else "no greedy evaluation yet"
+        return min(1.0, rec.now() / cfg.time_limit), f"{solve} | {when} | {actors} | {speed}"
+    if last is None:
+        return 0.0, f"greedy return - of {threshold:g} | {when} | {actors} | {speed}"
+    lowest = min([0.0, last] + [r for _, r in rec.episodes] + [e["mean_return"] for e in rec.evals])
+    fraction = (last - lowest) / (threshold - lowest) if threshold > lowest else 1.0
+    return fraction, f"greedy return {last:.0f} of {threshold:g} | {when} | {actors} | {speed}"
+
+
+def train(cfg: Config, rec: Record, sup: Supervisor, tables, threshold, out: Path) -> str:
+    """The supervisor's loop while the processes work; returns how it ended: ``solved``,
+    ``time_limit`` or ``failed``."""
+    replay, _, episodes_q, evals_q = tables
+    while True:
+        time.sleep(TICK_S)
+        now = rec.now()
+        got = drain(episodes_q)
+        for ret, length in zip(got.get("episode_return", []), got.get("episode_length", [])):
+            rec.episodes.append((now, float(ret)))
+            rec.env_steps += int(length)
+        got = drain(evals_q)
+        for i in range(len(got.get("mean_return", []))):
+            e = {"time": now, "learner_step": int(got["learner_step"][i]),
+                 "mean_return": float(got["mean_return"][i]), "episodes": int(got["episodes"][i]),
+                 "loss": float(got["loss"][i])}
+            rec.evals.append(e)
+            if e["episodes"] >= cfg.eval_episodes and threshold is not None and e["mean_return"] >= threshold:
+                rec.solved_at = e
+        info = replay.info()
+        rec.history.append({"time": now, "inserts": info["num_inserts"], "samples": info["num_samples"],
+                            "env_steps": rec.env_steps})
+        failure = sup.check(rec.log)
+        if failure is not None:
+            rec.log(failure)
+            return "failed"
+        recent = [r for _, r in rec.episodes[-100:]]
+        window = [h for h in rec.history if h["time"] >= now - 5.0]
+        rates = {k: (window[-1][k] - window[0][k]) / max(1e-9, window[-1]["time"] - window[0]["time"])
+                 for k in ("inserts", "samples", "env_steps")} if len(window) > 1 else {}
+        write_json(out / "status.json", {
+            "time": now, "pids": sup.pids(), "restarts": sup.restarts, "env_steps": rec.env_steps,
+            "inserts": info["num_inserts"], "samples": info["num_samples"], "episodes": len(rec.episodes),
+            "learner_step": rec.evals[-1]["learner_step"] if rec.evals else 0,
+            "mean_actor_return": float(np.mean(recent)) if recent else None,
+            "last_eval": rec.evals[-1]["mean_return"] if rec.evals else None,
+        })
+        rec.phase = "training" if info["num_inserts"] else "waiting for the processes"
+        rec.progress.update(*solve_progress(cfg, threshold, rec, info, rates))
+        if rec.solved_at is not None:
+            rec.log(f"solved: greedy mean return {rec.solved_at['mean_return']:.1f} over "
+                    f"{rec.solved_at['episodes']} episodes at learner step {rec.solved_at['learner_step']}")
+            return "solved"
+        if now >= cfg.time_limit:
+            rec.log(f"time limit ({cfg.time_limit:g} s) reached")
+            return "time_limit"
+
+
+def final_evaluation(cfg: Config, spec: dict, params) -> tuple[list, int]:
+    """Greedy returns of ``--eval-episodes`` episodes of the newest published parameters,
+    in this process, and their learner step."""
     net = make_network(spec, cfg.hidden)
     p = params.sample(1, timeout=0)
     load_flat_parameters(net, p.data["weights"][0, 0])
     net.eval()
-    final = evaluate(net, cfg, cfg.eval_episodes, seed=123_456)
-    info = replay.info()
-    recent = [r for _, r in episodes[-100:]]
+    return evaluate(net, cfg, cfg.eval_episodes, seed=123_456), int(p.data["learner_step"][0, 0])
+
+
+def run(cfg: Config, stop: StopSignals | None = None) -> dict:
+    """Runs the demo; returns the summary (also written to ``<out>/summary.json``).
+    ``stop``: the signal handlers ``main`` installed; without them ``run`` installs its own
+    for its duration. A signal ends the run early, with a summary (see the module doc)."""
+    if stop is None:
+        with StopSignals() as own:
+            return run(cfg, own)
+    cfg = cfg.resolved()
+    run_dir = progress = rec = spec = threshold = server = sup = ended = None
+    tables, device = [], cfg.device
+    try:
+        try:
+            with stop.hold():  # a signal waits until the directory is claimed: the summary goes there
+                run_dir = rundirs.claim("apex", cfg.out)
+                cfg = dataclasses.replace(cfg, out=str(run_dir.path))
+                progress = ProgressLine(f"apex {cfg.env}", every=LINE_EVERY_S)
+                rec = Record(time.time(), progress)
+            rec.log(f"writing to {run_dir.path}; Ctrl-C stops the run and still writes the summary")
+            import torch
+            device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
+            spec = env_spec(cfg.env)
+            threshold = solve_threshold(cfg, spec)
+            with stop.hold():  # the stores, tables and server exist whole or not at all
+                tables = make_tables(cfg, spec, num_parameters(spec, cfg.hidden))
+                server = rp.Server(tables, name=f"apex-{os.getpid()}")
+            sup = Supervisor(cfg, server.local_address, rec.started, stop)
+            rec.log(f"serving replay, params, episodes, evals at {server.local_address}; "
+                    f"{cfg.actors} actors x {cfg.envs_per_actor} envs, learner on {device}")
+            rec.phase = "starting the processes"
+            sup.start_all()
+            rec.phase = "waiting for the processes"
+            ended = train(cfg, rec, sup, tables, threshold, run_dir.path)
+            stop.stopping()
+        except Interrupted:
+            if rec is None:
+                raise  # before the run directory: main says that nothing was written
+            ended = "interrupted"
+        stop.stopping()
+        return _finish(cfg, stop, rec, ended, spec, threshold, tables, sup, device, run_dir.path)
+    finally:
+        stop.stopping()
+        if progress is not None:
+            progress.close()
+        if sup is not None:
+            sup.stop()
+        if server is not None:
+            server.stop()
+        for s in {id(t.store): t.store for t in tables}.values():
+            s.close()
+        if run_dir is not None:
+            run_dir.release()
+
+
+def _finish(cfg, stop, rec, ended, spec, threshold, tables, sup, device, out: Path) -> dict:
+    """The shutdown after the run ended: children stopped, final evaluation, summary, plot."""
+    interrupted_in = rec.phase
+    rec.progress.close()
+    if stop.interrupted:
+        rec.log(f"stopped by {signal_name(stop.first)} while {rec.phase}: stopping"
+                + (" the processes" if sup is not None else "") + " and writing the summary")
+    rec.phase = "stopping"
+    if sup is not None:
+        sup.stop()
+    final, final_step = None, None
+    params = tables[1] if tables else None
+    if ended in ("solved", "time_limit"):
+        if params is not None and params.size > 0:
+            rec.phase = "final evaluation"
+            rec.log(f"final evaluation: {cfg.eval_episodes} greedy episodes of the newest parameters")
+            ran, result = stop.optional(final_evaluation, cfg, spec, params)
+            if ran:
+                final, final_step = result
+            else:
+                rec.log(f"final evaluation skipped: stopped by {signal_name(stop.first)}")
+                interrupted_in = interrupted_in if ended == "interrupted" else rec.phase
+        else:
+            rec.log("no final evaluation: the learner published no parameters before the end")
+    info = tables[0].info() if tables else None
+    elapsed = rec.now()
+    recent = [r for _, r in rec.episodes[-100:]]
+    inserts = info["num_inserts"] if info else 0
+    samples = info["num_samples"] if info else 0
     summary = {
         "env": cfg.env,
-        "solved": solved_at is not None,
+        "ended": ended,
+        "interrupted": stop.interrupted,
+        "signal": signal_name(stop.first),
+        "phase": interrupted_in if stop.interrupted else None,   # where the first signal came
+        "solved": rec.solved_at is not None,
         "solve_threshold": threshold,
-        "solved_at_seconds": solved_at["time"] if solved_at else None,
-        "solved_at_learner_step": solved_at["learner_step"] if solved_at else None,
-        "final_eval_mean_return": float(np.mean(final)),
-        "final_eval_episodes": len(final),
+        "solved_at_seconds": rec.solved_at["time"] if rec.solved_at else None,
+        "solved_at_learner_step": rec.solved_at["learner_step"] if rec.solved_at else None,
+        "final_eval_mean_return": float(np.mean(final)) if final else None,
+        "final_eval_episodes": len(final) if final else 0,
         "final_eval_returns": final,
-        "final_learner_step": int(p.data["learner_step"][0, 0]),
+        "final_learner_step": final_step if final_step is not None else
+        (rec.evals[-1]["learner_step"] if rec.evals else None),
         "random_policy_return": RANDOM_CARTPOLE_RETURN if cfg.env.startswith("CartPole") else None,
         "mean_actor_return_last_100": float(np.mean(recent)) if recent else None,
         "seconds": elapsed,
-        "env_steps": env_steps,
-        "episodes": len(episodes),
-        "inserts": info["num_inserts"],
-        "samples": info["num_samples"],
-        "inserts_per_second": info["num_inserts"] / elapsed,
-        "samples_per_second": info["num_samples"] / elapsed,
-        "samples_per_insert": info["num_samples"] / max(1, info["num_inserts"]),
-        "restarts": sup.restarts,
+        "time_limit": cfg.time_limit,
+        "env_steps": rec.env_steps,
+        "episodes": len(rec.episodes),
+        "inserts": inserts,
+        "samples": samples,
+        "inserts_per_second": inserts / max(elapsed, 1e-9),
+        "samples_per_second": samples / max(elapsed, 1e-9),
+        "samples_per_insert": samples / max(1, inserts),
+        "restarts": sup.restarts if sup else {"learner": 0, "actors": 0},
         "learner_device": device,
-        "evals": evals,
+        "evals": rec.evals,
         "replay_info": info,
-        "log": log_lines,
+        "plot": None,
+        "log": rec.lines,
         "config": dataclasses.asdict(cfg),
     }
     write_json(out / "summary.json", summary)
-    plot(out / "apex.png", history, episodes, evals, threshold,
-         f"Ape-X DQN on Reprise: {cfg.env}, {cfg.actors} actors x {cfg.envs_per_actor} envs")
-    server.stop()
-    for s in {id(t.store): t.store for t in tables}.values():
-        s.close()
-    print(f"{'solved' if summary['solved'] else 'not solved'} in {elapsed:.0f} s: final greedy mean return "
-          f"{summary['final_eval_mean_return']:.1f} over {len(final)} episodes; {env_steps:,} env steps, "
-          f"{info['num_inserts']:,} inserts, {info['num_samples']:,} samples "
-          f"({summary['samples_per_insert']:.1f} per insert); restarts {sup.restarts}")
-    print(f"wrote {out / 'summary.json'} and {out / 'apex.png'}")
+    if rec.history:
+        rec.phase = "writing the plot"
+        rec.log(f"writing {out / 'apex.png'} (Ctrl-C skips it)")
+        ran, _ = stop.optional(plot, out / "apex.png", rec.history, rec.episodes, rec.evals, threshold,
+                               f"Ape-X DQN on Reprise: {cfg.env}, {cfg.actors} actors x {cfg.envs_per_actor} envs")
+        if ran:
+            summary["plot"] = "apex.png"
+        else:
+            rec.log(f"plot skipped: stopped by {signal_name(stop.first)}")
+        if stop.interrupted and not summary["interrupted"]:  # the first signal came during the plot
+            summary.update(interrupted=True, signal=signal_name(stop.first), phase=rec.phase)
+        summary["log"] = rec.lines
+        write_json(out / "summary.json", summary)
+    how = {"solved": "solved", "time_limit": "not solved (time limit)", "failed": "failed",
+           "interrupted": f"interrupted by {summary['signal']}"}[ended]
+    if stop.interrupted and ended != "interrupted":
+        how += f", then stopped by {summary['signal']} while {summary['phase']}"
+    result = (f"final greedy mean return {summary['final_eval_mean_return']:.1f} over {len(final)} episodes"
+              if final else "no final evaluation")
+    print(f"{how} after {elapsed:.0f} s: {result}; {rec.env_steps:,} env steps, {inserts:,} inserts, "
+          f"{samples:,} samples ({summary['samples_per_insert']:.1f} per insert); restarts {summary['restarts']}")
+    print(f"wrote {out / 'summary.json'}" + (f" and {out / 'apex.png'}" if summary["plot"] else ""), flush=True)
     return summary
 
 
+def preflight(cfg: Config) -> str | None:
+    """Why the demo cannot run with ``cfg`` here (an environment it does not support, a
+    device this machine lacks), or None."""
+    try:
+        env_spec(cfg.env)
+    except UnsupportedEnv as e:
+        return str(e)
+    return device_problem(cfg.device)
+
+
 def main(argv=None) -> int:
-    cfg = parse_args(sys.argv[1:] if argv is None else argv)
-    summary = run(cfg)
-    return 0 if (summary["solved"] or cfg.smoke or summary["final_eval_mean_return"] > 0) else 1
+    """``reprise demo apex``. Exit status: 0 the run ended (solved or at the time limit), 1 a
+    process kept failing, 2 refused (options, environment, device, output directory in use),
+    128 + the signal's number when stopped by SIGINT (130) or SIGTERM (143). After such a stop
+    the process goes on ignoring the two signals while it exits."""
+    with StopSignals(quiet_after=True) as stop:
+        try:
+            cfg = parse_args(sys.argv[1:] if argv is None else argv)
+            problem = preflight(cfg)
+            if problem is not None:
+                print(f"reprise demo apex: {problem}", file=sys.stderr)
+                return 2
+            summary = run(cfg, stop)
+        except Interrupted as e:
+            print(f"reprise demo apex: stopped by {e.name} before the run began; nothing was written",
+                  file=sys.stderr)
+            return e.exit_code
+        except rundirs.DirectoryInUse as e:
+            print(f"reprise demo apex: {e}", file=sys.stderr)
+            return 2
+    if stop.interrupted:
+        return stop.exit_code
+    return 1 if summary["ended"] == "failed" else 0
