@@ -6,6 +6,7 @@ together, the time limit, a crash loop, progress without a terminal, --help."""
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -298,6 +299,7 @@ class DemoRun:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+        shutil.rmtree(self.runtime, ignore_errors=True)
 
     @property
     def stderr(self) -> str:
@@ -315,6 +317,7 @@ class DemoRun:
         for pid in child_pids:
             with pytest.raises(ProcessLookupError):
                 os.kill(pid, 0)
+        shutil.rmtree(self.runtime, ignore_errors=True)
 
 
 def test_help_shows_every_default_once():
