@@ -289,6 +289,20 @@ def test_import_command_reports_a_bad_file_and_exits_2(tmp_path, shm, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_import_command_names_its_fields_option(tmp_path, shm, capsys):
+    arrays = step_arrays(LENGTHS)
+    arrays["names"] = np.array(["x"] * sum(LENGTHS))          # a string array: not storable
+    path = rp.datasets.write_npz(tmp_path / "d.npz", arrays)
+    with pytest.raises(rp.errors.InvalidArgument, match=r"leave the array out with fields=\)$"):
+        rp.datasets.load(path)                                 # the API names its keyword
+    assert cli.main(["import", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"reprise import: {path}: array 'names' has dtype <U1")
+    assert err.rstrip().endswith("(leave the array out with --fields)") and "fields=" not in err
+    assert cli.main(["import", str(path), "--out", str(tmp_path / "out"), "--fields", "step,actions"]) == 0
+    capsys.readouterr()
+
+
 # -- bad files ---------------------------------------------------------------------------
 
 def _bad(tmp_path, case):

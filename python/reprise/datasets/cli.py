@@ -36,7 +36,9 @@ def main(argv: list[str] | None = None) -> int:
             saved = checkpoint.save(args.out, ds.tables, compression=args.compression)
             names = [t.name for t in ds.tables]
     except (RepriseError, OSError) as e:
-        print(f"reprise import: {e}", file=sys.stderr)
+        # load's messages name its keyword argument; here the same choice is the --fields option.
+        message = str(e).replace("with fields=)", "with --fields)")
+        print(f"reprise import: {message}", file=sys.stderr)
         return 2
     print(f"\ncheckpoint: {saved}\nload it with:\n"
           f"    import reprise as rp\n"
