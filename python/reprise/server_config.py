@@ -29,7 +29,7 @@ checkpoint directory::
     remover = "Fifo"
     max_size = 500_000
     max_times_sampled = 0
-    rate_limiter = { kind = "SampleToInsertRatio", samples_per_insert = 8.0, min_size_to_sample = 1000, error_buffer = 100.0 }
+    rate_limiter = { kind = "SampleToInsertRatio", samples_per_insert = 4.0, min_size_to_sample = 200, error_buffer = 2000.0 }
 
 Every key at every level is checked: a misspelled or unknown key, or a value of the wrong
 kind, stops ``reprise serve`` with exit code 2 and a message naming the key, its section and
