@@ -41,7 +41,6 @@ import importlib.util
 import json
 import os
 import sys
-import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +51,7 @@ import reprise as rp
 
 from . import rundirs
 from .devices import device_problem
+from .helpformat import HelpFormatter
 from .progress import ProgressLine
 from .stopping import Interrupted, StopSignals, signal_name
 
@@ -551,19 +551,12 @@ output directory, 130 / 143 stopped by SIGINT (Ctrl-C) / SIGTERM (summary.json s
 it got)."""
 
 
-class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Wraps option help without breaking words at hyphens (``--batch-size``, ``reprise-runs``)."""
-
-    def _split_lines(self, text, width):
-        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
-
-
 def make_parser() -> argparse.ArgumentParser:
     """The command line. Each option's help ends with its default, once (no
     ArgumentDefaultsHelpFormatter: it would add a second one, or ``None``)."""
     d = Config()
     p = argparse.ArgumentParser(prog="reprise demo offline", description=__doc__.split("\n\n")[0],
-                                epilog=EPILOG, formatter_class=_HelpFormatter)
+                                epilog=EPILOG, formatter_class=HelpFormatter)
 
     def option(flag, help, shown=None, **kw):
         name = flag[2:].replace("-", "_")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import textwrap
 
 from dataclasses import dataclass
 
+from ..helpformat import HelpFormatter
 from .envs import is_atari
 
 DESCRIPTION = "Distributed Ape-X DQN on Reprise."
@@ -83,19 +83,12 @@ def _default(name: str, shown=None) -> str:
     return text + ")"
 
 
-class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Wraps option help without breaking words at hyphens (``--min-replay``, ``reprise-runs``)."""
-
-    def _split_lines(self, text, width):
-        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
-
-
 def make_parser() -> argparse.ArgumentParser:
     """The command line. Each option's help ends with its default, once (no
     ArgumentDefaultsHelpFormatter: it would add a second one, or ``None``)."""
     d = Config()
     p = argparse.ArgumentParser(prog="reprise demo apex", description=DESCRIPTION, epilog=EPILOG,
-                                formatter_class=_HelpFormatter)
+                                formatter_class=HelpFormatter)
 
     def option(flag, help, shown=None, **kw):
         name = flag[2:].replace("-", "_")
