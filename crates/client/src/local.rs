@@ -27,7 +27,7 @@ use reprise_core::{Collect, Columns, SampledItem, TableInfo, Window, Writer};
 use reprise_wire::codes::from_local_code;
 use reprise_wire::local::{self as p, Frame, Reader};
 
-use reprise_core::wait::SlowWait;
+use reprise_core::wait::{slow_wait, SlowWait};
 
 use crate::{check_priority_pairs, check_sample_size, explain_wait, Drawn, Interrupt, ReplayClient, Sampler, StepWriter, POLL};
 
@@ -75,10 +75,10 @@ impl Slow<'_> {
 /// `slow`, a wait past `slow_wait` says once what the server waits for.
 fn wait_readable(stream: &UnixStream, deadline: Option<Instant>, interrupt: Interrupt<'_>, slow: Option<&Slow<'_>>) -> Result<()> {
     use std::os::fd::AsRawFd;
-    let mut clock = SlowWait::start();
-    if deadline.is_none() && interrupt.is_none() && (slow.is_none() || clock.due().is_none()) {
+    if deadline.is_none() && interrupt.is_none() && (slow.is_none() || slow_wait().is_none()) {
         return Ok(());
     }
+    let mut clock = SlowWait::start();
     loop {
         let now = Instant::now();
         let poll = interrupt.map(|_| now + POLL);
