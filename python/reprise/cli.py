@@ -4,6 +4,8 @@
     reprise demo offline [options]    import a generated dataset, train a Decision Transformer
     reprise import PATH --out DIR     load a D4RL/Minari/npz dataset into a store, save a checkpoint
     reprise serve --config FILE       serve tables over gRPC (stores, tables, address, token, TLS)
+    reprise info ADDRESS [--json]     one snapshot of a server: tables, rates, priorities, clients
+    reprise top ADDRESS               the same, redrawn every second in the terminal (q quits)
     reprise doctor [--json]           versions, GPU, /dev/shm and runtime directory, for bug reports
 
 ``reprise <command> --help`` lists each command's options.
@@ -35,6 +37,12 @@ def main(argv: list[str] | None = None) -> int:
     if command == "serve":
         from .server_config import main as serve_main
         return serve_main(rest)
+    if command == "info":
+        from .monitor import info_main
+        return info_main(rest)
+    if command == "top":
+        from .monitor import top_main
+        return top_main(rest)
     if command == "doctor":
         from .doctor import main as doctor_main
         return doctor_main(rest)
@@ -42,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         from . import __version__
         print(__version__)
         return 0
-    print(f"reprise: unknown command {command!r}; expected one of demo, import, serve, doctor\n\n{_USAGE}", file=sys.stderr)
+    print(f"reprise: unknown command {command!r}; expected one of demo, import, serve, info, top, doctor\n\n{_USAGE}", file=sys.stderr)
     return 2
 
 

@@ -1,0 +1,588 @@
+"""``reprise info`` and ``reprise top``: a server's tables, rates and clients in a terminal.
+
+Both read ``client.snapshot()`` (the dict the dashboard's ``/api/snapshot`` serves: tables
+with their ``info()`` and ``stats()``, clients, bytes in/out). ``info`` prints one snapshot,
+as text or ``--json``; ``top`` redraws one every ``--interval`` seconds with ``rich`` until
+``q`` or Ctrl-C, in the terminal's alternate screen, and puts the terminal back as it found
+it (also on SIGTERM or an error).
+
+The rendering is pure: ``figures(snapshot, previous)`` turns one snapshot (and the one
+before it, for rates) into plain numbers, and ``render_text``/``render_rich`` lay those out.
+Rates come from the table's ``rates`` extension (items/s over the last 10 complete seconds)
+when it is attached, else from the difference of two snapshots' ``num_inserts`` and
+``num_samples`` over their ``time`` (``top`` only: one snapshot has no rate). Table and
+client names are arbitrary text: they are shown literally (never read as rich markup), with
+control characters escaped so that a name cannot move the cursor or recolour the terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import unicodedata
+
+ENV_TOKEN = "REPRISE_TOKEN"
+SPARK = "▁▂▃▄▅▆▇█"
+SPARK_WIDTH = 16
+
+
+# --- connecting --------------------------------------------------------------------------------
+
+
+class Unreachable(Exception):
+    """One line for the user: what could not be reached, and what to check."""
+
+
+def resolve_address(address: str) -> str:
+    """What ``rp.Client`` takes: ``unix:///...`` and ``host:port`` as given; a bare name is a
+    local server's (``rp.Server(name=...)``, listed by ``reprise doctor``), whose socket is in
+    this user's runtime directory."""
+    if address.startswith("unix://") or ":" in address:
+        return address
+    from . import _native
+    directory = _native.socket_dir()
+    path = os.path.join(directory, address + ".sock")
+    if not os.path.exists(path):
+        try:
+            names = sorted(n[:-5] for n in os.listdir(directory) if n.endswith(".sock"))
+        except OSError:
+            names = []
+        found = f"servers there: {', '.join(names)}" if names else "no server sockets there"
+        raise Unreachable(f"no local server named {address!r} in {directory} ({found}); pass a local server's "
+                          "name, 'unix:///path/to/socket' or 'host:port'")
+    return "unix://" + path
+
+
+def connect(address: str, token: str | None = None, tls: bool = False, tls_ca: str | None = None,
+            tls_domain: str | None = None, connect_timeout: float = 5.0):
+    """An ``rp.Client`` for ``address``, or ``Unreachable`` with one line saying what to check.
+    ``token=None`` takes ``$REPRISE_TOKEN`` for a remote address (a local one needs none)."""
+    from .client import Client
+    target = resolve_address(address)
+    local = target.startswith("unix://")
+    if local and (token is not None or tls or tls_ca is not None or tls_domain is not None):
+        raise Unreachable(f"{address} is a local server: --token and --tls* are for remote 'host:port' "
+                          "addresses (local clients are authenticated by the socket's permissions)")
+    if not local and token is None:
+        token = os.environ.get(ENV_TOKEN) or None
+    try:
+        return Client(target, token=token, tls=tls, tls_ca=tls_ca, tls_domain=tls_domain,
+                      connect_timeout=None if local else connect_timeout)
+    except BaseException as e:
+        raise _unreachable(address, local, e) from None
+
+
+def _unreachable(address: str, local: bool, e: BaseException) -> BaseException:
+    from .errors import InvalidArgument, RepriseError, Unauthenticated
+    if isinstance(e, Unauthenticated):
+        return Unreachable(f"{address} refused the token ({_one_line(e)}): check --token or ${ENV_TOKEN}")
+    if isinstance(e, InvalidArgument):
+        return Unreachable(_one_line(e))
+    if isinstance(e, RepriseError):
+        check = ("that the server is running on this host (reprise doctor lists local servers)" if local else
+                 "that the server is running, the host and port, and --tls/--tls-ca if it serves TLS")
+        return Unreachable(f"cannot reach {address} ({_one_line(e)}): check {check}")
+    return e
+
+
+def fetch(client) -> dict:
+    """One snapshot of the server behind ``client`` (the dashboard's ``/api/snapshot`` dict)."""
+    return client.snapshot()
+
+
+# --- figures -----------------------------------------------------------------------------------
+
+
+def figures(snapshot: dict, previous: dict | None = None) -> dict:
+    """The numbers ``info`` and ``top`` show, from ``snapshot`` (and ``previous``, an earlier
+    snapshot of the same server, for rates the snapshot does not carry)."""
+    dt = None
+    if previous is not None:
+        dt = snapshot.get("time", 0.0) - previous.get("time", 0.0)
+        if not dt > 0:
+            dt = None
+    before = {t.get("name"): t for t in (previous or {}).get("tables", [])} if dt else {}
+    tables = [_table_figures(t, before.get(t.get("name")), dt) for t in snapshot.get("tables", [])]
+    clients_before = {c.get("id"): c for c in (previous or {}).get("clients", [])} if dt else {}
+    clients = [_client_figures(c, clients_before.get(c.get("id")), dt) for c in snapshot.get("clients", [])]
+    data = snapshot.get("bytes") or {}
+    old = (previous or {}).get("bytes") or {}
+    server = snapshot.get("server") or {}
+    return {
+        "name": server.get("name"), "address": server.get("address"), "version": snapshot.get("version"),
+        "time": snapshot.get("time"), "uptime_seconds": snapshot.get("uptime_seconds"),
+        "tables": tables, "clients": clients,
+        "bytes_received": data.get("received"), "bytes_sent": data.get("sent"),
+        "bytes_received_rate": _diff_rate(data.get("received"), old.get("received"), dt),
+        "bytes_sent_rate": _diff_rate(data.get("sent"), old.get("sent"), dt),
+    }
+
+
+def _diff_rate(now, then, dt):
+    if dt is None or now is None or then is None or now < then:
+        return None  # no interval, or a counter that went back (a restarted server)
+    return (now - then) / dt
+
+
+def _table_figures(t: dict, before: dict | None, dt: float | None) -> dict:
+    stats = t.get("stats") or {}
+    limiter = t.get("rate_limiter") or {}
+    rates = stats.get("rates")
+    if rates is not None:
+        insert_rate, sample_rate = rates.get("insert_rate"), rates.get("sample_rate")
+    else:
+        insert_rate = _diff_rate(t.get("num_inserts"), (before or {}).get("num_inserts"), dt)
+        sample_rate = _diff_rate(t.get("num_samples"), (before or {}).get("num_samples"), dt)
+    blocked_before = (before or {}).get("rate_limiter") or {}
+    age = stats.get("sampled_age") or {}
+    unique = stats.get("unique_samples") or {}
+    size, max_size = t.get("size"), t.get("max_size")
+    return {
+        "name": t.get("name", ""), "size": size, "max_size": max_size,
+        "fill": size / max_size if size is not None and max_size else None,
+        "num_inserts": t.get("num_inserts"), "num_samples": t.get("num_samples"),
+        "insert_rate": insert_rate, "sample_rate": sample_rate,
+        "blocked_insert_seconds": limiter.get("blocked_insert_seconds"),
+        "blocked_sample_seconds": limiter.get("blocked_sample_seconds"),
+        # Seconds blocked per second of wall time (shown as a percentage): 1.0 = one caller
+        # blocked all along, 2.0 = two.
+        "blocked_insert_share": _diff_rate(limiter.get("blocked_insert_seconds"),
+                                           blocked_before.get("blocked_insert_seconds"), dt),
+        "blocked_sample_share": _diff_rate(limiter.get("blocked_sample_seconds"),
+                                           blocked_before.get("blocked_sample_seconds"), dt),
+        "age_inserts": age.get("mean_inserts"), "age_seconds": age.get("mean_seconds"),
+        "unique_fraction": unique.get("fraction"), "unique_window": unique.get("window"),
+        "priorities": _histogram(stats.get("priority_histogram")),
+    }
+
+
+def _client_figures(c: dict, before: dict | None, dt: float | None) -> dict:
+    def total(client, key):
+        return sum((client.get(key) or {}).values())
+
+    return {
+        "id": c.get("id"), "kind": c.get("kind", ""), "peer": c.get("peer", ""),
+        "connected_seconds": c.get("connected_seconds"), "inserts": c.get("inserts") or {},
+        "samples": c.get("samples") or {}, "total_inserts": total(c, "inserts"), "total_samples": total(c, "samples"),
+        "insert_rate": _diff_rate(total(c, "inserts"), total(before, "inserts"), dt) if before else None,
+        "sample_rate": _diff_rate(total(c, "samples"), total(before, "samples"), dt) if before else None,
+    }
+
+
+def _histogram(h: dict | None) -> dict | None:
+    """``{"low", "high", "spark"}`` of a spec histogram (None when absent, spark "" when empty)."""
+    if h is None:
+        return None
+    bounds, counts = h.get("bounds") or [], h.get("counts") or []
+    if not counts:
+        return {"low": None, "high": None, "spark": "", "total": h.get("total", 0)}
+    return {"low": bounds[0], "high": bounds[-1], "spark": sparkline(counts), "total": h.get("total", sum(counts))}
+
+
+def sparkline(counts: list[int], width: int = SPARK_WIDTH) -> str:
+    """One character per bucket (adjacent buckets summed to fit ``width``), height by count
+    relative to the largest; an empty bucket is a space."""
+    if not counts:
+        return ""
+    group = max(1, math.ceil(len(counts) / width))
+    merged = [sum(counts[i:i + group]) for i in range(0, len(counts), group)]
+    top = max(merged)
+    if top <= 0:
+        return " " * len(merged)
+    return "".join(" " if c <= 0 else SPARK[max(0, math.ceil(c / top * len(SPARK)) - 1)] for c in merged)
+
+
+# --- formatting --------------------------------------------------------------------------------
+
+
+def printable(text) -> str:
+    """``text`` with control and format characters escaped (``\\x1b``, ``\\n``...): a name is
+    shown as it is, but cannot drive the terminal."""
+    text = str(text)
+    if not any(_control(c) for c in text):
+        return text
+    return "".join((repr(c)[1:-1] if c.isascii() else f"\\u{ord(c):04x}") if _control(c) else c for c in text)
+
+
+def _control(c: str) -> bool:
+    category = unicodedata.category(c)
+    return category[0] == "C" or category in ("Zl", "Zp")
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+def _count(n) -> str:
+    if n is None:
+        return "-"
+    if abs(n) < 100_000:
+        return f"{n:,}" if isinstance(n, int) else f"{n:,.0f}"
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return str(n)
+
+
+def _rate(x) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.1f}" if x < 100 else _count(round(x))
+
+
+def _seconds(s) -> str:
+    if s is None:
+        return "-"
+    if s < 60:
+        return f"{s:.3g}s" if s < 1 else f"{s:.1f}s"
+    s = int(s)
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def _bytes(n) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def _percent(x) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
+
+
+def _bound(x) -> str:
+    return "0" if x == 0 else f"{x:.3g}"
+
+
+def _size(t: dict) -> str:
+    return f"{_count(t['size'])}/{_count(t['max_size'])}"
+
+
+def _blocked(total, share) -> str:
+    if total is None:
+        return "-"
+    return _seconds(total) + ("" if share is None else f" ({_percent(share)})")
+
+
+def _age(t: dict) -> str:
+    if t["age_inserts"] is None and t["age_seconds"] is None:
+        return "-"
+    inserts = "-" if t["age_inserts"] is None else f"{t['age_inserts']:.3g}"
+    return f"{inserts} ins, {_seconds(t['age_seconds'])}"
+
+
+def _unique(t: dict) -> str:
+    return _percent(t["unique_fraction"])
+
+
+def _priorities(t: dict) -> tuple[str, str]:
+    """(range, sparkline) of the table's priorities."""
+    h = t["priorities"]
+    if h is None:
+        return "-", ""
+    if not h["spark"]:
+        return "empty", ""
+    return f"{_bound(h['low'])}..{_bound(h['high'])}", h["spark"]
+
+
+def _server_line(f: dict) -> str:
+    where = []
+    if f["name"] is not None:
+        where.append(f"local {printable(f['name'])}")
+    if f["address"] is not None:
+        where.append(f"remote {printable(f['address'])}")
+    return (f"server  {', '.join(where) or '-'}   reprise {f['version'] or '-'}   up {_seconds(f['uptime_seconds'])}"
+            f"   {len(f['tables'])} table(s), {len(f['clients'])} client(s)")
+
+
+def _bytes_line(f: dict) -> str:
+    def one(n, rate):
+        return _bytes(n) + ("" if rate is None else f" ({_bytes(rate)}/s)")
+    return (f"bytes   received {one(f['bytes_received'], f['bytes_received_rate'])}, "
+            f"sent {one(f['bytes_sent'], f['bytes_sent_rate'])}")
+
+
+# --- info: text and JSON -----------------------------------------------------------------------
+
+
+def render_text(snapshot: dict, previous: dict | None = None) -> str:
+    """``reprise info``'s text: the server, then a block per table, then the clients."""
+    f = figures(snapshot, previous)
+    lines = [_server_line(f), _bytes_line(f), ""]
+    for t in f["tables"]:
+        fill = "" if t["fill"] is None else f" ({_percent(t['fill'])} full)"
+        low_high, spark = _priorities(t)
+        lines += [
+            f"table {printable(t['name'])}",
+            f"  size          {_size(t)}{fill}",
+            f"  inserts       {_count(t['num_inserts'])} total, {_rate(t['insert_rate'])}/s",
+            f"  samples       {_count(t['num_samples'])} total, {_rate(t['sample_rate'])}/s",
+            f"  blocked       inserts {_blocked(t['blocked_insert_seconds'], t['blocked_insert_share'])}, "
+            f"samples {_blocked(t['blocked_sample_seconds'], t['blocked_sample_share'])} (rate limiter, total)",
+            f"  sampled age   {_age(t)} (mean)",
+            f"  unique        {_unique(t)}" + ("" if t["unique_window"] is None else
+                                                f" of the last {_count(t['unique_window'])} draws"),
+            f"  priorities    {low_high} {spark}".rstrip(),
+            "",
+        ]
+    if not f["clients"]:
+        lines.append("clients none")
+    else:
+        lines.append("clients")
+        for c in f["clients"]:
+            per_table = ", ".join(f"{printable(k)} {_count(v)}" for k, v in c["inserts"].items() if v)
+            drawn = ", ".join(f"{printable(k)} {_count(v)}" for k, v in c["samples"].items() if v)
+            lines.append(f"  #{c['id']} {c['kind']} {printable(c['peer'])}, connected {_seconds(c['connected_seconds'])}: "
+                         f"inserts {per_table or 0}; samples {drawn or 0}")
+    return "\n".join(lines)
+
+
+def finite(value):
+    """``value`` with non-finite floats (a rate limiter's unbounded ``min_diff``/``max_diff``)
+    as None, so that the JSON is strict JSON (``null``) that any parser reads."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+def render_json(snapshot: dict) -> str:
+    return json.dumps(finite(snapshot), indent=2, allow_nan=False)
+
+
+# --- top: rich ---------------------------------------------------------------------------------
+
+
+def render_rich(snapshot: dict | None, previous: dict | None = None, status: str | None = None,
+                interval: float = 1.0):
+    """``reprise top``'s screen: a renderable for ``rich``. Every name is a ``Text`` (never
+    parsed as markup). ``status``: a line in red (a lost connection)."""
+    from rich import box
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    parts = []
+    if snapshot is None:
+        parts.append(Text("waiting for the first snapshot...", style="dim"))
+    else:
+        f = figures(snapshot, previous)
+        parts += [Text(_server_line(f), style="bold"), Text(_bytes_line(f)), Text("")]
+        names = [Text(printable(t["name"]), style="bold") for t in f["tables"]]
+        name_width = min(16, max([len(n) for n in names] + [5]))
+
+        def grid(*columns):
+            table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+            table.add_column(Text("table"), min_width=name_width, overflow="fold")
+            for header in columns:
+                table.add_column(Text(header), justify="right" if header != "priorities" else "left", no_wrap=True)
+            return table
+
+        # Two grids, each fitting 80 columns: what flows in and out, then what is drawn.
+        flow = grid("size/max", "insert/s", "sample/s", "blocked ins", "blocked smp")
+        drawn = grid("sampled age", "unique", "priorities")
+        for name, t in zip(names, f["tables"]):
+            full = t["fill"] is not None and t["fill"] >= 1.0
+            flow.add_row(name, Text(_size(t), style="green" if full else ""),
+                         Text(_rate(t["insert_rate"])), Text(_rate(t["sample_rate"])),
+                         Text(_blocked(t["blocked_insert_seconds"], t["blocked_insert_share"]),
+                              style="yellow" if (t["blocked_insert_share"] or 0) > 0.05 else ""),
+                         Text(_blocked(t["blocked_sample_seconds"], t["blocked_sample_share"]),
+                              style="yellow" if (t["blocked_sample_share"] or 0) > 0.05 else ""))
+            low_high, spark = _priorities(t)
+            prio = Text(low_high + " ")
+            prio.append(spark, style="cyan")
+            drawn.add_row(name, Text(_age(t)), Text(_unique(t)), prio)
+        parts += [flow, Text(""), drawn, Text("")]
+        if f["clients"]:
+            clients = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+            for header, justify in (("client", "right"), ("kind", "left"), ("peer", "left"),
+                                    ("connected", "right"), ("inserts", "right"), ("insert/s", "right"),
+                                    ("samples", "right"), ("sample/s", "right")):
+                clients.add_column(Text(header), justify=justify, overflow="fold", no_wrap=header != "peer")
+            for c in f["clients"]:
+                clients.add_row(Text(str(c["id"])), Text(printable(c["kind"])), Text(printable(c["peer"])),
+                                Text(_seconds(c["connected_seconds"])), Text(_count(c["total_inserts"])),
+                                Text(_rate(c["insert_rate"])), Text(_count(c["total_samples"])),
+                                Text(_rate(c["sample_rate"])))
+            parts.append(clients)
+        else:
+            parts.append(Text("no clients connected", style="dim"))
+    if status:
+        parts.append(Text(status, style="bold red"))
+    when = time.strftime("%H:%M:%S", time.localtime(snapshot["time"])) if snapshot and "time" in snapshot else "-"
+    parts.append(Text(f"q quits · every {interval:g}s · last snapshot {when}", style="dim"))
+    return Group(*parts)
+
+
+class _Keys:
+    """Single keys from stdin without echo or Enter (cbreak: Ctrl-C still raises
+    KeyboardInterrupt); the terminal's settings are restored on close. Without a terminal on
+    stdin, only the wait."""
+
+    def __init__(self):
+        self._fd = None
+        self._saved = None
+        try:
+            if sys.stdin.isatty():
+                import termios
+                import tty
+                self._fd = sys.stdin.fileno()
+                self._saved = termios.tcgetattr(self._fd)
+                tty.setcbreak(self._fd)
+        except (OSError, ValueError, AttributeError):
+            self._fd = None
+
+    def wait(self, seconds: float) -> str:
+        """Waits up to ``seconds`` for input; returns what was typed ('' if nothing)."""
+        import select
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            if self._fd is None:
+                time.sleep(left)
+                return ""
+            ready, _, _ = select.select([self._fd], [], [], left)
+            if ready:
+                data = os.read(self._fd, 64)
+                if not data:  # end of input: nothing more will come
+                    self._fd = None
+                    continue
+                return data.decode(errors="replace")
+        return ""
+
+    def close(self):
+        if self._saved is not None:
+            import termios
+            termios.tcsetattr(sys.stdin.fileno(), termios.TCSADRAIN, self._saved)
+            self._saved = None
+
+
+def _top(a) -> int:
+    import signal
+
+    from rich.console import Console
+    from rich.live import Live
+
+    from .errors import RepriseError
+
+    client = connect(a.address, a.token, a.tls, a.tls_ca, a.tls_domain, a.connect_timeout)
+    try:
+        current = fetch(client)
+    except BaseException as e:
+        _close(client)
+        raise _unreachable(a.address, client.address.startswith("unix://"), e) from None
+    console = Console()
+    if not console.is_terminal:
+        _close(client)
+        raise Unreachable("needs a terminal to draw in; use 'reprise info ADDRESS' (or --json) for one snapshot")
+    previous, status = None, None
+
+    def terminate(signum, frame):
+        raise KeyboardInterrupt
+
+    old_term = signal.signal(signal.SIGTERM, terminate)
+    keys = _Keys()
+    try:
+        with Live(render_rich(current, None, None, a.interval), console=console, screen=True,
+                  auto_refresh=False, redirect_stdout=False, redirect_stderr=False) as live:
+            while True:
+                typed = keys.wait(a.interval)
+                if "q" in typed.lower():
+                    return 0
+                if typed:
+                    continue  # another key: redraw at the next tick
+                try:
+                    if client is None:
+                        client = connect(a.address, a.token, a.tls, a.tls_ca, a.tls_domain, a.connect_timeout)
+                    snapshot = fetch(client)
+                    previous, current, status = current, snapshot, None
+                except (RepriseError, Unreachable) as e:
+                    status = f"no snapshot at {time.strftime('%H:%M:%S')}: {_one_line(e)}; retrying"
+                    if client is not None and not isinstance(e, Unreachable):
+                        _close(client)
+                        client = None
+                live.update(render_rich(current, previous, status, a.interval), refresh=True)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        keys.close()
+        signal.signal(signal.SIGTERM, old_term)
+        if client is not None:
+            _close(client)
+
+
+def _close(client):
+    try:
+        client.close()
+    except Exception:  # noqa: BLE001 - a dead connection has nothing left to close
+        pass
+
+
+# --- commands ----------------------------------------------------------------------------------
+
+
+def _parser(prog: str, description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    p.add_argument("address", metavar="ADDRESS",
+                   help="'host:port' of a remote server, or a local server's name (rp.Server(name=...), "
+                        "listed by reprise doctor) or 'unix:///path/to/socket'")
+    p.add_argument("--token", default=None, help=f"the server's token (remote only; default: ${ENV_TOKEN})")
+    p.add_argument("--tls", action="store_true", help="connect with TLS (remote only)")
+    p.add_argument("--tls-ca", default=None, metavar="PEM", help="CA certificate for a private CA (implies --tls)")
+    p.add_argument("--tls-domain", default=None, metavar="NAME", help="the name the server's certificate holds, "
+                                                                       "when it is not the host")
+    p.add_argument("--connect-timeout", type=float, default=5.0, metavar="SECONDS",
+                   help="how long to wait for a remote server to answer")
+    return p
+
+
+def info_main(argv: list[str] | None = None) -> int:
+    p = _parser("reprise info", "Print one snapshot of a replay server: its tables (size, rates, rate-limiter "
+                                "blocked time, sampled age, unique samples, priorities), clients and bytes.")
+    p.add_argument("--json", action="store_true", help="print the snapshot as one JSON object")
+    a = p.parse_args(argv)
+    try:
+        client = connect(a.address, a.token, a.tls, a.tls_ca, a.tls_domain, a.connect_timeout)
+        try:
+            snapshot = fetch(client)
+        except BaseException as e:
+            raise _unreachable(a.address, client.address.startswith("unix://"), e) from None
+        finally:
+            _close(client)
+    except Unreachable as e:
+        print(f"reprise info: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    print(render_json(snapshot) if a.json else render_text(snapshot))
+    return 0
+
+
+def top_main(argv: list[str] | None = None) -> int:
+    p = _parser("reprise top", "Watch a replay server's tables and clients, redrawn every --interval seconds; "
+                               "q or Ctrl-C quits.")
+    p.add_argument("--interval", type=float, default=1.0, metavar="SECONDS", help="seconds between snapshots")
+    a = p.parse_args(argv)
+    if not a.interval > 0:
+        p.error(f"--interval must be > 0 seconds, got {a.interval}")
+    try:
+        return _top(a)
+    except Unreachable as e:
+        print(f"reprise top: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 0
