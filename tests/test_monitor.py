@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -269,9 +270,9 @@ def wait_for(predicate, timeout):
     return value
 
 
-def run_top(tmp_path, base_command, names, quit_keys):
+def run_top(tmp_path, base_command, names, quit_keys, pid_file=None):
     """Starts ``base_command`` under tmux, waits until every name is on screen, sends
-    ``quit_keys`` and checks that it ended within a few seconds with status 0, left the
+    ``quit_keys`` (``["SIGTERM"]``: the signal, to the pid in ``pid_file``) and checks that it ended within a few seconds with status 0, left the
     alternate screen and gave the terminal back its line editing and echo."""
     status, modes = tmp_path / "status", tmp_path / "stty"
     command = f"{base_command}; echo $? > {status}; stty -a > {modes}; sleep 30"
@@ -279,7 +280,10 @@ def run_top(tmp_path, base_command, names, quit_keys):
         screen = wait_for(lambda: (s := capture(base)) and all(n in s for n in names) and s, 30)
         assert screen, f"top never showed {names}; screen:\n{capture(base)}"
         assert "q quits" in screen
-        subprocess.run(base + ["send-keys", "-t", "top", *quit_keys], check=True, timeout=10)
+        if quit_keys == ["SIGTERM"]:
+            os.kill(int(pid_file.read_text()), signal.SIGTERM)
+        else:
+            subprocess.run(base + ["send-keys", "-t", "top", *quit_keys], check=True, timeout=10)
         assert wait_for(status.exists, 5), f"top still running 5 s after {quit_keys}:\n{capture(base)}"
         assert wait_for(lambda: status.read_text().strip(), 2) == "0"
         assert "q quits" not in capture(base)  # the alternate screen is gone: the shell's screen is back
@@ -289,8 +293,10 @@ def run_top(tmp_path, base_command, names, quit_keys):
 
 
 FAKE_TOP = textwrap.dedent("""
-    import sys
+    import os, sys
     sys.path.insert(0, {tests!r})
+    with open({pid_file!r}, "w") as f:
+        f.write(str(os.getpid()))
     from reprise import monitor
     import test_monitor as T
     state = {{"t": 1000.0}}
@@ -307,11 +313,12 @@ FAKE_TOP = textwrap.dedent("""
 
 
 @needs_tmux
-@pytest.mark.parametrize("quit_keys", [["q"], ["C-c"]], ids=["q", "ctrl-c"])
+@pytest.mark.parametrize("quit_keys", [["q"], ["C-c"], ["SIGTERM"]], ids=["q", "ctrl-c", "sigterm"])
 def test_top_draws_a_snapshot_in_a_terminal_and_quits(tmp_path, quit_keys):
-    script = tmp_path / "fake_top.py"
-    script.write_text(FAKE_TOP.format(tests=os.path.dirname(__file__)))
-    screen = run_top(tmp_path, f"{sys.executable} {script}", ["replay", MARKUP, HTML, "pid 1234"], quit_keys)
+    script, pid_file = tmp_path / "fake_top.py", tmp_path / "pid"
+    script.write_text(FAKE_TOP.format(tests=os.path.dirname(__file__), pid_file=str(pid_file)))
+    screen = run_top(tmp_path, f"{sys.executable} {script}", ["replay", MARKUP, HTML, "pid 1234"], quit_keys,
+                     pid_file)
     assert "sampled age" in screen and "priorities" in screen
 
 
