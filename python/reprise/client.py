@@ -149,6 +149,20 @@ class Client:
         """``{table name: table.info()}``."""
         return self._native.info()
 
+    def snapshot(self) -> dict:
+        """What the server is doing, read now: the dashboard's data.
+
+        ``{"version", "time" (unix seconds), "uptime_seconds", "server": {"name",
+        "address"}, "tables": [info() of each table plus "stats": its stats()],
+        "clients": [{"id", "kind" ("local"/"remote"), "peer", "connected_seconds",
+        "inserts": {table: n}, "samples": {table: n}}], "bytes": {"received", "sent"}}``
+        (bytes: step data through the remote service). See docs/observability.md."""
+        return _parse_snapshot(self._native.snapshot_json())
+
+    def stats(self) -> dict:
+        """``{table name: table.stats()}``: what each served table's extensions report."""
+        return {t["name"]: t["stats"] for t in self.snapshot()["tables"]}
+
     def close(self):
         """Closes this client's connection; writers it made keep theirs until closed."""
         if self._host_views:
@@ -182,3 +196,16 @@ def _on_device(draw, dev) -> Sample:
         if e.partial is not None:
             move(e.partial)
         raise
+
+
+def _parse_snapshot(text: str) -> dict:
+    """A snapshot's JSON text as a dict; unbounded rate-limiter limits (JSON null)
+    become the infinities ``info()`` reports."""
+    import json
+    snap = json.loads(text)
+    for t in snap.get("tables", []):
+        limiter = t.get("rate_limiter", {})
+        for key, inf in (("min_diff", float("-inf")), ("max_diff", float("inf"))):
+            if key in limiter and limiter[key] is None:
+                limiter[key] = inf
+    return snap

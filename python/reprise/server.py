@@ -39,12 +39,19 @@ class Server:
     (``"host:port"``) serves Prometheus metrics at ``http://<metrics_address>/metrics``
     (with a ``token``, every scrape must send it as a bearer token; off loopback the
     metrics endpoint needs a token).
+
+    ``dashboard_address`` (``"host:port"``) serves the live dashboard at
+    ``http://<dashboard_address>/``: tables, rates, rate-limiter blocking, priority and
+    sampled-age histograms, bytes, connected clients (``server.dashboard_url``). Its
+    data endpoints (``/api/snapshot``, ``/api/events``) follow the metrics rule: with a
+    ``token`` they need it (the page asks for it), and off loopback a token is required.
+    It works with or without ``address``: local clients are shown too.
     """
 
     def __init__(self, tables: Sequence[Table], address: str | None = None, token: str | None = None,
                  checkpoint_dir: str | None = None, name: str | None = None, tls_cert: str | None = None,
                  tls_key: str | None = None, max_message_bytes: int = 64 << 20, max_batch_items: int = 1 << 16,
-                 metrics_address: str | None = None):
+                 metrics_address: str | None = None, dashboard_address: str | None = None):
         if isinstance(tables, Table):
             tables = [tables]
         tables = list(tables)
@@ -117,18 +124,28 @@ class Server:
             return server.checkpoint()
 
         checkpoint = None if self._checkpoint_dir is None else checkpointer
-        self._native = _native.LocalServer([t._native for t in tables], name, checkpoint)
+        if dashboard_address is not None and not isinstance(dashboard_address, str):
+            raise InvalidArgument(f"dashboard_address must be 'host:port', got {dashboard_address!r}")
+        self._monitor = _native.Monitor([t._native for t in tables])
+        self._native = _native.LocalServer([t._native for t in tables], name, checkpoint, self._monitor)
         self._remote = None
-        if address is not None:
-            try:
+        self._dashboard = None
+        try:
+            if address is not None:
                 self._remote = _native.RemoteServer([t._native for t in tables], address, token,
-                                                None if tls is None else tls[0], None if tls is None else tls[1],
-                                                as_int("max_message_bytes", max_message_bytes, 4096),
-                                                as_int("max_batch_items", max_batch_items, 1), 64, checkpoint,
-                                                metrics_address)
-            except BaseException:
-                self._native.stop()
-                raise
+                                                    None if tls is None else tls[0], None if tls is None else tls[1],
+                                                    as_int("max_message_bytes", max_message_bytes, 4096),
+                                                    as_int("max_batch_items", max_batch_items, 1), 64, checkpoint,
+                                                    metrics_address, self._monitor)
+            if dashboard_address is not None:
+                from . import dashboard
+                files = os.path.dirname(os.path.abspath(dashboard.__file__))
+                self._dashboard = _native.Dashboard(self._monitor, dashboard_address, token, files)
+        except BaseException:
+            if self._remote is not None:
+                self._remote.stop(0.0)
+            self._native.stop()
+            raise
 
     @property
     def local_address(self) -> str:
@@ -145,6 +162,22 @@ class Server:
     def metrics_address(self) -> str | None:
         """``host:port`` of the Prometheus endpoint (``GET /metrics``), or None."""
         return None if self._remote is None else self._remote.metrics_address
+
+    @property
+    def dashboard_address(self) -> str | None:
+        """``host:port`` of the live dashboard, or None."""
+        return None if self._dashboard is None else self._dashboard.address
+
+    @property
+    def dashboard_url(self) -> str | None:
+        """``http://host:port/``: the dashboard page to open in a browser, or None."""
+        a = self.dashboard_address
+        return None if a is None else f"http://{a}/"
+
+    def snapshot(self) -> dict:
+        """What the dashboard shows, read now (``Client.snapshot`` has the format)."""
+        from .client import _parse_snapshot
+        return _parse_snapshot(self._monitor.snapshot_json())
 
     @property
     def name(self) -> str:
@@ -166,6 +199,8 @@ class Server:
         """Stops the remote service (calls in progress get up to ``grace`` seconds to
         finish; blocked waits give up), then closes every local client connection
         (releasing what they held) and removes the socket."""
+        if self._dashboard is not None:
+            self._dashboard.stop()
         if self._remote is not None:
             self._remote.stop(grace)
         self._native.stop()

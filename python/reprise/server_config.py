@@ -10,6 +10,7 @@ checkpoint directory::
     max_message_bytes = 67108864
     max_batch_items = 65536
     metrics_address = "127.0.0.1:9090"  # Prometheus: GET /metrics (with a token, scrapes send it)
+    dashboard_address = "127.0.0.1:8080" # the live page: http://127.0.0.1:8080/ (or --dashboard ADDRESS)
 
     [tls]                               # optional
     cert = "server.pem"
@@ -30,6 +31,7 @@ checkpoint directory::
     max_size = 500_000
     max_times_sampled = 0
     rate_limiter = { kind = "SampleToInsertRatio", samples_per_insert = 4.0, min_size_to_sample = 200, error_buffer = 2000.0 }
+    extensions = ["PriorityHistogram", { kind = "UniqueSamples", window = 1000 }]   # default: every built-in
 
 Every key at every level is checked: a misspelled or unknown key, or a value of the wrong
 kind, stops ``reprise serve`` with exit code 2 and a message naming the key, its section and
@@ -49,7 +51,7 @@ import signal
 import sys
 import threading
 
-from . import rate_limiters, selectors
+from . import extensions, rate_limiters, selectors
 from .errors import InvalidArgument, RepriseError
 from .server import Server
 from .signature import Field
@@ -61,20 +63,23 @@ _SELECTORS = {"Fifo": selectors.Fifo, "Lifo": selectors.Lifo, "Uniform": selecto
               "TopK": selectors.TopK}
 _LIMITERS = {"MinSize": rate_limiters.MinSize, "SampleToInsertRatio": rate_limiters.SampleToInsertRatio,
              "Queue": rate_limiters.Queue, "Stack": rate_limiters.Stack, "RateLimiter": rate_limiters.RateLimiter}
+_EXTENSIONS = {"PriorityHistogram": extensions.PriorityHistogram, "SampledAge": extensions.SampledAge,
+               "TimesSampled": extensions.TimesSampled, "UniqueSamples": extensions.UniqueSamples,
+               "Rates": extensions.Rates}
 
 # What each section may hold: key -> the kind of value expected. Anything else is refused with
 # the closest valid key, so a misspelling never runs silently with a default.
 _TOP = {"address": "string", "token": "string", "token_file": "string", "checkpoint_dir": "string",
         "checkpoint_on_exit": "boolean", "max_message_bytes": "integer", "max_batch_items": "integer",
         "name": "string", "tls": "table", "stores": "array of tables", "tables": "array of tables",
-        "metrics_address": "string"}
+        "metrics_address": "string", "dashboard_address": "string"}
 _TLS = {"cert": "string", "key": "string"}
 _STORE = {"name": "string", "capacity": "integer", "block_steps": "integer", "directory": "string",
           "fields": "table"}
 _FIELD = {"shape": "array of integers", "dtype": "string"}
 _TABLE = {"name": "string", "store": "string", "sampler": "string or table", "remover": "string or table",
           "rate_limiter": "string or table", "max_size": "integer", "max_times_sampled": "integer",
-          "seed": "integer", "evict_when_store_full": "boolean"}
+          "seed": "integer", "evict_when_store_full": "boolean", "extensions": "array of names or tables"}
 _ANNOTATION = {"int": "integer", "float": "number", "int | None": "integer", "float | None": "number"}
 
 
@@ -86,6 +91,7 @@ def _is(value, kind: str) -> bool:
             "boolean": isinstance(value, bool),
             "table": isinstance(value, dict),
             "array of tables": isinstance(value, list) and all(isinstance(v, dict) for v in value),
+            "array of names or tables": isinstance(value, list) and all(isinstance(v, (str, dict)) for v in value),
             "array of integers": isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool)
                                                                  for v in value),
             "string or table": isinstance(value, (str, dict))}[kind]
@@ -216,6 +222,9 @@ def build(config: dict, directory: str = ".") -> tuple[list[Store], list[Table]]
                 kwargs["remover"] = _kind(f"{where}.remover", t["remover"], _SELECTORS)
             if "rate_limiter" in t:
                 kwargs["rate_limiter"] = _kind(f"{where}.rate_limiter", t["rate_limiter"], _LIMITERS)
+            if "extensions" in t:
+                kwargs["extensions"] = [_kind(f"{where}.extensions[{k}]", e, _EXTENSIONS)
+                                        for k, e in enumerate(t["extensions"])]
             for key in ("max_size", "max_times_sampled", "seed", "evict_when_store_full"):
                 if key in t:
                     kwargs[key] = t[key]
@@ -244,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="reprise serve", description="Serve replay tables over gRPC (and locally).")
     p.add_argument("--config", required=True, help="a TOML file: stores, tables, address, token, TLS, checkpoint_dir")
     p.add_argument("--address", help="overrides the config's address")
+    p.add_argument("--dashboard", metavar="ADDRESS",
+                   help="serve the live dashboard at http://ADDRESS/ (overrides the config's dashboard_address)")
     p.add_argument("--grace", type=float, default=10.0, help="seconds calls in progress get at shutdown")
     a = p.parse_args(argv)
     stores: list[Store] = []
@@ -258,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
                         checkpoint_dir=ckpt, name=config.get("name"), tls_cert=path(tls.get("cert")),
                         tls_key=path(tls.get("key")), max_message_bytes=config.get("max_message_bytes", 64 << 20),
                         max_batch_items=config.get("max_batch_items", 1 << 16),
-                        metrics_address=config.get("metrics_address"))
+                        metrics_address=config.get("metrics_address"),
+                        dashboard_address=a.dashboard or config.get("dashboard_address"))
     except RepriseError as e:
         for s in stores:
             s.close()
@@ -269,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda *_: stop.set())
     restored = f" (restored {server.restored_from})" if server.restored_from else ""
     metrics = f", metrics at http://{server.metrics_address}/metrics" if server.metrics_address else ""
+    metrics += f", dashboard at {server.dashboard_url}" if server.dashboard_url else ""
     print(f"reprise serve: tables {[t.name for t in server.tables]} at {server.address} "
           f"(local: {server.local_address}{metrics}){restored}", flush=True)
     while not stop.wait(0.5):

@@ -3,11 +3,13 @@ a rate limiter."""
 
 from __future__ import annotations
 
+import json
 import time
 
 from . import _native
 from ._convert import as_int
 from .errors import InvalidArgument, NotFound
+from .extensions import Extension, _from_spec, _specs_json
 from .rate_limiters import MinSize, Queue, RateLimiter, Stack
 from .sample import Sample
 from .selectors import Fifo, Lifo, Selector, Uniform
@@ -39,12 +41,15 @@ class Table:
     ``info()["num_store_evictions"]``), unless a table over it was made with
     ``evict_when_store_full=False`` (queues and stacks: their items are consumed,
     never dropped), in which case the writer gets ``ResourceExhausted``.
+
+    ``extensions``: the built-in observers whose figures ``stats()`` returns
+    (``reprise.extensions``); None attaches every built-in, ``[]`` none.
     """
 
     def __init__(self, name: str, store: Store, sampler: Selector | None = None, remover: Selector | None = None,
                  max_size: int | None = None, rate_limiter: RateLimiter | None = None,
                  max_times_sampled: int = 0, seed: int | None = None, selection_device: str | None = None,
-                 evict_when_store_full: bool = True):
+                 evict_when_store_full: bool = True, extensions=None):
         if not isinstance(name, str) or not name:
             raise InvalidArgument(f"table name must be a non-empty string, got {name!r}")
         if not isinstance(store, Store):
@@ -69,11 +74,12 @@ class Table:
         max_times_sampled = as_int(f"table '{name}': max_times_sampled", max_times_sampled)
         if seed is not None:
             seed = as_int(f"table '{name}': seed", seed, minimum=0)
+        extensions = _specs_json(name, extensions)
         self._store = store
         self._sampler, self._remover, self._rate_limiter = sampler, remover, rate_limiter
         self._native = _native.Table(
             name, store._native, sampler._spec(), remover._spec(), max_size, rate_limiter._spec(),
-            max_times_sampled, seed, bool(evict_when_store_full), selection is not None,
+            max_times_sampled, seed, bool(evict_when_store_full), selection is not None, extensions,
         )
         self._selection = None
         if selection is not None:
@@ -241,6 +247,16 @@ class Table:
     def reset(self):
         """Removes every item and restarts the rate limiter's counts."""
         self._native.reset()
+
+    @property
+    def extensions(self) -> list[Extension]:
+        """The extensions attached to this table."""
+        return [_from_spec(s) for s in json.loads(self._native.extensions_json())]
+
+    def stats(self) -> dict:
+        """What the table's extensions report, ``{name: figures}`` (see
+        ``reprise.extensions``); ``{}`` without extensions."""
+        return json.loads(self._native.stats_json())
 
     def info(self) -> dict:
         """Size, settings and counters, including time callers spent blocked."""

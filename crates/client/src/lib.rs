@@ -101,6 +101,10 @@ pub trait ReplayClient: Send + Sync {
     /// Every table's counters, in the server's order.
     fn info(&self) -> Result<Vec<TableInfo>>;
 
+    /// What the server is doing, as JSON text: tables with their counters and
+    /// extension statistics, connected clients, bytes (`docs/observability.md`).
+    fn snapshot(&self) -> Result<String>;
+
     /// Asks the server to write a checkpoint into its checkpoint directory; returns its path.
     fn checkpoint(&self) -> Result<String>;
 

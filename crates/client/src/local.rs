@@ -419,6 +419,17 @@ impl ReplayClient for LocalClient {
         Ok(path)
     }
 
+    fn snapshot(&self) -> Result<String> {
+        let (kind, body) = self.shared.call(Frame::new(p::SNAPSHOT), None)?;
+        if kind != p::SNAPSHOT_OK {
+            return Err(unexpected(kind));
+        }
+        let mut r = Reader::new(&body);
+        let text = r.str()?;
+        r.done()?;
+        Ok(text)
+    }
+
     fn info(&self) -> Result<Vec<TableInfo>> {
         let (kind, body) = self.shared.call(Frame::new(p::INFO), None)?;
         if kind != p::INFO_OK {

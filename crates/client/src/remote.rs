@@ -385,6 +385,11 @@ impl ReplayClient for RemoteClient {
         Ok(self.rt.block_on(stub.checkpoint(pb::CheckpointRequest {})).map_err(from_status)?.into_inner().path)
     }
 
+    fn snapshot(&self) -> Result<String> {
+        let mut stub = self.stub.clone();
+        Ok(self.rt.block_on(stub.snapshot(pb::SnapshotRequest {})).map_err(from_status)?.into_inner().json)
+    }
+
     fn info(&self) -> Result<Vec<TableInfo>> {
         let mut stub = self.stub.clone();
         let r = self.rt.block_on(stub.info(pb::InfoRequest {})).map_err(from_status)?.into_inner();

@@ -24,6 +24,7 @@
 //   blocks         the block allocator and reference counts
 //   store          columns + allocator + the tables over them (as a trait)
 //   sample         drawn items holding their blocks; collecting rows
+//   extensions     observers of a table's events and their statistics (uses memory)
 //   table          tables (table/sampling, table/batch_insert, table/snapshot, table/shard)
 //   writer         steps into leased blocks, items over recent steps
 //   checkpoint     tables and their rows on disk, and back (uses table, store)
@@ -39,12 +40,14 @@ pub mod columns;
 pub mod blocks;
 pub mod store;
 pub mod sample;
+pub mod extensions;
 pub mod table;
 pub mod writer;
 pub mod checkpoint;
 
 pub use table::snapshot;
 pub use columns::Columns;
+pub use extensions::ExtensionSpec;
 pub use error::{Error, Result};
 pub use item::{RowRange, Window};
 pub use rate_limiter::RateLimiterConfig;

@@ -286,6 +286,11 @@ impl PyClient {
         Ok(d)
     }
 
+    /// The server's snapshot as JSON text (see `Client.snapshot`).
+    fn snapshot_json(&self, py: Python<'_>) -> PyResult<String> {
+        py.detach(|| each!(&self.connection, c => c.snapshot())).map_err(py_err(py))
+    }
+
     fn close(&self) {
         each!(&self.connection, c => c.close())
     }

@@ -28,6 +28,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<rows::PySampleRows>()?;
     m.add_class::<server::PyLocalServer>()?;
     m.add_class::<server::PyRemoteServer>()?;
+    m.add_class::<server::PyMonitor>()?;
+    m.add_class::<server::PyDashboard>()?;
     m.add_class::<client::PyClient>()?;
     m.add_class::<client::PySampler>()?;
     m.add_function(wrap_pyfunction!(table::rate_limiter_preset, m)?)?;

@@ -7,6 +7,8 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use pyo3::prelude::*;
 use reprise_server::checkpoint::Checkpointer;
+use reprise_server::dashboard::Dashboard;
+use reprise_server::monitor::Monitor;
 use reprise_server::{RemoteServerOptions, RemoteServer, LocalServer};
 
 use crate::errors::invalid;
@@ -32,6 +34,56 @@ pub fn checkpointer(f: Py<PyAny>) -> Checkpointer {
     })
 }
 
+/// What a server's tables and clients are doing; shared by the local and remote
+/// servers of one `rp.Server` and read by its dashboard.
+#[pyclass(name = "Monitor", module = "reprise._native", frozen)]
+pub struct PyMonitor {
+    monitor: Arc<Monitor>,
+}
+
+#[pymethods]
+impl PyMonitor {
+    #[new]
+    fn new(tables: Vec<PyRef<'_, PyTable>>) -> Self {
+        PyMonitor { monitor: Monitor::new(tables.iter().map(|t| t.table.clone()).collect()) }
+    }
+
+    /// The snapshot as JSON text.
+    fn snapshot_json(&self, py: Python<'_>) -> String {
+        py.detach(|| self.monitor.snapshot().to_string())
+    }
+}
+
+/// The live dashboard of a monitor (`rp.Server(dashboard_address=...)`).
+#[pyclass(name = "Dashboard", module = "reprise._native", frozen)]
+pub struct PyDashboard {
+    dashboard: Mutex<Option<Dashboard>>,
+    address: String,
+}
+
+#[pymethods]
+impl PyDashboard {
+    #[new]
+    #[pyo3(signature = (monitor, address, token=None, files=None))]
+    fn new(py: Python<'_>, monitor: PyRef<'_, PyMonitor>, address: &str, token: Option<String>, files: Option<std::path::PathBuf>) -> PyResult<Self> {
+        let monitor = monitor.monitor.clone();
+        let dashboard = py.detach(|| Dashboard::start(monitor, address, token, files)).map_err(py_err(py))?;
+        Ok(PyDashboard { address: dashboard.address(), dashboard: Mutex::new(Some(dashboard)) })
+    }
+
+    #[getter]
+    fn address(&self) -> String {
+        self.address.clone()
+    }
+
+    fn stop(&self, py: Python<'_>) {
+        let dashboard = self.dashboard.lock().take();
+        if let Some(mut d) = dashboard {
+            py.detach(|| d.stop());
+        }
+    }
+}
+
 #[pyclass(name = "LocalServer", module = "reprise._native", frozen)]
 pub struct PyLocalServer {
     server: Mutex<Option<LocalServer>>,
@@ -42,11 +94,12 @@ pub struct PyLocalServer {
 #[pymethods]
 impl PyLocalServer {
     #[new]
-    #[pyo3(signature = (tables, name=None, checkpoint=None))]
-    fn new(py: Python<'_>, tables: Vec<PyRef<'_, PyTable>>, name: Option<String>, checkpoint: Option<Py<PyAny>>) -> PyResult<Self> {
+    #[pyo3(signature = (tables, name=None, checkpoint=None, monitor=None))]
+    fn new(py: Python<'_>, tables: Vec<PyRef<'_, PyTable>>, name: Option<String>, checkpoint: Option<Py<PyAny>>, monitor: Option<PyRef<'_, PyMonitor>>) -> PyResult<Self> {
         let tables = tables.iter().map(|t| t.table.clone()).collect();
         let checkpoint: Option<Checkpointer> = checkpoint.map(checkpointer);
-        let server = py.detach(|| LocalServer::start_with(tables, name.as_deref(), checkpoint)).map_err(py_err(py))?;
+        let monitor = monitor.map(|m| m.monitor.clone());
+        let server = py.detach(|| LocalServer::start_monitored(tables, name.as_deref(), checkpoint, monitor)).map_err(py_err(py))?;
         Ok(PyLocalServer { address: server.address(), name: server.name().to_string(), server: Mutex::new(Some(server)) })
     }
 
@@ -79,7 +132,7 @@ pub struct PyRemoteServer {
 #[pymethods]
 impl PyRemoteServer {
     #[new]
-    #[pyo3(signature = (tables, address, token=None, tls_cert=None, tls_key=None, max_message_bytes=64<<20, max_batch_items=1<<16, max_concurrent_per_connection=64, checkpoint=None, metrics_address=None))]
+    #[pyo3(signature = (tables, address, token=None, tls_cert=None, tls_key=None, max_message_bytes=64<<20, max_batch_items=1<<16, max_concurrent_per_connection=64, checkpoint=None, metrics_address=None, monitor=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -93,6 +146,7 @@ impl PyRemoteServer {
         max_concurrent_per_connection: usize,
         checkpoint: Option<Py<PyAny>>,
         metrics_address: Option<String>,
+        monitor: Option<PyRef<'_, PyMonitor>>,
     ) -> PyResult<Self> {
         let tables = tables.iter().map(|t| t.table.clone()).collect();
         let tls = match (tls_cert, tls_key) {
@@ -101,7 +155,8 @@ impl PyRemoteServer {
             _ => return Err(invalid(py, "TLS needs both a certificate and a key".into())),
         };
         let checkpoint: Option<Checkpointer> = checkpoint.map(checkpointer);
-        let options = RemoteServerOptions { token, tls, max_message_bytes, max_batch_items, max_concurrent_per_connection, checkpoint, metrics_address };
+        let monitor = monitor.map(|m| m.monitor.clone());
+        let options = RemoteServerOptions { token, tls, max_message_bytes, max_batch_items, max_concurrent_per_connection, checkpoint, metrics_address, monitor };
         let server = py.detach(|| RemoteServer::start(tables, address, options)).map_err(py_err(py))?;
         Ok(PyRemoteServer { address: server.address(), metrics_address: server.metrics_address(), server: Mutex::new(Some(server)) })
     }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use numpy::{PyArray1, PyReadonlyArray1};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use reprise_core::{RateLimiterConfig, SelectorSpec, Table, TableConfig, TableInfo, Wait};
+use reprise_core::{ExtensionSpec, RateLimiterConfig, SelectorSpec, Table, TableConfig, TableInfo, Wait};
 
 use reprise_core::selectors::external::Candidate;
 
@@ -47,7 +47,7 @@ type Changes<'py> = (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>, Bound
 #[pymethods]
 impl PyTable {
     #[new]
-    #[pyo3(signature = (name, store, sampler, remover, max_size, rate_limiter, max_times_sampled=0, seed=None, evict_when_store_full=true, external_selection=false))]
+    #[pyo3(signature = (name, store, sampler, remover, max_size, rate_limiter, max_times_sampled=0, seed=None, evict_when_store_full=true, external_selection=false, extensions=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -61,10 +61,23 @@ impl PyTable {
         seed: Option<u64>,
         evict_when_store_full: bool,
         external_selection: bool,
+        extensions: Option<String>,
     ) -> PyResult<Self> {
         let (spi, min_size, min_diff, max_diff) = rate_limiter;
         let min_size = non_negative(py, "min_size_to_sample", min_size, 1)?;
+        let extensions = match extensions {
+            None => ExtensionSpec::defaults(),
+            Some(text) => {
+                let list: Vec<serde_json::Value> =
+                    serde_json::from_str(&text).map_err(|e| invalid(py, format!("table '{name}': extensions: {e}")))?;
+                list.iter()
+                    .map(ExtensionSpec::from_json)
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| invalid(py, format!("table '{name}': {e}")))?
+            }
+        };
         let config = TableConfig {
+            extensions,
             sampler: selector(py, "sampler", sampler)?,
             remover: selector(py, "remover", remover)?,
             max_size: non_negative(py, &format!("table '{name}': max_size"), max_size, 1)?,
@@ -78,6 +91,16 @@ impl PyTable {
         };
         let table = Table::new(config, &store.store).map_err(py_err(py))?;
         Ok(PyTable { table, fields: store.fields.clone() })
+    }
+
+    /// What the table's extensions report, as JSON text (`{name: statistics}`).
+    fn stats_json(&self, py: Python<'_>) -> String {
+        py.detach(|| self.table.stats().to_string())
+    }
+
+    /// The table's extensions as JSON text (`[{"kind": ..., settings}]`).
+    fn extensions_json(&self) -> String {
+        serde_json::Value::Array(self.table.config().extensions.iter().map(|e| e.to_json()).collect()).to_string()
     }
 
     #[getter]

@@ -48,6 +48,7 @@ mod tests {
             seed: Some(1),
             evict_when_store_full: true,
             external_selection: false,
+            extensions: reprise_core::ExtensionSpec::defaults(),
         };
         let table = Table::new(config, &store).unwrap();
         let values: Vec<u8> = (0..10i64).flat_map(|v| v.to_ne_bytes()).collect();

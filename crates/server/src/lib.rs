@@ -6,6 +6,8 @@
 
 pub mod auth;
 pub mod checkpoint;
+pub mod dashboard;
+pub mod monitor;
 pub mod remote;
 pub mod local;
 pub mod metrics;

@@ -25,12 +25,14 @@ use reprise_core::item::{for_each_block, NewItem};
 use reprise_core::{SampleBatch, Store, Table, Wait, Window};
 
 use crate::checkpoint::Checkpointer;
+use crate::monitor::{ClientGuard, Monitor};
 use crate::naming;
 
 static SERVER_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 struct Shared {
     tables: Vec<Table>,
+    monitor: Arc<Monitor>,
     checkpoint: Option<Checkpointer>,
     stores: Vec<Store>,
     table_store: Vec<u32>,
@@ -61,7 +63,14 @@ impl LocalServer {
     /// [`LocalServer::start`] with a checkpointer for clients' CHECKPOINT requests
     /// (the built-in one: [`crate::checkpoint::to_directory`]).
     pub fn start_with(tables: Vec<Table>, name: Option<&str>, checkpoint: Option<Checkpointer>) -> Result<LocalServer> {
+        Self::start_monitored(tables, name, checkpoint, None)
+    }
+
+    /// [`LocalServer::start_with`] reporting its clients to `monitor` (shared with
+    /// a remote server over the same tables; None: a monitor of its own).
+    pub fn start_monitored(tables: Vec<Table>, name: Option<&str>, checkpoint: Option<Checkpointer>, monitor: Option<Arc<Monitor>>) -> Result<LocalServer> {
         let (stores, table_store) = crate::stores_of(&tables)?;
+        let monitor = monitor.unwrap_or_else(|| Monitor::new(tables.clone()));
         let name = match name {
             Some(n) => n.to_string(),
             None => format!("reprise-{}-{}", std::process::id(), SERVER_COUNTER.fetch_add(1, Ordering::Relaxed)),
@@ -83,8 +92,10 @@ impl LocalServer {
         listener.set_nonblocking(true).map_err(|e| unbind(Error::Io(format!("cannot configure {}: {e}", path.display()))))?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
             .map_err(|e| unbind(Error::Io(format!("cannot make {} private: {e}", path.display()))))?;
+        monitor.set_local_name(&name);
         let shared = Arc::new(Shared {
             tables,
+            monitor,
             checkpoint,
             stores,
             table_store,
@@ -161,7 +172,8 @@ fn accept_loop(listener: UnixListener, shared: Arc<Shared>) {
         }
         // The socket is 0600 already; the peer check also stops a process that
         // got hold of it some other way.
-        if naming::peer_uid(&stream) != Some(naming::my_uid()) {
+        let Some((uid, pid)) = naming::peer_cred(&stream) else { continue };
+        if uid != naming::my_uid() {
             continue;
         }
         let id = next;
@@ -170,7 +182,8 @@ fn accept_loop(listener: UnixListener, shared: Arc<Shared>) {
         shared.conns.lock().insert(id, clone);
         let s = shared.clone();
         let spawned = std::thread::Builder::new().name(format!("reprise-conn-{id}")).spawn(move || {
-            Connection { shared: s.clone(), stream, held: HashMap::new(), samples: HashMap::new(), next_sample: 0 }.run();
+            let client = s.monitor.connect("local", format!("pid {pid}"), None);
+            Connection { shared: s.clone(), stream, held: HashMap::new(), samples: HashMap::new(), next_sample: 0, client }.run();
             s.conns.lock().remove(&id);
         });
         match spawned {
@@ -194,6 +207,8 @@ struct Connection {
     /// Samples whose rows the client is still reading.
     samples: HashMap<u64, SampleBatch>,
     next_sample: u64,
+    /// This client in the server's monitor (removed when the connection ends).
+    client: ClientGuard,
 }
 
 fn error_frame(e: &Error) -> Frame {
@@ -299,6 +314,12 @@ impl Connection {
                 }
                 Some(f)
             }
+            p::SNAPSHOT => {
+                r.done()?;
+                let mut f = Frame::new(p::SNAPSHOT_OK);
+                f.str(&self.shared.monitor.snapshot().to_string());
+                Some(f)
+            }
             p::RESET => {
                 let table = self.table(r.u32()?)?;
                 r.done()?;
@@ -385,7 +406,13 @@ impl Connection {
             let end = items[done..].iter().position(|(u, _)| *u != t).map_or(items.len(), |k| done + k);
             let batch: Vec<NewItem> = items[done..end].iter().map(|(_, it)| it.clone()).collect();
             let table = &self.shared.tables[t as usize];
-            match table.insert(&batch, Wait { timeout, interrupt: Some(&stop) }) {
+            let result = table.insert(&batch, Wait { timeout, interrupt: Some(&stop) });
+            let inserted = match &result {
+                Ok(k) | Err(Error::Timeout { partial: Partial::Inserted(k), .. }) => k.len(),
+                Err(_) => 0,
+            };
+            self.client.entry().inserted(t as usize, inserted as u64);
+            match result {
                 Ok(k) => {
                     keys.extend(k);
                     done = end
@@ -405,7 +432,8 @@ impl Connection {
     }
 
     fn sample(&mut self, r: &mut Reader<'_>) -> Result<Frame> {
-        let table = self.table(r.u32()?)?.clone();
+        let t = r.u32()?;
+        let table = self.table(t)?.clone();
         let n = r.count(p::MAX_ITEMS, "samples")?;
         let timeout = p::timeout_from_wire(r.i64()?);
         r.done()?;
@@ -416,6 +444,7 @@ impl Connection {
             Err(e) => return Err(e),
         };
         drop(stop);
+        self.client.entry().sampled(t as usize, batch.items.len() as u64);
         let id = self.next_sample;
         self.next_sample += 1;
         let mut f = Frame::new(p::SAMPLED);
@@ -444,6 +473,7 @@ mod tests {
             seed: Some(0),
             evict_when_store_full: true,
             external_selection: false,
+            extensions: reprise_core::ExtensionSpec::defaults(),
         };
         Table::new(config, store).expect("a valid table")
     }

@@ -170,8 +170,8 @@ pub fn remove_stale_stores(dir: &Path) -> Vec<PathBuf> {
     removed
 }
 
-/// The user id of the process at the other end of `stream`.
-pub fn peer_uid(stream: &UnixStream) -> Option<u32> {
+/// The user id and process id of the process at the other end of `stream`.
+pub fn peer_cred(stream: &UnixStream) -> Option<(u32, i32)> {
     use std::os::fd::AsRawFd;
     let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
@@ -179,7 +179,7 @@ pub fn peer_uid(stream: &UnixStream) -> Option<u32> {
     let rc = unsafe {
         libc::getsockopt(stream.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERCRED, &mut cred as *mut _ as *mut libc::c_void, &mut len)
     };
-    (rc == 0).then_some(cred.uid)
+    (rc == 0).then_some((cred.uid, cred.pid))
 }
 
 pub fn my_uid() -> u32 {

@@ -29,6 +29,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::checkpoint::Checkpointer;
 use crate::metrics::{self, Metrics};
+use crate::monitor::{ClientGuard, Monitor};
 
 /// HTTP/2 flow-control window of a stream (the connection's is twice that).
 pub const WINDOW: u32 = 16 << 20;
@@ -52,6 +53,9 @@ pub struct RemoteServerOptions {
     /// `host:port` for Prometheus metrics over HTTP (`GET /metrics`); off loopback it
     /// needs the token too.
     pub metrics_address: Option<String>,
+    /// Where connections and traffic are reported (shared with a local server over
+    /// the same tables); None: a monitor of its own.
+    pub monitor: Option<Arc<Monitor>>,
 }
 
 impl Default for RemoteServerOptions {
@@ -64,6 +68,7 @@ impl Default for RemoteServerOptions {
             max_concurrent_per_connection: 64,
             checkpoint: None,
             metrics_address: None,
+            monitor: None,
         }
     }
 }
@@ -77,6 +82,7 @@ struct Shared {
     /// Set at shutdown: streams end at their next message boundary.
     shutdown: tokio::sync::watch::Sender<bool>,
     metrics: Arc<Metrics>,
+    monitor: Arc<Monitor>,
 }
 
 impl Shared {
@@ -168,7 +174,18 @@ impl RemoteServer {
             metrics_address = Some(listener.local_addr().map_err(|e| Error::Io(e.to_string()))?);
             runtime.spawn(metrics::serve(listener, metrics.clone(), options.token.clone()));
         }
-        let shared = Arc::new(Shared { tables, stores, table_store, options: options.clone(), stopping: AtomicBool::new(false), shutdown: tokio::sync::watch::channel(false).0, metrics });
+        let monitor = options.monitor.clone().unwrap_or_else(|| Monitor::new(tables.clone()));
+        monitor.set_remote_address(&bound.to_string());
+        let shared = Arc::new(Shared {
+            tables,
+            stores,
+            table_store,
+            options: options.clone(),
+            stopping: AtomicBool::new(false),
+            shutdown: tokio::sync::watch::channel(false).0,
+            metrics,
+            monitor: monitor.clone(),
+        });
         let service = ReplayServer::new(Service { shared: shared.clone() })
             .max_decoding_message_size(options.max_message_bytes)
             .max_encoding_message_size(options.max_message_bytes);
@@ -181,7 +198,10 @@ impl RemoteServer {
         let (done_tx, done_rx) = oneshot::channel::<()>();
         // Nodelay on every accepted socket (the builder's setting only reaches listeners
         // tonic binds itself): without it small replies wait ~40 ms for delayed ACKs.
-        let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        use tokio_stream::StreamExt as _;
+        let incoming = tonic::transport::server::TcpIncoming::from(listener)
+            .with_nodelay(Some(true))
+            .map(move |conn| conn.map(|stream| Tracked::new(stream, &monitor)));
         let router = builder.add_service(service);
         runtime.spawn(async move {
             let _ = router
@@ -267,6 +287,8 @@ pub struct InsertSession {
     keys: Vec<u64>,
     /// The table that named the store (the metrics' label for its bytes).
     table: String,
+    /// Items created since last taken, per table name (the monitor's per-client counts).
+    created: Vec<(String, u64)>,
 }
 
 /// Looks tables up by name, with the error the service answers.
@@ -296,7 +318,19 @@ impl InsertSession {
         let msl = (first.max_sequence_length > 0).then_some(u64::from(first.max_sequence_length));
         let timeout = timeout_of(first.timeout_seconds)?;
         let writer = Writer::new(table.store().clone(), msl).map_err(to_status)?;
-        Ok(InsertSession { writer, timeout, keys: Vec::new(), table: first.table.clone() })
+        Ok(InsertSession { writer, timeout, keys: Vec::new(), table: first.table.clone(), created: Vec::new() })
+    }
+
+    fn count_created(&mut self, table: &str, n: u64) {
+        match self.created.iter_mut().find(|(t, _)| t == table) {
+            Some((_, c)) => *c += n,
+            None => self.created.push((table.to_string(), n)),
+        }
+    }
+
+    /// The items created since the last call, per table name.
+    pub fn take_created(&mut self) -> Vec<(String, u64)> {
+        std::mem::take(&mut self.created)
     }
 
     /// Applies `ops` in order; returns the responses its flushes ask for.
@@ -342,11 +376,13 @@ impl InsertSession {
                     let wait = Wait { timeout: self.timeout, interrupt: Some(closed) };
                     let key = self.writer.create_item(table, u64::from(item.num_steps), item.priority, wait).map_err(to_status)?;
                     self.keys.push(key);
+                    self.count_created(&item.table, 1);
                 }
                 Some(pb::insert_op::Op::CreateItems(items)) => {
                     let table = shared.table(&items.table)?;
                     let wait = Wait { timeout: self.timeout, interrupt: Some(closed) };
                     let keys = self.writer.create_items(table, u64::from(items.num_steps), &items.priorities, wait).map_err(to_status)?;
+                    self.count_created(&items.table, keys.len() as u64);
                     self.keys.extend(keys);
                 }
                 Some(pb::insert_op::Op::EndEpisode(_)) => self.writer.end_episode(),
@@ -423,6 +459,7 @@ impl Replay for Service {
     type InsertStream = Stream<pb::InsertResponse>;
 
     async fn insert(&self, req: Request<Streaming<pb::InsertRequest>>) -> std::result::Result<Response<Self::InsertStream>, Status> {
+        let client = req.remote_addr().and_then(|a| self.shared.monitor.client_at(a));
         let mut inbound = req.into_inner();
         let shared = self.shared.clone();
         let (tx, rx) = mpsc::channel::<std::result::Result<pb::InsertResponse, Status>>(16);
@@ -454,7 +491,7 @@ impl Replay for Service {
                         }
                     }
                 };
-                let (sh, tx2) = (shared.clone(), tx.clone());
+                let (sh, tx2, client) = (shared.clone(), tx.clone(), client.clone());
                 let bytes: usize = msg
                     .ops
                     .iter()
@@ -468,6 +505,12 @@ impl Replay for Service {
                     let mut w = w.lock();
                     let r = w.apply(sh.as_ref(), msg.ops, &closed);
                     sh.metrics.bytes_received.with_label_values(&[w.table.as_str()]).inc_by(bytes as u64);
+                    sh.monitor.bytes_received.fetch_add(bytes as u64, Ordering::Relaxed);
+                    for (table, n) in w.take_created() {
+                        if let (Some(c), Some(i)) = (&client, sh.monitor.table_index(&table)) {
+                            c.inserted(i, n);
+                        }
+                    }
                     r
                 })
                 .await;
@@ -497,6 +540,7 @@ impl Replay for Service {
     type SampleStream = Stream<pb::SampleResponse>;
 
     async fn sample(&self, req: Request<Streaming<pb::SampleRequest>>) -> std::result::Result<Response<Self::SampleStream>, Status> {
+        let client = req.remote_addr().and_then(|a| self.shared.monitor.client_at(a));
         let mut inbound = req.into_inner();
         let shared = self.shared.clone();
         let (tx, rx) = mpsc::channel::<std::result::Result<pb::SampleResponse, Status>>(4);
@@ -546,6 +590,10 @@ impl Replay for Service {
                 if let Ok(r) = &result {
                     let sent: usize = r.columns.iter().map(|c| c.len()).sum();
                     shared.metrics.bytes_sent.with_label_values(&[table_name.as_str()]).inc_by(sent as u64);
+                    shared.monitor.bytes_sent.fetch_add(sent as u64, Ordering::Relaxed);
+                    if let (Some(c), Some(i)) = (&client, shared.monitor.table_index(&table_name)) {
+                        c.sampled(i, r.keys.len() as u64);
+                    }
                 }
                 let failed = result.is_err();
                 if tx.send(result).await.is_err() || failed {
@@ -604,6 +652,12 @@ impl Replay for Service {
         Ok(Response::new(pb::InfoResponse { tables }))
     }
 
+    async fn snapshot(&self, _: Request<pb::SnapshotRequest>) -> std::result::Result<Response<pb::SnapshotResponse>, Status> {
+        let shared = self.shared.clone();
+        let r = blocking(move || Ok(pb::SnapshotResponse { json: shared.monitor.snapshot().to_string() })).await;
+        self.shared.count("Snapshot", r).map(Response::new)
+    }
+
     async fn checkpoint(&self, _: Request<pb::CheckpointRequest>) -> std::result::Result<Response<pb::CheckpointResponse>, Status> {
         let Some(f) = self.shared.options.checkpoint.clone() else {
             let e = Status::invalid_argument("this server has no checkpoint directory: start it with checkpoint_dir");
@@ -611,5 +665,55 @@ impl Replay for Service {
         };
         let path = self.shared.count("Checkpoint", blocking(move || f().map_err(to_status)).await)?;
         Ok(Response::new(pb::CheckpointResponse { path }))
+    }
+}
+
+/// An accepted TCP connection, registered with the monitor while it is open.
+struct Tracked {
+    stream: tokio::net::TcpStream,
+    _client: ClientGuard,
+}
+
+impl Tracked {
+    fn new(stream: tokio::net::TcpStream, monitor: &Arc<Monitor>) -> Tracked {
+        let peer = stream.peer_addr().ok();
+        let shown = peer.map_or_else(|| "unknown".to_string(), |a| a.to_string());
+        Tracked { _client: monitor.connect("remote", shown, peer), stream }
+    }
+}
+
+impl tonic::transport::server::Connected for Tracked {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.stream.connect_info()
+    }
+}
+
+impl tokio::io::AsyncRead for Tracked {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>, buf: &mut tokio::io::ReadBuf<'_>) -> std::task::Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Tracked {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>, buf: &[u8]) -> std::task::Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>, bufs: &[std::io::IoSlice<'_>]) -> std::task::Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
     }
 }

@@ -39,6 +39,7 @@ fn setup_with(name: &str, rate_limiter: RateLimiterConfig, max_times_sampled: u3
             seed: Some(0),
             evict_when_store_full: true,
             external_selection: false,
+            extensions: reprise_core::ExtensionSpec::defaults(),
         },
         &store,
     )

@@ -41,6 +41,7 @@ fn setup_with(rate_limiter: RateLimiterConfig, options: RemoteServerOptions) -> 
         seed: Some(1),
         evict_when_store_full: true,
         external_selection: false,
+        extensions: reprise_core::ExtensionSpec::defaults(),
     };
     let table = Table::new(config, &store).unwrap();
     let server = RemoteServer::start(vec![table.clone()], "127.0.0.1:0", options).unwrap();

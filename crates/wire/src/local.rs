@@ -37,6 +37,8 @@ pub const INFO: u8 = 9;
 pub const RESET: u8 = 10;
 /// Write a checkpoint of the served tables (the server's checkpoint directory).
 pub const CHECKPOINT: u8 = 11;
+/// What the server is doing (tables, statistics, clients): its monitor's snapshot.
+pub const SNAPSHOT: u8 = 12;
 
 // Replies.
 pub const HELLO_OK: u8 = 129;
@@ -50,6 +52,8 @@ pub const OK: u8 = 135;
 pub const ERROR: u8 = 136;
 /// The path of a checkpoint just written (a string).
 pub const CHECKPOINTED: u8 = 137;
+/// The snapshot as JSON text (a string; see `docs/observability.md`).
+pub const SNAPSHOT_OK: u8 = 138;
 
 /// Encodes one frame.
 pub struct Frame(Vec<u8>);

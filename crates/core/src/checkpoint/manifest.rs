@@ -86,6 +86,12 @@ pub struct TableScalars {
     pub sampler_order: Option<()>,
     #[serde(default, skip_serializing_if = "Option::is_some")]
     pub remover_order: Option<()>,
+    /// The table's extensions in order, each `{"kind", settings, "state"}`; an
+    /// extension's per-slot numbers are the table file's array `extension_<i>`.
+    /// Absent in checkpoints from before extensions: every built-in then starts
+    /// empty over the restored items.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extensions: Option<Vec<serde_json::Value>>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use super::manifest::{TableScalars, F64};
 use super::npz::{self, Array};
 use crate::item::RowRange;
+use crate::extensions::{ExtensionSpec, Saved};
 use crate::rate_limiter::RateLimiterConfig;
 use crate::selectors::SelectorSpec;
 use crate::snapshot::{ItemRecord, TableSnapshot};
@@ -35,6 +36,17 @@ pub(crate) fn encode(s: &TableSnapshot) -> Result<(TableScalars, Vec<u8>), Strin
         rng: s.rng.clone(),
         sampler_order: s.sampler_order.as_ref().map(|_| ()),
         remover_order: s.remover_order.as_ref().map(|_| ()),
+        extensions: Some(
+            c.extensions
+                .iter()
+                .zip(s.extensions.iter().flatten().map(Some).chain(std::iter::repeat(None)))
+                .map(|(spec, saved)| {
+                    let mut v = spec.to_json();
+                    v["state"] = saved.map_or(serde_json::Value::Null, |x| x.state.clone());
+                    v
+                })
+                .collect(),
+        ),
     };
     let it = &s.items;
     let mut arrays = vec![
@@ -54,6 +66,12 @@ pub(crate) fn encode(s: &TableSnapshot) -> Result<(TableScalars, Vec<u8>), Strin
     }
     if let Some(o) = &s.remover_order {
         arrays.push(("remover_order", Array::U32(o.clone())));
+    }
+    let names: Vec<String> = (0..c.extensions.len()).map(|i| format!("extension_{i}")).collect();
+    for (i, saved) in s.extensions.iter().flatten().enumerate() {
+        if let Some(v) = &saved.per_slot {
+            arrays.push((&names[i], Array::F64(v.clone())));
+        }
     }
     Ok((scalars, npz::write(&arrays)?))
 }
@@ -93,7 +111,25 @@ pub(crate) fn decode(scalars: &TableScalars, file: &[u8]) -> Result<TableSnapsho
         seed: i.seed,
         evict_when_store_full: i.evict_when_store_full,
         external_selection: false,
+        extensions: match &i.extensions {
+            None => ExtensionSpec::defaults(),
+            Some(list) => list.iter().map(ExtensionSpec::from_json).collect::<Result<Vec<_>, _>>()?,
+        },
     };
+    ExtensionSpec::validate_list(&config.extensions)?;
+    let mut extensions = None;
+    if let Some(list) = &i.extensions {
+        let mut saved = Vec::with_capacity(list.len());
+        for (k, v) in list.iter().enumerate() {
+            let per_slot = match a.remove(&format!("extension_{k}")) {
+                None => None,
+                Some(Array::F64(v)) => Some(v),
+                Some(_) => return Err(format!("array 'extension_{k}' has the wrong dtype (expected float64)")),
+            };
+            saved.push(Saved { state: v.get("state").cloned().unwrap_or(serde_json::Value::Null), per_slot });
+        }
+        extensions = Some(saved);
+    }
     let slot = take_u32(&mut a, "slot")?;
     let key = take_u64(&mut a, "key")?;
     let seq = take_u64(&mut a, "seq")?;
@@ -142,5 +178,6 @@ pub(crate) fn decode(scalars: &TableScalars, file: &[u8]) -> Result<TableSnapsho
         rng: i.rng.clone(),
         sampler_order: order(&mut a, "sampler_order")?,
         remover_order: order(&mut a, "remover_order")?,
+        extensions,
     })
 }

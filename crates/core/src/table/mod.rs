@@ -17,6 +17,7 @@ use parking_lot::{Condvar, Mutex, MutexGuard};
 use rand::SeedableRng;
 
 use crate::error::{Error, Partial, Result};
+use crate::extensions::{ExtensionSpec, Extensions, ItemEvent, Removal};
 use crate::invalid;
 use crate::item::{check_priority, for_each_block, window_len, Item, NewItem};
 use crate::rate_limiter::{RateLimiter, RateLimiterConfig};
@@ -42,6 +43,9 @@ pub struct TableConfig {
     /// The sampler's picks are made outside the table, from a mirror of its items
     /// (GPU selection in `reprise.torch`): see [`crate::selectors::external`].
     pub external_selection: bool,
+    /// Observers told of every insert, draw, update and removal
+    /// ([`ExtensionSpec::defaults`]: every built-in).
+    pub extensions: Vec<ExtensionSpec>,
 }
 
 /// Counters and settings reported by `info()`.
@@ -102,6 +106,7 @@ pub(crate) struct State {
     pub(crate) max_length: u32,
     /// Cluster mode: inserts wait while a global draw reads this table's figures.
     pub(crate) frozen: bool,
+    pub(crate) ext: Extensions,
 }
 
 pub(crate) struct Shared {
@@ -166,6 +171,7 @@ impl State {
             block_items: Vec::new(),
             max_length: 0,
             frozen: false,
+            ext: Extensions::new(&config.extensions),
         }
     }
 
@@ -180,8 +186,10 @@ impl State {
     }
 
     /// Removes the item in `slot` from selectors and slots and releases its blocks.
-    fn remove(&mut self, slot: u32, store: &Store) {
+    fn remove(&mut self, slot: u32, store: &Store, why: Removal) {
         let item = self.slots[slot as usize].item.take().expect("removed slot holds an item");
+        let event = ItemEvent { slot, seq: item.seq, priority: item.priority, times_sampled: item.times_sampled };
+        self.ext.removed(&event, why, self.next_seq);
         self.sampler.remove(slot);
         self.remover.remove(slot);
         self.free_slots.push(slot);
@@ -240,6 +248,7 @@ impl State {
         self.size += 1;
         self.limiter.inserts += 1;
         self.num_inserts += 1;
+        self.ext.inserted(ItemEvent { slot, seq, priority: new.priority, times_sampled: 0 });
         key
     }
 }
@@ -278,6 +287,7 @@ impl Table {
         for (role, spec) in [("sampler", config.sampler), ("remover", config.remover)] {
             spec.validate().map_err(|e| invalid!("table '{}' {role}: {e}", config.name))?;
         }
+        ExtensionSpec::validate_list(&config.extensions).map_err(|e| invalid!("table '{}': {e}", config.name))?;
         if store.find_table(&config.name).is_some() {
             return Err(invalid!("a table named '{}' already exists on this store", config.name));
         }
@@ -414,12 +424,14 @@ impl Table {
                 if st.size >= sh.config.max_size {
                     let state = &mut *st;
                     let victim = state.remover.pick(&mut state.rng);
-                    state.remove(victim.slot, &sh.store);
+                    state.remove(victim.slot, &sh.store, Removal::Evicted);
                     state.num_evictions += 1;
                 }
                 let key = st.insert(&items[keys.len()], &sh.store);
                 keys.push(key);
             }
+            let next_seq = st.next_seq;
+            st.ext.flush(next_seq);
             sh.sample_cv.notify_all();
         }
         Ok(keys)
@@ -496,7 +508,11 @@ impl Table {
         let mut present = Vec::with_capacity(keys.len());
         for (&k, &p) in keys.iter().zip(priorities) {
             if let Some(slot) = st.lookup(k) {
-                st.item(slot).priority = p;
+                let item = st.item(slot);
+                let old = std::mem::replace(&mut item.priority, p);
+                let event = ItemEvent { slot, seq: item.seq, priority: p, times_sampled: item.times_sampled };
+                let next_seq = st.next_seq;
+                st.ext.updated(&event, old, next_seq);
                 slots.push(slot);
                 present.push(p);
             }
@@ -514,7 +530,7 @@ impl Table {
         let mut removed = 0;
         for &k in keys {
             if let Some(slot) = st.lookup(k) {
-                st.remove(slot, &sh.store);
+                st.remove(slot, &sh.store, Removal::Deleted);
                 removed += 1;
             }
         }
@@ -558,6 +574,12 @@ impl Table {
         }
     }
 
+    /// What the table's extensions report: `{name: statistics}` (see
+    /// [`crate::extensions`]); `{}` without extensions.
+    pub fn stats(&self) -> serde_json::Value {
+        self.shared.state.lock().ext.stats()
+    }
+
     /// Every item in insertion order (for inspection and tests).
     pub fn items(&self) -> Vec<ItemInfo> {
         let st = self.shared.state.lock();
@@ -587,7 +609,7 @@ impl TableOverStore for Shared {
         let mut evicted = 0;
         for slot in slots {
             if st.slots[slot as usize].item.is_some() {
-                st.remove(slot, store);
+                st.remove(slot, store, Removal::StoreFull);
                 evicted += 1;
             }
         }
@@ -614,6 +636,7 @@ fn release_all(st: &mut State, store: &Store) {
     }
     st.sampler.clear();
     st.remover.clear();
+    st.ext.cleared();
     st.size = 0;
 }
 

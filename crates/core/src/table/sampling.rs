@@ -6,6 +6,7 @@ use parking_lot::MutexGuard;
 
 use super::{State, Table, Woke};
 use crate::error::{Error, Partial, PartialSample, Result};
+use crate::extensions::{ItemEvent, Removal};
 use crate::invalid;
 use crate::sample::{SampleBatch, SampledItem};
 use crate::selectors::external::{Candidate, Change};
@@ -132,10 +133,12 @@ impl Table {
             const AHEAD: usize = 12;
             for pick in picks.iter().take(AHEAD) {
                 crate::memory::prefetch(&st.slots[pick.slot as usize]);
+                st.ext.prefetch(pick.slot);
             }
             for (i, pick) in picks.iter().enumerate() {
                 if let Some(next) = picks.get(i + AHEAD) {
                     crate::memory::prefetch(&st.slots[next.slot as usize]);
+                    st.ext.prefetch(next.slot);
                 }
                 let item = st.item(pick.slot);
                 item.times_sampled += 1;
@@ -148,14 +151,18 @@ impl Table {
                     window: item.window.clone(),
                 };
                 let exhausted = max_times > 0 && item.times_sampled >= max_times;
+                let event = ItemEvent { slot: pick.slot, seq: item.seq, priority: item.priority, times_sampled: item.times_sampled };
                 batch.push(sampled);
                 st.limiter.samples += 1;
                 st.num_samples += 1;
+                st.ext.drawn(event);
                 if exhausted {
-                    st.remove(pick.slot, &sh.store);
+                    st.remove(pick.slot, &sh.store, Removal::Exhausted);
                     st.num_evictions += 1;
                 }
             }
+            let next_seq = st.next_seq;
+            st.ext.flush(next_seq);
             let starved = picks.len() < chunk;
             left -= picks.len();
             if starved {

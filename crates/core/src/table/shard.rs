@@ -8,6 +8,7 @@
 //! samples in the limiter (which keeps pacing this shard's inserts).
 
 use super::{State, Table};
+use crate::extensions::{ItemEvent, Removal};
 use crate::cluster::merge::Candidate;
 use crate::cluster::plan::{ShardFigures, Target};
 use crate::cluster::GENERATION_BITS;
@@ -150,12 +151,16 @@ impl Table {
         };
         let max_times = sh.config.max_times_sampled;
         let exhausted = max_times > 0 && item.times_sampled >= max_times;
+        let event = ItemEvent { slot, seq: item.seq, priority: item.priority, times_sampled: item.times_sampled };
         batch.push(sampled);
         st.limiter.samples += 1;
         st.num_samples += 1;
+        st.ext.drawn(event);
         if exhausted {
-            st.remove(slot, &sh.store);
+            st.remove(slot, &sh.store, Removal::Exhausted);
             st.num_evictions += 1;
         }
+        let next_seq = st.next_seq;
+        st.ext.flush(next_seq);
     }
 }

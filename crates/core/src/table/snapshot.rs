@@ -16,6 +16,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
+use crate::extensions::{ItemEvent, Saved};
 use crate::item::{for_each_block, window_len, Item, RowRange, Window};
 use crate::rate_limiter::RateLimiter;
 use crate::selectors::Rng;
@@ -54,6 +55,9 @@ pub struct TableSnapshot {
     pub rng: String,
     pub sampler_order: Option<Vec<u32>>,
     pub remover_order: Option<Vec<u32>>,
+    /// Each extension's state, in the order of `config.extensions`; `None` (a
+    /// checkpoint from before extensions) starts them empty over the items.
+    pub extensions: Option<Vec<Saved>>,
 }
 
 /// References on blocks; released when dropped.
@@ -177,6 +181,7 @@ impl Table {
             rng: serde_json::to_string(&st.rng).expect("a PCG state serialises"),
             sampler_order: st.sampler.order(),
             remover_order: st.remover.order(),
+            extensions: Some(st.ext.save()),
         };
         (snapshot, Pins { store: sh.store.clone(), blocks })
     }
@@ -268,6 +273,12 @@ impl Table {
                 return Err(corrupt(&name, "remover order does not match the items"));
             }
         }
+        let live: Vec<ItemEvent> = snap
+            .items
+            .iter()
+            .map(|r| ItemEvent { slot: r.slot, seq: r.seq, priority: r.priority, times_sampled: r.times_sampled })
+            .collect();
+        state.ext.restore(snap.extensions.as_deref(), &live).map_err(|e| corrupt(&name, e))?;
         // References last: every check above is done, nothing can fail now (and
         // if registering the name does, dropping the table releases them).
         for r in &snap.items {

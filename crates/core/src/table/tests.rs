@@ -27,6 +27,7 @@ fn config(name: &str, sampler: SelectorSpec, remover: SelectorSpec, max_size: u6
         seed: Some(0),
         evict_when_store_full: true,
         external_selection: false,
+        extensions: crate::ExtensionSpec::defaults(),
     }
 }
 

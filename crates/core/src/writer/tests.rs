@@ -32,6 +32,7 @@ fn table(s: &Store, name: &str, max_size: u64) -> Table {
         seed: Some(1),
         evict_when_store_full: true,
         external_selection: false,
+        extensions: crate::ExtensionSpec::defaults(),
     };
     Table::new(c, s).unwrap()
 }

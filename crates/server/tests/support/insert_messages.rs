@@ -33,6 +33,7 @@ pub fn fresh_table() -> (Store, Table) {
         seed: Some(0),
         evict_when_store_full: true,
         external_selection: false,
+        extensions: reprise_core::ExtensionSpec::defaults(),
     };
     let table = Table::new(config, &store).expect("a valid table");
     (store, table)

@@ -42,6 +42,7 @@ class Config:
     device: str | None = None        # learner device; default cuda when available
     seed: int = 0
     out: str | None = None           # default: a new ./reprise-runs/apex-<time>-<pid> (rundirs.py)
+    dashboard: str | None = None     # host:port of the replay server's live dashboard; None: off
     smoke: bool = False
 
     def resolved(self) -> "Config":
@@ -117,6 +118,9 @@ def make_parser() -> argparse.ArgumentParser:
            shown="cuda when available, else cpu")
     option("--seed", "seed of the environments, the network and the sampler", type=int)
     option("--out", "output directory", shown="a new ./reprise-runs/apex-<time>-<pid>")
+    p.add_argument("--dashboard", nargs="?", const="127.0.0.1:0", default=None, metavar="ADDRESS",
+                   help="serve the replay's live dashboard and print its URL; ADDRESS host:port "
+                        "(default: off; with no ADDRESS: a free loopback port)")
     p.add_argument("--smoke", action="store_true", default=False,
                    help="a short run (about a minute) for CI: the --smoke values above (default: off)")
     return p

@@ -189,7 +189,9 @@ def run(cfg: Config, stop: StopSignals | None = None) -> dict:
             threshold = solve_threshold(cfg, spec)
             with stop.hold():  # the stores, tables and server exist whole or not at all
                 tables = make_tables(cfg, spec, num_parameters(spec, cfg.hidden))
-                server = rp.Server(tables, name=f"apex-{os.getpid()}")
+                server = rp.Server(tables, name=f"apex-{os.getpid()}", dashboard_address=cfg.dashboard)
+            if server.dashboard_url is not None:
+                rec.log(f"dashboard: open {server.dashboard_url} in a browser")
             sup = Supervisor(cfg, server.local_address, rec.started, stop)
             rec.log(f"serving replay, params, episodes, evals at {server.local_address}; "
                     f"{cfg.actors} actors x {cfg.envs_per_actor} envs, learner on {device}")

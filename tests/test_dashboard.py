@@ -1,0 +1,248 @@
+"""The server's monitor and dashboard endpoints (issue 16): snapshots through a
+server, local and remote clients with their per-client counts, the HTTP API
+(page files, /api/snapshot, /api/events), its token rule, and `reprise serve
+--dashboard`. The page itself is tested in a browser by test_dashboard_browser.py."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+import reprise as rp
+
+TOKEN = "dashboard-token-0123456789"
+
+
+def wait_until(predicate, timeout, interval=0.02):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(interval)
+
+
+@pytest.fixture
+def store():
+    s = rp.Store({"obs": rp.Field((3,), "float32")}, capacity=1024, block_steps=16)
+    yield s
+    s.close()
+
+
+def get(address, path, token=None, timeout=10):
+    req = urllib.request.Request(f"http://{address}{path}")
+    if token is not None:
+        req.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return r.status, r.headers, r.read()
+
+
+def status_of(address, path, token=None):
+    try:
+        return get(address, path, token)[0]
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def write(client, table, steps, priority=1.0):
+    with client.writer() as w:
+        for i in range(steps):
+            w.append({"obs": np.full(3, i, np.float32)})
+            w.create_item(table, 1, priority)
+
+
+def test_snapshot_counts_each_client_and_drops_it_when_it_leaves(store):
+    """Each connection is a client: a local client's writers have connections of
+    their own (they are the actors); a remote client's writers share its channel."""
+    t = rp.Table("replay", store, max_size=100)
+    server = rp.Server([t], address="127.0.0.1:0")
+    try:
+        local, remote = rp.Client(server.local_address), rp.Client(server.address)
+        local_writer, remote_writer = local.writer(), remote.writer()
+        for w, steps in ((local_writer, 5), (remote_writer, 3)):
+            for i in range(steps):
+                w.append({"obs": np.full(3, i, np.float32)})
+                w.create_item("replay", 1, 1.0)
+            w.flush()
+        remote.sample("replay", 4)
+        local.sample("replay", 2)
+        snap = server.snapshot()
+        by_kind = {}
+        for c in snap["clients"]:
+            by_kind.setdefault(c["kind"], []).append(c)
+        assert len(by_kind["local"]) == 2 and len(by_kind["remote"]) == 1, snap["clients"]
+        assert all(c["peer"] == f"pid {os.getpid()}" for c in by_kind["local"])
+        assert sorted((c["inserts"]["replay"], c["samples"]["replay"]) for c in by_kind["local"]) == [(0, 2), (5, 0)]
+        [r] = by_kind["remote"]
+        assert (r["inserts"], r["samples"]) == ({"replay": 3}, {"replay": 4})
+        assert r["peer"].startswith("127.0.0.1:") and r["connected_seconds"] >= 0
+        assert snap["bytes"] == {"received": 3 * 12, "sent": 4 * 12}
+        assert snap["server"] == {"name": server.name, "address": server.address}
+        [table] = snap["tables"]
+        info = t.info()
+        assert {k: table[k] for k in info} == info          # the same numbers as info(), infinities included
+        assert table["stats"] == t.stats()
+        # Clients see the same snapshot; stats() is the per-table part of it.
+        assert remote.snapshot()["tables"] == local.snapshot()["tables"]
+        assert remote.stats() == {"replay": t.stats()} == local.stats()
+        local_writer.close()
+        local.close()
+        assert wait_until(lambda: [c["kind"] for c in server.snapshot()["clients"]] == ["remote"], 10)
+        remote_writer.close()
+    finally:
+        server.stop()
+
+
+def test_dashboard_serves_the_page_and_the_snapshot(store):
+    t = rp.Table("replay", store, max_size=100)
+    server = rp.Server([t], dashboard_address="127.0.0.1:0")
+    try:
+        address = server.dashboard_address
+        assert server.dashboard_url == f"http://{address}/"
+        status, headers, body = get(address, "/")
+        assert status == 200 and headers["Content-Type"].startswith("text/html") and b"app.js" in body
+        assert "script-src 'self'" in headers["Content-Security-Policy"]
+        for name, kind in [("app.js", "text/javascript"), ("style.css", "text/css"), ("uplot.min.js", "text/javascript")]:
+            status, headers, _ = get(address, "/" + name)
+            assert status == 200 and headers["Content-Type"].startswith(kind), name
+        for path in ["/nope.html", "/../server.py", "/%2e%2e/server.py", "/__init__.py"]:
+            assert status_of(address, path) == 404, path
+        write(rp.Client(server.local_address), "replay", 7)
+        _, headers, body = get(address, "/api/snapshot")
+        assert headers["Content-Type"] == "application/json"
+        snap = json.loads(body)
+        assert snap["tables"][0]["size"] == 7 and snap["tables"][0]["stats"]["rates"]["inserts"][-1] >= 0
+    finally:
+        server.stop()
+    assert status_of_closed(address)
+
+
+def status_of_closed(address):
+    """True when nothing listens at ``address`` any more."""
+    host, port = address.rsplit(":", 1)
+    with socket.socket() as s:
+        return s.connect_ex((host, int(port))) != 0
+
+
+def test_events_stream_a_snapshot_a_second(store):
+    t = rp.Table("replay", store, max_size=100)
+    server = rp.Server([t], dashboard_address="127.0.0.1:0")
+    try:
+        client = rp.Client(server.local_address)
+        req = urllib.request.Request(f"http://{server.dashboard_address}/api/events")
+        events = []
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert r.headers["Content-Type"].startswith("text/event-stream")
+            started = time.monotonic()
+            buffer = b""
+            while len(events) < 3:
+                buffer += r.read1(65536)
+                while b"\n\n" in buffer:
+                    block, buffer = buffer.split(b"\n\n", 1)
+                    lines = block.decode().splitlines()
+                    if "event: snapshot" in lines:
+                        data = "".join(l[len("data: "):] for l in lines if l.startswith("data: "))
+                        events.append(json.loads(data))
+                        write(client, "replay", 2)
+            elapsed = time.monotonic() - started
+        sizes = [e["tables"][0]["size"] for e in events]
+        assert sizes == sorted(sizes) and sizes[-1] > sizes[0], sizes
+        assert 1.0 < elapsed < 8.0, elapsed      # the first at once, then about one a second
+    finally:
+        server.stop()
+
+
+def test_data_needs_the_token_and_the_page_does_not(store):
+    t = rp.Table("replay", store, max_size=100)
+    server = rp.Server([t], address="127.0.0.1:0", token=TOKEN, dashboard_address="127.0.0.1:0")
+    try:
+        address = server.dashboard_address
+        assert status_of(address, "/") == 200
+        for path in ["/api/snapshot", "/api/events"]:
+            assert status_of(address, path) == 401
+            assert status_of(address, path, token="wrong") == 401
+        try:
+            get(address, "/api/snapshot", token="wrong")
+        except urllib.error.HTTPError as e:
+            assert e.headers["Content-Type"] == "application/json"
+            assert "token" in json.loads(e.read())["error"]
+        assert json.loads(get(address, "/api/snapshot", token=TOKEN)[2])["tables"][0]["name"] == "replay"
+    finally:
+        server.stop()
+
+
+def test_off_loopback_needs_a_token_and_nothing_is_left_running(store):
+    t = rp.Table("replay", store, max_size=100)
+    with pytest.raises(rp.errors.InvalidArgument, match="dashboard_address .* is not loopback: a token is required"):
+        rp.Server([t], dashboard_address="0.0.0.0:0", name="dash-refused")
+    # The refused server released its name: the same name starts now.
+    rp.Server([t], name="dash-refused").stop()
+    with pytest.raises(rp.errors.InvalidArgument, match="dashboard_address must be 'host:port'"):
+        rp.Server([t], dashboard_address=8080)
+
+
+def test_names_travel_as_data(store):
+    """A table name with markup is JSON text in the snapshot, never interpreted."""
+    name = "<img src=x onerror=alert(1)>"
+    t = rp.Table(name, store, max_size=10)
+    server = rp.Server([t], dashboard_address="127.0.0.1:0")
+    try:
+        snap = json.loads(get(server.dashboard_address, "/api/snapshot")[2])
+        assert snap["tables"][0]["name"] == name
+    finally:
+        server.stop()
+
+
+def test_serve_dashboard_flag(tmp_path):
+    config = tmp_path / "reprise.toml"
+    config.write_text(textwrap.dedent("""
+        address = "127.0.0.1:0"
+        [[stores]]
+        name = "s"
+        capacity = 256
+        fields = { x = { dtype = "float32" } }
+        [[tables]]
+        name = "replay"
+        store = "s"
+        extensions = ["PriorityHistogram", { kind = "UniqueSamples", window = 50 }]
+    """))
+    proc = subprocess.Popen([sys.executable, "-m", "reprise.cli", "serve", "--config", str(config),
+                             "--dashboard", "127.0.0.1:0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert "dashboard at http://127.0.0.1:" in line, line + proc.stderr.read()
+        url = line.split("dashboard at ")[1].split("/")[2]
+        snap = json.loads(get(url, "/api/snapshot")[2])
+        assert set(snap["tables"][0]["stats"]) == {"priority_histogram", "unique_samples"}
+        assert snap["tables"][0]["stats"]["unique_samples"]["window"] == 50
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert proc.returncode == 0
+
+
+def test_serve_refuses_a_misspelled_extension(tmp_path):
+    config = tmp_path / "reprise.toml"
+    config.write_text(textwrap.dedent("""
+        [[stores]]
+        name = "s"
+        capacity = 256
+        fields = { x = { dtype = "float32" } }
+        [[tables]]
+        name = "replay"
+        store = "s"
+        extensions = [{ kind = "UniqueSample", window = 50 }]
+    """))
+    r = subprocess.run([sys.executable, "-m", "reprise.cli", "serve", "--config", str(config)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert "tables[0].extensions[0]: unknown kind 'UniqueSample'; did you mean 'UniqueSamples'?" in r.stderr
