@@ -165,13 +165,14 @@ async fn page(State(app): State<Arc<App>>, name: &str) -> Response {
     }
 }
 
-fn authorized(app: &App, headers: &HeaderMap) -> std::result::Result<(), Response> {
+/// The refusal to answer with, when the request lacks the token.
+fn refusal(app: &App, headers: &HeaderMap) -> Option<Response> {
     let given = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
-    crate::auth::check(app.token.as_deref(), given).map_err(|r| error(StatusCode::UNAUTHORIZED, r.message()))
+    crate::auth::check(app.token.as_deref(), given).err().map(|r| error(StatusCode::UNAUTHORIZED, r.message()))
 }
 
 async fn snapshot(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
-    if let Err(r) = authorized(&app, &headers) {
+    if let Some(r) = refusal(&app, &headers) {
         return r;
     }
     let body = app.monitor.snapshot().to_string();
@@ -179,7 +180,7 @@ async fn snapshot(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
 }
 
 async fn events(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
-    if let Err(r) = authorized(&app, &headers) {
+    if let Some(r) = refusal(&app, &headers) {
         return r;
     }
     let first: Arc<str> = Arc::from(app.monitor.snapshot().to_string());

@@ -31,7 +31,7 @@ impl Scale {
 
     /// The bucket of a real `v >= 0` whose smallest power of two is `2^low`.
     fn real_bucket(v: f64, low: i32, last: usize) -> usize {
-        if !(v >= f64::powi(2.0, low)) {
+        if v.is_nan() || v < f64::powi(2.0, low) {
             return 0; // zero, values below the range, and NaN (never passed)
         }
         let exponent = ((v.to_bits() >> 52) & 0x7ff) as i32 - 1023;

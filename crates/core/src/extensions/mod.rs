@@ -132,7 +132,7 @@ impl ExtensionSpec {
 
     pub fn validate(&self) -> Result<(), String> {
         match *self {
-            ExtensionSpec::UniqueSamples { window } if window == 0 => {
+            ExtensionSpec::UniqueSamples { window: 0 } => {
                 Err("UniqueSamples window must be >= 1 draw, got 0".into())
             }
             ExtensionSpec::Rates { seconds } if seconds == 0 || seconds > Self::MAX_SECONDS => {
