@@ -128,11 +128,13 @@ function sleep(ms, signal) {
 
 // --- token -----------------------------------------------------------------------------------------
 
+// `refused`: the server answered 401 (else the user asked to change the token).
 function askForToken(refused) {
   if (refused) {
     if (state.abort) state.abort.abort();
+    showError(state.token ? "Wrong or missing token: the server refused the token given. Enter the server's token."
+                          : "Wrong or missing token: this server needs one. Enter the server's token.");
     sessionStorage.removeItem(TOKEN_KEY);
-    showError("The server refused the request: wrong or missing token. Enter the server's token.");
     setStatus("auth", "token needed");
   }
   $("token-form").hidden = false;
