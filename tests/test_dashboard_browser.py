@@ -132,8 +132,8 @@ def number(text):
 
 
 class Writer:
-    """Writes 50 one-step items every 20 ms into ``table`` through a local client, on a thread,
-    until stopped."""
+    """Writes 50 one-step items and samples 8 every 20 ms in ``table`` through a local client,
+    on a thread, until stopped."""
 
     def __init__(self, server, table):
         self.client = rp.Client(server.local_address)
@@ -152,6 +152,7 @@ class Writer:
                     w.create_items(self.table, num_steps=1, priorities=np.linspace(0.1, 4.0, 50))
                     w.end_episode()
                     w.flush(timeout=5.0)
+                    self.client.sample(self.table, 8, timeout=5.0)
                     x += 50
                     time.sleep(0.02)
         except BaseException as e:  # noqa: BLE001 - raised by stop()
@@ -209,8 +210,11 @@ def test_rate_chart_and_numbers_move_while_a_writer_runs(browser, serve, artifac
                  "the rate chart moving on to a later second")
         wait_for(browser, lambda d: number(table_rows(d)["replay"]["size"]) > 0, "the table's size going up")
         assert chart.find_elements(By.TAG_NAME, "canvas"), "uPlot drew no canvas"
-        wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#priority-histogram .bar"),
-                 "the priority histogram")
+        wait_for(browser, lambda d: (number(table_rows(d)["replay"]["sample_rate"]) or 0) > 0,
+                 "a sample rate above 0")
+        for histogram in ("priority-histogram", "age-inserts-histogram", "age-seconds-histogram",
+                          "times-sampled-histogram"):
+            wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, f"#{histogram} .bar"), histogram)
         client = wait_for(browser, lambda d: d.execute_script("""
             for (const tr of document.querySelectorAll('#client-rows tr')) {
                 const kind = tr.querySelector('[data-field="kind"]').textContent;
