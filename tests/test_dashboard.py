@@ -246,3 +246,16 @@ def test_serve_refuses_a_misspelled_extension(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert "tables[0].extensions[0]: unknown kind 'UniqueSample'; did you mean 'UniqueSamples'?" in r.stderr
+
+
+def test_a_dashboard_without_the_remote_service_takes_a_token(store):
+    t = rp.Table("replay", store, max_size=10)
+    server = rp.Server([t], token=TOKEN, dashboard_address="127.0.0.1:0")
+    try:
+        assert server.address is None
+        assert status_of(server.dashboard_address, "/api/snapshot") == 401
+        assert status_of(server.dashboard_address, "/api/snapshot", token=TOKEN) == 200
+    finally:
+        server.stop()
+    with pytest.raises(rp.errors.InvalidArgument, match="pass address='host:port' too"):
+        rp.Server([t], token=TOKEN)

@@ -57,10 +57,10 @@ class Server:
         tables = list(tables)
         if not tables or not all(isinstance(t, Table) for t in tables):
             raise InvalidArgument(f"tables must be a non-empty list of reprise.Table, got {tables!r}")
-        if address is None and (token is not None or tls_cert is not None or tls_key is not None
-                                or metrics_address is not None):
-            raise InvalidArgument("token, tls_cert/tls_key and metrics_address are for the remote service: "
-                                  "pass address='host:port' too")
+        if address is None and (tls_cert is not None or tls_key is not None or metrics_address is not None
+                                or (token is not None and dashboard_address is None)):
+            raise InvalidArgument("token, tls_cert/tls_key and metrics_address are for the remote service "
+                                  "(a token also guards dashboard_address): pass address='host:port' too")
         if (tls_cert is None) != (tls_key is None):
             raise InvalidArgument("TLS needs both tls_cert and tls_key (PEM files)")
         tls = None
