@@ -89,7 +89,7 @@ def test_text_shows_every_table_with_its_figures_and_names_literally():
     assert "50 total, 12.0/s" in out and "200 total, 48.0/s" in out  # the rates extension's rates
     assert "inserts 1.5s, samples 0.25s" in out
     assert "12.5 ins, 0.75s (mean)" in out
-    assert "88% of the last 100 draws" in out
+    assert "88% of the last 100 draws distinct" in out
     assert "0.25..4" in out and "▂ █▄" in out  # bucket [0.5, 1) is empty: a gap
     assert "#1 remote 10.0.0.2:5555" in out and "#2 local pid 1234" in out
     assert "received 2.0 KiB, sent 1.0 MiB" in out
@@ -100,6 +100,16 @@ def test_a_table_without_extensions_shows_dashes_and_no_clients_is_said():
     out = monitor.render_text(snapshot(tables=[table_entry("bare", stats=False)], clients=[]))
     block = out.split("table bare", 1)[1]
     assert "50 total, -/s" in block and "sampled age   - (mean)" in block and "priorities    -" in block
+    assert "unique        -\n" in block
+
+
+def test_unique_fraction_before_the_first_window_completes_shows_the_fraction_so_far():
+    t = table_entry("t")
+    t["stats"]["unique_samples"] = {"window": 10_000, "fraction": None, "windows": 0, "current": 90,
+                                    "current_draws": 120}
+    out = monitor.render_text(snapshot(tables=[t], clients=[]))
+    assert "the first window of 10,000 draws is not complete: 90 distinct in 120 so far" in out
+    assert "~75%" in rich_text(monitor.render_rich(snapshot(tables=[t])))
     assert "clients none" in out
 
 

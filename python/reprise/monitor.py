@@ -156,6 +156,7 @@ def _table_figures(t: dict, before: dict | None, dt: float | None) -> dict:
                                            blocked_before.get("blocked_sample_seconds"), dt),
         "age_inserts": age.get("mean_inserts"), "age_seconds": age.get("mean_seconds"),
         "unique_fraction": unique.get("fraction"), "unique_window": unique.get("window"),
+        "unique_current": unique.get("current"), "unique_current_draws": unique.get("current_draws"),
         "priorities": _histogram(stats.get("priority_histogram")),
     }
 
@@ -237,8 +238,12 @@ def _rate(x) -> str:
 def _seconds(s) -> str:
     if s is None:
         return "-"
+    if s == 0:
+        return "0s"
+    if s < 0.1:
+        return f"{s * 1000:.0f}ms"
     if s < 60:
-        return f"{s:.3g}s" if s < 1 else f"{s:.1f}s"
+        return f"{s:.2f}s" if s < 1 else f"{s:.1f}s"
     s = int(s)
     if s < 3600:
         return f"{s // 60}m{s % 60:02d}s"
@@ -283,7 +288,21 @@ def _age(t: dict) -> str:
 
 
 def _unique(t: dict) -> str:
+    """The fraction of the last complete window; before the first one completes, ``~`` and
+    the fraction so far."""
+    if t["unique_fraction"] is None and t["unique_current_draws"]:
+        return "~" + _percent(t["unique_current"] / t["unique_current_draws"])
     return _percent(t["unique_fraction"])
+
+
+def _unique_text(t: dict) -> str:
+    if t["unique_window"] is None:
+        return "-"
+    window = _count(t["unique_window"])
+    if t["unique_fraction"] is not None:
+        return f"{_percent(t['unique_fraction'])} of the last {window} draws distinct"
+    return (f"- (the first window of {window} draws is not complete: {_count(t['unique_current'] or 0)} "
+            f"distinct in {_count(t['unique_current_draws'] or 0)} so far)")
 
 
 def _priorities(t: dict) -> tuple[str, str]:
@@ -331,8 +350,7 @@ def render_text(snapshot: dict, previous: dict | None = None) -> str:
             f"  blocked       inserts {_blocked(t['blocked_insert_seconds'], t['blocked_insert_share'])}, "
             f"samples {_blocked(t['blocked_sample_seconds'], t['blocked_sample_share'])} (rate limiter, total)",
             f"  sampled age   {_age(t)} (mean)",
-            f"  unique        {_unique(t)}" + ("" if t["unique_window"] is None else
-                                                f" of the last {_count(t['unique_window'])} draws"),
+            f"  unique        {_unique_text(t)}",
             f"  priorities    {low_high} {spark}".rstrip(),
             "",
         ]
@@ -410,15 +428,15 @@ def render_rich(snapshot: dict | None, previous: dict | None = None, status: str
         parts += [flow, Text(""), drawn, Text("")]
         if f["clients"]:
             clients = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-            for header, justify in (("client", "right"), ("kind", "left"), ("peer", "left"),
-                                    ("connected", "right"), ("inserts", "right"), ("insert/s", "right"),
-                                    ("samples", "right"), ("sample/s", "right")):
-                clients.add_column(Text(header), justify=justify, overflow="fold", no_wrap=header != "peer")
-            for c in f["clients"]:
-                clients.add_row(Text(str(c["id"])), Text(printable(c["kind"])), Text(printable(c["peer"])),
-                                Text(_seconds(c["connected_seconds"])), Text(_count(c["total_inserts"])),
-                                Text(_rate(c["insert_rate"])), Text(_count(c["total_samples"])),
-                                Text(_rate(c["sample_rate"])))
+            peers = [Text(printable(c["peer"])) for c in f["clients"]]
+            for header in ("client", "peer", "connected", "inserts", "ins/s", "samples", "smp/s"):
+                clients.add_column(Text(header), justify="left" if header in ("client", "peer") else "right",
+                                   no_wrap=header != "peer", overflow="fold",
+                                   min_width=min(21, max(len(p) for p in peers)) if header == "peer" else None)
+            for c, peer in zip(f["clients"], peers):
+                clients.add_row(Text(f"{c['id']} {printable(c['kind'])}"), peer, Text(_seconds(c["connected_seconds"])),
+                                Text(_count(c["total_inserts"])), Text(_rate(c["insert_rate"])),
+                                Text(_count(c["total_samples"])), Text(_rate(c["sample_rate"])))
             parts.append(clients)
         else:
             parts.append(Text("no clients connected", style="dim"))
