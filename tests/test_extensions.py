@@ -14,6 +14,8 @@ which keys were drawn from each Sample (and which item a Uniform remover evicted
 ``items()``), then checks what follows from them."""
 
 import math
+import shutil
+import tempfile
 import time
 
 import numpy as np
@@ -314,6 +316,28 @@ class StatsMachine(RuleBasedStateMachine):
         self.table.delete(np.array(keys, dtype=np.uint64))
         for k in keys:
             self.model.items.pop(k, None)
+
+    @rule()
+    def checkpoint_round_trip(self):
+        """The table is saved and loaded, and the loaded one carries on: its stats are the
+        saved table's, and every later step is checked on it."""
+        before = self.table.stats()
+        directory = tempfile.mkdtemp(prefix="reprise-test-extensions-")
+        try:
+            loaded = rp.checkpoint.load(rp.checkpoint.save(directory, self.table, progress=False), progress=False)["t"]
+        finally:
+            shutil.rmtree(directory)
+        after = loaded.stats()
+        self.writer.close()
+        self.store.close()
+        self.store, self.table, self.writer = loaded.store, loaded, loaded.store.writer()
+        age, age_after = before["sampled_age"], after["sampled_age"]
+        assert age_after["mean_seconds"] == age["mean_seconds"], \
+            f"a checkpoint round trip changed sampled_age.mean_seconds: {age['mean_seconds']!r} -> " \
+            f"{age_after['mean_seconds']!r} (a float of the saved state read back inexactly?)"
+        assert without_rates(after) == without_rates(before)
+        for key in ("inserts", "samples"):
+            assert sum(after["rates"][key]) == sum(before["rates"][key]), (before["rates"], after["rates"])
 
     @rule()
     def reset(self):
