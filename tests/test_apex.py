@@ -162,16 +162,21 @@ def test_smoke_learns_and_survives_killed_actor_and_learner(tmp_path):
     final greedy policy is far better than random."""
     out = tmp_path / "apex"
     # The child finds reprise as this process did (installed, or PYTHONPATH in a checkout).
-    proc = subprocess.Popen([sys.executable, "-m", "reprise.cli", "demo", "apex", "--smoke", "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "reprise.cli", "demo", "apex", "--smoke", "--dashboard",
+                             "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        killed = {}
+        killed, seen = {}, None
         deadline = time.monotonic() + 200
         while proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.5)
             s = _status(out)
             if s is None:
                 continue
+            if seen is None and s.get("dashboard") and s["inserts"] > 0:
+                # --dashboard: the replay server's page has the demo's tables and their figures.
+                import urllib.request
+                with urllib.request.urlopen(s["dashboard"] + "api/snapshot", timeout=10) as r:
+                    seen = json.loads(r.read())
             if "actor" not in killed and s["inserts"] > 3000:
                 pid = s["pids"]["actor-0"]
                 os.kill(pid, signal.SIGKILL)
@@ -200,6 +205,8 @@ def test_smoke_learns_and_survives_killed_actor_and_learner(tmp_path):
     assert summary["final_eval_mean_return"] >= 75, (summary["final_eval_mean_return"], summary["evals"])
     assert summary["samples_per_insert"] == pytest.approx(summary["config"]["samples_per_insert"], rel=0.3)
     assert "solved" in output and "wrote" in output
+    assert seen is not None and "dashboard: open http://127.0.0.1:" in output
+    assert [t["name"] for t in seen["tables"]][0] == "replay" and seen["tables"][0]["stats"]["rates"]["seconds"] == 60
 
 
 def test_atari_observations_network_and_items():

@@ -87,7 +87,9 @@ class UniqueSamples(Extension):
 class Rates(Extension):
     """``stats()["rates"]``: items inserted and drawn in each of the last ``seconds``
     seconds (oldest first, the current second last) and ``insert_rate`` /
-    ``sample_rate`` in items/s over the last 10 complete seconds."""
+    ``sample_rate`` in items/s over the last 10 complete seconds (over fewer while
+    the table is younger; in its first second, the items so far over the time
+    elapsed, at least 0.1 s)."""
 
     kind = "rates"
 

@@ -20,7 +20,7 @@ import argparse
 import os
 import sys
 
-from .figures import (SPARK, SPARK_WIDTH, _one_line, figures, finite, printable, render_json, render_text,
+from .render import (SPARK, SPARK_WIDTH, _one_line, figures, finite, printable, render_json, render_text,
                       sparkline)
 from .top import _top, render_rich
 

@@ -13,7 +13,7 @@ import os
 import sys
 import time
 
-from .figures import (_age, _blocked, _bytes_line, _count, _one_line, _priorities, _rate, _seconds, _server_line,
+from .render import (_age, _blocked, _bytes_line, _count, _one_line, _priorities, _rate, _seconds, _server_line,
                       _size, _unique, figures, printable)
 
 

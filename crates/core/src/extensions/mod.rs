@@ -147,7 +147,7 @@ impl ExtensionSpec {
         for (i, s) in specs.iter().enumerate() {
             s.validate()?;
             if specs[..i].iter().any(|t| t.name() == s.name()) {
-                return Err(format!("extension {} is attached twice; attach each built-in at most once", s.name()));
+                return Err(format!("extensions: {} is attached twice; attach each built-in at most once", s.name()));
             }
         }
         Ok(())

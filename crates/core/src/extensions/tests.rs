@@ -220,7 +220,7 @@ fn bad_specs_are_refused_and_nothing_is_made() {
     let cases = [
         (vec![ExtensionSpec::UniqueSamples { window: 0 }], "UniqueSamples window must be >= 1 draw, got 0"),
         (vec![ExtensionSpec::Rates { seconds: 0 }], "Rates seconds must be 1 to 86400, got 0"),
-        (vec![ExtensionSpec::SampledAge, ExtensionSpec::SampledAge], "extension sampled_age is attached twice"),
+        (vec![ExtensionSpec::SampledAge, ExtensionSpec::SampledAge], "extensions: sampled_age is attached twice"),
     ];
     for (specs, message) in cases {
         let mut c = base.clone();

@@ -73,6 +73,7 @@ class Record:
         self.evals: list[dict] = []
         self.env_steps = 0
         self.solved_at = None
+        self.dashboard = None    # the replay server's dashboard URL (--dashboard)
 
     def now(self) -> float:
         return time.time() - self.started
@@ -143,6 +144,7 @@ def train(cfg: Config, rec: Record, sup: Supervisor, tables, threshold, out: Pat
             "learner_step": rec.evals[-1]["learner_step"] if rec.evals else 0,
             "mean_actor_return": float(np.mean(recent)) if recent else None,
             "last_eval": rec.evals[-1]["mean_return"] if rec.evals else None,
+            "dashboard": rec.dashboard,
         })
         rec.phase = "training" if info["num_inserts"] else "waiting for the processes"
         rec.progress.update(*solve_progress(cfg, threshold, rec, info, rates))
@@ -191,6 +193,7 @@ def run(cfg: Config, stop: StopSignals | None = None) -> dict:
                 tables = make_tables(cfg, spec, num_parameters(spec, cfg.hidden))
                 server = rp.Server(tables, name=f"apex-{os.getpid()}", dashboard_address=cfg.dashboard)
             if server.dashboard_url is not None:
+                rec.dashboard = server.dashboard_url
                 rec.log(f"dashboard: open {server.dashboard_url} in a browser")
             sup = Supervisor(cfg, server.local_address, rec.started, stop)
             rec.log(f"serving replay, params, episodes, evals at {server.local_address}; "
