@@ -204,6 +204,40 @@ def test_cluster_quick_measures_sample_against_bare_collectives(tmp_path):
     assert "predictions, not measurements" in r.stdout
 
 
+EXTENSIONS_KEYS = ["insert_batched[400B]", "insert_batched[4KB]", "insert_step[400B]",
+                   "sample_uniform[400B]", "prioritized_round", "insert_batched[400B,no-evict]"]
+
+
+def test_extensions_overhead_quick_measures_every_workload_on_and_off(tmp_path):
+    r = run_module("benchmarks.extensions_overhead", "--quick", "--out-dir", str(tmp_path))
+    report = report_in(tmp_path, "extensions")
+    assert not errors_in(report["core"]), errors_in(report["core"])
+    assert list(report["core"]) == EXTENSIONS_KEYS
+    for key, e in report["core"].items():
+        on, off = e["arms"]["on"], e["arms"]["off"]
+        assert len(on["rounds"]) == len(off["rounds"]) == report["config"]["pairs"], key
+        assert off[f"{e['unit']}_per_s"] > 0 and on["ratio_paired"] > 0, (key, e)
+    apex = report["apex"]
+    assert all(len(runs) == 1 and "results" in runs[0] for runs in apex["runs"].values()), apex["runs"]
+    assert not errors_in(apex["variants"]), errors_in(apex["variants"])
+    assert apex["variants"]["apex"]["push_p50_ms"]["on"] > 0
+    assert "| prioritized_round | rounds/s |" in r.stdout and "| apex-paced | sample p50 (ms) |" in r.stdout
+
+
+def test_dashboard_cost_quick_measures_the_server_with_and_without_clients(tmp_path):
+    r = run_module("benchmarks.dashboard_cost", "--quick", "--out-dir", str(tmp_path))
+    report = report_in(tmp_path, "dashboard")
+    (phases,) = report["rounds"]
+    assert sorted(p["phase"] for p in phases) == ["events", "idle", "poll"]
+    for p in phases:
+        assert p["cpu_pct"] >= 0 and p["seconds"] > 0, p
+        if p["phase"] != "idle":  # every client got a snapshot, none failed
+            assert p["clients"]["snapshots"] >= report["config"]["clients"], p
+            assert p["clients"]["errors"] == 0, p
+    assert report["load"]["inserted"] > 0 and report["load"]["sampled"] > 0, report["load"]
+    assert "| 10 x /api/snapshot at 1 Hz |" in r.stdout
+
+
 # --- the full runs' sizes --------------------------------------------------------------------
 @pytest.fixture
 def benchmarks_importable(monkeypatch):
@@ -240,6 +274,11 @@ def test_full_run_sizes_are_the_ones_results_md_was_measured_with(benchmarks_imp
         == ([1, 2, 4], 4096, [256, 1024], 1024)
     assert (cluster["warmup_steps"], cluster["rounds"], cluster["steps_per_round"],
             cluster["tiny_items"], cluster["tiny_steps_per_round"]) == (20, 5, 40, 1024, 60)
+    from benchmarks.dashboard_cost import FULL as dashboard
+    from benchmarks.extensions_overhead import FULL as extensions
+    assert extensions == dict(pairs=15, round_seconds=0.4, warmup_seconds=0.3, apex_pairs=0)
+    assert (dashboard["seconds"], dashboard["rounds"], dashboard["clients"], dashboard["items"]) \
+        == (30.0, 3, 10, 100_000)
 
 
 # --- the package's layout ----------------------------------------------------------------------

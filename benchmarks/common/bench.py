@@ -32,10 +32,12 @@ class Unsupported(Exception):
 class Bench:
     """Collects one system's results and prints its JSON object on stdout.
 
-    ``make_config(quick, budget)`` returns the suite's :class:`~benchmarks.common.config.Config`.
+    ``make_config(quick, budget)`` returns the suite's :class:`~benchmarks.common.config.Config`;
+    ``add_arguments(parser)``, if given, adds a system's own options (read from ``self.args``).
     """
 
-    def __init__(self, system: str, suite: str, make_config: Callable) -> None:
+    def __init__(self, system: str, suite: str, make_config: Callable,
+                 add_arguments: Callable[[argparse.ArgumentParser], None] | None = None) -> None:
         ap = argparse.ArgumentParser(description=f"{system} side of the {suite} benchmark")
         ap.add_argument("--quick", action="store_true",
                         help="tiny tables and short runs: checks the script, numbers are noise")
@@ -44,6 +46,8 @@ class Bench:
         ap.add_argument("--only", default=None,
                         help="comma-separated substrings: run only workloads whose key "
                              "contains one")
+        if add_arguments is not None:
+            add_arguments(ap)
         self.args = ap.parse_args()
         self.cfg = make_config(self.args.quick, self.args.budget)
         self.system = system

@@ -27,8 +27,9 @@ FILL_CHUNK = 4096
 STEPS_PER_CALL = 256
 
 
-def make_table(name: str, floats: int, items: int, max_batch: int, sampler=None):
-    """A one-field store and a FIFO-evicting table of at most ``items`` one-step items.
+def make_table(name: str, floats: int, items: int, max_batch: int, sampler=None, extensions=None):
+    """A one-field store and a FIFO-evicting table of at most ``items`` one-step items,
+    with ``extensions`` (None: every built-in, the default; ``[]``: none).
 
     The store holds the table plus room for two batches of ``max_batch`` items and a
     few blocks, so an insert into a full table always finds free rows."""
@@ -38,7 +39,7 @@ def make_table(name: str, floats: int, items: int, max_batch: int, sampler=None)
     table = rp.Table(name, store,
                      sampler=sampler if sampler is not None else rp.selectors.Uniform(),
                      remover=rp.selectors.Fifo(), max_size=items,
-                     rate_limiter=rp.rate_limiters.MinSize(1))
+                     rate_limiter=rp.rate_limiters.MinSize(1), extensions=extensions)
     return store, table
 
 
@@ -49,8 +50,8 @@ def closer(store, table):
     return close
 
 
-def insert_batched(floats: int, capacity: int, batch: int) -> Workload:
-    store, table = make_table("insert_batched", floats, capacity, batch)
+def insert_batched(floats: int, capacity: int, batch: int, extensions=None) -> Workload:
+    store, table = make_table("insert_batched", floats, capacity, batch, extensions=extensions)
     src = step_payload(batch, floats)  # [256, 1, k]
     prios = np.ones(batch, np.float64)
     for _ in range(-(-store.capacity // batch) + 1):  # cycle the whole store: pages touched
@@ -71,8 +72,8 @@ def open_writer(store):
         return store.writer(), True
 
 
-def insert_step(floats: int, capacity: int) -> Workload:
-    store, table = make_table("insert_step", floats, capacity, STEPS_PER_CALL)
+def insert_step(floats: int, capacity: int, extensions=None) -> Workload:
+    store, table = make_table("insert_step", floats, capacity, STEPS_PER_CALL, extensions=extensions)
     rows = [{"x": r} for r in payload(STEPS_PER_CALL, floats)]  # each x: float32[k]
     w_cm, end_episodes = open_writer(store)
     w = w_cm.__enter__()
@@ -101,9 +102,9 @@ def insert_step(floats: int, capacity: int) -> Workload:
                     close=close)
 
 
-def sample_uniform(floats: int, n_items: int, batch: int) -> Workload:
+def sample_uniform(floats: int, n_items: int, batch: int, extensions=None) -> Workload:
     src = step_payload(fill_rows(n_items, floats, FILL_CHUNK), floats)
-    store, table = make_table("sample_uniform", floats, n_items, len(src))
+    store, table = make_table("sample_uniform", floats, n_items, len(src), extensions=extensions)
     for start, stop in fill_batches(n_items, len(src)):
         table.insert({"x": src[: stop - start]}, priorities=np.ones(stop - start))
     assert table.size == n_items, (table.size, n_items)
@@ -113,9 +114,10 @@ def sample_uniform(floats: int, n_items: int, batch: int) -> Workload:
                     close=closer(store, table))
 
 
-def prioritized(floats: int, n_items: int, batch: int, exponent: float) -> Workload:
+def prioritized(floats: int, n_items: int, batch: int, exponent: float, extensions=None) -> Workload:
     store, table = make_table("prioritized", floats, n_items, FILL_CHUNK,
-                              sampler=rp.selectors.Prioritized(priority_exponent=exponent))
+                              sampler=rp.selectors.Prioritized(priority_exponent=exponent),
+                              extensions=extensions)
     src = step_payload(FILL_CHUNK, floats)
     prios = random_priorities(n_items)
     for start, stop in fill_batches(n_items, FILL_CHUNK):

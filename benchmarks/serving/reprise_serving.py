@@ -16,6 +16,10 @@ samplers and the learner are spawned processes that connect with
 * apex: per push ``extend({state, next_state, action, reward})`` of 200 transitions +
   ``create_items('apex', 1, priorities[200])`` + ``flush()``; learner
   ``client.sample('apex', 512)`` (all four fields) + ``client.update_priorities``.
+
+``--extensions all`` (the default, as for any ``rp.Table``) attaches every built-in table
+extension to the served tables, ``--extensions none`` none: the A/B of their cost
+(``benchmarks/extensions_overhead.py --apex-pairs N`` runs both, alternating).
 """
 
 from __future__ import annotations
@@ -44,13 +48,14 @@ def _rp():
     return rp
 
 
-def make_table(name: str, sig: dict, items: int, margin_steps: int, sampler=None):
+def make_table(name: str, sig: dict, items: int, margin_steps: int, sampler=None, extensions=None):
+    """A FIFO-evicting table with ``extensions`` (None: every built-in; ``[]``: none)."""
     rp = _rp()
     store = rp.Store(sig, capacity=items + margin_steps, block_steps=BLOCK_STEPS)
     table = rp.Table(name, store,
                      sampler=sampler if sampler is not None else rp.selectors.Uniform(),
                      remover=rp.selectors.Fifo(), max_size=items,
-                     rate_limiter=rp.rate_limiters.MinSize(1))
+                     rate_limiter=rp.rate_limiters.MinSize(1), extensions=extensions)
     return store, table
 
 
@@ -165,6 +170,7 @@ class Reprise:
     def __init__(self, bench: Bench) -> None:
         self.bench = bench
         self.cfg = bench.cfg
+        self.extensions = None if bench.args.extensions == "all" else []
 
     def _serve(self, tables):
         rp = _rp()
@@ -175,7 +181,8 @@ class Reprise:
         cfg = self.cfg
         floats = size // 4
         cap = writer_capacity(cfg, size)
-        store, table = make_table(TABLE, x_sig(floats), cap, STEPS_PER_CALL + 2 * BLOCK_STEPS)
+        store, table = make_table(TABLE, x_sig(floats), cap, STEPS_PER_CALL + 2 * BLOCK_STEPS,
+                                  extensions=self.extensions)
         try:
             if variant == "step-inproc":
                 with store.writer(max_sequence_length=1) as w:
@@ -205,7 +212,8 @@ class Reprise:
         cfg = self.cfg
         n = cfg.mixed_table_items
         store, table = make_table(TABLE, x_sig(100), n,
-                                  (N_WRITERS + 2) * (STEPS_PER_CALL + 2 * BLOCK_STEPS))
+                                  (N_WRITERS + 2) * (STEPS_PER_CALL + 2 * BLOCK_STEPS),
+                                  extensions=self.extensions)
         try:
             src = payload(4096, 100)[:, None, :]
             for start in range(0, n, 4096):
@@ -237,7 +245,8 @@ class Reprise:
                "action": rp.Field((), "int64"), "reward": rp.Field((), "float32")}
         margin = APEX_ACTORS * (APEX_PUSH + 2 * BLOCK_STEPS) + 2 * APEX_SAMPLE + 4 * BLOCK_STEPS
         store, table = make_table("apex", sig, n, margin,
-                                  sampler=rp.selectors.Prioritized(PRIORITY_EXPONENT))
+                                  sampler=rp.selectors.Prioritized(PRIORITY_EXPONENT),
+                                  extensions=self.extensions)
         try:
             pool = apex_pool(1024, 99)
             prios = random_priorities(n, 98)
@@ -266,8 +275,14 @@ class Reprise:
                           store_evictions=info["num_store_evictions"])
 
 
+def add_arguments(ap) -> None:
+    ap.add_argument("--extensions", choices=("all", "none"), default="all",
+                    help="table extensions on the served tables: every built-in (the default) "
+                         "or none")
+
+
 def main() -> None:
-    bench = serving_bench("reprise")
+    bench = serving_bench("reprise", add_arguments)
     rp = _rp()
     try:
         from importlib.metadata import version
@@ -275,7 +290,8 @@ def main() -> None:
     except Exception:
         bench.versions["reprise"] = getattr(rp, "__version__", "unknown")
     bench.notes.append(f"server: rp.Server in the benchmark's main process; block_steps={BLOCK_STEPS}; "
-                       f"reprise from {os.path.dirname(rp.__file__)}")
+                       f"reprise from {os.path.dirname(rp.__file__)}; "
+                       f"table extensions: {bench.args.extensions}")
     s = Reprise(bench)
     for label, size in WRITER_SIZES:
         for variant in ("step", "batch", "step-inproc"):

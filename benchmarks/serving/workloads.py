@@ -81,9 +81,10 @@ def make_config(quick: bool, budget: float | None) -> Config:
     return cfg
 
 
-def serving_bench(system: str) -> Bench:
-    """The harness of one system's serving script (arguments, budget, log, JSON)."""
-    return Bench(system, "serving", make_config)
+def serving_bench(system: str, add_arguments=None) -> Bench:
+    """The harness of one system's serving script (arguments, budget, log, JSON;
+    ``add_arguments(parser)`` adds the system's own options)."""
+    return Bench(system, "serving", make_config, add_arguments)
 
 
 # --- Ape-X transitions ----------------------------------------------------------------------
