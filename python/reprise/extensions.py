@@ -9,8 +9,10 @@ choose or configure them, or ``[]`` for none::
     from reprise import extensions as ext
     rp.Table("replay", store, extensions=[ext.PriorityHistogram(), ext.UniqueSamples(window=1000)])
 
-Each runs under the table's lock, once per insert or draw call, and costs a few
-nanoseconds per item (``benchmarks/extensions_overhead.py`` measures it).
+Each runs under the table's lock, called directly for every insert, draw, update
+and removal. All five together cost about 4-7% of the throughput of inserts and
+11-15% of draws (``SampledAge`` most; ``benchmarks/extensions_overhead.py``,
+figures in ``benchmarks/RESULTS.md``): attach fewer where draws must be fastest.
 Checkpoints keep every extension's state. Histograms are dicts
 ``{"bounds": [...], "counts": [...], "total": n}``: bucket i is
 ``[bounds[i], bounds[i+1])``, power-of-two buckets, listed from the first to the
@@ -57,7 +59,9 @@ class SampledAge(Extension):
     """``stats()["sampled_age"]``: how old each drawn item was, in inserts (items
     inserted after it; 0 is the newest) and in seconds, as histograms over every
     draw since the table was made, with ``count``, ``mean_inserts`` and
-    ``mean_seconds``. Keeps 8 bytes per item."""
+    ``mean_seconds``. Keeps no data per item: insertion times come from a list
+    of (insertion number, clock tick) marks, exact for recent items and, for old
+    ones, never later than the insert (the clock ticks in milliseconds)."""
 
     kind = "sampled_age"
 
@@ -73,7 +77,7 @@ class UniqueSamples(Extension):
     """``stats()["unique_samples"]``: distinct items / ``window`` in the last
     complete window of ``window`` consecutive draws (``fraction``; None before the
     first window completes), with the window being filled (``current`` distinct in
-    ``current_draws``). Keeps 4 bytes per item."""
+    ``current_draws``). Uses a word of each table slot that was padding."""
 
     kind = "unique_samples"
 

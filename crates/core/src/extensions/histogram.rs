@@ -29,15 +29,22 @@ impl Scale {
         }
     }
 
-    /// The bucket of a real `v >= 0` whose smallest power of two is `2^low`.
+    /// The bucket of a real `v >= 0` whose smallest power of two is `2^low`: from
+    /// the exponent bits alone (no float comparison against a computed bound).
+    #[inline]
     fn real_bucket(v: f64, low: i32, last: usize) -> usize {
-        if v.is_nan() || v < f64::powi(2.0, low) {
-            return 0; // zero, values below the range, and NaN (never passed)
+        let bits = v.to_bits();
+        if bits >> 63 != 0 || v.is_nan() {
+            return 0; // negative zero, and NaN (never passed)
         }
-        let exponent = ((v.to_bits() >> 52) & 0x7ff) as i32 - 1023;
+        let exponent = ((bits >> 52) & 0x7ff) as i32 - 1023; // subnormals and 0: -1023
+        if exponent < low {
+            return 0;
+        }
         ((exponent - low + 1) as usize).min(last)
     }
 
+    #[inline]
     pub fn bucket_of_real(self, v: f64) -> usize {
         match self {
             Scale::Real => Self::real_bucket(v, -64, 128),
@@ -46,6 +53,7 @@ impl Scale {
         }
     }
 
+    #[inline]
     pub fn bucket_of_count(self, n: u64) -> usize {
         match self {
             Scale::Count => (64 - n.leading_zeros()) as usize,

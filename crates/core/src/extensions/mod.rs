@@ -3,17 +3,13 @@
 //! statistics from what they saw.
 //!
 //! Extensions run under the table's lock, synchronously, so what they count is
-//! exactly what the table did, in the table's order; they must therefore be cheap.
-//! They are told in batches: one call per insert or draw call of the table (with
-//! one clock reading), never one per item through a virtual call per extension.
+//! exactly what the table did, in the table's order. They sit on the hot path of
+//! every insert and draw, so the built-ins are called directly (no virtual call,
+//! no event queue): each event costs a few arithmetic operations and at most one
+//! write per extension, and a table call reads a coarse clock at most once.
 //! An [`ExtensionSpec`] names a built-in and its settings; tables are made with a
 //! list of them ([`ExtensionSpec::defaults`]: every built-in), and checkpoints keep
-//! both the list and each extension's state.
-//!
-//! Order guarantee: an extension hears of an item's insert before any draw,
-//! update or removal of it, and of a draw before the removal the draw caused
-//! (`max_times_sampled`): [`Extensions`] flushes pending batches before it reports
-//! a removal or an update.
+//! both the list and each extension's state ([`Extension`]).
 
 mod histogram;
 mod priority_histogram;
@@ -24,7 +20,6 @@ mod unique_samples;
 #[cfg(test)]
 mod tests;
 
-use std::time::Instant;
 
 use serde_json::{json, Map, Value};
 
@@ -63,21 +58,12 @@ pub struct Saved {
     pub per_slot: Option<Vec<f64>>,
 }
 
-/// An observer of one table. Every method but `stats`, `save` and `restore` has
-/// an empty default, so an extension implements only the events it needs.
-/// `now` is seconds on the table's extension clock (monotonic; it starts when
-/// the table is made or restored).
+/// What every built-in shares besides its events (which [`Extensions`] calls
+/// directly): its spec, its statistics, and its state for checkpoints. Times are
+/// seconds on the table's extension clock (monotonic, millisecond-coarse; it
+/// starts when the table is made or restored).
 pub trait Extension: Send {
     fn spec(&self) -> ExtensionSpec;
-    /// New items, in insertion order.
-    fn on_insert(&mut self, _items: &[ItemEvent], _now: f64) {}
-    /// Items drawn, in draw order; `next_seq` is the table's next insertion number.
-    fn on_draw(&mut self, _draws: &[ItemEvent], _next_seq: u64, _now: f64) {}
-    /// Asks for the per-slot data a draw of `slot` will read (called a few picks ahead).
-    fn prefetch(&self, _slot: u32) {}
-    /// `item` now has a new priority; it had `old`.
-    fn on_update(&mut self, _item: &ItemEvent, _old: f64) {}
-    fn on_remove(&mut self, _item: &ItemEvent, _why: Removal) {}
     /// Every item left at once (`reset`).
     fn on_clear(&mut self) {}
     fn stats(&self, now: f64) -> Value;
@@ -178,136 +164,238 @@ impl ExtensionSpec {
         spec.validate()?;
         Ok(spec)
     }
-
-    pub fn build(&self) -> Box<dyn Extension> {
-        match *self {
-            ExtensionSpec::PriorityHistogram => Box::new(priority_histogram::PriorityHistogram::new()),
-            ExtensionSpec::SampledAge => Box::new(sampled_age::SampledAge::new()),
-            ExtensionSpec::TimesSampled => Box::new(times_sampled::TimesSampled::new()),
-            ExtensionSpec::UniqueSamples { window } => Box::new(unique_samples::UniqueSamples::new(window)),
-            ExtensionSpec::Rates { seconds } => Box::new(rates::Rates::new(seconds)),
-        }
-    }
 }
 
-/// A table's extensions, with the batches not yet reported. With none attached
-/// every method returns at once.
+/// A table's extensions, each built-in at most once. Every event method is a
+/// few inlined branches when none is attached.
 pub(crate) struct Extensions {
-    list: Vec<Box<dyn Extension>>,
-    clock: Instant,
-    inserted: Vec<ItemEvent>,
-    drawn: Vec<ItemEvent>,
+    /// Attachment order: the order of `stats()`, checkpoints and `extensions`.
+    order: Vec<ExtensionSpec>,
+    priorities: Option<priority_histogram::PriorityHistogram>,
+    age: Option<sampled_age::SampledAge>,
+    times: Option<times_sampled::TimesSampled>,
+    unique: Option<unique_samples::UniqueSamples>,
+    rates: Option<rates::Rates>,
+    clock: Clock,
+    /// The clock at this table call's first timed event (valid while `timed`).
+    now: f64,
+    timed: bool,
+    /// Inserts and draws of this table call, for `rates` (added at `flush`).
+    inserts: u64,
+    draws: u64,
 }
 
 impl Extensions {
     pub(crate) fn new(specs: &[ExtensionSpec]) -> Extensions {
-        Extensions { list: specs.iter().map(ExtensionSpec::build).collect(), clock: Instant::now(), inserted: Vec::new(), drawn: Vec::new() }
+        let mut e = Extensions {
+            order: specs.to_vec(),
+            priorities: None,
+            age: None,
+            times: None,
+            unique: None,
+            rates: None,
+            clock: Clock::start(),
+            now: 0.0,
+            timed: false,
+            inserts: 0,
+            draws: 0,
+        };
+        for spec in specs {
+            match *spec {
+                ExtensionSpec::PriorityHistogram => e.priorities = Some(priority_histogram::PriorityHistogram::new()),
+                ExtensionSpec::SampledAge => e.age = Some(sampled_age::SampledAge::new()),
+                ExtensionSpec::TimesSampled => e.times = Some(times_sampled::TimesSampled::new()),
+                ExtensionSpec::UniqueSamples { window } => e.unique = Some(unique_samples::UniqueSamples::new(window)),
+                ExtensionSpec::Rates { seconds } => e.rates = Some(rates::Rates::new(seconds)),
+            }
+        }
+        e
     }
 
+    fn each(&self) -> impl Iterator<Item = &dyn Extension> {
+        self.order.iter().map(move |spec| -> &dyn Extension {
+            match spec {
+                ExtensionSpec::PriorityHistogram => self.priorities.as_ref().expect("attached"),
+                ExtensionSpec::SampledAge => self.age.as_ref().expect("attached"),
+                ExtensionSpec::TimesSampled => self.times.as_ref().expect("attached"),
+                ExtensionSpec::UniqueSamples { .. } => self.unique.as_ref().expect("attached"),
+                ExtensionSpec::Rates { .. } => self.rates.as_ref().expect("attached"),
+            }
+        })
+    }
+
+    fn each_mut(&mut self) -> Vec<&mut dyn Extension> {
+        let mut out: Vec<&mut dyn Extension> = Vec::with_capacity(self.order.len());
+        let (mut p, mut a, mut t, mut u, mut r) =
+            (self.priorities.as_mut(), self.age.as_mut(), self.times.as_mut(), self.unique.as_mut(), self.rates.as_mut());
+        for spec in &self.order {
+            let next: &mut dyn Extension = match spec {
+                ExtensionSpec::PriorityHistogram => p.take().expect("attached once"),
+                ExtensionSpec::SampledAge => a.take().expect("attached once"),
+                ExtensionSpec::TimesSampled => t.take().expect("attached once"),
+                ExtensionSpec::UniqueSamples { .. } => u.take().expect("attached once"),
+                ExtensionSpec::Rates { .. } => r.take().expect("attached once"),
+            };
+            out.push(next);
+        }
+        out
+    }
+
+    /// The time of this table call (read once per call, and only when needed).
     #[inline]
-    pub(crate) fn is_empty(&self) -> bool {
-        self.list.is_empty()
-    }
-
-    fn now(&self) -> f64 {
-        self.clock.elapsed().as_secs_f64()
+    fn now(&mut self) -> f64 {
+        if !self.timed {
+            self.now = self.clock.now();
+            self.timed = true;
+        }
+        self.now
     }
 
     #[inline]
     pub(crate) fn inserted(&mut self, item: ItemEvent) {
-        if !self.is_empty() {
-            self.inserted.push(item);
+        if let Some(p) = &mut self.priorities {
+            p.inserted(item.priority);
+        }
+        if self.age.is_some() {
+            let now = self.now();
+            if let Some(a) = &mut self.age {
+                a.inserted(item.seq, now);
+            }
+        }
+        if let Some(t) = &mut self.times {
+            t.inserted();
+        }
+        self.inserts += 1;
+    }
+
+    /// `next_seq`: the table's next insertion number (the draw's age follows from
+    /// it); `window`: the item's slot's `UniqueSamples` window number.
+    #[inline]
+    pub(crate) fn drawn(&mut self, item: ItemEvent, next_seq: u64, window: &mut u32) {
+        if self.age.is_some() {
+            let now = self.now();
+            if let Some(a) = &mut self.age {
+                a.drawn(item.seq, next_seq.saturating_sub(item.seq + 1), now);
+            }
+        }
+        if let Some(t) = &mut self.times {
+            t.drawn(item.times_sampled);
+        }
+        if let Some(u) = &mut self.unique {
+            u.drawn(window);
+        }
+        self.draws += 1;
+    }
+
+    #[inline]
+    pub(crate) fn updated(&mut self, item: ItemEvent, old: f64) {
+        if let Some(p) = &mut self.priorities {
+            p.updated(old, item.priority);
         }
     }
 
     #[inline]
-    pub(crate) fn drawn(&mut self, item: ItemEvent) {
-        if !self.is_empty() {
-            self.drawn.push(item);
+    pub(crate) fn removed(&mut self, item: ItemEvent, _why: Removal) {
+        if let Some(p) = &mut self.priorities {
+            p.removed(item.priority);
+        }
+        if let Some(t) = &mut self.times {
+            t.removed(item.times_sampled);
         }
     }
 
+    /// Ends a table call: the call's counts go to `rates`, and the next call reads
+    /// the clock again. The table calls it before it lets go of its lock.
     #[inline]
-    pub(crate) fn prefetch(&self, slot: u32) {
-        for e in &self.list {
-            e.prefetch(slot);
-        }
-    }
-
-    /// Reports the pending inserts and draws (one clock reading for both).
-    pub(crate) fn flush(&mut self, next_seq: u64) {
-        if self.inserted.is_empty() && self.drawn.is_empty() {
-            return;
-        }
-        let now = self.now();
-        if !self.inserted.is_empty() {
-            for e in &mut self.list {
-                e.on_insert(&self.inserted, now);
+    pub(crate) fn flush(&mut self) {
+        if self.inserts + self.draws > 0 {
+            if self.rates.is_some() {
+                let now = self.now();
+                if let Some(r) = &mut self.rates {
+                    r.add(now, self.inserts, self.draws);
+                }
             }
-            self.inserted.clear();
+            self.inserts = 0;
+            self.draws = 0;
         }
-        if !self.drawn.is_empty() {
-            for e in &mut self.list {
-                e.on_draw(&self.drawn, next_seq, now);
-            }
-            self.drawn.clear();
-        }
-    }
-
-    pub(crate) fn updated(&mut self, item: &ItemEvent, old: f64, next_seq: u64) {
-        if self.is_empty() {
-            return;
-        }
-        self.flush(next_seq);
-        for e in &mut self.list {
-            e.on_update(item, old);
-        }
-    }
-
-    pub(crate) fn removed(&mut self, item: &ItemEvent, why: Removal, next_seq: u64) {
-        if self.is_empty() {
-            return;
-        }
-        self.flush(next_seq);
-        for e in &mut self.list {
-            e.on_remove(item, why);
-        }
+        self.timed = false;
     }
 
     pub(crate) fn cleared(&mut self) {
-        self.inserted.clear();
-        self.drawn.clear();
-        for e in &mut self.list {
+        self.flush();
+        for e in self.each_mut() {
             e.on_clear();
         }
     }
 
     /// `{name: statistics}` of every extension.
     pub(crate) fn stats(&self) -> Value {
-        let now = self.now();
-        Value::Object(self.list.iter().map(|e| (e.spec().name().to_string(), e.stats(now))).collect::<Map<_, _>>())
+        let now = self.clock.now();
+        Value::Object(self.each().map(|e| (e.spec().name().to_string(), e.stats(now))).collect::<Map<_, _>>())
     }
 
-    /// Each extension's saved state, in the table's order.
-    pub(crate) fn save(&self) -> Vec<Saved> {
-        let now = self.now();
-        self.list.iter().map(|e| e.save(now)).collect()
+    /// Each extension's saved state, in the table's order; `windows`: every
+    /// slot's `UniqueSamples` window number (kept in the table's slots).
+    pub(crate) fn save(&self, windows: &[u32]) -> Vec<Saved> {
+        let now = self.clock.now();
+        self.each()
+            .map(|e| {
+                let mut saved = e.save(now);
+                if matches!(e.spec(), ExtensionSpec::UniqueSamples { .. }) {
+                    saved.per_slot = Some(windows.iter().map(|&w| w as f64).collect());
+                }
+                saved
+            })
+            .collect()
+    }
+
+    /// The per-slot window numbers `UniqueSamples` saved, if it is attached and saved them.
+    pub(crate) fn saved_windows<'s>(&self, saved: Option<&'s [Saved]>) -> Option<&'s [f64]> {
+        let at = self.order.iter().position(|s| matches!(s, ExtensionSpec::UniqueSamples { .. }))?;
+        saved?.get(at)?.per_slot.as_deref()
     }
 
     /// Restores each extension from `saved` (same order; `None`: start empty over `live`).
     pub(crate) fn restore(&mut self, saved: Option<&[Saved]>, live: &[ItemEvent]) -> Result<(), String> {
-        let now = self.now();
+        let now = self.clock.now();
         let empty = Saved::default();
         if let Some(s) = saved {
-            if s.len() != self.list.len() {
-                return Err(format!("{} extension states for {} extensions", s.len(), self.list.len()));
+            if s.len() != self.order.len() {
+                return Err(format!("{} extension states for {} extensions", s.len(), self.order.len()));
             }
         }
-        for (i, e) in self.list.iter_mut().enumerate() {
+        for (i, e) in self.each_mut().into_iter().enumerate() {
             let state = saved.map_or(&empty, |s| &s[i]);
             e.restore(state, live, now).map_err(|m| format!("extension {}: {m}", e.spec().name()))?;
         }
         Ok(())
+    }
+}
+
+/// The extension clock: `CLOCK_MONOTONIC_COARSE` (a few nanoseconds to read,
+/// millisecond resolution: what ages and per-second rates need), seconds since
+/// the table was made or restored.
+struct Clock {
+    start: f64,
+}
+
+impl Clock {
+    fn start() -> Clock {
+        Clock { start: Self::read() }
+    }
+
+    fn read() -> f64 {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: `ts` is a valid timespec to write; the clock id is a constant Linux knows.
+        let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+        if rc != 0 {
+            return 0.0;
+        }
+        ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+    }
+
+    fn now(&self) -> f64 {
+        (Self::read() - self.start).max(0.0)
     }
 }
 
@@ -320,14 +408,4 @@ pub(crate) fn saved_histogram(state: &Value, key: &str, scale: Scale) -> Result<
             Histogram::from_counts(scale, counts).map(Some).ok_or_else(|| format!("{key}: wrong number of buckets"))
         }
     }
-}
-
-/// Grows a per-slot vector so that `slot` is in it.
-#[inline]
-pub(crate) fn reach<T: Clone>(v: &mut Vec<T>, slot: u32, fill: T) -> &mut T {
-    let i = slot as usize;
-    if v.len() <= i {
-        v.resize(i + 1, fill);
-    }
-    &mut v[i]
 }

@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use super::{Extension, ExtensionSpec, Histogram, ItemEvent, Removal, Saved, Scale};
+use super::{Extension, ExtensionSpec, Histogram, ItemEvent, Saved, Scale};
 
 pub struct PriorityHistogram {
     histogram: Histogram,
@@ -14,26 +14,27 @@ impl PriorityHistogram {
     pub fn new() -> PriorityHistogram {
         PriorityHistogram { histogram: Histogram::new(Scale::Real) }
     }
+
+    #[inline]
+    pub fn inserted(&mut self, priority: f64) {
+        self.histogram.add_real(priority);
+    }
+
+    #[inline]
+    pub fn updated(&mut self, old: f64, new: f64) {
+        self.histogram.remove_real(old);
+        self.histogram.add_real(new);
+    }
+
+    #[inline]
+    pub fn removed(&mut self, priority: f64) {
+        self.histogram.remove_real(priority);
+    }
 }
 
 impl Extension for PriorityHistogram {
     fn spec(&self) -> ExtensionSpec {
         ExtensionSpec::PriorityHistogram
-    }
-
-    fn on_insert(&mut self, items: &[ItemEvent], _now: f64) {
-        for i in items {
-            self.histogram.add_real(i.priority);
-        }
-    }
-
-    fn on_update(&mut self, item: &ItemEvent, old: f64) {
-        self.histogram.remove_real(old);
-        self.histogram.add_real(item.priority);
-    }
-
-    fn on_remove(&mut self, item: &ItemEvent, _why: Removal) {
-        self.histogram.remove_real(item.priority);
     }
 
     fn on_clear(&mut self) {
@@ -48,9 +49,9 @@ impl Extension for PriorityHistogram {
         Saved { state: Value::Null, per_slot: None }
     }
 
-    fn restore(&mut self, _saved: &Saved, live: &[ItemEvent], now: f64) -> Result<(), String> {
+    fn restore(&mut self, _saved: &Saved, live: &[ItemEvent], _now: f64) -> Result<(), String> {
         self.histogram.clear();
-        self.on_insert(live, now);
+        live.iter().for_each(|i| self.histogram.add_real(i.priority));
         Ok(())
     }
 }

@@ -25,6 +25,14 @@ impl Rates {
         Rates { seconds, inserts: vec![0; len], samples: vec![0; len], head: 0, start: 0 }
     }
 
+    /// Counts `inserts` and `draws` at time `now`.
+    pub fn add(&mut self, now: f64, inserts: u64, draws: u64) {
+        self.advance(now.floor() as i64);
+        let i = self.at(self.head);
+        self.inserts[i] += inserts;
+        self.samples[i] += draws;
+    }
+
     fn len(&self) -> i64 {
         self.inserts.len() as i64
     }
@@ -79,17 +87,6 @@ impl Extension for Rates {
         ExtensionSpec::Rates { seconds: self.seconds }
     }
 
-    fn on_insert(&mut self, items: &[ItemEvent], now: f64) {
-        self.advance(now.floor() as i64);
-        let i = self.at(self.head);
-        self.inserts[i] += items.len() as u64;
-    }
-
-    fn on_draw(&mut self, draws: &[ItemEvent], _next_seq: u64, now: f64) {
-        self.advance(now.floor() as i64);
-        let i = self.at(self.head);
-        self.samples[i] += draws.len() as u64;
-    }
 
     fn stats(&self, now: f64) -> Value {
         json!({

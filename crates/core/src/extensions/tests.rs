@@ -238,12 +238,11 @@ fn bad_specs_are_refused_and_nothing_is_made() {
 
 #[test]
 fn rates_count_per_second_and_average_complete_seconds() {
-    use super::{Extension, ItemEvent};
+    use super::Extension;
     let mut r = super::rates::Rates::new(12);
-    let item = ItemEvent { slot: 0, seq: 0, priority: 1.0, times_sampled: 1 };
-    r.on_insert(&[item; 3], 0.5);
-    r.on_insert(&[item; 2], 1.2);
-    r.on_draw(&[item; 4], 1, 3.9);
+    r.add(0.5, 3, 0);
+    r.add(1.2, 2, 0);
+    r.add(3.9, 0, 4);
     let s = r.stats(4.0);
     let ins: Vec<u64> = serde_json::from_value(s["inserts"].clone()).unwrap();
     assert_eq!(&ins[7..], [3, 2, 0, 0, 0]);

@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use super::{Extension, ExtensionSpec, Histogram, ItemEvent, Removal, Saved, Scale};
+use super::{Extension, ExtensionSpec, Histogram, ItemEvent, Saved, Scale};
 
 pub struct TimesSampled {
     histogram: Histogram,
@@ -14,31 +14,33 @@ impl TimesSampled {
     pub fn new() -> TimesSampled {
         TimesSampled { histogram: Histogram::new(Scale::Count) }
     }
+
+    /// A new item: never sampled.
+    #[inline]
+    pub fn inserted(&mut self) {
+        self.histogram.add_to(0, 1);
+    }
+
+    /// An item drawn; `times` counts this draw.
+    #[inline]
+    pub fn drawn(&mut self, times: u32) {
+        let t = times as u64;
+        let (before, after) = (Scale::Count.bucket_of_count(t - 1), Scale::Count.bucket_of_count(t));
+        if before != after {
+            self.histogram.remove_from(before, 1);
+            self.histogram.add_to(after, 1);
+        }
+    }
+
+    #[inline]
+    pub fn removed(&mut self, times: u32) {
+        self.histogram.remove_count(times as u64);
+    }
 }
 
 impl Extension for TimesSampled {
     fn spec(&self) -> ExtensionSpec {
         ExtensionSpec::TimesSampled
-    }
-
-    fn on_insert(&mut self, items: &[ItemEvent], _now: f64) {
-        for i in items {
-            self.histogram.add_count(i.times_sampled as u64);
-        }
-    }
-
-    fn on_draw(&mut self, draws: &[ItemEvent], _next_seq: u64, _now: f64) {
-        for d in draws {
-            let (before, after) = (Scale::Count.bucket_of_count(d.times_sampled as u64 - 1), Scale::Count.bucket_of_count(d.times_sampled as u64));
-            if before != after {
-                self.histogram.remove_from(before, 1);
-                self.histogram.add_to(after, 1);
-            }
-        }
-    }
-
-    fn on_remove(&mut self, item: &ItemEvent, _why: Removal) {
-        self.histogram.remove_count(item.times_sampled as u64);
     }
 
     fn on_clear(&mut self) {
@@ -53,9 +55,9 @@ impl Extension for TimesSampled {
         Saved { state: Value::Null, per_slot: None }
     }
 
-    fn restore(&mut self, _saved: &Saved, live: &[ItemEvent], now: f64) -> Result<(), String> {
+    fn restore(&mut self, _saved: &Saved, live: &[ItemEvent], _now: f64) -> Result<(), String> {
         self.histogram.clear();
-        self.on_insert(live, now);
+        live.iter().for_each(|i| self.histogram.add_count(i.times_sampled as u64));
         Ok(())
     }
 }

@@ -1,17 +1,16 @@
 //! The fraction of distinct items among consecutive windows of `window` draws
-//! (tumbling windows): 1.0 when no item was drawn twice in a window. Keeps, per
-//! table slot, the number of the last window that drew it (4 bytes), so a draw is
-//! O(1) with no hashing; a slot's new item starts unseen.
+//! (tumbling windows): 1.0 when no item was drawn twice in a window. Each table
+//! slot keeps the number of the last window that drew its item (in the slot
+//! record a draw touches anyway, reset when the slot gets a new item), so a draw
+//! is O(1), with no hashing and no memory of its own per item.
 
 use serde_json::{json, Value};
 
-use super::{reach, Extension, ExtensionSpec, ItemEvent, Saved};
+use super::{Extension, ExtensionSpec, ItemEvent, Saved};
 
 pub struct UniqueSamples {
     window: u32,
-    /// The window number that last drew each slot's item; 0 = none.
-    last: Vec<u32>,
-    /// The window being filled (numbered from 1).
+    /// The window being filled (numbered from 1; 0 means "never drawn").
     current: u32,
     distinct: u32,
     draws: u32,
@@ -21,48 +20,32 @@ pub struct UniqueSamples {
 
 impl UniqueSamples {
     pub fn new(window: u32) -> UniqueSamples {
-        UniqueSamples { window, last: Vec::new(), current: 1, distinct: 0, draws: 0, windows: 0, fraction: None }
+        UniqueSamples { window, current: 1, distinct: 0, draws: 0, windows: 0, fraction: None }
+    }
+
+    /// A draw of the item whose slot's window number is `last`.
+    #[inline]
+    pub fn drawn(&mut self, last: &mut u32) {
+        if *last != self.current {
+            *last = self.current;
+            self.distinct += 1;
+        }
+        self.draws += 1;
+        if self.draws == self.window {
+            self.fraction = Some(self.distinct as f64 / self.window as f64);
+            self.windows += 1;
+            self.draws = 0;
+            self.distinct = 0;
+            // After 2^32 - 1 windows (4e13 draws of 10,000) the numbers wrap, skipping 0;
+            // an item last drawn exactly 2^32 - 1 windows earlier would then count as seen.
+            self.current = self.current.checked_add(1).unwrap_or(1);
+        }
     }
 }
 
 impl Extension for UniqueSamples {
     fn spec(&self) -> ExtensionSpec {
         ExtensionSpec::UniqueSamples { window: self.window }
-    }
-
-    fn on_insert(&mut self, items: &[ItemEvent], _now: f64) {
-        for i in items {
-            *reach(&mut self.last, i.slot, 0) = 0;
-        }
-    }
-
-    fn prefetch(&self, slot: u32) {
-        if let Some(w) = self.last.get(slot as usize) {
-            crate::memory::prefetch(w);
-        }
-    }
-
-    fn on_draw(&mut self, draws: &[ItemEvent], _next_seq: u64, _now: f64) {
-        for d in draws {
-            let last = reach(&mut self.last, d.slot, 0);
-            if *last != self.current {
-                *last = self.current;
-                self.distinct += 1;
-            }
-            self.draws += 1;
-            if self.draws == self.window {
-                self.fraction = Some(self.distinct as f64 / self.window as f64);
-                self.windows += 1;
-                self.draws = 0;
-                self.distinct = 0;
-                if self.current == u32::MAX {
-                    // Window numbers wrapped: forget every slot's (all are old now).
-                    self.last.iter_mut().for_each(|w| *w = 0);
-                    self.current = 0;
-                }
-                self.current += 1;
-            }
-        }
     }
 
     fn stats(&self, _now: f64) -> Value {
@@ -84,17 +67,17 @@ impl Extension for UniqueSamples {
                 "windows": self.windows,
                 "fraction": self.fraction,
             }),
-            per_slot: Some(self.last.iter().map(|&w| w as f64).collect()),
+            // The per-slot window numbers live in the table's slots: the table adds them.
+            per_slot: None,
         }
     }
 
+    /// Checks the saved per-slot window numbers of the live items (the table
+    /// writes them back into its slots).
     fn restore(&mut self, saved: &Saved, live: &[ItemEvent], _now: f64) -> Result<(), String> {
         *self = UniqueSamples::new(self.window);
         let s = &saved.state;
         if s.is_null() {
-            for i in live {
-                *reach(&mut self.last, i.slot, 0) = 0;
-            }
             return Ok(());
         }
         let int = |key: &str| s.get(key).and_then(Value::as_u64).ok_or_else(|| format!("no valid {key}"));
@@ -109,10 +92,9 @@ impl Extension for UniqueSamples {
         }
         for i in live {
             let w = saved.per_slot.as_ref().and_then(|a| a.get(i.slot as usize)).copied().unwrap_or(0.0);
-            if !(w >= 0.0 && w <= u32::MAX as f64 && w.fract() == 0.0) {
+            if !((0.0..=u32::MAX as f64).contains(&w) && w.fract() == 0.0) {
                 return Err(format!("slot {} has window number {w}", i.slot));
             }
-            *reach(&mut self.last, i.slot, 0) = w as u32;
         }
         Ok(())
     }

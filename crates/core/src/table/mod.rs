@@ -81,6 +81,9 @@ pub struct ItemInfo {
 
 pub(crate) struct Slot {
     pub(crate) generation: u32,
+    /// The `UniqueSamples` window that last drew this slot's item (0: none). It
+    /// lives here, in what was padding, because every draw touches the slot anyway.
+    pub(crate) window: u32,
     pub(crate) item: Option<Item>,
 }
 
@@ -189,7 +192,7 @@ impl State {
     fn remove(&mut self, slot: u32, store: &Store, why: Removal) {
         let item = self.slots[slot as usize].item.take().expect("removed slot holds an item");
         let event = ItemEvent { slot, seq: item.seq, priority: item.priority, times_sampled: item.times_sampled };
-        self.ext.removed(&event, why, self.next_seq);
+        self.ext.removed(event, why);
         self.sampler.remove(slot);
         self.remover.remove(slot);
         self.free_slots.push(slot);
@@ -217,7 +220,7 @@ impl State {
                 s
             }
             None => {
-                self.slots.push(Slot { generation: 1, item: None });
+                self.slots.push(Slot { generation: 1, window: 0, item: None });
                 (self.slots.len() - 1) as u32
             }
         };
@@ -237,6 +240,7 @@ impl State {
         self.max_length = self.max_length.max(length);
         self.sampler.insert(slot, seq, new.priority);
         self.remover.insert(slot, seq, new.priority);
+        self.slots[slot as usize].window = 0;
         self.slots[slot as usize].item = Some(Item {
             key,
             seq,
@@ -430,8 +434,7 @@ impl Table {
                 let key = st.insert(&items[keys.len()], &sh.store);
                 keys.push(key);
             }
-            let next_seq = st.next_seq;
-            st.ext.flush(next_seq);
+            st.ext.flush();
             sh.sample_cv.notify_all();
         }
         Ok(keys)
@@ -511,14 +514,14 @@ impl Table {
                 let item = st.item(slot);
                 let old = std::mem::replace(&mut item.priority, p);
                 let event = ItemEvent { slot, seq: item.seq, priority: p, times_sampled: item.times_sampled };
-                let next_seq = st.next_seq;
-                st.ext.updated(&event, old, next_seq);
+                st.ext.updated(event, old);
                 slots.push(slot);
                 present.push(p);
             }
         }
         st.sampler.update_batch(&slots, &present);
         st.remover.update_batch(&slots, &present);
+        st.ext.flush();
         Ok(slots.len())
     }
 
@@ -535,6 +538,7 @@ impl Table {
             }
         }
         st.num_deletes += removed as u64;
+        st.ext.flush();
         if removed > 0 {
             sh.insert_cv.notify_all();
         }
@@ -615,6 +619,7 @@ impl TableOverStore for Shared {
         }
         st.num_evictions += evicted;
         st.num_store_evictions += evicted;
+        st.ext.flush();
         if evicted > 0 {
             self.insert_cv.notify_all();
         }

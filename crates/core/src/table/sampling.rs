@@ -133,12 +133,10 @@ impl Table {
             const AHEAD: usize = 12;
             for pick in picks.iter().take(AHEAD) {
                 crate::memory::prefetch(&st.slots[pick.slot as usize]);
-                st.ext.prefetch(pick.slot);
             }
             for (i, pick) in picks.iter().enumerate() {
                 if let Some(next) = picks.get(i + AHEAD) {
                     crate::memory::prefetch(&st.slots[next.slot as usize]);
-                    st.ext.prefetch(next.slot);
                 }
                 let item = st.item(pick.slot);
                 item.times_sampled += 1;
@@ -155,14 +153,14 @@ impl Table {
                 batch.push(sampled);
                 st.limiter.samples += 1;
                 st.num_samples += 1;
-                st.ext.drawn(event);
+                let state = &mut **st;
+                state.ext.drawn(event, state.next_seq, &mut state.slots[pick.slot as usize].window);
                 if exhausted {
                     st.remove(pick.slot, &sh.store, Removal::Exhausted);
                     st.num_evictions += 1;
                 }
             }
-            let next_seq = st.next_seq;
-            st.ext.flush(next_seq);
+            st.ext.flush();
             let starved = picks.len() < chunk;
             left -= picks.len();
             if starved {

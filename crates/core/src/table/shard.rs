@@ -155,12 +155,11 @@ impl Table {
         batch.push(sampled);
         st.limiter.samples += 1;
         st.num_samples += 1;
-        st.ext.drawn(event);
+        st.ext.drawn(event, st.next_seq, &mut st.slots[slot as usize].window);
         if exhausted {
             st.remove(slot, &sh.store, Removal::Exhausted);
             st.num_evictions += 1;
         }
-        let next_seq = st.next_seq;
-        st.ext.flush(next_seq);
+        st.ext.flush();
     }
 }

@@ -181,7 +181,7 @@ impl Table {
             rng: serde_json::to_string(&st.rng).expect("a PCG state serialises"),
             sampler_order: st.sampler.order(),
             remover_order: st.remover.order(),
-            extensions: Some(st.ext.save()),
+            extensions: Some(st.ext.save(&st.slots.iter().map(|s| s.window).collect::<Vec<_>>())),
         };
         (snapshot, Pins { store: sh.store.clone(), blocks })
     }
@@ -193,7 +193,7 @@ impl Table {
         Table::check_config(&snap.config, store)?;
         let rng: Rng = serde_json::from_str(&snap.rng).map_err(|e| corrupt(&name, format!("random generator state: {e}")))?;
         let n_slots = snap.generations.len();
-        let mut slots: Vec<Slot> = snap.generations.iter().map(|&generation| Slot { generation, item: None }).collect();
+        let mut slots: Vec<Slot> = snap.generations.iter().map(|&generation| Slot { generation, window: 0, item: None }).collect();
         let mut state = State::new(&snap.config, rng);
         let mut used = vec![false; n_slots];
         let mut last_seq = None;
@@ -279,6 +279,12 @@ impl Table {
             .map(|r| ItemEvent { slot: r.slot, seq: r.seq, priority: r.priority, times_sampled: r.times_sampled })
             .collect();
         state.ext.restore(snap.extensions.as_deref(), &live).map_err(|e| corrupt(&name, e))?;
+        if let Some(windows) = state.ext.saved_windows(snap.extensions.as_deref()) {
+            // Checked by UniqueSamples' restore: whole numbers below 2^32.
+            for r in &snap.items {
+                slots[r.slot as usize].window = windows.get(r.slot as usize).map_or(0, |&w| w as u32);
+            }
+        }
         // References last: every check above is done, nothing can fail now (and
         // if registering the name does, dropping the table releases them).
         for r in &snap.items {
