@@ -39,10 +39,10 @@ pub(crate) fn encode(s: &TableSnapshot) -> Result<(TableScalars, Vec<u8>), Strin
         extensions: Some(
             c.extensions
                 .iter()
-                .zip(s.extensions.iter().flatten().map(Some).chain(std::iter::repeat(None)))
+                .zip(&s.extensions)
                 .map(|(spec, saved)| {
                     let mut v = spec.to_json();
-                    v["state"] = saved.map_or(serde_json::Value::Null, |x| x.state.clone());
+                    v["state"] = saved.state.clone();
                     v
                 })
                 .collect(),
@@ -68,7 +68,7 @@ pub(crate) fn encode(s: &TableSnapshot) -> Result<(TableScalars, Vec<u8>), Strin
         arrays.push(("remover_order", Array::U32(o.clone())));
     }
     let names: Vec<String> = (0..c.extensions.len()).map(|i| format!("extension_{i}")).collect();
-    for (i, saved) in s.extensions.iter().flatten().enumerate() {
+    for (i, saved) in s.extensions.iter().enumerate() {
         if let Some(v) = &saved.per_slot {
             arrays.push((&names[i], Array::F64(v.clone())));
         }
@@ -117,18 +117,15 @@ pub(crate) fn decode(scalars: &TableScalars, file: &[u8]) -> Result<TableSnapsho
         },
     };
     ExtensionSpec::validate_list(&config.extensions)?;
-    let mut extensions = None;
-    if let Some(list) = &i.extensions {
-        let mut saved = Vec::with_capacity(list.len());
-        for (k, v) in list.iter().enumerate() {
-            let per_slot = match a.remove(&format!("extension_{k}")) {
-                None => None,
-                Some(Array::F64(v)) => Some(v),
-                Some(_) => return Err(format!("array 'extension_{k}' has the wrong dtype (expected float64)")),
-            };
-            saved.push(Saved { state: v.get("state").cloned().unwrap_or(serde_json::Value::Null), per_slot });
-        }
-        extensions = Some(saved);
+    // A checkpoint from before extensions: every built-in, each started empty.
+    let mut extensions = vec![Saved::default(); config.extensions.len()];
+    for (k, v) in i.extensions.iter().flatten().enumerate() {
+        let per_slot = match a.remove(&format!("extension_{k}")) {
+            None => None,
+            Some(Array::F64(v)) => Some(v),
+            Some(_) => return Err(format!("array 'extension_{k}' has the wrong dtype (expected float64)")),
+        };
+        extensions[k] = Saved { state: v.get("state").cloned().unwrap_or(serde_json::Value::Null), per_slot };
     }
     let slot = take_u32(&mut a, "slot")?;
     let key = take_u64(&mut a, "key")?;

@@ -87,10 +87,6 @@ impl Histogram {
         Histogram { scale, counts: vec![0; scale.buckets()], total: 0 }
     }
 
-    pub fn scale(&self) -> Scale {
-        self.scale
-    }
-
     pub fn add_to(&mut self, bucket: usize, n: u64) {
         self.counts[bucket] += n;
         self.total += n;

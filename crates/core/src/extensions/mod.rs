@@ -20,7 +20,6 @@ mod unique_samples;
 #[cfg(test)]
 mod tests;
 
-
 use serde_json::{json, Map, Value};
 
 pub use histogram::{Histogram, Scale};
@@ -35,19 +34,6 @@ pub struct ItemEvent {
     pub priority: f64,
     /// Times sampled, counting the draw being reported.
     pub times_sampled: u32,
-}
-
-/// Why an item left its table.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Removal {
-    /// The remover chose it to make room (`max_size`).
-    Evicted,
-    /// Deleted by key.
-    Deleted,
-    /// Sampled `max_times_sampled` times.
-    Exhausted,
-    /// Its rows' block was needed by a writer (store pressure).
-    StoreFull,
 }
 
 /// What an extension writes into a checkpoint: its state as JSON, and optionally
@@ -212,33 +198,30 @@ impl Extensions {
         e
     }
 
-    fn each(&self) -> impl Iterator<Item = &dyn Extension> {
-        self.order.iter().map(move |spec| -> &dyn Extension {
-            match spec {
-                ExtensionSpec::PriorityHistogram => self.priorities.as_ref().expect("attached"),
-                ExtensionSpec::SampledAge => self.age.as_ref().expect("attached"),
-                ExtensionSpec::TimesSampled => self.times.as_ref().expect("attached"),
-                ExtensionSpec::UniqueSamples { .. } => self.unique.as_ref().expect("attached"),
-                ExtensionSpec::Rates { .. } => self.rates.as_ref().expect("attached"),
-            }
-        })
+    /// The attached built-in `spec` names (it is one of `order`).
+    fn get(&self, spec: ExtensionSpec) -> &dyn Extension {
+        match spec {
+            ExtensionSpec::PriorityHistogram => self.priorities.as_ref().expect("attached"),
+            ExtensionSpec::SampledAge => self.age.as_ref().expect("attached"),
+            ExtensionSpec::TimesSampled => self.times.as_ref().expect("attached"),
+            ExtensionSpec::UniqueSamples { .. } => self.unique.as_ref().expect("attached"),
+            ExtensionSpec::Rates { .. } => self.rates.as_ref().expect("attached"),
+        }
     }
 
-    fn each_mut(&mut self) -> Vec<&mut dyn Extension> {
-        let mut out: Vec<&mut dyn Extension> = Vec::with_capacity(self.order.len());
-        let (mut p, mut a, mut t, mut u, mut r) =
-            (self.priorities.as_mut(), self.age.as_mut(), self.times.as_mut(), self.unique.as_mut(), self.rates.as_mut());
-        for spec in &self.order {
-            let next: &mut dyn Extension = match spec {
-                ExtensionSpec::PriorityHistogram => p.take().expect("attached once"),
-                ExtensionSpec::SampledAge => a.take().expect("attached once"),
-                ExtensionSpec::TimesSampled => t.take().expect("attached once"),
-                ExtensionSpec::UniqueSamples { .. } => u.take().expect("attached once"),
-                ExtensionSpec::Rates { .. } => r.take().expect("attached once"),
-            };
-            out.push(next);
+    fn get_mut(&mut self, spec: ExtensionSpec) -> &mut dyn Extension {
+        match spec {
+            ExtensionSpec::PriorityHistogram => self.priorities.as_mut().expect("attached"),
+            ExtensionSpec::SampledAge => self.age.as_mut().expect("attached"),
+            ExtensionSpec::TimesSampled => self.times.as_mut().expect("attached"),
+            ExtensionSpec::UniqueSamples { .. } => self.unique.as_mut().expect("attached"),
+            ExtensionSpec::Rates { .. } => self.rates.as_mut().expect("attached"),
         }
-        out
+    }
+
+    /// The attached extensions, in attachment order.
+    fn each(&self) -> impl Iterator<Item = &dyn Extension> {
+        self.order.iter().map(|&spec| self.get(spec))
     }
 
     /// The time of this table call (read once per call, and only when needed).
@@ -295,7 +278,7 @@ impl Extensions {
     }
 
     #[inline]
-    pub(crate) fn removed(&mut self, item: ItemEvent, _why: Removal) {
+    pub(crate) fn removed(&mut self, item: ItemEvent) {
         if let Some(p) = &mut self.priorities {
             p.removed(item.priority);
         }
@@ -323,8 +306,8 @@ impl Extensions {
 
     pub(crate) fn cleared(&mut self) {
         self.flush();
-        for e in self.each_mut() {
-            e.on_clear();
+        for spec in self.order.clone() {
+            self.get_mut(spec).on_clear();
         }
     }
 
@@ -350,23 +333,20 @@ impl Extensions {
     }
 
     /// The per-slot window numbers `UniqueSamples` saved, if it is attached and saved them.
-    pub(crate) fn saved_windows<'s>(&self, saved: Option<&'s [Saved]>) -> Option<&'s [f64]> {
+    pub(crate) fn saved_windows<'s>(&self, saved: &'s [Saved]) -> Option<&'s [f64]> {
         let at = self.order.iter().position(|s| matches!(s, ExtensionSpec::UniqueSamples { .. }))?;
-        saved?.get(at)?.per_slot.as_deref()
+        saved.get(at)?.per_slot.as_deref()
     }
 
-    /// Restores each extension from `saved` (same order; `None`: start empty over `live`).
-    pub(crate) fn restore(&mut self, saved: Option<&[Saved]>, live: &[ItemEvent]) -> Result<(), String> {
+    /// Restores each extension from `saved` (same order; a default `Saved` starts
+    /// that extension empty over `live`).
+    pub(crate) fn restore(&mut self, saved: &[Saved], live: &[ItemEvent]) -> Result<(), String> {
         let now = self.clock.now();
-        let empty = Saved::default();
-        if let Some(s) = saved {
-            if s.len() != self.order.len() {
-                return Err(format!("{} extension states for {} extensions", s.len(), self.order.len()));
-            }
+        if saved.len() != self.order.len() {
+            return Err(format!("{} extension states for {} extensions", saved.len(), self.order.len()));
         }
-        for (i, e) in self.each_mut().into_iter().enumerate() {
-            let state = saved.map_or(&empty, |s| &s[i]);
-            e.restore(state, live, now).map_err(|m| format!("extension {}: {m}", e.spec().name()))?;
+        for (spec, state) in self.order.clone().into_iter().zip(saved) {
+            self.get_mut(spec).restore(state, live, now).map_err(|m| format!("extension {}: {m}", spec.name()))?;
         }
         Ok(())
     }

@@ -17,7 +17,7 @@ use parking_lot::{Condvar, Mutex, MutexGuard};
 use rand::SeedableRng;
 
 use crate::error::{Error, Partial, Result};
-use crate::extensions::{ExtensionSpec, Extensions, ItemEvent, Removal};
+use crate::extensions::{ExtensionSpec, Extensions, ItemEvent};
 use crate::invalid;
 use crate::item::{check_priority, for_each_block, window_len, Item, NewItem};
 use crate::rate_limiter::{RateLimiter, RateLimiterConfig};
@@ -189,10 +189,10 @@ impl State {
     }
 
     /// Removes the item in `slot` from selectors and slots and releases its blocks.
-    fn remove(&mut self, slot: u32, store: &Store, why: Removal) {
+    fn remove(&mut self, slot: u32, store: &Store) {
         let item = self.slots[slot as usize].item.take().expect("removed slot holds an item");
         let event = ItemEvent { slot, seq: item.seq, priority: item.priority, times_sampled: item.times_sampled };
-        self.ext.removed(event, why);
+        self.ext.removed(event);
         self.sampler.remove(slot);
         self.remover.remove(slot);
         self.free_slots.push(slot);
@@ -428,7 +428,7 @@ impl Table {
                 if st.size >= sh.config.max_size {
                     let state = &mut *st;
                     let victim = state.remover.pick(&mut state.rng);
-                    state.remove(victim.slot, &sh.store, Removal::Evicted);
+                    state.remove(victim.slot, &sh.store);
                     state.num_evictions += 1;
                 }
                 let key = st.insert(&items[keys.len()], &sh.store);
@@ -533,7 +533,7 @@ impl Table {
         let mut removed = 0;
         for &k in keys {
             if let Some(slot) = st.lookup(k) {
-                st.remove(slot, &sh.store, Removal::Deleted);
+                st.remove(slot, &sh.store);
                 removed += 1;
             }
         }
@@ -613,7 +613,7 @@ impl TableOverStore for Shared {
         let mut evicted = 0;
         for slot in slots {
             if st.slots[slot as usize].item.is_some() {
-                st.remove(slot, store, Removal::StoreFull);
+                st.remove(slot, store);
                 evicted += 1;
             }
         }

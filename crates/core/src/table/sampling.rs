@@ -6,7 +6,7 @@ use parking_lot::MutexGuard;
 
 use super::{State, Table, Woke};
 use crate::error::{Error, Partial, PartialSample, Result};
-use crate::extensions::{ItemEvent, Removal};
+use crate::extensions::ItemEvent;
 use crate::invalid;
 use crate::sample::{SampleBatch, SampledItem};
 use crate::selectors::external::{Candidate, Change};
@@ -156,7 +156,7 @@ impl Table {
                 let state = &mut **st;
                 state.ext.drawn(event, state.next_seq, &mut state.slots[pick.slot as usize].window);
                 if exhausted {
-                    st.remove(pick.slot, &sh.store, Removal::Exhausted);
+                    st.remove(pick.slot, &sh.store);
                     st.num_evictions += 1;
                 }
             }

@@ -8,7 +8,7 @@
 //! samples in the limiter (which keeps pacing this shard's inserts).
 
 use super::{State, Table};
-use crate::extensions::{ItemEvent, Removal};
+use crate::extensions::ItemEvent;
 use crate::cluster::merge::Candidate;
 use crate::cluster::plan::{ShardFigures, Target};
 use crate::cluster::GENERATION_BITS;
@@ -157,7 +157,7 @@ impl Table {
         st.num_samples += 1;
         st.ext.drawn(event, st.next_seq, &mut st.slots[slot as usize].window);
         if exhausted {
-            st.remove(slot, &sh.store, Removal::Exhausted);
+            st.remove(slot, &sh.store);
             st.num_evictions += 1;
         }
         st.ext.flush();

@@ -55,9 +55,9 @@ pub struct TableSnapshot {
     pub rng: String,
     pub sampler_order: Option<Vec<u32>>,
     pub remover_order: Option<Vec<u32>>,
-    /// Each extension's state, in the order of `config.extensions`; `None` (a
-    /// checkpoint from before extensions) starts them empty over the items.
-    pub extensions: Option<Vec<Saved>>,
+    /// Each extension's state, in the order of `config.extensions` (a default
+    /// `Saved`, as a checkpoint from before extensions gives, starts it empty).
+    pub extensions: Vec<Saved>,
 }
 
 /// References on blocks; released when dropped.
@@ -181,7 +181,7 @@ impl Table {
             rng: serde_json::to_string(&st.rng).expect("a PCG state serialises"),
             sampler_order: st.sampler.order(),
             remover_order: st.remover.order(),
-            extensions: Some(st.ext.save(&st.slots.iter().map(|s| s.window).collect::<Vec<_>>())),
+            extensions: st.ext.save(&st.slots.iter().map(|s| s.window).collect::<Vec<_>>()),
         };
         (snapshot, Pins { store: sh.store.clone(), blocks })
     }
@@ -278,8 +278,8 @@ impl Table {
             .iter()
             .map(|r| ItemEvent { slot: r.slot, seq: r.seq, priority: r.priority, times_sampled: r.times_sampled })
             .collect();
-        state.ext.restore(snap.extensions.as_deref(), &live).map_err(|e| corrupt(&name, e))?;
-        if let Some(windows) = state.ext.saved_windows(snap.extensions.as_deref()) {
+        state.ext.restore(&snap.extensions, &live).map_err(|e| corrupt(&name, e))?;
+        if let Some(windows) = state.ext.saved_windows(&snap.extensions) {
             // Checked by UniqueSamples' restore: whole numbers below 2^32.
             for r in &snap.items {
                 slots[r.slot as usize].window = windows.get(r.slot as usize).map_or(0, |&w| w as u32);
