@@ -18,24 +18,14 @@ import numpy as np
 import pytest
 
 import reprise as rp
+from test_serving import wait_until
 
 TOKEN = "dashboard-token-0123456789"
 
 
-def wait_until(predicate, timeout, interval=0.02):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(interval)
-
-
 @pytest.fixture
-def store():
-    s = rp.Store({"obs": rp.Field((3,), "float32")}, capacity=1024, block_steps=16)
-    yield s
-    s.close()
+def store(make_store):
+    return make_store({"obs": rp.Field((3,), "float32")}, capacity=1024, block_steps=16)
 
 
 def get(address, path, token=None, timeout=10):
@@ -205,7 +195,8 @@ def test_names_travel_as_data(store):
         server.stop()
 
 
-def test_serve_dashboard_flag(tmp_path):
+def serve_config(tmp_path, extensions):
+    """A `reprise serve` config of one table with the given `extensions` line (TOML)."""
     config = tmp_path / "reprise.toml"
     config.write_text(textwrap.dedent("""
         address = "127.0.0.1:0"
@@ -216,8 +207,12 @@ def test_serve_dashboard_flag(tmp_path):
         [[tables]]
         name = "replay"
         store = "s"
-        extensions = ["PriorityHistogram", { kind = "UniqueSamples", window = 50 }]
-    """))
+    """) + f"extensions = {extensions}\n")
+    return config
+
+
+def test_serve_dashboard_flag(tmp_path):
+    config = serve_config(tmp_path, '["PriorityHistogram", { kind = "UniqueSamples", window = 50 }]')
     proc = subprocess.Popen([sys.executable, "-m", "reprise.cli", "serve", "--config", str(config),
                              "--dashboard", "127.0.0.1:0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -234,17 +229,7 @@ def test_serve_dashboard_flag(tmp_path):
 
 
 def test_serve_refuses_a_misspelled_extension(tmp_path):
-    config = tmp_path / "reprise.toml"
-    config.write_text(textwrap.dedent("""
-        [[stores]]
-        name = "s"
-        capacity = 256
-        fields = { x = { dtype = "float32" } }
-        [[tables]]
-        name = "replay"
-        store = "s"
-        extensions = [{ kind = "UniqueSample", window = 50 }]
-    """))
+    config = serve_config(tmp_path, '[{ kind = "UniqueSample", window = 50 }]')
     r = subprocess.run([sys.executable, "-m", "reprise.cli", "serve", "--config", str(config)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2

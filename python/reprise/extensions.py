@@ -26,7 +26,8 @@ import json
 from ._convert import as_int
 from .errors import InvalidArgument
 
-__all__ = ["Extension", "PriorityHistogram", "SampledAge", "TimesSampled", "UniqueSamples", "Rates", "defaults"]
+__all__ = ["Extension", "PriorityHistogram", "SampledAge", "TimesSampled", "UniqueSamples", "Rates", "BUILT_INS",
+           "defaults"]
 
 
 class Extension:
@@ -106,13 +107,16 @@ class Rates(Extension):
         return {"kind": self.kind, "seconds": self.seconds}
 
 
+BUILT_INS = (PriorityHistogram, SampledAge, TimesSampled, UniqueSamples, Rates)
+
+
 def defaults() -> list[Extension]:
     """Every built-in with its default settings (what a table gets unless told)."""
-    return [PriorityHistogram(), SampledAge(), TimesSampled(), UniqueSamples(), Rates()]
+    return [c() for c in BUILT_INS]
 
 
 def _from_spec(spec: dict) -> Extension:
-    kinds = {c.kind: c for c in (PriorityHistogram, SampledAge, TimesSampled, UniqueSamples, Rates)}
+    kinds = {c.kind: c for c in BUILT_INS}
     settings = {k: v for k, v in spec.items() if k != "kind"}
     return kinds[spec["kind"]](**settings)
 

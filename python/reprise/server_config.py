@@ -63,9 +63,7 @@ _SELECTORS = {"Fifo": selectors.Fifo, "Lifo": selectors.Lifo, "Uniform": selecto
               "TopK": selectors.TopK}
 _LIMITERS = {"MinSize": rate_limiters.MinSize, "SampleToInsertRatio": rate_limiters.SampleToInsertRatio,
              "Queue": rate_limiters.Queue, "Stack": rate_limiters.Stack, "RateLimiter": rate_limiters.RateLimiter}
-_EXTENSIONS = {"PriorityHistogram": extensions.PriorityHistogram, "SampledAge": extensions.SampledAge,
-               "TimesSampled": extensions.TimesSampled, "UniqueSamples": extensions.UniqueSamples,
-               "Rates": extensions.Rates}
+_EXTENSIONS = {c.__name__: c for c in extensions.BUILT_INS}
 
 # What each section may hold: key -> the kind of value expected. Anything else is refused with
 # the closest valid key, so a misspelling never runs silently with a default.
