@@ -15,13 +15,21 @@ TensorFlow datasets; the environment variables switch):
   it) and ``flush()`` at the end: the items are then in the table. Reverb has no
   batched insert. REVERB_WRITE_PATH=trajectory: ``TrajectoryWriter.append`` +
   ``create_item`` per step instead.
-* sample: a persistent sampler stream per table, ``Client._client.NewSampler(table,
-  -1, max_in_flight)`` (what ``Client.sample`` uses, but kept open and with more than
-  one sample in flight: ``Client.sample`` opens a stream per call with one in flight),
-  max_in_flight = REVERB_IN_FLIGHT x BATCH (default 2); one call = BATCH
-  ``GetNextTrajectory`` copied into one numpy ``[BATCH, 1, floats]``.
-  REVERB_SAMPLE_PATH=client: ``Client.sample(table, BATCH)`` per call;
-  REVERB_SAMPLE_PATH=dataset: a ``TrajectoryDataset`` stream ``.batch(BATCH)``.
+* step_insert (issue 18's actor loop): ``client.trajectory_writer(num_keep_alive_refs=1)``
+  kept open; one call = STEP_CHUNK (32) times ``append({"x": step})`` + ``create_item(table,
+  1.0, {"x": history["x"][-1:]})``, then ``flush()`` (items in the table): the same work
+  as Reprise's ``append`` + ``create_item``, and Reverb's flush cadence.
+* sample, sample256: a persistent sampler stream per table and batch size,
+  ``Client._client.NewSampler(table, -1, max_in_flight)`` (what ``Client.sample`` uses,
+  but kept open and with more than one sample in flight: ``Client.sample`` opens a stream
+  per call with one in flight), max_in_flight = REVERB_IN_FLIGHT x the batch (default 2
+  batches: 512 samples in flight for sample256); one call = batch ``GetNextTrajectory``
+  copied into one numpy ``[batch, 1, floats]``. It streams samples one by one, so 256 x
+  400 KB needs no message above the limit. This stream is already pipelined: Reprise's
+  ``iterate`` points are compared with it (Reverb does not run them).
+  REVERB_SAMPLE_PATH=client: ``Client.sample(table, batch)`` per call (what a new user's
+  ``client.sample(256)`` loop does); REVERB_SAMPLE_PATH=dataset: a ``TrajectoryDataset``
+  stream ``.batch(batch)``.
 """
 
 from __future__ import annotations
@@ -35,10 +43,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import numpy as np  # noqa: E402  (after the TF log level)
 
 from benchmarks.common.payload import payload  # noqa: E402
-from benchmarks.common.processes import Pool, ServerProcess  # noqa: E402
+from benchmarks.common.processes import ServerProcess  # noqa: E402
 from benchmarks.peers.reverb_common import serve, x_table  # noqa: E402
-from benchmarks.remote.workloads import (BATCH, batch_rows, floats, remote_bench,  # noqa: E402
-                                         run_points, table_name, table_specs)
+from benchmarks.remote.workloads import (PIPELINED, STEP_CHUNK, WORKLOADS,  # noqa: E402
+                                         ClientPool, batch_of, batch_rows, floats,
+                                         remote_bench, run_points, server_check, table_name,
+                                         table_specs, used_tables)
 
 FLUSH_EVERY = int(os.environ.get("REVERB_FLUSH_EVERY", "32"))
 WRITE_PATH = os.environ.get("REVERB_WRITE_PATH", "structured")
@@ -47,9 +57,9 @@ IN_FLIGHT = float(os.environ.get("REVERB_IN_FLIGHT", "2"))
 
 
 # --- writers and samplers (in any process) -----------------------------------------------
-def writer_for(client, table: str):
-    """(append(step), flush(**kw), close) of the chosen write path."""
-    if WRITE_PATH == "trajectory":
+def writer_for(client, table: str, path: str = WRITE_PATH):
+    """(append(step), flush(**kw), close) of a write path ("structured" or "trajectory")."""
+    if path == "trajectory":
         w = client.trajectory_writer(num_keep_alive_refs=1)
 
         def append(step: dict) -> None:
@@ -77,8 +87,21 @@ def insert_call(client, table: str, rows: np.ndarray):
     return call, close
 
 
-def sample_call(client, address: str, table: str, label: str):
-    n, k = BATCH[label], floats(label)
+def step_insert_call(client, table: str, rows: np.ndarray):
+    """One call: len(rows) steps, each ``append`` + ``create_item`` of a TrajectoryWriter
+    kept open, then ``flush()``."""
+    append, flush, close = writer_for(client, table, "trajectory")
+    steps = [{"x": r} for r in rows]
+
+    def call() -> None:
+        for s in steps:
+            append(s)
+        flush()
+    return call, close
+
+
+def sample_call(client, address: str, table: str, label: str, n: int):
+    k = floats(label)
     if SAMPLE_PATH == "client":
         def call() -> np.ndarray:
             return np.stack([s[0].data[0] for s in client.sample(table, num_samples=n)])
@@ -104,12 +127,15 @@ def sample_call(client, address: str, table: str, label: str):
 
 
 def path_of(op: str, label: str) -> str:
-    n = BATCH[label]
+    n = batch_of(op, label)
     if op == "insert":
         how = ("TrajectoryWriter.append + create_item(x[-1:])" if WRITE_PATH == "trajectory"
                else "StructuredWriter(x[-1:]).append")
         return (f"{how} x {n}, flush(block_until_num_items=0) every {FLUSH_EVERY} items and "
                 "flush() at the end of each call")
+    if op == "step_insert":
+        return (f"trajectory_writer(num_keep_alive_refs=1) kept open: {n} x (append(step) + "
+                "create_item(table, 1.0, x[-1:])) + flush() per call")
     if SAMPLE_PATH == "client":
         return f"Client.sample(table, {n}) per call (a new stream, 1 sample in flight)"
     if SAMPLE_PATH == "dataset":
@@ -129,7 +155,9 @@ def client_setup(index: int, address: str):
         table = table_name(op, label)
         if op == "insert":
             return insert_call(client, table, batch_rows(label, 100 + index))
-        return sample_call(client, address, table, label)
+        if op == "step_insert":
+            return step_insert_call(client, table, batch_rows(label, 200 + index, STEP_CHUNK))
+        return sample_call(client, address, table, label, batch_of(op, label))
     return make
 
 
@@ -160,21 +188,26 @@ def main() -> None:
     for pkg in ("dm-reverb", "tensorflow"):
         bench.versions[pkg] = version(pkg)
     import reverb
-    specs = table_specs(bench.cfg)
+    specs = used_tables(bench.cfg, table_specs(bench.cfg))
     server = ServerProcess(__spec__.name,
                            [x_table(s["name"], s["floats"], s["items"]) for s in specs])
     clients = max(bench.cfg.clients)
     bench.notes.append(f"reverb.Server in its own process at {server.address}; "
                        f"{clients} client processes with reverb.Client(address)")
+    bench.notes.append("Reprise's pipelined points (" + ", ".join(PIPELINED) + ") are compared "
+                       "with Reverb's " + ", ".join(sorted(set(PIPELINED.values())))
+                       + " points: its sampler is already a stream with "
+                       f"{IN_FLIGHT:g} batches in flight")
     pool = None
     try:
         client = reverb.Client(server.address)
         for s in specs:
             bench.log(f"filled {s['name']} ({s['items']} items) in {fill(client, s):.1f}s")
-        pool = Pool(clients, client_setup, (server.address,), bench.cfg)
-        bench.log(f"{clients} client processes ready in {pool.start_s:.1f}s")
+        pool = ClientPool(bench, client_setup, (server.address,))
         run_points(bench, pool, path_of,
-                   extra=lambda op, label: {"server_rss_mib": server.rss_mib()})
+                   extra=lambda op, label: {"server_rss_mib": server.rss_mib()},
+                   ops=[op for op, *_ in WORKLOADS if op not in PIPELINED],
+                   before_point=server_check(server))
     finally:
         if pool is not None:
             pool.close()

@@ -1,10 +1,10 @@
 """Reprise side of the remote comparison; run with the python that has reprise installed:
-``python -m benchmarks.remote.reprise_remote [--quick] [--only KEYS] [--budget S]``.
+``python -m benchmarks.remote.reprise_remote [--quick] [--only KEYS] [--budget S]
+[--ops OPS] [--sizes SIZES] [--clients COUNTS]``.
 
 The server is a child process (this module with ``--serve``): one store and one table
-per (op, size) (Uniform sampler, Fifo remover, ``max_size`` = the config's
-``table_items``, MinSize(1)),
-every table filled to ``max_size`` with ``Table.insert`` (so inserts evict from the
+per (table kind, size) (``workloads.table_specs``: Uniform sampler, Fifo remover,
+``max_size`` = the config's ``table_items``, MinSize(1)), every table filled to ``max_size`` with ``Table.insert`` (so inserts evict from the
 start and every page of the store has been touched), served by
 ``rp.Server(tables, address="127.0.0.1:0")`` (the gRPC service; no token on loopback).
 Clients are spawned processes with ``rp.Client("127.0.0.1:PORT")``. Paths:
@@ -12,7 +12,17 @@ Clients are spawned processes with ``rp.Client("127.0.0.1:PORT")``. Paths:
 * insert: ``client.writer(table, max_sequence_length=BATCH)``; one call = ``extend`` of
   BATCH steps + ``create_items(table, 1, priorities[BATCH])`` (one item per step) +
   ``flush()`` (returns once the server has applied them: the items are in the table).
-* sample: ``client.sample(table, BATCH).data["x"]`` (numpy ``[BATCH, 1, floats]``).
+* sample, sample256: ``client.sample(table, n).data["x"]`` (numpy ``[n, 1, floats]``).
+* step_insert: ``client.writer(table, max_sequence_length=1)`` kept open (as Reverb's
+  ``num_keep_alive_refs=1``; with the default, None, the writer holds its whole episode
+  and fills the store); one call = STEP_CHUNK times ``append({"x": step})`` +
+  ``create_item(table, 1, 1.0)``, then ``flush()``.
+* iterate, iterate256: ``client.iterate(table, n, max_in_flight=ITERATE_IN_FLIGHT)`` made
+  once per client (its stream stays open across rounds); one call = ``next()`` of it.
+
+A point that fails (e.g. a 102 MB sample the server refuses) is recorded as an error
+and the next point starts fresh client processes; a point finding the server process
+dead records that as its error. Only the tables the selected points use are built.
 """
 
 from __future__ import annotations
@@ -24,9 +34,10 @@ import sys
 import numpy as np
 
 from benchmarks.common.payload import payload
-from benchmarks.common.processes import Pool, ServerProcess, serve_until_stdin_closes
-from benchmarks.remote.workloads import (BATCH, batch_rows, floats, remote_bench, run_points,
-                                         table_name, table_specs)
+from benchmarks.common.processes import ServerProcess, serve_until_stdin_closes
+from benchmarks.remote.workloads import (ITERATE_IN_FLIGHT, STEP_CHUNK, ClientPool, batch_of,
+                                         batch_rows, floats, remote_bench, run_points,
+                                         server_check, table_name, table_specs, used_tables)
 
 FILL_CHUNK_BYTES = 16 << 20   # random rows generated once and inserted over and over
 
@@ -39,8 +50,9 @@ def serve(spec_json: str) -> None:
     for s in json.loads(spec_json):
         k, items, batch = s["floats"], s["items"], s["batch"]
         block = 64 if k * 4 <= 64_000 else 16
-        # Room beyond max_size for the blocks the writers hold (one writer per client).
-        margin = s["clients"] * (batch + 2 * block)
+        # Room beyond max_size for the blocks the writers hold: each client keeps two
+        # writers open on an insert ring (insert's and step_insert's).
+        margin = s["clients"] * (batch + STEP_CHUNK + 4 * block)
         store = rp.Store({"x": rp.Field((k,), "float32")}, capacity=items + margin,
                          block_steps=block)
         table = rp.Table(s["name"], store, sampler=rp.selectors.Uniform(),
@@ -69,7 +81,7 @@ def client_setup(index: int, address: str):
     client = rp.Client(address)
 
     def make(op: str, label: str):
-        table, n = table_name(op, label), BATCH[label]
+        table, n = table_name(op, label), batch_of(op, label)
         if op == "insert":
             w = client.writer(table, max_sequence_length=n)
             steps = {"x": batch_rows(label, 100 + index)}
@@ -80,8 +92,27 @@ def client_setup(index: int, address: str):
                 w.create_items(table, 1, priorities)
                 w.flush()
             return insert, w.close
+        if op == "step_insert":
+            # Keeps only the last step, as Reverb's num_keep_alive_refs=1: with the default
+            # (None) a writer kept open holds its whole episode and fills the store.
+            w = client.writer(table, max_sequence_length=1)
+            steps = [{"x": r} for r in batch_rows(label, 200 + index, n)]
+
+            def step_insert() -> None:
+                for step in steps:
+                    w.append(step)
+                    w.create_item(table, 1, 1.0)
+                w.flush()
+            return step_insert, w.close
 
         shape = (n, 1, floats(label))
+        if op in ("iterate", "iterate256"):
+            batches = client.iterate(table, n, max_in_flight=ITERATE_IN_FLIGHT)
+
+            def iterate() -> None:
+                x = next(batches).data["x"]
+                assert x.shape == shape, x.shape
+            return iterate, batches.close
 
         def sample() -> None:
             x = client.sample(table, n).data["x"]
@@ -91,10 +122,16 @@ def client_setup(index: int, address: str):
 
 
 def path_of(op: str, label: str) -> str:
-    n = BATCH[label]
+    n = batch_of(op, label)
     if op == "insert":
         return (f"Client.writer(max_sequence_length={n}): extend({n} steps) + "
                 f"create_items(table, 1, {n} priorities) + flush() per call")
+    if op == "step_insert":
+        return (f"Client.writer(table, max_sequence_length=1) kept open: {n} x (append(step) + "
+                "create_item(table, 1, 1.0)) + flush() per call")
+    if op in ("iterate", "iterate256"):
+        return (f"Client.iterate(table, {n}, max_in_flight={ITERATE_IN_FLIGHT}) kept open; "
+                f"next().data['x'] per call (numpy [{n}, 1, floats])")
     return f"Client.sample(table, {n}).data['x'] (numpy [{n}, 1, floats])"
 
 
@@ -107,16 +144,16 @@ def main() -> None:
     bench.versions["reprise"] = rp.__version__
     bench.versions["reprise_path"] = os.path.dirname(rp.__file__)
     bench.log("starting the server (filling its tables) ...")
-    server = ServerProcess(__spec__.name, table_specs(bench.cfg))
+    server = ServerProcess(__spec__.name, used_tables(bench.cfg, table_specs(bench.cfg)))
     clients = max(bench.cfg.clients)
     bench.notes.append(f"rp.Server(tables, address='127.0.0.1:0') in its own process at "
                        f"{server.address}; {clients} client processes with rp.Client(address)")
     pool = None
     try:
-        pool = Pool(clients, client_setup, (server.address,), bench.cfg)
-        bench.log(f"{clients} client processes ready in {pool.start_s:.1f}s")
+        pool = ClientPool(bench, client_setup, (server.address,))
         run_points(bench, pool, path_of,
-                   extra=lambda op, label: {"server_rss_mib": server.rss_mib()})
+                   extra=lambda op, label: {"server_rss_mib": server.rss_mib()},
+                   before_point=server_check(server))
     finally:
         if pool is not None:
             pool.close()
