@@ -4,8 +4,9 @@
 
 The server is a child process (this module with ``--serve``): one store and one table
 per (table kind, size) (``workloads.table_specs``: Uniform sampler, Fifo remover,
-``max_size`` = the config's ``table_items``, MinSize(1)), every table filled to ``max_size`` with ``Table.insert`` (so inserts evict from the
-start and every page of the store has been touched), served by
+``max_size`` = the config's ``table_items``, MinSize(1)), every table filled to
+``max_size`` with ``Table.insert`` (so inserts evict from the start and every page of the
+store has been touched), served by
 ``rp.Server(tables, address="127.0.0.1:0")`` (the gRPC service; no token on loopback).
 Clients are spawned processes with ``rp.Client("127.0.0.1:PORT")``. Paths:
 
