@@ -7,6 +7,10 @@ fn main() {
     tonic_prost_build::configure()
         // Step data as `bytes::Bytes`: decoded as slices of the received buffer, not copied.
         .bytes(".")
+        // Written by hand (`reprise_wire::sample`): rows are gathered into the message as it is encoded.
+        .extern_path(".reprise.v1.SampleResponse", "crate::sample::SampleResponse")
+        // prost's codec, reserving each message's length first (`reprise_wire::codec`).
+        .codec_path("crate::codec::ReplayCodec")
         .build_client(true)
         .build_server(true)
         .compile_fds(files)

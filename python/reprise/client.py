@@ -12,6 +12,10 @@ from .signature import Field
 from .torch._device import is_host_device
 
 
+# compression= -> whether messages are zstd-compressed ("auto": only off loopback).
+_COMPRESSION = {"zstd": True, "none": False}
+
+
 class Client:
     """A connection to a replay server.
 
@@ -22,12 +26,17 @@ class Client:
     CA) for TLS. Both have the same API: tables are named by string, samples are the same
     ``Sample`` as ``Table.sample`` gives.
 
+    ``compression`` (remote clients): ``"zstd"`` compresses every message both ways,
+    ``"none"`` never; ``"auto"`` (the default) compresses when the address is not
+    loopback. The server answers in kind. Samples of any size work: a batch larger than
+    one message arrives in parts.
+
     Thread-safe; each writer has its own connection (or stream). A client whose server
     died gets ``RepriseError`` ("connection to the replay server lost") on its next call.
     """
 
     def __init__(self, address: str, token: str | None = None, tls: bool = False, tls_ca: str | None = None,
-                 tls_domain: str | None = None, connect_timeout: float | None = None):
+                 tls_domain: str | None = None, connect_timeout: float | None = None, compression: str = "auto"):
         if not isinstance(address, str):
             raise InvalidArgument(f"address must be a str ('unix:///...' or 'host:port'), got {type(address).__name__}")
         self._address = address
@@ -39,7 +48,10 @@ class Client:
                     ca = f.read()
             except OSError as e:
                 raise InvalidArgument(f"tls_ca {tls_ca!r}: cannot read the CA certificate ({e.strerror})") from None
-        self._native = _native.Client(address, token, bool(tls), ca, tls_domain, connect_timeout)
+        if not (isinstance(compression, str) and (compression == "auto" or compression in _COMPRESSION)):
+            raise InvalidArgument(f"compression must be 'auto', 'zstd' or 'none', got {compression!r}")
+        self._native = _native.Client(address, token, bool(tls), ca, tls_domain, connect_timeout,
+                                      _COMPRESSION.get(compression))
         self._local = self._native.is_local
 
     @property

@@ -46,12 +46,25 @@ class Server:
     data endpoints (``/api/snapshot``, ``/api/events``) follow the metrics rule: with a
     ``token`` they need it (the page asks for it), and off loopback a token is required.
     It works with or without ``address``: local clients are shown too.
+
+    Limits of the remote service (docs/remote.md, "Limits"): at most ``max_connections``
+    open connections, ``max_connections_per_peer`` from one IP address (more are closed
+    as they arrive, and logged); a connection with no call in progress for
+    ``idle_timeout`` seconds is closed (clients reconnect on their next call); one whose
+    client has not read what the server sends (a sample stream it stopped consuming) for
+    ``stall_timeout`` seconds is closed, releasing the rows it held; HTTP/2 pings every
+    ``keepalive`` seconds close half-open connections; after ``auth_failures_per_minute``
+    wrong or missing tokens from one IP address, its calls are refused for the rest of
+    the minute (each failure is logged). None turns a timeout off.
     """
 
     def __init__(self, tables: Sequence[Table], address: str | None = None, token: str | None = None,
                  checkpoint_dir: str | None = None, name: str | None = None, tls_cert: str | None = None,
                  tls_key: str | None = None, max_message_bytes: int = 64 << 20, max_batch_items: int = 1 << 16,
-                 metrics_address: str | None = None, dashboard_address: str | None = None):
+                 metrics_address: str | None = None, dashboard_address: str | None = None,
+                 max_connections: int = 1024, max_connections_per_peer: int = 128,
+                 idle_timeout: float | None = 600.0, stall_timeout: float | None = 120.0,
+                 keepalive: float | None = 30.0, auth_failures_per_minute: int = 20):
         if isinstance(tables, Table):
             tables = [tables]
         tables = list(tables)
@@ -124,6 +137,13 @@ class Server:
             return server.checkpoint()
 
         checkpoint = None if self._checkpoint_dir is None else checkpointer
+        limits = {"max_connections": as_int("max_connections", max_connections, 1),
+                  "max_connections_per_peer": as_int("max_connections_per_peer", max_connections_per_peer, 1),
+                  "auth_failures_per_minute": as_int("auth_failures_per_minute", auth_failures_per_minute, 1)}
+        for key, value in (("idle_timeout", idle_timeout), ("stall_timeout", stall_timeout), ("keepalive", keepalive)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 1):
+                raise InvalidArgument(f"{key} must be None (off) or seconds >= 1, got {value!r}")
+            limits[key] = None if value is None else float(value)
         if dashboard_address is not None and not isinstance(dashboard_address, str):
             raise InvalidArgument(f"dashboard_address must be 'host:port', got {dashboard_address!r}")
         self._monitor = _native.Monitor([t._native for t in tables])
@@ -136,7 +156,7 @@ class Server:
                                                     None if tls is None else tls[0], None if tls is None else tls[1],
                                                     as_int("max_message_bytes", max_message_bytes, 4096),
                                                     as_int("max_batch_items", max_batch_items, 1), 64, checkpoint,
-                                                    metrics_address, self._monitor)
+                                                    metrics_address, self._monitor, limits)
             if dashboard_address is not None:
                 from . import dashboard
                 files = os.path.dirname(os.path.abspath(dashboard.__file__))

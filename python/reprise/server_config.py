@@ -11,6 +11,12 @@ checkpoint directory::
     max_batch_items = 65536
     metrics_address = "127.0.0.1:9090"  # Prometheus: GET /metrics (with a token, scrapes send it)
     dashboard_address = "127.0.0.1:8080" # the live page: http://127.0.0.1:8080/ (or --dashboard ADDRESS)
+    max_connections = 1024              # open connections; more are closed as they arrive
+    max_connections_per_peer = 128      # open connections from one IP address
+    idle_timeout_seconds = 600          # close a connection with no call in progress (0: never)
+    stall_timeout_seconds = 120         # close a connection that stopped reading its samples (0: never)
+    keepalive_seconds = 30              # HTTP/2 pings find half-open connections (0: off)
+    auth_failures_per_minute = 20       # wrong tokens per IP address before its calls are refused
 
     [tls]                               # optional
     cert = "server.pem"
@@ -70,7 +76,9 @@ _EXTENSIONS = {c.__name__: c for c in extensions.BUILT_INS}
 _TOP = {"address": "string", "token": "string", "token_file": "string", "checkpoint_dir": "string",
         "checkpoint_on_exit": "boolean", "max_message_bytes": "integer", "max_batch_items": "integer",
         "name": "string", "tls": "table", "stores": "array of tables", "tables": "array of tables",
-        "metrics_address": "string", "dashboard_address": "string"}
+        "metrics_address": "string", "dashboard_address": "string", "max_connections": "integer",
+        "max_connections_per_peer": "integer", "idle_timeout_seconds": "number", "stall_timeout_seconds": "number",
+        "keepalive_seconds": "number", "auth_failures_per_minute": "integer"}
 _TLS = {"cert": "string", "key": "string"}
 _STORE = {"name": "string", "capacity": "integer", "block_steps": "integer", "directory": "string",
           "fields": "table"}
@@ -79,6 +87,17 @@ _TABLE = {"name": "string", "store": "string", "sampler": "string or table", "re
           "rate_limiter": "string or table", "max_size": "integer", "max_times_sampled": "integer",
           "seed": "integer", "evict_when_store_full": "boolean", "extensions": "array of names or tables"}
 _ANNOTATION = {"int": "integer", "float": "number", "int | None": "integer", "float | None": "number"}
+
+
+def _limits(config: dict) -> dict:
+    """The connection limits of a config as ``Server`` keywords (a timeout of 0 is off)."""
+    out = {k: config[k] for k in ("max_connections", "max_connections_per_peer", "auth_failures_per_minute")
+           if k in config}
+    for key in ("idle_timeout", "stall_timeout", "keepalive"):
+        if f"{key}_seconds" in config:
+            seconds = config[f"{key}_seconds"]
+            out[key] = None if seconds == 0 else seconds
+    return out
 
 
 def _is(value, kind: str) -> bool:
@@ -268,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
                         tls_key=path(tls.get("key")), max_message_bytes=config.get("max_message_bytes", 64 << 20),
                         max_batch_items=config.get("max_batch_items", 1 << 16),
                         metrics_address=config.get("metrics_address"),
-                        dashboard_address=a.dashboard or config.get("dashboard_address"))
+                        dashboard_address=a.dashboard or config.get("dashboard_address"),
+                        **_limits(config))
     except RepriseError as e:
         for s in stores:
             s.close()

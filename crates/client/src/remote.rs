@@ -3,7 +3,10 @@
 //! A blocking API over a small tokio runtime owned by the client. Writers batch their
 //! operations (steps column-wise, item creations) into messages and send them on
 //! their own `Insert` stream; `flush` waits until the server has applied everything
-//! sent. Samples go through one `Sample` stream per client (reopened if it breaks).
+//! sent. Samples go through one `Sample` stream per client (reopened if it breaks);
+//! a batch may arrive in parts, which [`RemoteSample`] keeps as received (the
+//! columns are joined once, into the caller's arrays). Messages are compressed
+//! (zstd) when [`RemoteOptions::compression`] says so: by default off loopback only.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -55,6 +58,9 @@ pub struct RemoteOptions {
     /// The name the server's certificate is checked against (default: the host).
     pub domain: Option<String>,
     pub connect_timeout: Option<Duration>,
+    /// zstd-compress every message both ways: None (the default) does so when the
+    /// address is not loopback, where bandwidth is scarcer than cores.
+    pub compression: Option<bool>,
 }
 
 /// A connection to a remote replay server. Cheap to share between threads.
@@ -73,13 +79,61 @@ struct SampleStream {
     rx: Streaming<pb::SampleResponse>,
 }
 
-/// A drawn batch from a remote table: per field `[n, T, row]` bytes, zero past each length.
+/// A drawn batch from a remote table: per field `[n, T, row]` bytes, zero past each
+/// length, as the parts it arrived in.
 pub struct RemoteSample {
+    /// The first part: the items, the fields and the first bytes of each column.
     pub response: pb::SampleResponse,
+    /// The parts after the first (a batch larger than one message).
+    pub parts: Vec<pb::SampleResponse>,
+}
+
+impl RemoteSample {
+    /// The bytes of field number `f` (of `response.fields`), in order.
+    pub fn chunks(&self, f: usize) -> impl Iterator<Item = &[u8]> {
+        std::iter::once(&self.response).chain(&self.parts).filter_map(move |p| p.columns.get(f)).filter_map(|c| c.bytes().map(|b| b.as_ref()))
+    }
+}
+
+/// Reads the parts of one batch (up to the one without `more`), checking that the
+/// columns add up to no more than `[n, T, row]` of `signature`'s fields.
+async fn receive(rx: &mut Streaming<pb::SampleResponse>, signature: &Signature) -> Result<RemoteSample> {
+    let first = match rx.message().await {
+        Ok(Some(r)) => r,
+        Ok(None) => return Err(lost("the sample stream ended")),
+        Err(s) => return Err(from_status(s)),
+    };
+    let mut sample = RemoteSample { response: first, parts: Vec::new() };
+    let r = &sample.response;
+    let expected: usize = r
+        .fields
+        .iter()
+        .map(|name| {
+            let i = signature.index_of(name).ok_or_else(|| Error::Corrupt(format!("the server sent unknown field '{name}'")))?;
+            Ok(r.keys.len() * r.max_length as usize * signature.fields()[i].row_bytes())
+        })
+        .sum::<Result<usize>>()?;
+    let mut got = r.column_bytes();
+    let mut more = r.more;
+    while more {
+        let part = match rx.message().await {
+            Ok(Some(p)) => p,
+            Ok(None) => return Err(lost("the sample stream ended in the middle of a batch")),
+            Err(s) => return Err(from_status(s)),
+        };
+        got += part.column_bytes();
+        if got > expected || part.columns.len() > r.fields.len() {
+            return Err(Error::Corrupt(format!("the server sent more than the {expected} bytes of a batch of {} items", r.keys.len())));
+        }
+        more = part.more;
+        sample.parts.push(part);
+    }
+    Ok(sample)
 }
 
 /// A remote answer as a draw: a response marked partial was cut short by its timeout.
-fn drawn(response: pb::SampleResponse, request: &pb::SampleRequest) -> Drawn<RemoteSample> {
+fn drawn(sample: RemoteSample, request: &pb::SampleRequest) -> Drawn<RemoteSample> {
+    let response = &sample.response;
     let cut_short = response.partial.then(|| Error::Timeout {
         message: format!(
             "sample from '{}' timed out after {} s with {} of {} items drawn",
@@ -90,7 +144,7 @@ fn drawn(response: pb::SampleResponse, request: &pb::SampleRequest) -> Drawn<Rem
         ),
         partial: Default::default(),
     });
-    Drawn { sample: RemoteSample { response }, cut_short }
+    Drawn { sample, cut_short }
 }
 
 /// Who a long wait asks why, once it has waited past `slow_wait`: the server's
@@ -196,7 +250,11 @@ impl RemoteClient {
             ),
             None => None,
         };
-        let stub = GrpcStub::with_interceptor(channel, Auth(token)).max_decoding_message_size(1 << 30).max_encoding_message_size(1 << 30);
+        let mut stub = GrpcStub::with_interceptor(channel, Auth(token)).max_decoding_message_size(1 << 30).max_encoding_message_size(1 << 30);
+        if options.compression.unwrap_or(!reprise_wire::is_loopback(address)) {
+            use tonic::codec::CompressionEncoding::Zstd;
+            stub = stub.send_compressed(Zstd).accept_compressed(Zstd);
+        }
         let mut s = stub.clone();
         let layout = rt.block_on(s.get_layout(pb::GetLayoutRequest {})).map_err(from_status)?.into_inner();
         if layout.protocol_version != pb::PROTOCOL_VERSION {
@@ -323,15 +381,12 @@ impl ReplayClient for RemoteClient {
             *guard = Some(SampleStream { tx, rx: responses });
         }
         let stream = guard.as_mut().expect("opened above");
+        let signature = self.signature_of(table)?;
         let result = wait_for(
             &self.rt,
             async {
                 stream.tx.send(req.clone()).await.map_err(lost)?;
-                match stream.rx.message().await {
-                    Ok(Some(r)) => Ok(r),
-                    Ok(None) => Err(lost("the sample stream ended")),
-                    Err(s) => Err(from_status(s)),
-                }
+                receive(&mut stream.rx, signature).await
             },
             None,
             interrupt,
@@ -358,7 +413,8 @@ impl ReplayClient for RemoteClient {
         let (tx, rx) = mpsc::channel::<pb::SampleRequest>(max_in_flight as usize);
         let mut stub = self.stub.clone();
         let responses = self.rt.block_on(stub.sample(Request::new(ReceiverStream::new(rx)))).map_err(from_status)?.into_inner();
-        Ok(RemoteSampler { rt: self.rt.clone(), stub: self.stub.clone(), server: self.address.clone(), tx, rx: responses, request, in_flight: 0, max_in_flight })
+        let signature = self.signature_of(table)?.clone();
+        Ok(RemoteSampler { rt: self.rt.clone(), stub: self.stub.clone(), server: self.address.clone(), tx, rx: responses, request, signature, in_flight: 0, max_in_flight })
     }
 
     fn update_priorities(&self, table: &str, keys: &[u64], priorities: &[f64]) -> Result<u64> {
@@ -410,6 +466,7 @@ pub struct RemoteSampler {
     tx: mpsc::Sender<pb::SampleRequest>,
     rx: Streaming<pb::SampleResponse>,
     request: pb::SampleRequest,
+    signature: Signature,
     in_flight: u32,
     max_in_flight: u32,
 }
@@ -418,7 +475,7 @@ impl Sampler for RemoteSampler {
     type Sample = RemoteSample;
 
     fn next(&mut self, interrupt: Interrupt<'_>) -> Result<Drawn<RemoteSample>> {
-        let (tx, rx, request) = (&self.tx, &mut self.rx, &self.request);
+        let (tx, rx, request, signature) = (&self.tx, &mut self.rx, &self.request, &self.signature);
         let in_flight = &mut self.in_flight;
         let max = self.max_in_flight;
         let r = wait_for(
@@ -428,11 +485,7 @@ impl Sampler for RemoteSampler {
                     tx.send(request.clone()).await.map_err(lost)?;
                     *in_flight += 1;
                 }
-                let r = match rx.message().await {
-                    Ok(Some(r)) => r,
-                    Ok(None) => return Err(lost("the sample stream ended")),
-                    Err(s) => return Err(from_status(s)),
-                };
+                let r = receive(rx, signature).await?;
                 *in_flight -= 1;
                 Ok(r)
             },

@@ -138,6 +138,23 @@ impl Columns {
         }
     }
 
+    /// The rows of `range` in column `col`, as a slice of the mapping. Panics when the
+    /// range runs past the column.
+    ///
+    /// # Safety
+    /// As for [`Columns::read_ranges`]: the caller holds a reference on every block
+    /// `range` touches for as long as the slice lives, so no writer reuses the rows.
+    pub unsafe fn rows(&self, col: usize, range: &RowRange) -> &[u8] {
+        let c = self.columns[col];
+        assert!(range.start + range.len as u64 <= self.capacity, "row read past capacity");
+        // SAFETY: inside the column (asserted), published, and kept from writers by the
+        // caller's reference (this function's contract).
+        unsafe {
+            let src = self.region.base().add(c.offset + range.start as usize * c.row_bytes);
+            std::slice::from_raw_parts(src, range.len as usize * c.row_bytes)
+        }
+    }
+
     /// Copies the rows of `ranges` of column `col`, back to back, into `dst`, which
     /// must hold exactly that many rows. Panics when a range runs past the column or
     /// the sizes differ.

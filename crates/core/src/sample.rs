@@ -72,6 +72,28 @@ impl SampleBatch {
         &self.store
     }
 
+    /// Hands `out`, in order, the bytes of items `items` of column `col` laid out
+    /// `[len, t_max, row]` (zero past each item's length): slices of the store and
+    /// of zeros, for a sender to copy straight into its message. Panics when
+    /// `items` runs past the batch or an item is longer than `t_max`.
+    pub fn for_each_slice(&self, col: usize, t_max: u32, items: std::ops::Range<usize>, mut out: impl FnMut(&[u8])) {
+        static ZEROS: [u8; 4096] = [0; 4096];
+        let columns = self.store.columns();
+        let row = columns.row_bytes(col);
+        for item in &self.items[items] {
+            for range in item.window.ranges() {
+                // SAFETY: the batch holds a reference on every block of its items'
+                // windows until it is dropped (`push`), and `self` outlives the slice.
+                out(unsafe { columns.rows(col, range) });
+            }
+            let mut pad = (t_max - item.length) as usize * row;
+            while pad > 0 {
+                let n = pad.min(ZEROS.len());
+                out(&ZEROS[..n]);
+                pad -= n;
+            }
+        }
+    }
 }
 
 /// Drawn items whose rows can be copied out: a [`SampleBatch`] in process, or a

@@ -81,13 +81,15 @@ fn local_sample<'py>(py: Python<'py>, drawn: Drawn<LocalSample>, select: Option<
 }
 
 /// A remote answer as a `reprise.Sample`: the rows arrived as `[n, T, row]` bytes per
-/// field, zero past each item's length; they are copied once, into numpy arrays.
+/// field (in one message or several), zero past each item's length; they are copied
+/// once, from the received messages into numpy arrays. (Views of the messages would
+/// save that copy but be misaligned for their dtypes wherever protobuf put them.)
 fn remote_sample<'py>(py: Python<'py>, drawn: Drawn<RemoteSample>, sig: &Signature) -> PyResult<Bound<'py, PyAny>> {
     finish(py, drawn, |s| !s.response.keys.is_empty(), |s| {
-        let r = s.response;
+        let r = &s.response;
         let (n, t) = (r.keys.len(), r.max_length as usize);
         let data = PyDict::new(py);
-        for (name, column) in r.fields.iter().zip(&r.columns) {
+        for (f, name) in r.fields.iter().enumerate() {
             let field = sig.index_of(name).map(|i| &sig.fields()[i]).ok_or_else(|| {
                 crate::errors::new_error(py, "Corrupt", format!("the server sent unknown field '{name}'"))
             })?;
@@ -96,14 +98,23 @@ fn remote_sample<'py>(py: Python<'py>, drawn: Drawn<RemoteSample>, sig: &Signatu
             let dtype: Py<PyArrayDescr> = PyArrayDescr::new(py, field.dtype.name())?.unbind();
             let (array, mut out) = new_array(py, &shape, &dtype, false)?;
             let want = out.bytes().len();
-            if want != column.len() {
+            let got: usize = s.chunks(f).map(<[u8]>::len).sum();
+            if want != got {
                 return Err(crate::errors::new_error(py, "Corrupt", format!(
-                    "field '{name}': the server sent {} bytes for {n} items of {t} steps, expected {want}", column.len()
+                    "field '{name}': the server sent {got} bytes for {n} items of {t} steps, expected {want}"
                 )));
             }
-            py.detach(|| out.bytes().copy_from_slice(column));
+            py.detach(|| {
+                let dst = out.bytes();
+                let mut at = 0;
+                for chunk in s.chunks(f) {
+                    dst[at..at + chunk.len()].copy_from_slice(chunk);
+                    at += chunk.len();
+                }
+            });
             data.set_item(name, array)?;
         }
+        let r = s.response;
         let kwargs = PyDict::new(py);
         kwargs.set_item("keys", PyArray1::from_vec(py, r.keys))?;
         kwargs.set_item("probabilities", PyArray1::from_vec(py, r.probabilities))?;
@@ -130,17 +141,21 @@ impl PyClient {
     /// `unix:///...`: a local client (no token or TLS: the socket's permissions
     /// authenticate it); `host:port`: a remote client.
     #[new]
-    #[pyo3(signature = (address, token=None, tls=false, tls_ca=None, tls_domain=None, connect_timeout=None))]
-    fn new(py: Python<'_>, address: &str, token: Option<String>, tls: bool, tls_ca: Option<Vec<u8>>, tls_domain: Option<String>, connect_timeout: Option<f64>) -> PyResult<Self> {
+    #[pyo3(signature = (address, token=None, tls=false, tls_ca=None, tls_domain=None, connect_timeout=None, compression=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(py: Python<'_>, address: &str, token: Option<String>, tls: bool, tls_ca: Option<Vec<u8>>, tls_domain: Option<String>, connect_timeout: Option<f64>, compression: Option<bool>) -> PyResult<Self> {
         let connection = if address.starts_with("unix://") {
             if token.is_some() || tls || tls_ca.is_some() || tls_domain.is_some() {
                 return Err(invalid(py, "token/tls are for remote 'host:port' addresses; local clients are authenticated by the socket's permissions".into()));
+            }
+            if compression.is_some() {
+                return Err(invalid(py, "compression is for remote 'host:port' addresses; a local client's step data never crosses its socket".into()));
             }
             let path = socket_path(py, address)?;
             Connection::Local(py.detach(|| LocalClient::connect(&path)).map_err(py_err(py))?)
         } else {
             let connect_timeout = timeout::parse(py, connect_timeout)?;
-            let options = RemoteOptions { token, tls: tls || tls_ca.is_some(), ca_pem: tls_ca, domain: tls_domain, connect_timeout };
+            let options = RemoteOptions { token, tls: tls || tls_ca.is_some(), ca_pem: tls_ca, domain: tls_domain, connect_timeout, compression };
             Connection::Remote(Box::new(py.detach(|| RemoteClient::connect(address, options)).map_err(py_err(py))?))
         };
         Ok(PyClient { connection })

@@ -122,6 +122,44 @@ impl PyLocalServer {
     }
 }
 
+/// The connection limits of `rp.Server(...)` (`reprise.server.DEFAULT_LIMITS` has
+/// the defaults); a timeout of None is off.
+#[derive(FromPyObject)]
+pub struct ServerLimits {
+    #[pyo3(item)]
+    max_connections: usize,
+    #[pyo3(item)]
+    max_connections_per_peer: usize,
+    #[pyo3(item)]
+    idle_timeout: Option<f64>,
+    #[pyo3(item)]
+    stall_timeout: Option<f64>,
+    #[pyo3(item)]
+    keepalive: Option<f64>,
+    #[pyo3(item)]
+    auth_failures_per_minute: u32,
+}
+
+impl ServerLimits {
+    fn into_options(self, py: Python<'_>) -> PyResult<(reprise_server::limits::Limits, Option<std::time::Duration>)> {
+        let seconds = |what: &str, v: Option<f64>| -> PyResult<Option<std::time::Duration>> {
+            match v {
+                None => Ok(None),
+                Some(s) if s.is_finite() && s >= 1.0 => Ok(Some(std::time::Duration::from_secs_f64(s))),
+                Some(s) => Err(invalid(py, format!("{what} must be None (off) or seconds >= 1, got {s}"))),
+            }
+        };
+        let limits = reprise_server::limits::Limits {
+            max_connections: self.max_connections,
+            max_connections_per_peer: self.max_connections_per_peer,
+            idle_timeout: seconds("idle_timeout", self.idle_timeout)?,
+            stall_timeout: seconds("stall_timeout", self.stall_timeout)?,
+            auth_failures_per_minute: self.auth_failures_per_minute,
+        };
+        Ok((limits, seconds("keepalive", self.keepalive)?))
+    }
+}
+
 #[pyclass(name = "RemoteServer", module = "reprise._native", frozen)]
 pub struct PyRemoteServer {
     server: Mutex<Option<RemoteServer>>,
@@ -132,7 +170,7 @@ pub struct PyRemoteServer {
 #[pymethods]
 impl PyRemoteServer {
     #[new]
-    #[pyo3(signature = (tables, address, token=None, tls_cert=None, tls_key=None, max_message_bytes=64<<20, max_batch_items=1<<16, max_concurrent_per_connection=64, checkpoint=None, metrics_address=None, monitor=None))]
+    #[pyo3(signature = (tables, address, token=None, tls_cert=None, tls_key=None, max_message_bytes=64<<20, max_batch_items=1<<16, max_concurrent_per_connection=64, checkpoint=None, metrics_address=None, monitor=None, limits=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -147,6 +185,7 @@ impl PyRemoteServer {
         checkpoint: Option<Py<PyAny>>,
         metrics_address: Option<String>,
         monitor: Option<PyRef<'_, PyMonitor>>,
+        limits: Option<ServerLimits>,
     ) -> PyResult<Self> {
         let tables = tables.iter().map(|t| t.table.clone()).collect();
         let tls = match (tls_cert, tls_key) {
@@ -156,7 +195,12 @@ impl PyRemoteServer {
         };
         let checkpoint: Option<Checkpointer> = checkpoint.map(checkpointer);
         let monitor = monitor.map(|m| m.monitor.clone());
-        let options = RemoteServerOptions { token, tls, max_message_bytes, max_batch_items, max_concurrent_per_connection, checkpoint, metrics_address, monitor };
+        let defaults = RemoteServerOptions::default();
+        let (limits, keepalive) = match limits {
+            Some(l) => l.into_options(py)?,
+            None => (defaults.limits, defaults.keepalive),
+        };
+        let options = RemoteServerOptions { token, tls, max_message_bytes, max_batch_items, max_concurrent_per_connection, checkpoint, metrics_address, monitor, limits, keepalive };
         let server = py.detach(|| RemoteServer::start(tables, address, options)).map_err(py_err(py))?;
         Ok(PyRemoteServer { address: server.address(), metrics_address: server.metrics_address(), server: Mutex::new(Some(server)) })
     }

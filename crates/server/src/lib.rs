@@ -7,6 +7,7 @@
 pub mod auth;
 pub mod checkpoint;
 pub mod dashboard;
+pub mod limits;
 pub mod monitor;
 pub mod remote;
 pub mod local;

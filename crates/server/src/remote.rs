@@ -7,12 +7,20 @@
 //! blocks return). Blocking work (rate limiters, copies) runs on tokio's blocking
 //! threads and gives up when the stream closes or the server stops.
 //!
+//! A sample goes out in parts of at most [`PART_BYTES`] (and `max_message_bytes`),
+//! so no sample is refused for its size; its rows are copied once, from the store
+//! into the outgoing message as tonic encodes it (`reprise_wire::sample`). Clients
+//! may ask for zstd compression of each stream's messages; the server accepts it
+//! and answers in kind.
+//!
 //! Security: a bearer token is required whenever the address is not loopback and is
-//! checked on every call; TLS from a PEM certificate and key; every message is
-//! bounded (`max_message_bytes`), as are the items of one sample and the concurrent
-//! requests of one connection.
+//! checked on every call, and failed attempts are rate limited per peer address;
+//! TLS from a PEM certificate and key; every message is bounded
+//! (`max_message_bytes`), as are the items of one sample, the concurrent requests of
+//! one connection and the connections per server and per peer; idle, stalled and
+//! half-open connections are closed ([`crate::limits`]).
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -28,11 +36,20 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::checkpoint::Checkpointer;
+use crate::limits::{Connections, Limits};
 use crate::metrics::{self, Metrics};
-use crate::monitor::{ClientGuard, Monitor};
+use crate::monitor::Monitor;
 
 /// HTTP/2 flow-control window of a stream (the connection's is twice that).
 pub const WINDOW: u32 = 16 << 20;
+
+/// Most column bytes in one message of a sample sent in parts: a stream's window,
+/// so a client that stops reading holds at most about two parts of server memory.
+pub const PART_BYTES: usize = WINDOW as usize;
+
+/// Bytes a sample's items take in its first message besides their rows (keys,
+/// probabilities, priorities, times sampled, lengths: at most 8 + 8 + 8 + 5 + 5 each).
+const ITEM_BYTES: usize = 34;
 
 /// Settings of a [`RemoteServer`].
 #[derive(Clone)]
@@ -56,6 +73,11 @@ pub struct RemoteServerOptions {
     /// Where connections and traffic are reported (shared with a local server over
     /// the same tables); None: a monitor of its own.
     pub monitor: Option<Arc<Monitor>>,
+    /// Connections, timeouts and failed-token attempts ([`Limits`]).
+    pub limits: Limits,
+    /// HTTP/2 keepalive: a ping after this long without traffic; a connection whose
+    /// peer does not answer within it too is closed (a half-open connection). None: off.
+    pub keepalive: Option<Duration>,
 }
 
 impl Default for RemoteServerOptions {
@@ -69,6 +91,8 @@ impl Default for RemoteServerOptions {
             checkpoint: None,
             metrics_address: None,
             monitor: None,
+            limits: Limits::default(),
+            keepalive: Some(Duration::from_secs(30)),
         }
     }
 }
@@ -83,6 +107,7 @@ struct Shared {
     shutdown: tokio::sync::watch::Sender<bool>,
     metrics: Arc<Metrics>,
     monitor: Arc<Monitor>,
+    connections: Arc<Connections>,
 }
 
 impl Shared {
@@ -111,11 +136,7 @@ pub struct RemoteServer {
     done: Option<oneshot::Receiver<()>>,
 }
 
-/// True for 127.0.0.0/8, ::1 and "localhost".
-pub fn is_loopback(address: &str) -> bool {
-    let host = address.rsplit_once(':').map_or(address, |(h, _)| h).trim_start_matches('[').trim_end_matches(']');
-    host == "localhost" || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
-}
+pub use reprise_wire::is_loopback;
 
 impl RemoteServer {
     /// Serves `tables` at `address` (`host:port`; port 0 picks a free one).
@@ -131,6 +152,18 @@ impl RemoteServer {
         }
         if options.max_message_bytes < 4096 || options.max_batch_items == 0 || options.max_concurrent_per_connection == 0 {
             return Err(Error::InvalidArgument("max_message_bytes must be >= 4096 and the other limits >= 1".into()));
+        }
+        let l = &options.limits;
+        if l.max_connections == 0 || l.max_connections_per_peer == 0 || l.auth_failures_per_minute == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "max_connections, max_connections_per_peer and auth_failures_per_minute must be >= 1, got {}, {} and {}",
+                l.max_connections, l.max_connections_per_peer, l.auth_failures_per_minute
+            )));
+        }
+        for (name, d) in [("idle_timeout", l.idle_timeout), ("stall_timeout", l.stall_timeout), ("keepalive", options.keepalive)] {
+            if d.is_some_and(|d| d < Duration::from_secs(1)) {
+                return Err(Error::InvalidArgument(format!("{name} must be at least 1 second (or None: off), got {d:?}")));
+            }
         }
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -155,6 +188,8 @@ impl RemoteServer {
             // Large windows: a 1 MB insert message must not wait for WINDOW_UPDATE round trips.
             .initial_stream_window_size(Some(WINDOW))
             .initial_connection_window_size(Some(2 * WINDOW))
+            .http2_keepalive_interval(options.keepalive)
+            .http2_keepalive_timeout(options.keepalive)
             .tcp_nodelay(true);
         if let Some((cert, key)) = &options.tls {
             let identity = tonic::transport::Identity::from_pem(cert, key);
@@ -176,6 +211,8 @@ impl RemoteServer {
         }
         let monitor = options.monitor.clone().unwrap_or_else(|| Monitor::new(tables.clone()));
         monitor.set_remote_address(&bound.to_string());
+        let connections = Connections::new(options.limits.clone());
+        runtime.spawn(connections.clone().reaper());
         let shared = Arc::new(Shared {
             tables,
             stores,
@@ -185,23 +222,38 @@ impl RemoteServer {
             shutdown: tokio::sync::watch::channel(false).0,
             metrics,
             monitor: monitor.clone(),
+            connections: connections.clone(),
         });
         let service = ReplayServer::new(Service { shared: shared.clone() })
             .max_decoding_message_size(options.max_message_bytes)
-            .max_encoding_message_size(options.max_message_bytes);
+            .max_encoding_message_size(options.max_message_bytes)
+            .accept_compressed(tonic::codec::CompressionEncoding::Zstd)
+            .send_compressed(tonic::codec::CompressionEncoding::Zstd);
         let token = options.token.clone();
+        let conns = connections.clone();
         let service = tonic::service::interceptor::InterceptedService::new(service, move |req: Request<()>| {
-            check_token(token.as_deref(), &req)?;
+            check_token(token.as_deref(), &req, &conns)?;
             Ok(req)
         });
         let (tx, rx) = oneshot::channel::<()>();
         let (done_tx, done_rx) = oneshot::channel::<()>();
         // Nodelay on every accepted socket (the builder's setting only reaches listeners
         // tonic binds itself): without it small replies wait ~40 ms for delayed ACKs.
+        // Connections past the limits are closed as they arrive (and logged).
         use tokio_stream::StreamExt as _;
         let incoming = tonic::transport::server::TcpIncoming::from(listener)
             .with_nodelay(Some(true))
-            .map(move |conn| conn.map(|stream| Tracked::new(stream, &monitor)));
+            .with_keepalive(options.keepalive)
+            .filter_map(move |conn| match conn {
+                Ok(stream) => match connections.admit(stream, &monitor) {
+                    Ok(c) => Some(Ok(c)),
+                    Err(why) => {
+                        tracing::warn!(target: "reprise", "{why}");
+                        None
+                    }
+                },
+                Err(e) => Some(Err(e)),
+            });
         let router = builder.add_service(service);
         runtime.spawn(async move {
             let _ = router
@@ -247,10 +299,20 @@ impl Drop for RemoteServer {
     }
 }
 
-/// Refuses a call whose `authorization` metadata is not the server's token ([`crate::auth`]).
-fn check_token(expected: Option<&str>, req: &Request<()>) -> std::result::Result<(), Status> {
+/// Refuses a call whose `authorization` metadata is not the server's token
+/// ([`crate::auth`]), and every call from a peer past its failed attempts.
+fn check_token(expected: Option<&str>, req: &Request<()>, connections: &Connections) -> std::result::Result<(), Status> {
+    let peer = req.remote_addr();
+    connections.touch(peer);
+    if expected.is_none() {
+        return Ok(());
+    }
+    connections.may_authenticate(peer).map_err(Status::unauthenticated)?;
     let header = req.metadata().get("authorization").map(|v| v.as_bytes());
-    crate::auth::check(expected, header).map_err(|r| Status::unauthenticated(r.message()))
+    crate::auth::check(expected, header).map_err(|r| {
+        connections.failed_authentication(peer, r.message());
+        Status::unauthenticated(r.message())
+    })
 }
 
 struct Service {
@@ -394,26 +456,14 @@ impl InsertSession {
     }
 }
 
-/// The response for a drawn batch: its items and the chosen columns, `[n, T, row]`
-/// each, zero past an item's length.
-fn sample_response(batch: &SampleBatch, fields: &[usize], partial: bool, max_bytes: usize) -> std::result::Result<pb::SampleResponse, Status> {
-    let store = batch.store();
+/// The messages of a drawn batch: its items and the chosen columns, `[n, T, row]`
+/// each, zero past an item's length, in parts of at most `part_bytes` column bytes
+/// (whole items where they fit; an item larger than a part is split by column and
+/// byte). The rows stay in the store until tonic encodes each part.
+pub fn sample_parts(batch: SampleBatch, fields: &[usize], partial: bool, part_bytes: usize) -> Vec<pb::SampleResponse> {
     let t = batch.max_length();
     let n = batch.len();
-    let bytes: usize = fields.iter().map(|&c| n * t as usize * store.row_bytes(c)).sum();
-    if bytes + 64 * n + 1024 > max_bytes {
-        return Err(Status::resource_exhausted(format!(
-            "a sample of {n} items of up to {t} steps is {bytes} bytes, more than the server's max_message_bytes ({max_bytes}); ask for fewer items or fields"
-        )));
-    }
-    let sig = store.signature();
-    let mut columns = Vec::with_capacity(fields.len());
-    for &c in fields {
-        let mut dst = vec![0u8; n * t as usize * store.row_bytes(c)];
-        batch.gather(c, t, &mut dst);
-        columns.push(dst.into());
-    }
-    Ok(pb::SampleResponse {
+    let first = pb::SampleResponse {
         keys: batch.items.iter().map(|i| i.key).collect(),
         probabilities: batch.items.iter().map(|i| i.probability).collect(),
         priorities: batch.items.iter().map(|i| i.priority).collect(),
@@ -421,10 +471,54 @@ fn sample_response(batch: &SampleBatch, fields: &[usize], partial: bool, max_byt
         table_size: batch.table_size,
         lengths: batch.items.iter().map(|i| i.length).collect(),
         max_length: t,
-        fields: fields.iter().map(|&c| sig.fields()[c].name.clone()).collect(),
-        columns,
+        fields: fields.iter().map(|&c| batch.store().signature().fields()[c].name.clone()).collect(),
+        columns: Vec::new(),
         partial,
-    })
+        more: false,
+    };
+    let strides: Vec<usize> = fields.iter().map(|&c| t as usize * batch.store().row_bytes(c)).collect();
+    let item_bytes: usize = strides.iter().sum();
+    let batch = Arc::new(batch);
+    let rows = |items: std::ops::Range<usize>| -> Vec<pb::Column> {
+        fields.iter().map(|&column| pb::Column::Rows(pb::Rows { batch: batch.clone(), column, t_max: t, items: items.clone() })).collect()
+    };
+    let mut parts = vec![first];
+    if n == 0 {
+        parts[0].columns = rows(0..0);
+    }
+    let mut at = 0;
+    while at < n {
+        let fit = part_bytes.checked_div(item_bytes).unwrap_or(n).max(1).min(n - at);
+        if item_bytes * fit <= part_bytes || item_bytes == 0 {
+            let columns = rows(at..at + fit);
+            match parts.last_mut() {
+                Some(p) if p.columns.is_empty() => p.columns = columns,
+                _ => parts.push(pb::SampleResponse { columns, ..Default::default() }),
+            }
+            at += fit;
+            continue;
+        }
+        // One item larger than a part: each column in byte slices, the others empty.
+        for (f, &column) in fields.iter().enumerate() {
+            let mut bytes = Vec::with_capacity(strides[f]);
+            batch.for_each_slice(column, t, at..at + 1, |s| bytes.extend_from_slice(s));
+            let bytes = tonic::codegen::Bytes::from(bytes);
+            for start in (0..bytes.len()).step_by(part_bytes) {
+                let mut columns = vec![pb::Column::Bytes(Default::default()); fields.len()];
+                columns[f] = pb::Column::Bytes(bytes.slice(start..(start + part_bytes).min(bytes.len())));
+                match parts.last_mut() {
+                    Some(p) if p.columns.is_empty() => p.columns = columns,
+                    _ => parts.push(pb::SampleResponse { columns, ..Default::default() }),
+                }
+            }
+        }
+        at += 1;
+    }
+    let last = parts.len() - 1;
+    for p in &mut parts[..last] {
+        p.more = true;
+    }
+    parts
 }
 
 #[tonic::async_trait]
@@ -460,10 +554,12 @@ impl Replay for Service {
 
     async fn insert(&self, req: Request<Streaming<pb::InsertRequest>>) -> std::result::Result<Response<Self::InsertStream>, Status> {
         let client = req.remote_addr().and_then(|a| self.shared.monitor.client_at(a));
+        let call = self.shared.connections.call(req.remote_addr());
         let mut inbound = req.into_inner();
         let shared = self.shared.clone();
         let (tx, rx) = mpsc::channel::<std::result::Result<pb::InsertResponse, Status>>(16);
         tokio::spawn(async move {
+            let _call = call;
             let mut writer: Option<Arc<Mutex<InsertSession>>> = None;
             let mut stop = shared.shutdown.subscribe();
             loop {
@@ -540,13 +636,17 @@ impl Replay for Service {
     type SampleStream = Stream<pb::SampleResponse>;
 
     async fn sample(&self, req: Request<Streaming<pb::SampleRequest>>) -> std::result::Result<Response<Self::SampleStream>, Status> {
-        let client = req.remote_addr().and_then(|a| self.shared.monitor.client_at(a));
+        let peer = req.remote_addr();
+        let client = peer.and_then(|a| self.shared.monitor.client_at(a));
+        let call = self.shared.connections.call(peer);
         let mut inbound = req.into_inner();
         let shared = self.shared.clone();
         let (tx, rx) = mpsc::channel::<std::result::Result<pb::SampleResponse, Status>>(4);
         tokio::spawn(async move {
+            let _call = &call;
             let mut stop = shared.shutdown.subscribe();
-            loop {
+            let stall = shared.options.limits.stall_timeout;
+            'stream: loop {
                 let msg = match next_message(&mut inbound, &mut stop).await {
                     Ok(Some(m)) => m,
                     Ok(None) => break,
@@ -571,33 +671,57 @@ impl Replay for Service {
                     let timeout = timeout_of(msg.timeout_seconds)?;
                     let closed = || tx2.is_closed() || sh.stopping.load(Ordering::Relaxed);
                     let max = sh.options.max_message_bytes;
-                    // Even one step per item would not fit: refuse before drawing anything.
-                    let least: usize = fields.iter().map(|&c| n as usize * table.store().row_bytes(c)).sum();
-                    if least > max {
+                    // The items' keys, priorities... travel in one message: refuse before drawing.
+                    let names: usize = fields.iter().map(|&c| sig.fields()[c].name.len() + 8).sum();
+                    let head = n as usize * ITEM_BYTES + names + 1024;
+                    if head > max {
                         return Err(Status::resource_exhausted(format!(
-                            "a sample of {n} items is at least {least} bytes, more than the server's max_message_bytes ({max}); ask for fewer items or fields"
+                            "a sample of {n} items needs {head} bytes for the items' keys, priorities and lengths alone, more than the server's max_message_bytes ({max}); ask for fewer items"
                         )));
                     }
+                    let part = (max - head).min(PART_BYTES);
                     match table.sample(n as usize, Wait { timeout, interrupt: Some(&closed) }) {
-                        Ok(batch) => sample_response(&batch, &fields, false, max),
-                        Err(Error::Timeout { partial: Partial::Sampled(batch), .. }) => sample_response(batch.batch(), &fields, true, max),
-                        Err(Error::Timeout { .. }) => Ok(pb::SampleResponse { partial: true, fields: Vec::new(), ..Default::default() }),
+                        Ok(batch) => Ok(sample_parts(batch, &fields, false, part)),
+                        Err(Error::Timeout { partial: Partial::Sampled(batch), .. }) => Ok(sample_parts(batch.into_batch(), &fields, true, part)),
+                        Err(Error::Timeout { .. }) => Ok(vec![pb::SampleResponse { partial: true, ..Default::default() }]),
                         Err(e) => Err(to_status(e)),
                     }
                 })
                 .await;
-                let result = shared.count("Sample", result);
-                if let Ok(r) = &result {
-                    let sent: usize = r.columns.iter().map(|c| c.len()).sum();
-                    shared.metrics.bytes_sent.with_label_values(&[table_name.as_str()]).inc_by(sent as u64);
-                    shared.monitor.bytes_sent.fetch_add(sent as u64, Ordering::Relaxed);
-                    if let (Some(c), Some(i)) = (&client, shared.monitor.table_index(&table_name)) {
-                        c.sampled(i, r.keys.len() as u64);
+                let parts = match shared.count("Sample", result) {
+                    Ok(parts) => parts,
+                    Err(status) => {
+                        let _ = tx.send(Err(status)).await;
+                        break;
                     }
+                };
+                let sent: usize = parts.iter().map(pb::SampleResponse::column_bytes).sum();
+                shared.metrics.bytes_sent.with_label_values(&[table_name.as_str()]).inc_by(sent as u64);
+                shared.monitor.bytes_sent.fetch_add(sent as u64, Ordering::Relaxed);
+                if let (Some(c), Some(i)) = (&client, shared.monitor.table_index(&table_name)) {
+                    c.sampled(i, parts[0].keys.len() as u64);
                 }
-                let failed = result.is_err();
-                if tx.send(result).await.is_err() || failed {
-                    break;
+                for part in parts {
+                    let sending = tx.send(Ok(part));
+                    let sent = match stall {
+                        Some(limit) => match tokio::time::timeout(limit, sending).await {
+                            Ok(r) => r,
+                            Err(_) => {
+                                // The client has not taken a part for stall_timeout: its
+                                // connection ends, and with it every row this stream holds.
+                                tracing::warn!(target: "reprise", "closing the connection from {}: its sample stream has not been read for {:.0} s (stall_timeout)", peer.map_or("?".into(), |p| p.to_string()), limit.as_secs_f64());
+                                shared.connections.refused.stalled.fetch_add(1, Ordering::Relaxed);
+                                if let Some(c) = &call {
+                                    c.end_connection("stall_timeout");
+                                }
+                                break 'stream;
+                            }
+                        },
+                        None => sending.await,
+                    };
+                    if sent.is_err() {
+                        break 'stream;
+                    }
                 }
             }
         });
@@ -665,55 +789,5 @@ impl Replay for Service {
         };
         let path = self.shared.count("Checkpoint", blocking(move || f().map_err(to_status)).await)?;
         Ok(Response::new(pb::CheckpointResponse { path }))
-    }
-}
-
-/// An accepted TCP connection, registered with the monitor while it is open.
-struct Tracked {
-    stream: tokio::net::TcpStream,
-    _client: ClientGuard,
-}
-
-impl Tracked {
-    fn new(stream: tokio::net::TcpStream, monitor: &Arc<Monitor>) -> Tracked {
-        let peer = stream.peer_addr().ok();
-        let shown = peer.map_or_else(|| "unknown".to_string(), |a| a.to_string());
-        Tracked { _client: monitor.connect("remote", shown, peer), stream }
-    }
-}
-
-impl tonic::transport::server::Connected for Tracked {
-    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
-
-    fn connect_info(&self) -> Self::ConnectInfo {
-        self.stream.connect_info()
-    }
-}
-
-impl tokio::io::AsyncRead for Tracked {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>, buf: &mut tokio::io::ReadBuf<'_>) -> std::task::Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_read(cx, buf)
-    }
-}
-
-impl tokio::io::AsyncWrite for Tracked {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>, buf: &[u8]) -> std::task::Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>, bufs: &[std::io::IoSlice<'_>]) -> std::task::Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.stream.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
     }
 }

@@ -3,6 +3,8 @@
 
 tonic::include_proto!("reprise.v1");
 
+pub use crate::sample::{Column, Rows, SampleResponse};
+
 /// The protocol version this build speaks (`Layout.protocol_version`).
 pub const PROTOCOL_VERSION: u32 = 1;
 
