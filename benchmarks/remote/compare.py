@@ -201,11 +201,11 @@ def goal_line(title: str, found: list[tuple[str, float | None]], target: float,
     have = [(k, v) for k, v in found if v is not None]
     missed = [(k, v) for k, v in have if v < target]
     met = not missed and not missing
-    line = (f"- {title}: **{'met' if met else 'missed'}** (met at {len(have) - len(missed)} of "
-            f"{len(found)} points: " + ", ".join(f"`{k}` {fmt(v)}" for k, v in have))
+    parts = [", ".join(f"`{k}` {fmt(v)}" for k, v in have)] if have else []
     if missing:
-        line += "; no number at " + ", ".join(f"`{k}`" for k in missing)
-    return line + ")."
+        parts.append("no number at " + ", ".join(f"`{k}`" for k in missing))
+    return (f"- {title}: **{'met' if met else 'missed'}** (met at {len(have) - len(missed)} of "
+            f"{len(found)} points: " + "; ".join(parts) + ").")
 
 
 def goals(report: dict) -> list[str]:
@@ -261,12 +261,12 @@ def goals(report: dict) -> list[str]:
                     else "pipelined Client.iterate against Reverb's sampler stream")
             out.append(f"- `{op}` {size_text(label)} ({what}): " + ", ".join(
                 f"`{k}` {r:.2f}x" for k, r in found) + " Reverb.")
-    allr = [r for op, label, _, n in points(report)
+    allr = [r for op, label, _, n in points(report) if op not in PIPELINED
             if (r := ratio(report, key(op, label, n))) is not None]
     if allr:
         met = sum(r >= GOAL_RATIO for r in allr)
-        out.append(f"- Every point: >= {GOAL_RATIO:g}x Reverb at {met} of {len(allr)} "
-                   f"(ratios {min(allr):.2f}x to {max(allr):.2f}x).")
+        out.append(f"- Every point but the pipelined ones: >= {GOAL_RATIO:g}x Reverb at {met} of "
+                   f"{len(allr)} (ratios {min(allr):.2f}x to {max(allr):.2f}x).")
     rv = {(op, n): res(report, "reverb", key(op, "4KB", n))
           for op in ("insert", "sample") for n in clients}
     if rv and all(ok(e) for e in rv.values()):
@@ -342,8 +342,8 @@ def build_markdown(report: dict) -> str:
             if "path" in e:
                 paths.setdefault(e["path"], []).append(k)
             for why in ("error", "skipped", "unsupported"):
-                if e.get(why):
-                    out.append(f"  - `{k}` {why}: {e[why]}")
+                if e.get(why):   # the first line: a client's traceback stays in the JSON
+                    out.append(f"  - `{k}` {why}: {str(e[why]).splitlines()[0]}")
         for path, keys in paths.items():
             out.append(f"  - {path} ({len(keys)} point{'s' if len(keys) > 1 else ''})")
     return "\n".join(out) + "\n"
