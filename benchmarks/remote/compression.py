@@ -5,6 +5,7 @@ saves on the wire and what it costs, on Atari-like frames and on float vectors.
     python3.11 -m benchmarks.remote.compression --quick    # smoke test, seconds; numbers are noise
     python3.11 -m benchmarks.remote.compression --host 10.0.0.5   # a non-loopback address of
                                                                   # this host: "auto" compresses
+                                                                  # (a random token, as required)
 
 A server process (this module with ``--serve``, ``rp.Server(tables, address=HOST:0)``)
 holds two tables (Uniform sampler, Fifo remover, MinSize(1)), filled before timing:
@@ -52,6 +53,7 @@ import argparse
 import json
 import os
 import re
+import secrets
 import statistics
 import subprocess
 import sys
@@ -65,6 +67,9 @@ from benchmarks.common.processes import ServerProcess, serve_until_stdin_closes
 from benchmarks.common.timing import latency_stats, now
 
 ARMS = ["none", "zstd", "auto"]
+# Off loopback the server requires a token: a random one, handed to the server process in
+# its environment (not on its command line).
+TOKEN_VARIABLE = "REPRISE_BENCH_TOKEN"
 BATCH = 256
 DATASETS = {"atari": {"shape": (4, 84, 84), "dtype": "uint8"},
             "vectors": {"shape": (1024,), "dtype": "float32"}}
@@ -200,7 +205,8 @@ def serve(spec_json: str) -> None:
             table.insert({"obs": steps(name, n, seed=start)[:, None]}, np.ones(n))
         stores.append(store)
         tables.append(table)
-    server = rp.Server(tables, address=f"{spec['host']}:0")
+    server = rp.Server(tables, address=f"{spec['host']}:0",
+                       token=os.environ.get(TOKEN_VARIABLE) or None)
 
     def stop() -> None:
         server.stop()
@@ -343,10 +349,14 @@ def reference(batches: dict) -> dict:
     return out
 
 
-def check_compression_option(rp, address: str) -> None:
+def is_loopback(host: str) -> bool:
+    return host.startswith("127.") or host in ("localhost", "::1", "[::1]")
+
+
+def check_compression_option(rp, address: str, token: str | None) -> None:
     """Stop with a clear message when this reprise has no wire compression."""
     try:
-        rp.Client(address, compression="zstd").close()
+        rp.Client(address, token=token, compression="zstd").close()
     except TypeError as exc:
         raise SystemExit(f"rp.Client(..., compression='zstd') is not supported by the reprise at "
                          f"{os.path.dirname(rp.__file__)} ({exc}): this build has no wire "
@@ -358,6 +368,8 @@ def run(cfg: Config, host: str, log) -> dict:
     import reprise as rp
 
     spec = {"host": host, "items": cfg.table_items}
+    token = None if is_loopback(host) else secrets.token_hex(16)
+    os.environ[TOKEN_VARIABLE] = token or ""
     log(f"starting the server on {host} (filling {cfg.table_items}) ...")
     server = ServerProcess(__spec__.name, spec)
     port = int(server.address.rsplit(":", 1)[1])
@@ -365,10 +377,10 @@ def run(cfg: Config, host: str, log) -> dict:
            "reprise_path": os.path.dirname(rp.__file__), "results": {}}
     clients, closers = {}, []
     try:
-        check_compression_option(rp, server.address)
+        check_compression_option(rp, server.address, token)
         batches = {d: steps(d, BATCH, seed=10_000 + i) for i, d in enumerate(DATASETS)}
         for arm in ARMS:
-            client = rp.Client(server.address, compression=arm)
+            client = rp.Client(server.address, token=token, compression=arm)
             calls = {}
             for d in DATASETS:
                 calls[d], close = calls_for(client, d, batches[d])
@@ -456,15 +468,16 @@ def build_markdown(report: dict) -> str:
                      f"{min(lo):.3f}x to {max(lo):.3f}x the bytes the server's sockets moved both "
                      "ways (above 1: TCP/IP headers, ACKs and any other loopback traffic).")
     host = report.get("host_arg", "127.0.0.1")
-    loop = host.startswith("127.") or host in ("localhost", "::1")
-    autos = [res[k]["ratio"] for k in res if k.endswith("/auto") and res[k]["ratio"]]
-    zstds = [res[k]["ratio"] for k in res if k.endswith("/zstd") and res[k]["ratio"]]
-    nones = [res[k]["ratio"] for k in res if k.endswith("/none") and res[k]["ratio"]]
-    if autos and zstds and nones:
-        like = "none" if max(abs(a - n) for a, n in zip(autos, nones)) < 0.05 else "zstd?"
+    loop = is_loopback(host)
+    ratios = {a: [res[f"{d}/{op}/{a}"]["ratio"] for d in DATASETS for op in ("insert", "sample")
+                  if res.get(f"{d}/{op}/{a}", {}).get("ratio")] for a in ARMS}
+    if all(len(ratios[a]) == len(ratios["auto"]) > 0 for a in ARMS):
+        def near(a: str) -> bool:
+            return all(abs(x / y - 1) < 0.05 for x, y in zip(ratios["auto"], ratios[a]))
+        like = "none" if near("none") else "zstd" if near("zstd") else "neither none nor zstd"
         lines.append(f"- \"auto\" on {host} ({'loopback' if loop else 'not loopback'}): behaves "
-                     f"like {like} (ratios {', '.join(f'{a:.2f}' for a in autos)}); expected "
-                     f"{'none' if loop else 'zstd'}.")
+                     f"like {like} (ratios {', '.join(f'{a:.2f}' for a in ratios['auto'])}); "
+                     f"expected {'none' if loop else 'zstd'}.")
     ref = report.get("reference", {})
     if "skipped" not in ref:
         lines += ["", f"## Reference: zstandard {ref.get('zstandard', '?')} in this process "
