@@ -16,9 +16,9 @@ memcpy, as the other drivers do.
 
 ``--ops``, ``--sizes`` and ``--clients`` choose a subset of the points (every system gets
 them); ``--only`` keeps points whose key contains one of its substrings. ``--before DIR``
-also runs Reprise's 4 KB points with ``PYTHONPATH=DIR`` (a copy of ``python/reprise`` with
-its built ``_native`` from before a change), right after Reprise, for issue 18's "nothing
-slower than today at 4 KB" in the same run.
+also runs Reprise's 4 KB points (those of ``--sizes`` if given) with ``PYTHONPATH=DIR`` (a
+copy of ``python/reprise`` with its built ``_native`` from before a change), right after
+Reprise, for issue 18's "nothing slower than today at 4 KB" in the same run.
 
 Writes ``benchmarks/out/remote-<date>.json`` (everything) and ``.md`` (the tables), and
 one ``.log`` per system; ``--out-dir`` elsewhere.
@@ -175,7 +175,7 @@ def before_table(report: dict) -> list[str]:
     if "results" not in report["systems"].get("reprise_before", {}):
         return []
     rows = []
-    for op, label, batch, n in points(report, sizes=["4KB"]):
+    for op, label, batch, n in points(report):
         k = key(op, label, n)
         if res(report, "reprise_before", k) is None:
             continue
@@ -185,9 +185,10 @@ def before_table(report: dict) -> list[str]:
                cell(report, "reprise", k)[0], r_text]
         rows.append("| " + " | ".join(row) + " |")
     path = report["systems"]["reprise_before"].get("versions", {}).get("reprise_path", "?")
-    return ["## Against the build before (same run, 4 KB)", "",
+    return ["## Against the build before (same run)", "",
             f"`reprise_before` is `{path}` (`--before`), run right after Reprise with the same "
-            f"points; bold where now / before < {SLOWER}.", "",
+            f"points (4 KB unless `--sizes` says otherwise); bold where now / before < {SLOWER}.",
+            "",
             "| point | before items/s (GB/s) | now items/s (GB/s) | now / before |",
             "|---|---|---|---|", *rows, ""]
 
@@ -349,6 +350,27 @@ def build_markdown(report: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def run_before(report: dict, stem: str, args, extra_args: list[str], common: dict) -> None:
+    """Reprise's points again with ``PYTHONPATH=args.before`` (a frozen earlier build), as
+    system ``reprise_before``."""
+    name, module, venv, budget = BEFORE
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.path.abspath(args.before)
+    try:
+        run_systems(report, stem, [(name, module, venv, args.budget or budget)], [name], args,
+                    extra_args=extra_args, **common)
+    finally:
+        if old is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = old
+    b = report["systems"][name]
+    now_path = report["systems"].get("reprise", {}).get("versions", {}).get("reprise_path")
+    if now_path and b.get("versions", {}).get("reprise_path") == now_path:
+        b.setdefault("notes", []).append(
+            f"WARNING: imported the same reprise as the current run ({now_path})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_common_args(ap, SYSTEMS, "small tables, 1 and 2 clients, short windows, 1 round: "
@@ -365,9 +387,9 @@ def main() -> None:
                     help="passed to every system: comma-separated client counts (default "
                          "1,2,4,8; --quick 1,2)")
     ap.add_argument("--before", default=None, metavar="DIR",
-                    help="also run Reprise's 4 KB points with PYTHONPATH=DIR (a copy of "
-                         "python/reprise with its _native from before a change), right after "
-                         "Reprise")
+                    help="also run Reprise's 4 KB points (those of --sizes if given) with "
+                         "PYTHONPATH=DIR (a copy of python/reprise with its _native from before "
+                         "a change), right after Reprise")
     ap.add_argument("--budget", type=float, default=None,
                     help="seconds for each system (default: its own budget; points past it "
                          "are skipped)")
@@ -393,24 +415,7 @@ def main() -> None:
     first, rest = systems[:2], systems[2:]
     run_systems(report, stem, first, wanted, args, extra_args=passed(), **common)
     if args.before:
-        if "4KB" in (args.sizes or "4KB").split(","):
-            name, module, venv, budget = BEFORE
-            before = [(name, module, venv, args.budget or budget)]
-            old = os.environ.get("PYTHONPATH")
-            os.environ["PYTHONPATH"] = os.path.abspath(args.before)
-            try:
-                run_systems(report, stem, before, [name], args, extra_args=passed(sizes="4KB"),
-                            **common)
-            finally:
-                if old is None:
-                    del os.environ["PYTHONPATH"]
-                else:
-                    os.environ["PYTHONPATH"] = old
-            b = report["systems"][name]
-            now_path = report["systems"].get("reprise", {}).get("versions", {}).get("reprise_path")
-            if b.get("versions", {}).get("reprise_path") == now_path and now_path:
-                b.setdefault("notes", []).append(
-                    f"WARNING: imported the same reprise as the current run ({now_path})")
+        run_before(report, stem, args, passed(sizes=args.sizes or "4KB"), common)
     run_systems(report, stem, rest, wanted, args, extra_args=passed(), **common)
     write_outputs(args.out_dir, stem, report, build_markdown(report))
 
