@@ -181,7 +181,7 @@ def before_table(report: dict) -> list[str]:
             continue
         r = ratio(report, k, "reprise", "reprise_before")
         r_text = "" if r is None else (f"{r:.2f}x" if r >= SLOWER else f"**{r:.2f}x**")
-        row = [point_label(op, label, batch, n), cell(report, "reprise_before", k)[0],
+        row = [f"`{k}`", cell(report, "reprise_before", k)[0],
                cell(report, "reprise", k)[0], r_text]
         rows.append("| " + " | ".join(row) + " |")
     path = report["systems"]["reprise_before"].get("versions", {}).get("reprise_path", "?")
