@@ -1,0 +1,303 @@
+"""What a soak run measured: the ledger over every checkpoint, throughput per second, the
+stalled reader's effect, the server's RSS and descriptors, call waits against their
+timeouts; the pass/fail of each criterion; the JSON, the markdown summary and the plot."""
+
+from __future__ import annotations
+
+import glob
+import os
+import statistics
+
+import numpy as np
+
+from benchmarks.soak.ledger import Ledger, read_checkpoint, read_records, request_of
+
+GRACE_S = 1.0   # scheduling slack over a call's timeout on a busy machine (2 shared cores)
+
+
+def thresholds(seconds: float) -> dict:
+    """The full soak's thresholds (the issue's), and the loose ones of a short run: on 2 cores
+    shared with other tests, a 60 s run has warm-up and windows of a few seconds."""
+    if seconds >= 180:
+        return {"rss_growth": 0.10, "stall_ratio": 0.80, "fd_slack": 0}
+    return {"rss_growth": 0.25, "stall_ratio": 0.50, "fd_slack": 0}
+
+
+# --- the ledger -------------------------------------------------------------------------------
+def check_ledger(rp, soak, result: dict, records: dict) -> dict:
+    plan, crash, final = soak.plan, result["crash"], result["final"]
+    ledger = Ledger(records, plan.write_batch, crash and crash["t_kill"], crash and crash["t_dead"])
+    requests = records["requests"] + [{"t_begin": final["t_begin"], "t_end": final["t_end"],
+                                       "wall_ns": final["wall_ns"], "path": final["path"]}]
+    checked, by_epoch = [], {1: [], 2: []}
+    for path in sorted(glob.glob(os.path.join(soak.ckpt_dir, "ckpt-*"))):
+        req = request_of(os.path.basename(path), requests)
+        if req is None:
+            ledger.errors.append(f"{os.path.basename(path)}: no checkpoint request made it")
+            continue
+        epoch = 1 if crash is None or req["t_begin"] < crash["t_kill"] else 2
+        by_epoch[epoch].append((path, req))
+    restored = None
+    for epoch in (1, 2):
+        if epoch == 2 and crash is not None:
+            c_path = by_epoch[1][-1][0] if by_epoch[1] else None
+            if c_path is None or crash["restored_from"] != c_path or crash["newest_checkpoint"] != c_path:
+                ledger.errors.append(f"restart restored {crash['restored_from']}, newest before the crash "
+                                     f"{crash['newest_checkpoint']}, last of epoch 1 {c_path}")
+            if c_path is not None:
+                c_ck = read_checkpoint(rp, c_path, "replay")
+                ledger.set_restored(c_ck)
+                restored = {"name": os.path.basename(c_path), "items": len(c_ck["ids"]),
+                            **ledger.crash_losses(c_ck, by_epoch[1][-1][1]["t_begin"])}
+        for path, req in by_epoch[epoch]:
+            try:
+                ck = read_checkpoint(rp, path, "replay")
+            except Exception as e:   # Corrupt, or not the layout the soak wrote
+                ledger.errors.append(f"{os.path.basename(path)}: unreadable: {e}")
+                continue
+            r = ledger.check(ck, epoch, req["t_begin"], req["t_end"])
+            r["t"] = round(req["t_begin"] - soak.t0, 2)
+            checked.append(r)
+    f = checked[-1] if checked else {}
+    corrupt = records["corrupt_samples"]
+    if corrupt:
+        ledger.errors.append(f"{len(corrupt)} sampled items whose payload differs from their id")
+    return {"errors": ledger.errors, "error_count": len(ledger.errors), "totals": ledger.totals(),
+            "checkpoints": checked, "restored": restored, "final": f, "corrupt_samples": len(corrupt)}
+
+
+# --- series -----------------------------------------------------------------------------------
+def per_second(times, counts, seconds: float) -> list[float]:
+    bins = np.zeros(int(np.ceil(seconds)) + 1)
+    t = np.asarray(times, float)
+    m = (t >= 0) & (t < len(bins))
+    np.add.at(bins, t[m].astype(int), np.asarray(counts, float)[m])
+    return bins.tolist()
+
+
+def throughput(soak, records: dict) -> dict:
+    t0, secs = soak.t0, soak.plan.seconds
+    b = records["batches"]
+    commits = [(x["t_end"] - t0, x["n"]) for x in b if x["status"] == 1]
+    draws = [(c["start"] + c["wait"] - t0, c["n"]) for c in records["calls"]
+             if c["kind"] == "sample" and c["ok"]]
+    updates = [(c["start"] + c["wait"] - t0, c["n"]) for c in records["calls"] if c["kind"] == "update" and c["ok"]]
+    out = {}
+    for name, pts in (("inserts", commits), ("samples", draws), ("updates", updates)):
+        out[name] = per_second([p[0] for p in pts], [p[1] for p in pts], secs) if pts else [0.0] * (int(secs) + 1)
+    out["_events"] = {"inserts": commits, "samples": draws}
+    return out
+
+
+def rate_in(points, a: float, b: float) -> float:
+    return sum(n for t, n in points if a <= t < b) / (b - a) if b > a else float("nan")
+
+
+def stall_effect(soak, result: dict, tp: dict) -> dict:
+    plan, crash = soak.plan, result["crash"]
+    hole = None
+    if crash is not None:
+        hole = (crash["t_kill"] - soak.t0 - 1.0, crash["t_dead"] - soak.t0 + crash["restart_s"] + min(10.0, plan.window))
+    windows = []
+    for w in result["windows"]:
+        a = w["start"] + plan.settle
+        if w["on"]:
+            a = max(a, w.get("stalled_from", np.inf))
+        valid = a < w["end"] and (hole is None or w["end"] <= hole[0] or w["start"] >= hole[1])
+        windows.append({**w, "from": round(a, 2) if a < np.inf else None, "valid": bool(valid),
+                        "inserts_per_s": rate_in(tp["_events"]["inserts"], a, w["end"]) if valid else None,
+                        "samples_per_s": rate_in(tp["_events"]["samples"], a, w["end"]) if valid else None})
+    pairs = []
+    for i, w in enumerate(windows):
+        if not (w["on"] and w["valid"]):
+            continue
+        offs = [windows[j] for j in (i - 1, i + 1) if 0 <= j < len(windows) and windows[j]["valid"]]
+        if not offs:
+            continue
+        pairs.append({"on_start": w["start"], **{
+            k: w[f"{k}_per_s"] / statistics.mean(o[f"{k}_per_s"] for o in offs) for k in ("inserts", "samples")}})
+    ratio = {k: (statistics.median(p[k] for p in pairs) if pairs else None) for k in ("inserts", "samples")}
+    worst = {k: (min(p[k] for p in pairs) if pairs else None) for k in ("inserts", "samples")}
+    return {"windows": windows, "pairs": pairs, "median_ratio": ratio, "min_ratio": worst, "excluded": hole}
+
+
+def memory(soak, result: dict) -> dict:
+    plan = soak.plan
+    servers = soak.events["servers"]
+    ends = [(result["crash"]["t_kill"] - soak.t0) if result["crash"] else plan.seconds, plan.seconds]
+    out = []
+    for i, srv in enumerate(servers[:2]):
+        start, end = srv["t_ready"] - soak.t0, ends[i] if i < len(ends) else plan.seconds
+        warm = start + plan.warmup
+        span = max(5.0, 0.15 * (end - warm))
+        pts = [(s["t"], s["VmRSS"]) for s in soak.samples if s.get("pid") == srv["pid"] and "VmRSS" in s]
+        base = [v for t, v in pts if warm <= t < warm + span]
+        last = [v for t, v in pts if end - span <= t < end]
+        after = [v for t, v in pts if warm <= t < end]
+        r = {"pid": srv["pid"], "ready_s": round(start, 2), "warm_s": round(warm, 2), "end_s": round(end, 2)}
+        if base and last and end - warm >= 2 * span:
+            r.update(baseline_kib=statistics.median(base), final_kib=statistics.median(last), peak_kib=max(after),
+                     growth=statistics.median(last) / statistics.median(base) - 1.0)
+        out.append(r)
+    return {"incarnations": out,
+            "growth": max((r["growth"] for r in out if "growth" in r), default=None)}
+
+
+def descriptors(soak, result: dict) -> dict:
+    servers = soak.events["servers"]
+    base = servers[0]["status_at_ready"]["fds"]
+    after_restart = servers[1]["status_at_ready"]["fds"] if len(servers) > 1 else None
+    fds = [s["fds"] for s in soak.samples if "fds" in s]
+    return {"baseline": base, "at_restart": after_restart, "peak": max(fds, default=None),
+            "final": result["fds_settled"]["fds"], "settled_after_s": result["fds_settled"]["after_s"]}
+
+
+def waits(soak, records: dict) -> dict:
+    calls = records["calls"] + [{"kind": "wrong_token", "wait": t["seconds"], "limit": t["limit"], "ok": True}
+                                for t in soak.events["tokens"]]
+    by = {}
+    for c in calls:
+        k = by.setdefault(c["kind"], {"calls": 0, "failed": 0, "limit_s": c["limit"], "max_wait_s": 0.0,
+                                       "over_limit": 0, "over_limit_plus_grace": 0})
+        k["calls"] += 1
+        k["failed"] += not c["ok"]
+        k["max_wait_s"] = max(k["max_wait_s"], c["wait"])
+        k["over_limit"] += c["wait"] > c["limit"]
+        k["over_limit_plus_grace"] += c["wait"] > c["limit"] + GRACE_S
+    for k in by.values():
+        k["max_wait_s"] = round(k["max_wait_s"], 3)
+    return {"by_kind": by, "violations": sum(k["over_limit_plus_grace"] for k in by.values()),
+            "strictly_over": sum(k["over_limit"] for k in by.values()), "hangs": soak.events["hangs"],
+            "grace_s": GRACE_S}
+
+
+def faults_summary(soak, ledger_totals: dict, records: dict) -> dict:
+    ev = soak.events
+    mal = {}
+    for m in ev["malformed"]:
+        k = mal.setdefault(m["kind"], {"count": 0, "closed_by_server": 0, "errors": 0})
+        k["count"] += 1
+        k["closed_by_server"] += m["closed_by_server"]
+        k["errors"] += m["error"] is not None
+    tokens = {}
+    for t in ev["tokens"]:
+        tokens[t["outcome"]] = tokens.get(t["outcome"], 0) + 1
+    # A writer killed mid-batch leaves a begin record without an outcome: the kill landed mid-work.
+    open_ends = {(b["slot"], b["inc"]) for b in records["batches"] if b["status"] == 0}
+    writer_kills = [k for k in ev["kills"] if k["role"] == "writer"]
+    panics = []
+    for srv in ev["servers"]:
+        with open(srv["log"]) as f:
+            text = f.read()
+        if "panicked" in text or "Traceback" in text:
+            panics.append(srv["log"])
+    return {"client_kills": len(ev["kills"]), "writer_kills": len(writer_kills),
+            "writer_kills_mid_batch": sum((k["slot"], k["inc"]) in open_ends for k in writer_kills),
+            "malformed": mal, "server_deaths": ev["server_deaths"],
+            "tokens": tokens, "hangs": len(ev["hangs"]), "stragglers": ev["stragglers"],
+            "leftovers": ev["leftovers"], "server_logs_with_panics": panics}
+
+
+# --- criteria ---------------------------------------------------------------------------------
+def criteria(rep: dict) -> dict:
+    th = rep["thresholds"]
+    led, mem, fds, w, st, fa = (rep["ledger"], rep["rss"], rep["fds"], rep["waits"], rep["stall"], rep["faults"])
+    c = {}
+    c["ledger"] = {"pass": led["error_count"] == 0 and fa["tokens"].get("accepted", 0) == 0
+                   and not fa["server_logs_with_panics"] and not fa["server_deaths"],
+                   "value": f"{led['error_count']} ledger errors, {fa['tokens'].get('accepted', 0)} wrong tokens "
+                            f"accepted, {len(fa['server_logs_with_panics'])} server panics, "
+                            f"{len(fa['server_deaths'])} server deaths but the planned one"}
+    g = mem["growth"]
+    c["rss"] = {"pass": g is not None and g < th["rss_growth"],
+                "value": "n/a" if g is None else f"{100 * g:+.1f}% (limit {100 * th['rss_growth']:.0f}%)"}
+    c["fds"] = {"pass": fds["final"] is not None and fds["final"] <= fds["baseline"] + th["fd_slack"],
+                "value": f"final {fds['final']} vs baseline {fds['baseline']} (peak {fds['peak']})"}
+    c["timeouts"] = {"pass": w["violations"] == 0 and not w["hangs"],
+                     "value": f"{w['violations']} calls past timeout + {w['grace_s']} s, "
+                              f"{w['strictly_over']} past it at all, {len(w['hangs'])} hangs"}
+    r = st["median_ratio"]
+    ok = all(v is not None and v >= th["stall_ratio"] for v in r.values())
+    c["stalled_reader"] = {"pass": ok, "value": "n/a" if r["inserts"] is None else
+                           f"inserts x{r['inserts']:.2f}, samples x{r['samples']:.2f} with it "
+                           f"(median of {len(st['pairs'])} windows; limit x{th['stall_ratio']:.2f})"}
+    c["clean_exit"] = {"pass": not fa["leftovers"] and not fa["stragglers"],
+                       "value": f"{len(fa['leftovers'])} leftover files, {len(fa['stragglers'])} processes "
+                                "that did not stop on SIGTERM"}
+    return c
+
+
+def analyze(rp, soak, result: dict) -> dict:
+    records = read_records(soak.records)
+    led = check_ledger(rp, soak, result, records)
+    tp = throughput(soak, records)
+    rep = {"plan": dict(vars(soak.plan)), "thresholds": thresholds(soak.plan.seconds), "ledger": led,
+           "stall": stall_effect(soak, result, tp), "rss": memory(soak, result), "fds": descriptors(soak, result),
+           "waits": waits(soak, records), "faults": faults_summary(soak, led["totals"], records),
+           "crash": {k: (round(v - soak.t0, 3) if k.startswith("t_") else v)
+                     for k, v in (result["crash"] or {}).items()},
+           "final_info": result["final"]["info"],
+           "series": {"t": list(range(len(tp["inserts"]))), "inserts": tp["inserts"], "samples": tp["samples"],
+                      "updates": tp["updates"], "server": soak.samples},
+           "kills": soak.events["kills"], "malformed": soak.events["malformed"], "tokens": soak.events["tokens"],
+           "servers": [{k: (round(v - soak.t0, 3) if k.startswith("t_") else v) for k, v in s.items()}
+                       for s in soak.events["servers"]]}
+    rep["criteria"] = criteria(rep)
+    rep["pass"] = all(c["pass"] for c in rep["criteria"].values())
+    return rep
+
+
+# --- outputs ----------------------------------------------------------------------------------
+def plot(rep: dict, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s = rep["series"]
+    fig, ax = plt.subplots(3, 1, figsize=(11, 8.5), sharex=True)
+    ax[0].plot(s["t"], np.asarray(s["inserts"]) / 1e3, label="inserts (committed items)/s", lw=1)
+    ax[0].plot(s["t"], np.asarray(s["samples"]) / 1e3, label="sampled items/s", lw=1)
+    ax[0].set_ylabel("thousand items / s")
+    srv = [x for x in s["server"] if "VmRSS" in x]
+    t = [x["t"] for x in srv]
+    ax[1].plot(t, [x["VmRSS"] / 1024 for x in srv], ".", ms=2, label="VmRSS")
+    ax[1].plot(t, [x["RssAnon"] / 1024 for x in srv], ".", ms=2, label="RssAnon (heap)")
+    ax[1].plot(t, [x["RssShmem"] / 1024 for x in srv], ".", ms=2, label="RssShmem (store)")
+    ax[1].set_ylabel("server MiB")
+    ax[2].plot(t, [x["fds"] for x in srv], ".", ms=2, label="open descriptors")
+    ax[2].axhline(rep["fds"]["baseline"], color="grey", ls=":", lw=1, label="baseline (no client)")
+    ax[2].set_ylabel("server fds")
+    ax[2].set_xlabel("seconds since the server first started")
+    for a in ax:
+        for w in rep["stall"]["windows"]:
+            if w["on"]:
+                a.axvspan(w["start"], w["end"], color="orange", alpha=0.12, lw=0)
+        if rep["crash"]:
+            a.axvline(rep["crash"]["t_kill"], color="red", lw=1)
+        for k in rep["kills"]:
+            a.axvline(k["t"], color="black", alpha=0.15, lw=0.5)
+        a.legend(loc="upper right", fontsize=7)
+        a.grid(alpha=0.3)
+    ax[0].set_title("Soak: throughput, server RSS and descriptors (orange: stalled reader; red: server SIGKILL; "
+                    "grey: client SIGKILLs)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def markdown(rep: dict, stem: str) -> str:
+    p, led = rep["plan"], rep["ledger"]
+    lines = [f"# Soak `{stem}`: {'PASS' if rep['pass'] else 'FAIL'}", "",
+             f"{p['seconds']:.0f} s, seed {p['seed']}; table max_size {p['max_size']} (FIFO), "
+             f"checkpoint every {p['checkpoint_every']:.1f} s, server SIGKILL at {rep['crash'].get('t_kill')} s.", "",
+             "| criterion | result | |", "|---|---|---|"]
+    for name, c in rep["criteria"].items():
+        lines.append(f"| {name} | {c['value']} | {'pass' if c['pass'] else '**FAIL**'} |")
+    t = led["totals"]
+    lines += ["", f"Items: {t['items_begun']:,} begun, {t['items_committed']:,} committed (flush returned), "
+              f"{t['items_failed']:,} in failed batches, {t['items_unknown']:,} in batches cut by a SIGKILL, "
+              f"{t['items_reported_lost']:,} reported lost by the pool.",
+              f"Checkpoints checked: {len(led['checkpoints'])}; restored: {led['restored']}.", ""]
+    if led["errors"]:
+        lines += ["Ledger errors:", ""] + [f"- {e}" for e in led["errors"][:20]] + [""]
+    return "\n".join(lines) + "\n"
