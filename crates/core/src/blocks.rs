@@ -167,6 +167,11 @@ pub unsafe trait BlockSource {
     fn lease(&mut self) -> Result<u32>;
     fn retain(&mut self, block: u32);
     fn release(&mut self, block: u32);
+    /// A count that grows each time the store was found full (see
+    /// [`crate::Store::pressure`]); sources that cannot tell keep it at 0.
+    fn pressure(&self) -> u64 {
+        0
+    }
 }
 
 /// A run of rows inside one block: rows `[start, start + len)` of the store.

@@ -23,7 +23,7 @@ use std::sync::{Arc, Weak};
 use parking_lot::Mutex;
 
 use crate::blocks::{BlockAllocator, BlockSource, Cursor};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::invalid;
 use crate::item::RowRange;
 use crate::columns::Columns;
@@ -49,6 +49,9 @@ pub(crate) struct StoreInner {
     pub(crate) allocator: BlockAllocator,
     bulk: Mutex<Cursor>,
     tables: Mutex<Vec<(String, Weak<dyn TableOverStore>)>>,
+    /// Times a lease found every block held (nothing free, nothing evictable): writers
+    /// that keep their whole episode by default then keep only what their items need.
+    pressure: std::sync::atomic::AtomicU64,
 }
 
 /// A cheap handle to one store; clones share it.
@@ -95,6 +98,7 @@ impl Store {
                 allocator: BlockAllocator::new(num_blocks as u32, block_steps),
                 bulk: Mutex::new(Cursor::default()),
                 tables: Mutex::new(Vec::new()),
+                pressure: std::sync::atomic::AtomicU64::new(0),
             }),
         })
     }
@@ -187,19 +191,20 @@ impl Store {
         if let Ok(b) = alloc.lease() {
             return Ok(b);
         }
-        let tables: Vec<Arc<dyn TableOverStore>> = self.inner.tables.lock().iter().filter_map(|(_, w)| w.upgrade()).collect();
+        let tables: Vec<(String, Arc<dyn TableOverStore>)> =
+            self.inner.tables.lock().iter().filter_map(|(n, w)| Some((n.clone(), w.upgrade()?))).collect();
         for _ in 0..alloc.num_blocks() {
             let Some(block) = alloc.oldest_leased() else { break };
             let mut item_refs = 0;
             let mut evictable = true;
-            for t in &tables {
+            for (_, t) in &tables {
                 let refs = t.item_refs(block);
                 item_refs += refs;
                 evictable &= refs == 0 || t.evicts_when_store_full();
             }
             // Evict only when that frees the block; otherwise items would be lost for nothing.
             if evictable && item_refs > 0 && item_refs == alloc.refcount(block) {
-                for t in &tables {
+                for (_, t) in &tables {
                     t.evict_block(block, &self.clone());
                 }
             }
@@ -210,7 +215,60 @@ impl Store {
                 return Ok(b);
             }
         }
-        Err(alloc.full_error())
+        self.inner.pressure.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Err(self.full_error(&tables))
+    }
+
+    /// Times the store has been found full (every block held by something that
+    /// cannot be evicted).
+    pub fn pressure(&self) -> u64 {
+        self.inner.pressure.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Says what holds the blocks of a full store, and the fix for each holder.
+    fn full_error(&self, tables: &[(String, Arc<dyn TableOverStore>)]) -> Error {
+        let alloc = &self.inner.allocator;
+        let (mut queued, mut other) = (0u64, 0u64);
+        let mut keepers: Vec<&str> = Vec::new();
+        for block in 0..alloc.num_blocks() {
+            let mut item_refs = 0;
+            let mut kept_by_table = false;
+            for (name, t) in tables {
+                let r = t.item_refs(block);
+                item_refs += r;
+                if r > 0 && !t.evicts_when_store_full() {
+                    kept_by_table = true;
+                    if !keepers.contains(&name.as_str()) {
+                        keepers.push(name);
+                    }
+                }
+            }
+            if kept_by_table {
+                queued += 1;
+            } else if alloc.refcount(block) > item_refs {
+                other += 1;
+            }
+        }
+        let steps = alloc.num_blocks() as u64 * alloc.block_steps() as u64;
+        let mut held = Vec::new();
+        if other > 0 {
+            held.push(format!(
+                "{other} by writers' episode history or samples being collected (a writer keeps its whole episode until the store fills, \
+                 then only as many steps as its longest item; end_episode() or writer(max_sequence_length=N) lets the rest go, \
+                 and a sample's rows return when it is dropped)"
+            ));
+        }
+        if queued > 0 {
+            held.push(format!(
+                "{queued} by items of tables that keep their items when the store is full ({}: sample them or lower their max_size)",
+                keepers.join(", ")
+            ));
+        }
+        let held = if held.is_empty() { String::new() } else { format!(": {}", held.join("; ")) };
+        Error::ResourceExhausted(format!(
+            "store is full: all {} blocks ({steps} steps) are held{held}; or give the store a larger capacity",
+            alloc.num_blocks()
+        ))
     }
 
     pub(crate) fn register_table(&self, name: &str, table: Weak<dyn TableOverStore>) -> Result<()> {
@@ -252,6 +310,10 @@ unsafe impl BlockSource for Store {
 
     fn release(&mut self, block: u32) {
         self.inner.allocator.release(block)
+    }
+
+    fn pressure(&self) -> u64 {
+        Store::pressure(self)
     }
 }
 

@@ -6,8 +6,18 @@
 //! one reference per run of rows in one block, so that items created later can
 //! still point at them. Items never span episodes. Data is copied into the store
 //! without any table lock; only `create_item` takes the table's lock, briefly.
+//!
+//! Without `max_sequence_length` the history is still bounded: once the store has
+//! been found full (every block held by something that cannot be evicted; see
+//! [`Store::pressure`]), a writer keeps only as many steps as its longest item so
+//! far needed, until its episode ends. A writer that runs out of blocks itself lets
+//! go of the rest of its history that way and tries once more. So a writer that
+//! never ends its episode (a continuing task) cannot fill the store with history
+//! no item can use, while one that creates whole-episode items keeps its episode as
+//! long as there is room.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::blocks::{BlockSource, Cursor, Run};
 use crate::error::{Error, Partial, Result};
@@ -27,6 +37,12 @@ pub struct Writer<B: BlockSource = Store> {
     kept: u64,
     episode_steps: u64,
     max_sequence_length: Option<u64>,
+    /// The most steps an item created by this writer has needed (`need` of `check_window`).
+    longest: AtomicU64,
+    /// Keeping only `longest` steps until the episode ends (the store was found full).
+    bounded: bool,
+    /// The source's pressure count when last looked at.
+    pressure_seen: u64,
 }
 
 impl<B: BlockSource> Writer<B> {
@@ -34,7 +50,18 @@ impl<B: BlockSource> Writer<B> {
         if max_sequence_length == Some(0) {
             return Err(invalid!("max_sequence_length must be >= 1 or None, got 0"));
         }
-        Ok(Writer { source, cursor: Cursor::default(), history: VecDeque::new(), kept: 0, episode_steps: 0, max_sequence_length })
+        let pressure_seen = source.pressure();
+        Ok(Writer {
+            source,
+            cursor: Cursor::default(),
+            history: VecDeque::new(),
+            kept: 0,
+            episode_steps: 0,
+            max_sequence_length,
+            longest: AtomicU64::new(0),
+            bounded: false,
+            pressure_seen,
+        })
     }
 
     pub fn source(&self) -> &B {
@@ -72,6 +99,13 @@ impl<B: BlockSource> Writer<B> {
     /// Appends one step: one row per field, in signature order.
     pub fn append(&mut self, columns: &[&[u8]]) -> Result<()> {
         self.check_columns(columns, 1)?;
+        match self.append_checked(columns) {
+            Err(Error::ResourceExhausted(_)) if self.relieve() => self.append_checked(columns).map_err(|e| self.explain(e)),
+            r => r.map_err(|e| self.explain(e)),
+        }
+    }
+
+    fn append_checked(&mut self, columns: &[&[u8]]) -> Result<()> {
         let run = self.cursor.take(&mut self.source, 1)?;
         for (col, src) in columns.iter().enumerate() {
             // SAFETY: `run` was just taken by this writer's cursor from a block its
@@ -89,6 +123,42 @@ impl<B: BlockSource> Writer<B> {
             return Ok(());
         }
         self.check_columns(columns, steps)?;
+        match self.extend_checked(columns, steps) {
+            Err(Error::ResourceExhausted(_)) if self.relieve() => self.extend_checked(columns, steps).map_err(|e| self.explain(e)),
+            r => r.map_err(|e| self.explain(e)),
+        }
+    }
+
+    /// When the store is full and this writer keeps its whole episode by default:
+    /// keeps only what its items have needed from now on in this episode. True when
+    /// that let any steps go (worth trying again).
+    fn relieve(&mut self) -> bool {
+        if self.max_sequence_length.is_some() {
+            return false;
+        }
+        self.bounded = true;
+        let before = self.kept;
+        self.trim(self.longest.load(Ordering::Relaxed));
+        self.kept < before
+    }
+
+    /// A full store's error, with what this writer holds.
+    fn explain(&self, e: Error) -> Error {
+        match e {
+            Error::ResourceExhausted(m) if self.kept > 0 => Error::ResourceExhausted(format!(
+                "{m}. This writer holds {} steps of its episode ({} blocks){}",
+                self.kept,
+                self.history.len(),
+                match self.max_sequence_length {
+                    Some(n) => format!(" (its max_sequence_length is {n})"),
+                    None => " (its longest item so far needed that many)".into(),
+                }
+            )),
+            e => e,
+        }
+    }
+
+    fn extend_checked(&mut self, columns: &[&[u8]], steps: usize) -> Result<()> {
         let mut runs: Vec<Run> = Vec::new();
         let mut left = steps as u64;
         while left > 0 {
@@ -142,8 +212,18 @@ impl<B: BlockSource> Writer<B> {
         }
         self.kept += run.len as u64;
         self.episode_steps += run.len as u64;
-        if let Some(max) = self.max_sequence_length {
-            self.trim(max);
+        match self.max_sequence_length {
+            Some(max) => self.trim(max),
+            None => {
+                let pressure = self.source.pressure();
+                if pressure != self.pressure_seen {
+                    self.pressure_seen = pressure;
+                    self.bounded = true;
+                }
+                if self.bounded {
+                    self.trim(self.longest.load(Ordering::Relaxed));
+                }
+            }
         }
     }
 
@@ -197,11 +277,17 @@ impl<B: BlockSource> Writer<B> {
             return Err(invalid!("{what} need {need} steps: longer than the episode so far ({} steps)", self.episode_steps));
         }
         if need > self.kept {
-            return Err(invalid!(
-                "item of {num_steps} steps for table '{table}' is longer than the writer's max_sequence_length ({})",
-                self.kept
-            ));
+            return Err(match self.max_sequence_length {
+                Some(max) => invalid!("item of {num_steps} steps for table '{table}' is longer than the writer's max_sequence_length ({max})"),
+                None => invalid!(
+                    "item of {num_steps} steps for table '{table}' needs {need} steps, but the writer keeps only the last {}: \
+                     when the store filled, it let go of steps older than its longest item so far; pass \
+                     max_sequence_length={need} (the longest item you create) to writer() to keep them, or give the store more capacity",
+                    self.kept
+                ),
+            });
         }
+        self.longest.fetch_max(need, Ordering::Relaxed);
         Ok(())
     }
 
@@ -252,6 +338,7 @@ impl<B: BlockSource> Writer<B> {
         }
         self.kept = 0;
         self.episode_steps = 0;
+        self.bounded = false;
     }
 
     /// Ends the episode and gives up the current block.

@@ -444,7 +444,7 @@ fn rust_client_writes_samples_and_updates() {
     assert_eq!(r.lengths, vec![3; 5]);
     for (i, key) in r.keys.iter().enumerate() {
         assert!(keys.contains(key));
-        let rows = &r.columns[0][i * 48..(i + 1) * 48];
+        let rows = &r.columns[0].bytes().unwrap()[i * 48..(i + 1) * 48];
         // The item's three steps are consecutive steps of the episode.
         assert_eq!(rows[16], rows[0] + 1);
         assert_eq!(rows[32], rows[0] + 2);

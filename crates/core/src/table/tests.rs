@@ -283,7 +283,8 @@ fn queues_keep_their_items_when_the_store_is_full() {
 fn store_pressure_never_evicts_blocks_a_writer_still_holds() {
     let s = store(8);
     let t = Table::new(config("t", SelectorSpec::Fifo, SelectorSpec::Fifo, 8), &s).unwrap();
-    let mut w = Writer::new(s.clone(), None).unwrap();
+    // Asked to keep 8 steps, the writer holds both blocks whatever the pressure.
+    let mut w = Writer::new(s.clone(), Some(8)).unwrap();
     for v in 0..8i64 {
         w.append(&[&v.to_ne_bytes()]).unwrap();
         w.create_item(&t, 1, 1.0, None).unwrap();
@@ -291,6 +292,8 @@ fn store_pressure_never_evicts_blocks_a_writer_still_holds() {
     // The episode still holds both blocks: evicting their items would free nothing.
     let e = w.append(&[&8i64.to_ne_bytes()]).unwrap_err();
     assert!(matches!(e, Error::ResourceExhausted(_)), "{e}");
+    let m = e.to_string();
+    assert!(m.contains("2 by writers' episode history") && m.contains("This writer holds 8 steps") && m.contains("max_sequence_length is 8"), "{m}");
     assert_eq!(t.size(), 8);
     w.end_episode();
     w.append(&[&8i64.to_ne_bytes()]).unwrap();
@@ -590,4 +593,32 @@ fn local_keys_come_back_from_global_keys_until_the_item_leaves() {
     assert_eq!(t.local_key(slot, generation), None);
     put(&t, &[3], &[1.0]); // reuses the slot with a new generation
     assert_eq!(t.local_key(slot, generation), None);
+}
+
+#[test]
+fn a_default_writer_keeps_only_its_longest_item_once_the_store_is_full() {
+    let s = store(8);
+    let t = Table::new(config("t", SelectorSpec::Fifo, SelectorSpec::Fifo, 8), &s).unwrap();
+    let mut w = Writer::new(s.clone(), None).unwrap();
+    // A continuing task: one episode, one-step items, for ten times the store.
+    for v in 0..80i64 {
+        w.append(&[&v.to_ne_bytes()]).unwrap();
+        w.create_item(&t, 1, 1.0, None).unwrap();
+    }
+    let mut got = Vec::new();
+    for item in t.items() {
+        got.extend(values(&t, &t.sample(1, None).unwrap()));
+        t.delete(&[item.key]);
+    }
+    assert_eq!(got.last(), Some(&79));
+    assert!(got.len() >= 4 && got.windows(2).all(|p| p[1] == p[0] + 1), "{got:?}");
+    // An item longer than what the writer kept says how to keep more.
+    let e = w.create_item(&t, 3, 1.0, None).unwrap_err();
+    assert!(e.to_string().contains("max_sequence_length=3"), "{e}");
+    // A new episode keeps everything again until the store fills.
+    w.end_episode();
+    for v in 0..4i64 {
+        w.append(&[&v.to_ne_bytes()]).unwrap();
+    }
+    w.create_item(&t, 4, 1.0, None).unwrap();
 }
