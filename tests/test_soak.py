@@ -18,6 +18,12 @@ import signal
 import subprocess
 import sys
 
+import numpy as np
+import pytest
+
+import reprise as rp
+from benchmarks.soak.clients import PAYLOAD_BYTES, payload_of
+from benchmarks.soak.ledger import Ledger, read_checkpoint
 from benchmarks.soak.report import thresholds
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -76,3 +82,82 @@ def test_soak_60s_keeps_its_ledger_descriptors_and_timeouts_under_faults(tmp_pat
     for k, v in rep["stall"]["median_ratio"].items():
         assert v is not None and v >= th["stall_ratio"], (k, rep["stall"]["pairs"])
     assert code == 0, out[-4000:]
+
+
+# --- the ledger's checks, on synthetic records (fast) ----------------------------------------------
+
+BATCH = 4
+
+
+def one_writer(batches=10):
+    """Writer slot 0, incarnation 0: batch k begins at t=k and its flush returns at k+0.5."""
+    return {"batches": [{"slot": 0, "inc": 0, "seq": k * BATCH, "n": BATCH, "t_begin": float(k),
+                         "status": 1, "t_end": k + 0.5} for k in range(batches)]}
+
+
+def held(items, next_seq=None):
+    """A checkpoint holding the writer's items ``items`` (indexes = insertion numbers)."""
+    items = np.asarray(items, np.int64)
+    return {"name": "ckpt-test", "ids": items.copy(), "seq": items.copy(),
+            "next_seq": int(items.max()) + 1 if next_seq is None else next_seq,
+            "payload_ok": np.ones(len(items), bool),
+            "counters": {"num_deletes": 0, "num_store_evictions": 0}}
+
+
+def test_ledger_accepts_the_newest_items_and_counts_the_rest_as_evicted():
+    ledger = Ledger(one_writer(), BATCH)
+    r = ledger.check(held(range(28, 40)), epoch=1, s=10.0, t=10.1)
+    assert ledger.errors == []
+    assert r["evicted_by_rule"] == 28 and r["committed_present"] == 12 and r["inserted"] == 40
+
+
+@pytest.mark.parametrize("mutation, message", [
+    ("dropped_mid_batch", "miss items before ones they still hold"),
+    ("dropped_batch_head", "missing although older items are present"),
+    ("phantom", "items no writer began"),
+    ("corrupt", "payloads differ"),
+    ("hole", "not the newest"),
+    ("too_many_inserts", "inserted in epoch 1, outside"),
+])
+def test_ledger_names_each_kind_of_loss(mutation, message):
+    ledger = Ledger(one_writer(), BATCH)
+    items = list(range(27, 40))
+    ck = None
+    if mutation == "dropped_mid_batch":      # item 35 never inserted: the server renumbered the rest
+        items.remove(35)
+        ck = held(items)
+        ck["seq"] = np.arange(40 - len(items) - 1, 39)
+        ck["next_seq"] = 39
+    elif mutation == "dropped_batch_head":   # item 36 (first of the last batch) never inserted
+        items.remove(36)
+        ck = held(items)
+        ck["seq"] = np.arange(39 - len(items), 39)
+        ck["next_seq"] = 39
+    elif mutation == "phantom":
+        ck = held(items[1:])
+        ck["ids"][0] = 1 << 50
+    elif mutation == "corrupt":
+        ck = held(items[1:])
+        ck["payload_ok"][3] = False
+    elif mutation == "hole":                 # evicted out of FIFO order
+        ck = held([i for i in items if i != 30])
+    elif mutation == "too_many_inserts":
+        ck = held(items[1:], next_seq=400)
+        ck["seq"] = np.arange(400 - len(ck["ids"]), 400)
+    ledger.check(ck, epoch=1, s=10.0, t=10.1)
+    assert any(message in e for e in ledger.errors), ledger.errors
+
+
+def test_read_checkpoint_finds_every_item_id_and_payload(make_store, tmp_path):
+    store = make_store({"id": rp.Field((), "int64"), "payload": rp.Field((PAYLOAD_BYTES,), "uint8")},
+                       capacity=256, block_steps=16)
+    table = rp.Table("replay", store, remover=rp.selectors.Fifo(), max_size=40)
+    ids = (7 << 48) + np.arange(100, dtype=np.int64)
+    for a in range(0, 100, 25):   # several inserts: the saved rows span several blocks
+        table.insert({"id": ids[a:a + 25, None], "payload": payload_of(ids[a:a + 25])[:, None]}, priorities=1.0)
+    ck = read_checkpoint(rp, rp.checkpoint.save(str(tmp_path), [table]), "replay")
+    order = np.argsort(ck["seq"])
+    np.testing.assert_array_equal(ck["ids"][order], ids[60:])
+    np.testing.assert_array_equal(ck["seq"][order], np.arange(60, 100))
+    assert ck["next_seq"] == 100 and ck["payload_ok"].all() and ck["max_size"] == 40
+

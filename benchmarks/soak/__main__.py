@@ -32,16 +32,22 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--seconds", type=float, help="length of the run in seconds (CI: 60)")
     ap.add_argument("--seed", type=int, default=1, help="seeds every fault schedule and client")
     ap.add_argument("--out-dir", default=OUT, help="where the .json, .md and .png go (default benchmarks/out)")
+    ap.add_argument("--checkpoint-every", type=float, help="seconds between checkpoints (default: 30, or the "
+                    "run's length / 8 under 3 minutes)")
+    ap.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
+                    help="an environment variable for the server process (diagnosis, e.g. MALLOC_ARENA_MAX=2)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (records, checkpoints, logs)")
     a = ap.parse_args(argv)
     seconds = a.seconds if a.seconds is not None else 60.0 * (a.minutes if a.minutes is not None else 10.0)
     plan = Plan.for_seconds(seconds, a.seed)
+    if a.checkpoint_every is not None:
+        plan.checkpoint_every = a.checkpoint_every
     os.makedirs(a.out_dir, exist_ok=True)
     now = dt.datetime.now()
     stem = f"soak-{now:%Y%m%d-%H%M%S}-{seconds:.0f}s"
     work = tempfile.mkdtemp(prefix="reprise-soak-")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(2))   # run the finally below
-    soak = Soak(plan, work, log=log)
+    soak = Soak(plan, work, log=log, server_env=dict(kv.split("=", 1) for kv in a.server_env))
     import reprise as rp
     try:
         result = soak.run()

@@ -18,7 +18,7 @@ Roles (each a separate process, so that a SIGKILL takes one of them whole):
   prints ``READY`` and never reads again; the driver then SIGSTOPs it, so not even its
   runtime reads the socket.
 
-Every call is timed (``K kind start wait limit ok n``); ``limit`` is the call's timeout, or
+Every call is timed (``K kind start wait limit ok n error``); ``limit`` is the call's timeout, or
 for a call that takes none (``update_priorities``, ``checkpoint``, a writer's
 ``extend``/``create_items``) the budget it is held to. A process ends at SIGTERM after the
 call in progress. Times are ``time.monotonic()``: one clock for every process of the host.
@@ -59,8 +59,9 @@ class Records:
     def write(self, *fields) -> None:
         os.write(self._fd, (" ".join(str(f) for f in fields) + "\n").encode())
 
-    def call(self, kind: str, start: float, limit: float, ok: bool, n: int = 0) -> None:
-        self.write("K", kind, f"{start:.6f}", f"{time.monotonic() - start:.6f}", limit, int(ok), n)
+    def call(self, kind: str, start: float, limit: float, ok: bool, n: int = 0, error: BaseException | None = None):
+        self.write("K", kind, f"{start:.6f}", f"{time.monotonic() - start:.6f}", limit, int(ok), n,
+                   "-" if error is None else type(error).__name__)
 
 
 class Role:
@@ -101,8 +102,8 @@ class Role:
                                           connect_timeout=s["connect_timeout"])
                 self.rec.call("connect", t0, s["connect_timeout"], True)
                 return pool
-            except self.rp.errors.RepriseError:
-                self.rec.call("connect", t0, s["connect_timeout"], False)
+            except self.rp.errors.RepriseError as e:
+                self.rec.call("connect", t0, s["connect_timeout"], False, error=e)
                 self.pause(0.2)
         return None
 
@@ -120,8 +121,8 @@ def writer(r: Role) -> None:
             try:
                 w = pool.writer(r.table, max_sequence_length=batch)
                 r.rec.call("open_writer", t0, s["timeout"], True)
-            except rp.errors.RepriseError:
-                r.rec.call("open_writer", t0, s["timeout"], False)
+            except rp.errors.RepriseError as e:
+                r.rec.call("open_writer", t0, s["timeout"], False, error=e)
                 r.pause(0.2)
                 continue
         ids = base + np.arange(seq, seq + batch, dtype=np.int64)
@@ -141,7 +142,7 @@ def writer(r: Role) -> None:
             # A pool that lost the server says so on the logger and returns from flush.
             r.rec.write("C" if r.lost == lost else "L", seq, batch, f"{t2:.6f}")
         except rp.errors.RepriseError as e:
-            r.rec.call(step, t0 if step == "write" else t1, s["timeout"], False)
+            r.rec.call(step, t0 if step == "write" else t1, s["timeout"], False, error=e)
             r.rec.write("F", seq, batch, f"{time.monotonic():.6f}", type(e).__name__)
             try:
                 w.close()
@@ -169,8 +170,8 @@ def sampler(r: Role, update: bool) -> None:
         t0 = time.monotonic()
         try:
             got = pool.sample(r.table, n, timeout=s["timeout"], fields=fields)
-        except rp.errors.RepriseError:
-            r.rec.call("sample", t0, s["timeout"], False)
+        except rp.errors.RepriseError as e:
+            r.rec.call("sample", t0, s["timeout"], False, error=e)
             r.pause(0.2)
             continue
         r.rec.call("sample", t0, s["timeout"], True, len(got))
@@ -184,8 +185,8 @@ def sampler(r: Role, update: bool) -> None:
         try:
             done = pool.update_priorities(r.table, got.keys, rng.uniform(0.1, 2.0, len(got)), servers=got.servers)
             r.rec.call("update", t0, s["timeout"], True, done)
-        except rp.errors.RepriseError:
-            r.rec.call("update", t0, s["timeout"], False)
+        except rp.errors.RepriseError as e:
+            r.rec.call("update", t0, s["timeout"], False, error=e)
             r.pause(0.2)
     if pool is not None:
         pool.close()
@@ -210,8 +211,8 @@ def checkpointer(r: Role) -> None:
             r.rec.call("checkpoint", t0, s["checkpoint_budget"], True)
             r.rec.write("CE", f"{time.monotonic():.6f}", path)
             next_at = t0 + s["interval"]
-        except rp.errors.RepriseError:
-            r.rec.call("checkpoint", t0, s["checkpoint_budget"], False)
+        except rp.errors.RepriseError as e:
+            r.rec.call("checkpoint", t0, s["checkpoint_budget"], False, error=e)
             r.pause(0.5)
     if client is not None:
         client.close()

@@ -18,19 +18,21 @@ of epoch ``e``, requested at ``s`` and answered at ``t``:
    ``[next_seq - size, next_seq)``, so the table holds the newest items by the server's own
    insertion order; ``num_deletes`` is 0 and ``num_store_evictions`` is 0 (no eviction but
    the remover's).
-2. **No phantom**: every item's id was begun by a writer (epoch 2: or is in ``C``), and an
-   item of epoch 1 in an epoch-2 checkpoint is in ``C``.
+2. **No phantom**: every item's id was begun by a writer in epoch ``e``, or (epoch 2) is one
+   of ``C``'s items. ``C``'s items keep their insertion numbers across the restart, which
+   are below every epoch-2 insertion, so (with 1) the ones ``S`` holds must be exactly
+   ``C``'s newest, each with its number from ``C``: checked exactly.
 3. **Integrity**: every item's payload is its id repeated.
 4. **Committed items are present or evicted by rule.** The candidates are the items whose
-   flush returned before ``s`` in epoch ``e`` (epoch 2: and ``C``'s items). A candidate
-   ``X`` may be missing only if no item known to be older than ``X`` is present, because a
-   FIFO remover evicts oldest first. Known older: an earlier item of ``X``'s own batch (a
-   batch is one stream, applied in order), and any item whose flush returned before
-   ``X``'s batch began. Since (1) shows the present items fill the newest insertion
-   numbers without a gap, a candidate that was inserted and is missing was evicted by
-   the remover; (4) catches a candidate that was never inserted (a flush that returned
-   for items the server dropped) whenever anything older than it is still present, and
-   (5) bounds the rest.
+   flush returned before ``s`` in epoch ``e``. A candidate ``X`` may be missing only if no
+   item known to be older than ``X`` is present, because a FIFO remover evicts oldest
+   first. Known older: an earlier item of ``X``'s own batch (one ``create_items`` on one
+   writer stream, applied in order), any item whose flush returned before ``X``'s batch
+   began, and (epoch 2) any of ``C``'s items. Since (1) shows the present items fill the
+   newest insertion numbers without a gap, a candidate that was inserted and is missing
+   was evicted by the remover; (4) catches a candidate that was never inserted (a flush
+   that returned for items the server dropped) whenever anything older than it is still
+   present, and (5) bounds the rest.
 5. **Counts**: items inserted in the epoch by the time of ``S`` (``next_seq`` minus the
    epoch's first) lie between the candidates committed before ``s`` and the items whose
    batch began before ``t``.
@@ -45,7 +47,6 @@ newest complete checkpoint when the server was killed, and the one it restored.
 from __future__ import annotations
 
 import glob
-import json
 import os
 import re
 
@@ -86,7 +87,7 @@ def read_records(directory: str) -> dict:
                 b["status"], b["t_end"] = STATUS[p[0]], float(p[3])
             elif p[0] == "K":
                 calls.append({"role": role, "slot": slot, "kind": p[1], "start": float(p[2]), "wait": float(p[3]),
-                              "limit": float(p[4]), "ok": p[5] == "1", "n": int(p[6])})
+                              "limit": float(p[4]), "ok": p[5] == "1", "n": int(p[6]), "error": p[7]})
             elif p[0] == "CB":
                 pending_cb = {"t_begin": float(p[1]), "wall_ns": int(p[2]), "t_end": np.inf, "path": None}
                 requests.append(pending_cb)

@@ -122,6 +122,10 @@ def stall_effect(soak, result: dict, tp: dict) -> dict:
 
 
 def memory(soak, result: dict) -> dict:
+    """Per server incarnation: the median RSS over the first ``span`` seconds after its
+    warm-up against the median over its last ``span`` seconds of load (``span``: 15% of that
+    time, at least 5 s), for VmRSS (the criterion) and RssAnon (the heap alone: VmRSS also
+    counts the store's shared memory, a constant that dilutes the heap's growth)."""
     plan = soak.plan
     servers = soak.events["servers"]
     ends = [(result["crash"]["t_kill"] - soak.t0) if result["crash"] else plan.seconds, plan.seconds]
@@ -130,17 +134,19 @@ def memory(soak, result: dict) -> dict:
         start, end = srv["t_ready"] - soak.t0, ends[i] if i < len(ends) else plan.seconds
         warm = start + plan.warmup
         span = max(5.0, 0.15 * (end - warm))
-        pts = [(s["t"], s["VmRSS"]) for s in soak.samples if s.get("pid") == srv["pid"] and "VmRSS" in s]
-        base = [v for t, v in pts if warm <= t < warm + span]
-        last = [v for t, v in pts if end - span <= t < end]
-        after = [v for t, v in pts if warm <= t < end]
         r = {"pid": srv["pid"], "ready_s": round(start, 2), "warm_s": round(warm, 2), "end_s": round(end, 2)}
-        if base and last and end - warm >= 2 * span:
-            r.update(baseline_kib=statistics.median(base), final_kib=statistics.median(last), peak_kib=max(after),
-                     growth=statistics.median(last) / statistics.median(base) - 1.0)
+        for key, name in (("VmRSS", ""), ("RssAnon", "heap_")):
+            pts = [(s["t"], s[key]) for s in soak.samples if s.get("pid") == srv["pid"] and key in s]
+            base = [v for t, v in pts if warm <= t < warm + span]
+            last = [v for t, v in pts if end - span <= t < end]
+            if base and last and end - warm >= 2 * span:
+                r.update({f"{name}baseline_kib": statistics.median(base), f"{name}final_kib": statistics.median(last),
+                          f"{name}peak_kib": max(v for t, v in pts if warm <= t < end),
+                          f"{name}growth": statistics.median(last) / statistics.median(base) - 1.0})
         out.append(r)
     return {"incarnations": out,
-            "growth": max((r["growth"] for r in out if "growth" in r), default=None)}
+            "growth": max((r["growth"] for r in out if "growth" in r), default=None),
+            "heap_growth": max((r["heap_growth"] for r in out if "heap_growth" in r), default=None)}
 
 
 def descriptors(soak, result: dict) -> dict:
@@ -191,7 +197,8 @@ def faults_summary(soak, ledger_totals: dict, records: dict) -> dict:
             text = f.read()
         if "panicked" in text or "Traceback" in text:
             panics.append(srv["log"])
-    return {"client_kills": len(ev["kills"]), "writer_kills": len(writer_kills),
+    refused = sum(c["error"] == "Unauthenticated" for c in records["calls"])
+    return {"client_kills": len(ev["kills"]), "own_calls_refused": refused, "writer_kills": len(writer_kills),
             "writer_kills_mid_batch": sum((k["slot"], k["inc"]) in open_ends for k in writer_kills),
             "malformed": mal, "server_deaths": ev["server_deaths"],
             "tokens": tokens, "hangs": len(ev["hangs"]), "stragglers": ev["stragglers"],
@@ -203,11 +210,12 @@ def criteria(rep: dict) -> dict:
     th = rep["thresholds"]
     led, mem, fds, w, st, fa = (rep["ledger"], rep["rss"], rep["fds"], rep["waits"], rep["stall"], rep["faults"])
     c = {}
-    c["ledger"] = {"pass": led["error_count"] == 0 and fa["tokens"].get("accepted", 0) == 0
-                   and not fa["server_logs_with_panics"] and not fa["server_deaths"],
-                   "value": f"{led['error_count']} ledger errors, {fa['tokens'].get('accepted', 0)} wrong tokens "
-                            f"accepted, {len(fa['server_logs_with_panics'])} server panics, "
+    c["ledger"] = {"pass": led["error_count"] == 0 and not fa["server_logs_with_panics"] and not fa["server_deaths"],
+                   "value": f"{led['error_count']} ledger errors, {len(fa['server_logs_with_panics'])} server panics, "
                             f"{len(fa['server_deaths'])} server deaths but the planned one"}
+    c["auth"] = {"pass": fa["tokens"].get("accepted", 0) == 0 and fa["own_calls_refused"] == 0,
+                 "value": f"{fa['tokens'].get('refused', 0)} wrong tokens refused, {fa['tokens'].get('accepted', 0)} "
+                          f"accepted; {fa['own_calls_refused']} calls with the right token refused"}
     g = mem["growth"]
     c["rss"] = {"pass": g is not None and g < th["rss_growth"],
                 "value": "n/a" if g is None else f"{100 * g:+.1f}% (limit {100 * th['rss_growth']:.0f}%)"}
@@ -231,7 +239,7 @@ def analyze(rp, soak, result: dict) -> dict:
     records = read_records(soak.records)
     led = check_ledger(rp, soak, result, records)
     tp = throughput(soak, records)
-    rep = {"plan": dict(vars(soak.plan)), "thresholds": thresholds(soak.plan.seconds), "ledger": led,
+    rep = {"plan": dict(vars(soak.plan)), "server_env": soak.server_env, "thresholds": thresholds(soak.plan.seconds), "ledger": led,
            "stall": stall_effect(soak, result, tp), "rss": memory(soak, result), "fds": descriptors(soak, result),
            "waits": waits(soak, records), "faults": faults_summary(soak, led["totals"], records),
            "crash": {k: (round(v - soak.t0, 3) if k.startswith("t_") else v)
@@ -286,18 +294,55 @@ def plot(rep: dict, path: str) -> None:
 
 
 def markdown(rep: dict, stem: str) -> str:
-    p, led = rep["plan"], rep["ledger"]
+    p, led, st, fa = rep["plan"], rep["ledger"], rep["stall"], rep["faults"]
+    h = rep.get("host", {})
     lines = [f"# Soak `{stem}`: {'PASS' if rep['pass'] else 'FAIL'}", "",
-             f"{p['seconds']:.0f} s, seed {p['seed']}; table max_size {p['max_size']} (FIFO), "
-             f"checkpoint every {p['checkpoint_every']:.1f} s, server SIGKILL at {rep['crash'].get('t_kill')} s.", "",
+             f"{p['seconds']:.0f} s, seed {p['seed']}, {h.get('cpu_model', '?')} x {h.get('cpus', '?')}; "
+             f"table max_size {p['max_size']} (FIFO), store {p['max_size'] * p['capacity_factor']} steps of 4 KB, "
+             f"a checkpoint every {p['checkpoint_every']:.1f} s, server SIGKILL at {rep['crash'].get('t_kill')} s "
+             f"(back in {rep['crash'].get('restart_s')} s)"
+             + (f"; server environment {rep['server_env']}" if rep.get("server_env") else "") + ".", "",
              "| criterion | result | |", "|---|---|---|"]
     for name, c in rep["criteria"].items():
         lines.append(f"| {name} | {c['value']} | {'pass' if c['pass'] else '**FAIL**'} |")
     t = led["totals"]
-    lines += ["", f"Items: {t['items_begun']:,} begun, {t['items_committed']:,} committed (flush returned), "
-              f"{t['items_failed']:,} in failed batches, {t['items_unknown']:,} in batches cut by a SIGKILL, "
-              f"{t['items_reported_lost']:,} reported lost by the pool.",
-              f"Checkpoints checked: {len(led['checkpoints'])}; restored: {led['restored']}.", ""]
+    r = led["restored"] or {}
+    lines += ["", f"**Ledger.** {t['items_begun']:,} items begun, {t['items_committed']:,} committed (flush "
+              f"returned), {t['items_failed']:,} in failed batches, {t['items_unknown']:,} in batches cut by a "
+              f"SIGKILL, {t['items_reported_lost']:,} reported lost by the pool. {len(led['checkpoints'])} "
+              f"checkpoints checked. Crash: {r.get('committed_epoch1', 0):,} items committed before it; "
+              f"`{r.get('name')}` held {r.get('in_restored', 0):,}, {r.get('evicted_before_request', 0):,} had been "
+              f"evicted by FIFO before it was requested, {r.get('lost_in_crash_allowed', 0):,} were committed after "
+              f"it was requested (lost with the crash, allowed). Final checkpoint: "
+              f"{led['final'].get('size', 0):,} items, {led['final'].get('evicted_by_rule', 0):,} committed items of "
+              "its epoch evicted by FIFO.", ""]
+    ins = [w["inserts_per_s"] for w in st["windows"] if w["valid"] and not w["on"]]
+    smp = [w["samples_per_s"] for w in st["windows"] if w["valid"] and not w["on"]]
+    if ins:
+        lines += [f"**Throughput** (windows without the stalled reader, median): {statistics.median(ins):,.0f} "
+                  f"committed items/s, {statistics.median(smp):,.0f} sampled items/s.", ""]
+    lines += ["| window (s) | stalled reader | inserts/s | samples/s |", "|---|---|---|---|"]
+    for w in st["windows"]:
+        if w["valid"]:
+            lines.append(f"| {w['from']:.0f}-{w['end']:.0f} | {'on' if w['on'] else 'off'} | "
+                         f"{w['inserts_per_s']:,.0f} | {w['samples_per_s']:,.0f} |")
+        else:
+            lines.append(f"| {w['start']:.0f}-{w['end']:.0f} | {'on' if w['on'] else 'off'} | (excluded: crash) | |")
+    lines += ["", "| server | VmRSS after warm-up -> end (MiB) | growth | heap (RssAnon) | heap growth |",
+              "|---|---|---|---|---|"]
+    for i, m in enumerate(rep["rss"]["incarnations"]):
+        if "growth" in m:
+            lines.append(f"| {'first' if i == 0 else 'restarted'} ({m['warm_s']:.0f}-{m['end_s']:.0f} s) | "
+                         f"{m['baseline_kib'] / 1024:.0f} -> {m['final_kib'] / 1024:.0f} | {100 * m['growth']:+.1f}% | "
+                         f"{m.get('heap_baseline_kib', 0) / 1024:.0f} -> {m.get('heap_final_kib', 0) / 1024:.0f} | "
+                         f"{100 * m.get('heap_growth', 0):+.1f}% |")
+    lines += ["", "| call | calls | failed | limit (s) | max wait (s) |", "|---|---|---|---|---|"]
+    for k, v in rep["waits"]["by_kind"].items():
+        lines.append(f"| {k} | {v['calls']:,} | {v['failed']:,} | {v['limit_s']:g} | {v['max_wait_s']:.3f} |")
+    mal = ", ".join(f"{k} {v['count']}" for k, v in sorted(fa["malformed"].items()))
+    lines += ["", f"**Faults.** {fa['client_kills']} client SIGKILLs ({fa['writer_kills']} writers, "
+              f"{fa['writer_kills_mid_batch']} of them mid-batch); malformed connections: {mal}; wrong tokens: "
+              f"{fa['tokens']}; one server SIGKILL.", ""]
     if led["errors"]:
         lines += ["Ledger errors:", ""] + [f"- {e}" for e in led["errors"][:20]] + [""]
     return "\n".join(lines) + "\n"

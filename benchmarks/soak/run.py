@@ -12,8 +12,10 @@ Faults, each from its own seeded ``random.Random``:
   incarnation: its ids differ); the checkpointer is spared so that checkpoints keep their
   period;
 - every 1-3 s one malformed connection to the gRPC port (``faults.MALFORMED``);
-- every 2-4 s a client with a wrong, missing, truncated, extended or re-cased token, which
-  must be refused (``Unauthenticated``);
+- every 3-5 s a client with a wrong, missing, truncated, extended or re-cased token, which
+  must be refused (``Unauthenticated``), while no call of the soak's own clients may be
+  (the config's ``auth_failures_per_minute``, 30, is above that rate: every client is on
+  127.0.0.1, and past the limit the server refuses the address's calls whatever the token);
 - once, at 45% of the run (after a checkpoint exists), the server is SIGKILLed and started
   again with the same config: it restores its newest checkpoint and the clients' pools
   reconnect;
@@ -65,7 +67,7 @@ class Plan:
     retry_after: float = 1.0     # ClientPool: how soon a lost server is tried again
     kill_every: tuple = (3.0, 6.0)
     malformed_every: tuple = (1.0, 3.0)
-    token_every: tuple = (2.0, 4.0)
+    token_every: tuple = (3.0, 5.0)
 
     @classmethod
     def for_seconds(cls, seconds: float, seed: int = 1) -> "Plan":
@@ -100,8 +102,9 @@ def proc_status(pid: int) -> dict | None:
 
 
 class Soak:
-    def __init__(self, plan: Plan, work: str, log=print):
+    def __init__(self, plan: Plan, work: str, log=print, server_env: dict | None = None):
         self.plan, self.work, self.log = plan, work, log
+        self.server_env = dict(server_env or {})
         self.token = secrets.token_hex(16)
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
@@ -133,6 +136,10 @@ token = "{self.token}"
 checkpoint_dir = "ckpt"
 checkpoint_on_exit = false
 name = "{self.name}"
+# Every client of the soak, the wrong-token ones too, is 127.0.0.1: past this many failed
+# tokens in a minute the server refuses that address's calls, the right token's included.
+# The wrong-token fault stays below it (at most one attempt every 3 s).
+auth_failures_per_minute = 30
 
 [[stores]]
 name = "main"
@@ -154,7 +161,8 @@ seed = {p.seed}
         err = open(os.path.join(self.work, f"server-{n}.log"), "w")
         t_start = time.monotonic()
         proc = subprocess.Popen([sys.executable, "-m", "reprise.cli", "serve", "--config", self.config, "--grace", "5"],
-                                stdout=subprocess.PIPE, stderr=err, text=True, cwd=self.work)
+                                stdout=subprocess.PIPE, stderr=err, text=True, cwd=self.work,
+                                env={**os.environ, **self.server_env})
         err.close()
         lines: queue.Queue = queue.Queue()
         threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
