@@ -89,24 +89,33 @@ def throughput(soak, records: dict) -> dict:
     return out
 
 
-def rate_in(points, a: float, b: float) -> float:
-    return sum(n for t, n in points if a <= t < b) / (b - a) if b > a else float("nan")
+def rate_in(points, spans) -> float:
+    length = sum(b - a for a, b in spans)
+    return sum(n for t, n in points if any(a <= t < b for a, b in spans)) / length
 
 
 def stall_effect(soak, result: dict, tp: dict) -> dict:
+    """Rates per window, from ``settle`` s after it starts (and, with the stalled reader, from
+    when it was stopped) to its end, leaving out the crash (1 s before the SIGKILL to 3 s
+    after the restarted server is up); a window needs 40% of its time left to count."""
     plan, crash = soak.plan, result["crash"]
     hole = None
     if crash is not None:
-        hole = (crash["t_kill"] - soak.t0 - 1.0, crash["t_dead"] - soak.t0 + crash["restart_s"] + min(10.0, plan.window))
+        hole = (crash["t_kill"] - soak.t0 - 1.0, crash["t_dead"] - soak.t0 + crash["restart_s"] + 3.0)
     windows = []
     for w in result["windows"]:
         a = w["start"] + plan.settle
         if w["on"]:
             a = max(a, w.get("stalled_from", np.inf))
-        valid = a < w["end"] and (hole is None or w["end"] <= hole[0] or w["start"] >= hole[1])
-        windows.append({**w, "from": round(a, 2) if a < np.inf else None, "valid": bool(valid),
-                        "inserts_per_s": rate_in(tp["_events"]["inserts"], a, w["end"]) if valid else None,
-                        "samples_per_s": rate_in(tp["_events"]["samples"], a, w["end"]) if valid else None})
+        spans = [(a, w["end"])] if a < w["end"] else []
+        if hole is not None and spans:
+            spans = [s for s in ((a, min(w["end"], hole[0])), (max(a, hole[1]), w["end"])) if s[1] > s[0]]
+        measured = sum(b - x for x, b in spans)
+        valid = measured >= 0.4 * (w["end"] - w["start"])
+        windows.append({**w, "from": round(a, 2) if a < np.inf else None, "measured_s": round(measured, 2),
+                        "valid": bool(valid),
+                        "inserts_per_s": rate_in(tp["_events"]["inserts"], spans) if valid else None,
+                        "samples_per_s": rate_in(tp["_events"]["samples"], spans) if valid else None})
     pairs = []
     for i, w in enumerate(windows):
         if not (w["on"] and w["valid"]):
@@ -118,7 +127,11 @@ def stall_effect(soak, result: dict, tp: dict) -> dict:
             k: w[f"{k}_per_s"] / statistics.mean(o[f"{k}_per_s"] for o in offs) for k in ("inserts", "samples")}})
     ratio = {k: (statistics.median(p[k] for p in pairs) if pairs else None) for k in ("inserts", "samples")}
     worst = {k: (min(p[k] for p in pairs) if pairs else None) for k in ("inserts", "samples")}
-    return {"windows": windows, "pairs": pairs, "median_ratio": ratio, "min_ratio": worst, "excluded": hole}
+    # The noise floor: each window without the stalled reader against the next one without it.
+    offs = [w for w in windows if w["valid"] and not w["on"]]
+    noise = [{k: b[f"{k}_per_s"] / a[f"{k}_per_s"] for k in ("inserts", "samples")} for a, b in zip(offs, offs[1:])]
+    return {"windows": windows, "pairs": pairs, "median_ratio": ratio, "min_ratio": worst, "excluded": hole,
+            "off_to_off": noise}
 
 
 def memory(soak, result: dict) -> dict:
@@ -226,9 +239,11 @@ def criteria(rep: dict) -> dict:
                               f"{w['strictly_over']} past it at all, {len(w['hangs'])} hangs"}
     r = st["median_ratio"]
     ok = all(v is not None and v >= th["stall_ratio"] for v in r.values())
+    lo = st["min_ratio"]
     c["stalled_reader"] = {"pass": ok, "value": "n/a" if r["inserts"] is None else
-                           f"inserts x{r['inserts']:.2f}, samples x{r['samples']:.2f} with it "
-                           f"(median of {len(st['pairs'])} windows; limit x{th['stall_ratio']:.2f})"}
+                           f"inserts x{r['inserts']:.2f}, samples x{r['samples']:.2f} with it (median of "
+                           f"{len(st['pairs'])} windows, each against its neighbours without; lowest x{lo['inserts']:.2f}"
+                           f", x{lo['samples']:.2f}; limit x{th['stall_ratio']:.2f})"}
     c["clean_exit"] = {"pass": not fa["leftovers"] and not fa["stragglers"],
                        "value": f"{len(fa['leftovers'])} leftover files, {len(fa['stragglers'])} processes "
                                 "that did not stop on SIGTERM"}
@@ -321,13 +336,19 @@ def markdown(rep: dict, stem: str) -> str:
     if ins:
         lines += [f"**Throughput** (windows without the stalled reader, median): {statistics.median(ins):,.0f} "
                   f"committed items/s, {statistics.median(smp):,.0f} sampled items/s.", ""]
+    if st["off_to_off"]:
+        spread = [x["inserts"] for x in st["off_to_off"]]
+        lines += [f"Windows without the stalled reader differ from the next such window by x{min(spread):.2f} "
+                  f"to x{max(spread):.2f} in inserts/s (the noise floor of the comparison).", ""]
     lines += ["| window (s) | stalled reader | inserts/s | samples/s |", "|---|---|---|---|"]
     for w in st["windows"]:
         if w["valid"]:
-            lines.append(f"| {w['from']:.0f}-{w['end']:.0f} | {'on' if w['on'] else 'off'} | "
+            cut = " (less the crash)" if w["measured_s"] < w["end"] - w["from"] - 0.01 else ""
+            lines.append(f"| {w['from']:.0f}-{w['end']:.0f}{cut} | {'on' if w['on'] else 'off'} | "
                          f"{w['inserts_per_s']:,.0f} | {w['samples_per_s']:,.0f} |")
         else:
-            lines.append(f"| {w['start']:.0f}-{w['end']:.0f} | {'on' if w['on'] else 'off'} | (excluded: crash) | |")
+            lines.append(f"| {w['start']:.0f}-{w['end']:.0f} | {'on' if w['on'] else 'off'} | (too little left "
+                         "besides the crash) | |")
     lines += ["", "| server | VmRSS after warm-up -> end (MiB) | growth | heap (RssAnon) | heap growth |",
               "|---|---|---|---|---|"]
     for i, m in enumerate(rep["rss"]["incarnations"]):

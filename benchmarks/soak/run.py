@@ -58,7 +58,7 @@ class Plan:
     update_batch: int = 256
     checkpoint_every: float = 30.0
     warmup: float = 60.0
-    window: float = 30.0         # stalled-reader windows: off, on, off, ...
+    window: float = 30.0         # stalled-reader windows: off, on, ..., off (stall_windows)
     settle: float = 5.0          # the start of each window that is not measured
     crash_at: float = 270.0
     timeout: float = 10.0        # every timed call: flush, sample; the budget of those without one
@@ -71,13 +71,27 @@ class Plan:
 
     @classmethod
     def for_seconds(cls, seconds: float, seed: int = 1) -> "Plan":
-        """The full soak's numbers, scaled down for short runs (CI: 60 s)."""
+        """The full soak's numbers, scaled down for short runs (CI: 60 s). The server is
+        killed in the middle of the window without the stalled reader nearest to 45% of the
+        run, so that the windows with it stay whole."""
         short = seconds < 180
         window = min(30.0, seconds / 8)
-        return cls(seconds=seconds, seed=seed, max_size=4096 if short else 16384,
+        plan = cls(seconds=seconds, seed=seed, max_size=4096 if short else 16384,
                    checkpoint_every=max(5.0, seconds / 8) if short else 30.0,
-                   warmup=min(60.0, 0.15 * seconds), window=window, settle=min(5.0, window / 4),
-                   crash_at=0.45 * seconds)
+                   warmup=min(60.0, 0.15 * seconds), window=window, settle=min(5.0, window / 4))
+        offs = [(w["start"] + w["end"]) / 2 for w in stall_windows(plan) if not w["on"]]
+        plan.crash_at = min(offs, key=lambda t: abs(t - 0.45 * seconds)) if offs else 0.45 * seconds
+        return plan
+
+
+def stall_windows(p: Plan) -> list[dict]:
+    """Windows from the warm-up to the end, off and on in turn, an odd number of about
+    ``p.window`` seconds each: every window with the stalled reader lies between two without."""
+    n = max(1, int((p.seconds - p.warmup) / p.window))
+    n -= 1 - n % 2
+    length = (p.seconds - p.warmup) / n
+    return [{"start": round(p.warmup + k * length, 3), "end": round(p.warmup + (k + 1) * length, 3), "on": k % 2 == 1}
+            for k in range(n)]
 
 
 def free_port() -> int:
@@ -341,10 +355,7 @@ seed = {p.seed}
         self._every("kills", p.kill_every, p.seed * 7 + 1, self.kill_one)
         self._every("malformed", p.malformed_every, p.seed * 7 + 2, self.malformed_one)
         self._every("tokens", p.token_every, p.seed * 7 + 3, self.token_one)
-        windows, k, t = [], 0, p.warmup
-        while t + p.window <= p.seconds + 1e-9:
-            windows.append({"start": t, "end": t + p.window, "on": k % 2 == 1})
-            t, k = t + p.window, k + 1
+        windows = stall_windows(p)
         crash = None
         current = None
         end = self.t0 + p.seconds

@@ -227,6 +227,7 @@ impl RemoteClient {
             .connect_timeout(options.connect_timeout.unwrap_or(Duration::from_secs(10)))
             .initial_stream_window_size(Some(16 << 20))
             .initial_connection_window_size(Some(32 << 20))
+            .max_frame_size(1 << 20)
             .tcp_nodelay(true);
         if options.tls {
             let mut tls = ClientTlsConfig::new();

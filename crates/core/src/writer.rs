@@ -268,21 +268,24 @@ impl<B: BlockSource> Writer<B> {
             return Err(invalid!("num_steps must be >= 1, got 0"));
         }
         let need = num_steps + back;
-        if need > self.episode_steps {
-            let what = if back == 0 {
+        let what = || {
+            if back == 0 {
                 format!("item of {num_steps} steps for table '{table}'")
             } else {
                 format!("{} items of {num_steps} steps for table '{table}' (one per step)", back + 1)
-            };
-            return Err(invalid!("{what} need {need} steps: longer than the episode so far ({} steps)", self.episode_steps));
+            }
+        };
+        if need > self.episode_steps {
+            return Err(invalid!("{} need {need} steps: longer than the episode so far ({} steps)", what(), self.episode_steps));
         }
         if need > self.kept {
             return Err(match self.max_sequence_length {
-                Some(max) => invalid!("item of {num_steps} steps for table '{table}' is longer than the writer's max_sequence_length ({max})"),
+                Some(max) => invalid!("{} need {need} steps: more than the writer's max_sequence_length ({max})", what()),
                 None => invalid!(
-                    "item of {num_steps} steps for table '{table}' needs {need} steps, but the writer keeps only the last {}: \
-                     when the store filled, it let go of steps older than its longest item so far; pass \
-                     max_sequence_length={need} (the longest item you create) to writer() to keep them, or give the store more capacity",
+                    "{} need {need} steps, but the writer keeps only the last {}: when the store filled, it let go of \
+                     steps older than its longest item so far; pass max_sequence_length={need} (the longest item you \
+                     create) to writer() to keep them, or give the store more capacity",
+                    what(),
                     self.kept
                 ),
             });

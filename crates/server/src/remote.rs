@@ -43,6 +43,10 @@ use crate::monitor::Monitor;
 /// HTTP/2 flow-control window of a stream (the connection's is twice that).
 pub const WINDOW: u32 = 16 << 20;
 
+/// Largest HTTP/2 frame either side accepts: large messages in few frames (the
+/// default 16 KiB costs a frame header and a write entry per 16 KiB).
+pub const FRAME: u32 = 1 << 20;
+
 /// Most column bytes in one message of a sample sent in parts: a stream's window,
 /// so a client that stops reading holds at most about two parts of server memory.
 pub const PART_BYTES: usize = WINDOW as usize;
@@ -188,6 +192,7 @@ impl RemoteServer {
             // Large windows: a 1 MB insert message must not wait for WINDOW_UPDATE round trips.
             .initial_stream_window_size(Some(WINDOW))
             .initial_connection_window_size(Some(2 * WINDOW))
+            .max_frame_size(Some(FRAME))
             .http2_keepalive_interval(options.keepalive)
             .http2_keepalive_timeout(options.keepalive)
             .tcp_nodelay(true);
