@@ -225,3 +225,31 @@ def test_a_full_store_says_what_holds_it(make_store):
         w.append({"obs": np.zeros(64, np.float32)})
     assert len(table) == 1
     w.close()
+
+
+def test_an_extend_larger_than_a_message_is_sent_in_runs(make_store):
+    store = make_store({"obs": rp.Field((ROW,), "float32"), "id": rp.Field((), "int64")}, capacity=256, block_steps=8)
+    table = rp.Table("t", store, sampler=rp.selectors.Fifo(), remover=rp.selectors.Fifo(), max_size=100)
+    server = serve(table, max_message_bytes=1 << 20)
+    try:
+        with rp.Client(server.address) as c, c.writer("t") as w:
+            ids = np.arange(40)
+            w.extend({"obs": np.repeat(ids[:, None], ROW, axis=1).astype(np.float32), "id": ids})  # 4 MB
+            w.create_items("t", 1, [1.0] * 40)
+            w.flush()
+            assert c.info()["t"]["size"] == 40
+            s = c.sample("t", 1)
+            assert s.data["id"][0, 0] == 0
+        # One step larger than a message cannot be split: the error says what to change.
+        wide = make_store({"obs": rp.Field((2 << 20,), "uint8")}, capacity=16, block_steps=4)
+        other = rp.Table("w", wide, max_size=10)
+        server2 = serve(other, max_message_bytes=1 << 20)
+        try:
+            with rp.Client(server2.address) as c, c.writer("w") as w:
+                with pytest.raises(rp.errors.InvalidArgument, match=r"one step is 2097152 bytes, more than the server's max_message_bytes \(1048576\)"):
+                    w.append({"obs": np.zeros(2 << 20, np.uint8)})
+                assert w.episode_steps == 0
+        finally:
+            server2.stop()
+    finally:
+        server.stop()

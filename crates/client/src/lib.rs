@@ -125,6 +125,14 @@ pub trait StepWriter: Send {
     /// Appends `steps` steps: `columns[i]` holds `steps` rows of field i.
     fn extend(&mut self, columns: &[&[u8]], steps: usize) -> Result<()>;
 
+    /// Whether appending `steps` steps may wait for the server (a remote writer's
+    /// full send queue), so a caller holding a lock others need (Python's GIL)
+    /// lets go of it first. A local writer's appends wait at most one short round
+    /// trip for a block.
+    fn may_wait(&self, _steps: usize) -> bool {
+        false
+    }
+
     /// Queues an item over the last `num_steps` steps for `table`.
     fn create_item(&mut self, table: &str, num_steps: u64, priority: f64) -> Result<()>;
 

@@ -606,7 +606,19 @@ impl RemoteWriter {
     }
 }
 
+impl RemoteWriter {
+    /// Whether `steps` more steps make the queued message too large, so it is sent first.
+    fn must_send(&self, steps: usize) -> bool {
+        let step_bytes: usize = self.rows.iter().sum();
+        (self.pending_steps as usize + steps) * step_bytes + self.op_bytes + 1024 > self.max_message.min(4 * SEND_BYTES)
+    }
+}
+
 impl StepWriter for RemoteWriter {
+    fn may_wait(&self, steps: usize) -> bool {
+        self.must_send(steps)
+    }
+
     fn append(&mut self, columns: &[&[u8]]) -> Result<()> {
         self.extend(columns, 1)
     }
@@ -623,14 +635,24 @@ impl StepWriter for RemoteWriter {
             }
         }
         let step_bytes: usize = self.rows.iter().sum();
-        if step_bytes * steps + 1024 > self.max_message {
+        if step_bytes + 1024 > self.max_message {
             return Err(Error::InvalidArgument(format!(
-                "{steps} steps are {} bytes, more than the server's max_message_bytes ({}); write fewer steps per call",
-                step_bytes * steps,
+                "one step is {step_bytes} bytes, more than the server's max_message_bytes ({}) allows; \
+                 serve with a larger max_message_bytes",
                 self.max_message
             )));
         }
-        if (self.pending_steps as usize + steps) * step_bytes + self.op_bytes + 1024 > self.max_message.min(4 * SEND_BYTES) {
+        if step_bytes * steps + 1024 > self.max_message {
+            // More than one message: in runs of steps that fit, applied in order.
+            let per = (self.max_message - 1024) / step_bytes.max(1);
+            for start in (0..steps).step_by(per) {
+                let n = per.min(steps - start);
+                let part: Vec<&[u8]> = columns.iter().zip(&self.rows).map(|(c, &row)| &c[start * row..(start + n) * row]).collect();
+                self.extend(&part, n)?;
+            }
+            return Ok(());
+        }
+        if self.must_send(steps) {
             self.seal_steps();
             self.send(false)?;
         }

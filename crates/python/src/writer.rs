@@ -132,7 +132,9 @@ impl PyWriter {
         let bytes: usize = slices.iter().map(|s| s.len()).sum();
         let steps = (lead > 0).then_some(steps);
         self.with(py, |w| {
-            let r = if bytes >= BULK_BYTES { py.detach(|| w.write(&slices, steps)) } else { w.write(&slices, steps) };
+            // Large copies, and appends that may wait for a remote server, run without the GIL.
+            let waits = matches!(w, AnyWriter::Client { writer, .. } if writer.may_wait(steps.unwrap_or(1)));
+            let r = if bytes >= BULK_BYTES || waits { py.detach(|| w.write(&slices, steps)) } else { w.write(&slices, steps) };
             r.map_err(py_err(py))
         })
     }
