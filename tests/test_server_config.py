@@ -113,3 +113,25 @@ def test_a_store_directory_is_taken_relative_to_the_config(tmp_path):
     finally:
         for s in stores:
             s.close()
+
+
+@pytest.mark.parametrize("line, message", [
+    ("idle_timeout_seconds = 0.5", "top level.idle_timeout_seconds: expected 0 (off) or seconds >= 1, got 0.5"),
+    ("stall_timeout_seconds = -1", "top level.stall_timeout_seconds: expected 0 (off) or seconds >= 1, got -1"),
+    ("max_connections_per_peer = 0", "max_connections_per_peer"),
+    ("keepalive_seconds = \"30\"", "top level.keepalive_seconds: expected number, got a string ('30')"),
+])
+def test_bad_limits_stop_reprise_serve_with_the_key(tmp_path, line, message):
+    path = _write(tmp_path, GOOD.replace('address = "127.0.0.1:0"', f'address = "127.0.0.1:0"\n{line}', 1))
+    r = subprocess.run([sys.executable, "-m", "reprise.cli", "serve", "--config", path],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_limits_of_0_are_off_and_others_reach_the_server(tmp_path):
+    config = server_config.load_config(_write(tmp_path, GOOD.replace(
+        'address = "127.0.0.1:0"', 'address = "127.0.0.1:0"\nidle_timeout_seconds = 0\nstall_timeout_seconds = 5\n'
+        'max_connections = 3', 1)))
+    assert server_config._limits(config) == {"max_connections": 3, "idle_timeout": None, "stall_timeout": 5}

@@ -96,6 +96,8 @@ def _limits(config: dict) -> dict:
     for key in ("idle_timeout", "stall_timeout", "keepalive"):
         if f"{key}_seconds" in config:
             seconds = config[f"{key}_seconds"]
+            if seconds != 0 and not seconds >= 1:
+                raise InvalidArgument(f"top level.{key}_seconds: expected 0 (off) or seconds >= 1, got {seconds!r}")
             out[key] = None if seconds == 0 else seconds
     return out
 
