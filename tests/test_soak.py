@@ -5,7 +5,8 @@ server SIGKILL + restart from its checkpoint directory (benchmarks/soak/).
 Asserted exactly: the ledger (every committed item is in the checkpoints, evicted by the
 FIFO rule, or lost with the crash after the last checkpoint; nothing unwritten or corrupt
 is ever held), refused tokens, the server's descriptors back to their count before any
-client, no call past its timeout, no process left behind. Asserted loosely (a 60 s run on
+client, no call past its timeout and none failing but during the crash, no process left
+behind. Asserted loosely (a 60 s run on
 2 cores shared with other tests): RSS growth after warm-up under 25% (the full run's limit
 is 10%) and the stalled reader keeping others at 50% or more of their throughput (full
 run: 80%); benchmarks/RESULTS.md has the full runs.
@@ -73,7 +74,7 @@ def test_soak_60s_keeps_its_ledger_descriptors_and_timeouts_under_faults(tmp_pat
     fds = rep["fds"]
     assert fds["final"] is not None and fds["final"] <= fds["baseline"], fds
     w = rep["waits"]
-    assert w["violations"] == 0 and not w["hangs"], w["by_kind"]
+    assert w["violations"] == 0 and not w["hangs"] and w["failed_away_from_crash"] == 0, w["by_kind"]
     assert not fa["leftovers"] and not fa["stragglers"], fa
 
     # Loose in CI (see the module doc).

@@ -171,15 +171,22 @@ def descriptors(soak, result: dict) -> dict:
             "final": result["fds_settled"]["fds"], "settled_after_s": result["fds_settled"]["after_s"]}
 
 
-def waits(soak, records: dict) -> dict:
+def waits(soak, result: dict, records: dict) -> dict:
+    """Each kind of call: how many, how many failed (and of those, how many away from the
+    server's crash: from 1 s before the SIGKILL to ``retry_after`` + 2 s after the restart),
+    the longest wait against the call's timeout or budget."""
+    crash = result["crash"]
+    lo, hi = (crash["t_kill"] - 1.0, crash["t_dead"] + crash["restart_s"] + soak.plan.retry_after + 2.0) \
+        if crash else (np.inf, -np.inf)
     calls = records["calls"] + [{"kind": "wrong_token", "wait": t["seconds"], "limit": t["limit"], "ok": True}
                                 for t in soak.events["tokens"]]
     by = {}
     for c in calls:
-        k = by.setdefault(c["kind"], {"calls": 0, "failed": 0, "limit_s": c["limit"], "max_wait_s": 0.0,
-                                       "over_limit": 0, "over_limit_plus_grace": 0})
+        k = by.setdefault(c["kind"], {"calls": 0, "failed": 0, "failed_away_from_crash": 0, "limit_s": c["limit"],
+                                       "max_wait_s": 0.0, "over_limit": 0, "over_limit_plus_grace": 0})
         k["calls"] += 1
         k["failed"] += not c["ok"]
+        k["failed_away_from_crash"] += not c["ok"] and not (lo <= c.get("start", lo) + c["wait"] <= hi)
         k["max_wait_s"] = max(k["max_wait_s"], c["wait"])
         k["over_limit"] += c["wait"] > c["limit"]
         k["over_limit_plus_grace"] += c["wait"] > c["limit"] + GRACE_S
@@ -187,7 +194,7 @@ def waits(soak, records: dict) -> dict:
         k["max_wait_s"] = round(k["max_wait_s"], 3)
     return {"by_kind": by, "violations": sum(k["over_limit_plus_grace"] for k in by.values()),
             "strictly_over": sum(k["over_limit"] for k in by.values()), "hangs": soak.events["hangs"],
-            "grace_s": GRACE_S}
+            "grace_s": GRACE_S, "failed_away_from_crash": sum(k["failed_away_from_crash"] for k in by.values())}
 
 
 def faults_summary(soak, ledger_totals: dict, records: dict) -> dict:
@@ -237,6 +244,8 @@ def criteria(rep: dict) -> dict:
     c["timeouts"] = {"pass": w["violations"] == 0 and not w["hangs"],
                      "value": f"{w['violations']} calls past timeout + {w['grace_s']} s, "
                               f"{w['strictly_over']} past it at all, {len(w['hangs'])} hangs"}
+    c["calls_fail_only_in_the_crash"] = {"pass": w["failed_away_from_crash"] == 0,
+                                         "value": f"{w['failed_away_from_crash']} failed calls away from the crash"}
     r = st["median_ratio"]
     ok = all(v is not None and v >= th["stall_ratio"] for v in r.values())
     lo = st["min_ratio"]
@@ -256,7 +265,7 @@ def analyze(rp, soak, result: dict) -> dict:
     tp = throughput(soak, records)
     rep = {"plan": dict(vars(soak.plan)), "server_env": soak.server_env, "thresholds": thresholds(soak.plan.seconds), "ledger": led,
            "stall": stall_effect(soak, result, tp), "rss": memory(soak, result), "fds": descriptors(soak, result),
-           "waits": waits(soak, records), "faults": faults_summary(soak, led["totals"], records),
+           "waits": waits(soak, result, records), "faults": faults_summary(soak, led["totals"], records),
            "crash": {k: (round(v - soak.t0, 3) if k.startswith("t_") else v)
                      for k, v in (result["crash"] or {}).items()},
            "final_info": result["final"]["info"],
@@ -357,9 +366,10 @@ def markdown(rep: dict, stem: str) -> str:
                          f"{m['baseline_kib'] / 1024:.0f} -> {m['final_kib'] / 1024:.0f} | {100 * m['growth']:+.1f}% | "
                          f"{m.get('heap_baseline_kib', 0) / 1024:.0f} -> {m.get('heap_final_kib', 0) / 1024:.0f} | "
                          f"{100 * m.get('heap_growth', 0):+.1f}% |")
-    lines += ["", "| call | calls | failed | limit (s) | max wait (s) |", "|---|---|---|---|---|"]
+    lines += ["", "| call | calls | failed (away from the crash) | limit (s) | max wait (s) |", "|---|---|---|---|---|"]
     for k, v in rep["waits"]["by_kind"].items():
-        lines.append(f"| {k} | {v['calls']:,} | {v['failed']:,} | {v['limit_s']:g} | {v['max_wait_s']:.3f} |")
+        lines.append(f"| {k} | {v['calls']:,} | {v['failed']:,} ({v['failed_away_from_crash']:,}) | {v['limit_s']:g} | "
+                     f"{v['max_wait_s']:.3f} |")
     mal = ", ".join(f"{k} {v['count']}" for k, v in sorted(fa["malformed"].items()))
     lines += ["", f"**Faults.** {fa['client_kills']} client SIGKILLs ({fa['writer_kills']} writers, "
               f"{fa['writer_kills_mid_batch']} of them mid-batch); malformed connections: {mal}; wrong tokens: "
