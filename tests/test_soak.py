@@ -6,10 +6,9 @@ Asserted exactly: the ledger (every committed item is in the checkpoints, evicte
 FIFO rule, or lost with the crash after the last checkpoint; nothing unwritten or corrupt
 is ever held), refused tokens, the server's descriptors back to their count before any
 client, no call past its timeout and none failing but during the crash, no process left
-behind. Asserted loosely (a 60 s run on
-2 cores shared with other tests): RSS growth after warm-up under 25% (the full run's limit
-is 10%) and the stalled reader keeping others at 50% or more of their throughput (full
-run: 80%); benchmarks/RESULTS.md has the full runs.
+behind. Asserted loosely (a 60 s run on 2 cores shared with other tests): RSS growth after
+warm-up under 25% (the full run's limit is 10%) and the stalled reader keeping others at
+50% or more of their throughput (full run: 80%); benchmarks/RESULTS.md has the full runs.
 """
 
 import glob
