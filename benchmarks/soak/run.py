@@ -16,11 +16,12 @@ Faults, each from its own seeded ``random.Random``:
   must be refused (``Unauthenticated``), while no call of the soak's own clients may be
   (the config's ``auth_failures_per_minute``, 30, is above that rate: every client is on
   127.0.0.1, and past the limit the server refuses the address's calls whatever the token);
-- once, at 45% of the run (after a checkpoint exists), the server is SIGKILLed and started
-  again with the same config: it restores its newest checkpoint and the clients' pools
-  reconnect;
-- after the warm-up, windows alternate without and with a stalled reader: a client that
-  opens a sample stream of up to 64 batches in flight, reads one and is then SIGSTOPped.
+- after the warm-up, windows alternate without and with a stalled reader (an odd number,
+  starting and ending without): a client that opens a sample stream of up to 64 batches in
+  flight, reads one and is then SIGSTOPped;
+- once, in the middle of the window without the stalled reader nearest to 45% of the run
+  (and after a checkpoint exists), the server is SIGKILLed and started again with the same
+  config: it restores its newest checkpoint and the clients' pools reconnect.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class Plan:
     warmup: float = 60.0
     window: float = 30.0         # stalled-reader windows: off, on, ..., off (stall_windows)
     settle: float = 5.0          # the start of each window that is not measured
-    crash_at: float = 270.0
+    crash_at: float = 270.0      # seconds after the server first started (for_seconds places it)
     timeout: float = 10.0        # every timed call: flush, sample; the budget of those without one
     connect_timeout: float = 5.0
     checkpoint_budget: float = 60.0
