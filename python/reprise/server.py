@@ -53,9 +53,9 @@ class Server:
     ``idle_timeout`` seconds is closed (clients reconnect on their next call); one whose
     client has not read what the server sends (a sample stream it stopped consuming) for
     ``stall_timeout`` seconds is closed, releasing the rows it held; HTTP/2 pings every
-    ``keepalive`` seconds close half-open connections; after ``auth_failures_per_minute``
-    wrong or missing tokens from one IP address, its calls are refused for the rest of
-    the minute (each failure is logged). None turns a timeout off.
+    ``keepalive`` seconds close half-open connections; wrong or missing tokens are logged
+    per IP address, at most ``auth_failures_per_minute`` lines a minute each (later ones
+    are refused saying so; the right token is always accepted). None turns a timeout off.
     """
 
     def __init__(self, tables: Sequence[Table], address: str | None = None, token: str | None = None,

@@ -16,7 +16,7 @@ checkpoint directory::
     idle_timeout_seconds = 600          # close a connection with no call in progress (0: never)
     stall_timeout_seconds = 120         # close a connection that stopped reading its samples (0: never)
     keepalive_seconds = 30              # HTTP/2 pings find half-open connections (0: off)
-    auth_failures_per_minute = 20       # wrong tokens per IP address before its calls are refused
+    auth_failures_per_minute = 20       # wrong tokens logged per IP address and minute
 
     [tls]                               # optional
     cert = "server.pem"

@@ -35,8 +35,9 @@ pub struct Limits {
     /// A connection whose peer has not taken any of the bytes the server has to send
     /// for this long is closed (a client that stopped reading its sample stream).
     pub stall_timeout: Option<Duration>,
-    /// Failed token attempts allowed per peer address per minute; beyond, calls from
-    /// that address are refused without looking at their token until the minute ends.
+    /// Failed token attempts logged per peer address per minute; beyond, that
+    /// address's failed attempts are refused with a message saying so and counted,
+    /// not logged one by one (the right token is still accepted).
     pub auth_failures_per_minute: u32,
 }
 
@@ -241,24 +242,37 @@ impl Connections {
         }
     }
 
-    /// Whether `peer` may try a token now: false while it has used up its failed
-    /// attempts for the current minute.
-    pub fn may_authenticate(&self, peer: Option<SocketAddr>) -> Result<(), String> {
-        let Some(peer) = peer else { return Ok(()) };
+    /// Whether a failed token attempt from `peer` is past its address's limit for the
+    /// current minute (it is then refused with [`Connections::throttled`]'s message).
+    fn over_limit(&self, peer: SocketAddr) -> Option<(u32, u64)> {
         let failures = self.failures.lock();
         match failures.get(&peer.ip()) {
             Some((since, n)) if *n >= self.limits.auth_failures_per_minute && since.elapsed() < Duration::from_secs(60) => {
-                self.refused.auth_throttled.fetch_add(1, Ordering::Relaxed);
-                let wait = 60 - since.elapsed().as_secs();
-                Err(format!("too many failed token attempts from {}: {n} in the last minute (the server's auth_failures_per_minute); retry in {wait} s with the right token", peer.ip()))
+                Some((*n, 60 - since.elapsed().as_secs()))
             }
-            _ => Ok(()),
+            _ => None,
         }
     }
 
-    /// Counts a failed token attempt from `peer` and logs it.
-    pub fn failed_authentication(&self, peer: Option<SocketAddr>, why: &str) {
-        let Some(peer) = peer else { return };
+    /// Counts a failed token attempt from `peer` and says how to answer it: the
+    /// attempts past `auth_failures_per_minute` in a minute are refused with a message
+    /// that says so and logged once a minute, not one line each. The right token is
+    /// never refused: clients behind one address (a NAT, a shared host) keep working
+    /// while one of them is misconfigured.
+    pub fn failed_authentication(&self, peer: Option<SocketAddr>, why: &str) -> String {
+        let Some(peer) = peer else { return why.to_string() };
+        if let Some((n, wait)) = self.over_limit(peer) {
+            self.refused.auth_throttled.fetch_add(1, Ordering::Relaxed);
+            let mut failures = self.failures.lock();
+            if let Some(entry) = failures.get_mut(&peer.ip()) {
+                entry.1 += 1;
+            }
+            return format!(
+                "{why}; too many failed token attempts from {}: {n} in the last minute (the server's auth_failures_per_minute), \
+                 later ones are not logged for {wait} s",
+                peer.ip()
+            );
+        }
         let mut failures = self.failures.lock();
         if failures.len() > 4096 {
             failures.retain(|_, (since, _)| since.elapsed() < Duration::from_secs(60));
@@ -268,7 +282,14 @@ impl Connections {
             *entry = (Instant::now(), 0);
         }
         entry.1 += 1;
-        tracing::warn!(target: "reprise", "refused a call from {peer}: {why} ({} failed attempts from {} this minute)", entry.1, peer.ip());
+        let n = entry.1;
+        drop(failures);
+        if n == self.limits.auth_failures_per_minute {
+            tracing::warn!(target: "reprise", "refused a call from {peer}: {why} ({n} failed attempts from {} this minute: the server's auth_failures_per_minute; later ones this minute are refused without a log line each)", peer.ip());
+        } else {
+            tracing::warn!(target: "reprise", "refused a call from {peer}: {why} ({n} failed attempts from {} this minute)", peer.ip());
+        }
+        why.to_string()
     }
 }
 

@@ -31,6 +31,9 @@ pub fn from_status(s: Status) -> Error {
         Code::DataLoss => Error::Corrupt(message),
         Code::Unauthenticated | Code::PermissionDenied => Error::Unauthenticated(message),
         Code::Unavailable => Error::Io(format!("replay server unavailable: {message}")),
+        // Made by the transport from an error of its own (the connection broke: a body
+        // cut off, a reset stream), not a status the server sent.
+        code if std::error::Error::source(&s).is_some() => Error::Io(format!("connection to the replay server lost ({code:?}): {message}")),
         code => Error::Io(format!("replay server: {code:?}: {message}")),
     }
 }
@@ -58,5 +61,19 @@ pub fn from_local_code(code: u8, message: String) -> Error {
         5 => Error::Corrupt(message),
         7 => Error::Unauthenticated(message),
         _ => Error::Io(message),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_broken_connection_reads_as_lost_and_a_server_status_as_sent() {
+        let broken = Status::from_error(Box::new(std::io::Error::new(std::io::ErrorKind::BrokenPipe, "h2 protocol error")));
+        let e = from_status(broken);
+        assert!(matches!(&e, Error::Io(m) if m.starts_with("connection to the replay server lost")), "{e}");
+        let sent = from_status(Status::unknown("something the server said"));
+        assert!(matches!(&sent, Error::Io(m) if m == "replay server: Unknown: something the server said"), "{sent}");
     }
 }
