@@ -119,3 +119,21 @@ def test_a_writer_for_an_unknown_table_is_refused_at_once(servers):
         with pool.writer("replay") as w:        # the refused writers took no turn
             write_episode(w, 0)
     assert items_per_server(servers) == [STEPS, 0]
+
+
+def test_a_server_lost_with_unflushed_writes_is_reported_not_swallowed(servers):
+    (t0, s0), (t1, s1) = servers
+    with rp.ClientPool([s0.address, s1.address]) as pool:
+        w = pool.writer("replay")
+        write_episode(w, 0)                                 # to s0, flushed by end_episode
+        assert w.server == s1.address
+        w.append({"x": 100})
+        w.create_item("replay", 1, 1.0)
+        s1.stop()
+        with pytest.raises(rp.errors.RepriseError, match=rf"lost the replay server {s1.address}.*since its last successful flush may be lost"):
+            w.flush()
+        # The writer carries on with the live server; a later flush says nothing more.
+        write_episode(w, 1)
+        w.flush()
+        w.close()
+    assert t0.size == 2 * STEPS

