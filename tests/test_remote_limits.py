@@ -123,7 +123,7 @@ def test_bad_limits_are_refused(big, kw, message):
 
 
 def test_connections_past_the_per_peer_limit_are_refused(big):
-    server = serve(big, max_connections_per_peer=2)
+    server = serve(big, max_connections_per_peer=2, metrics_address="127.0.0.1:0")
     try:
         a, b = rp.Client(server.address), rp.Client(server.address)
         with pytest.raises(rp.errors.RepriseError):
@@ -135,6 +135,7 @@ def test_connections_past_the_per_peer_limit_are_refused(big):
         c = rp.Client(server.address)
         assert len(c.sample("t", 1).keys) == 1
         assert len(b.sample("t", 1).keys) == 1
+        assert refused(server, "max_connections_per_peer") >= 1
     finally:
         server.stop()
 
@@ -173,8 +174,24 @@ def test_a_stalled_reader_is_cut_off_without_stalling_others(big):
         server.stop()
 
 
+def scrape(server, token=None):
+    import urllib.request
+    req = urllib.request.Request(f"http://{server.metrics_address}/metrics")
+    if token is not None:
+        req.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return r.read().decode()
+
+
+def refused(server, reason, token=None):
+    for line in scrape(server, token).splitlines():
+        if line.startswith(f'reprise_refused_total{{reason="{reason}"}}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
 def test_failed_tokens_are_rate_limited_and_logged(big, caplog):
-    server = serve(big, token="right", auth_failures_per_minute=3)
+    server = serve(big, token="right", auth_failures_per_minute=3, metrics_address="127.0.0.1:0")
     try:
         with caplog.at_level(logging.WARNING, logger="reprise"):
             for _ in range(3):
@@ -190,6 +207,8 @@ def test_failed_tokens_are_rate_limited_and_logged(big, caplog):
             assert wait_until(lambda: logged() >= 3, 5)
             time.sleep(0.5)
             assert logged() == 3   # past the limit, no line per attempt
+        assert refused(server, "auth_failure", "right") == 6
+        assert refused(server, "auth_throttled", "right") == 3
     finally:
         server.stop()
 

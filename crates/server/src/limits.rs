@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+use crate::metrics::Metrics;
 use crate::monitor::{ClientGuard, Monitor};
 
 /// The limits of a remote server (`RemoteServerOptions`; `reprise serve` keys of the same names).
@@ -95,15 +96,6 @@ impl Drop for Call {
     }
 }
 
-/// Counters of what the limits refused or ended.
-#[derive(Default)]
-pub struct Refused {
-    pub connections: AtomicU64,
-    pub idle: AtomicU64,
-    pub stalled: AtomicU64,
-    pub auth_throttled: AtomicU64,
-}
-
 /// The open connections of one server and the limits they are held to.
 pub struct Connections {
     limits: Limits,
@@ -112,11 +104,11 @@ pub struct Connections {
     per_peer: Mutex<HashMap<IpAddr, usize>>,
     total: AtomicUsize,
     failures: Mutex<HashMap<IpAddr, (Instant, u32)>>,
-    pub refused: Refused,
+    metrics: Arc<Metrics>,
 }
 
 impl Connections {
-    pub fn new(limits: Limits) -> Arc<Connections> {
+    pub fn new(limits: Limits, metrics: Arc<Metrics>) -> Arc<Connections> {
         Arc::new(Connections {
             limits,
             epoch: Instant::now(),
@@ -124,12 +116,17 @@ impl Connections {
             per_peer: Mutex::new(HashMap::new()),
             total: AtomicUsize::new(0),
             failures: Mutex::new(HashMap::new()),
-            refused: Refused::default(),
+            metrics,
         })
     }
 
     pub fn limits(&self) -> &Limits {
         &self.limits
+    }
+
+    /// Counts one refusal for `reason` (`reprise_refused_total{reason}`).
+    pub fn refused(&self, reason: &str) {
+        self.metrics.refused.with_label_values(&[reason]).inc();
     }
 
     /// Open connections now.
@@ -145,7 +142,7 @@ impl Connections {
             let from_peer = per_peer.get(&peer.ip()).copied().unwrap_or(0);
             let total = self.total.load(Ordering::Relaxed);
             if total >= self.limits.max_connections || from_peer >= self.limits.max_connections_per_peer {
-                self.refused.connections.fetch_add(1, Ordering::Relaxed);
+                self.refused(if total >= self.limits.max_connections { "max_connections" } else { "max_connections_per_peer" });
                 return Err(if total >= self.limits.max_connections {
                     format!("refused a connection from {peer}: {total} connections are open, the server's max_connections")
                 } else {
@@ -210,12 +207,12 @@ impl Connections {
                 .filter(|t| a.calls.load(Ordering::Relaxed) == 0 && now.saturating_sub(a.last_call.load(Ordering::Relaxed)) >= t.as_millis() as u64);
             let why = match (stalled, idle) {
                 (Some(t), _) => {
-                    self.refused.stalled.fetch_add(1, Ordering::Relaxed);
+                    self.refused("stall_timeout");
                     tracing::warn!(target: "reprise", "closing the connection from {}: it has not read what the server sends for {:.0} s (stall_timeout)", a.peer, t.as_secs_f64());
                     "stall_timeout"
                 }
                 (None, Some(_)) => {
-                    self.refused.idle.fetch_add(1, Ordering::Relaxed);
+                    self.refused("idle_timeout");
                     "idle_timeout"
                 }
                 (None, None) => continue,
@@ -260,9 +257,10 @@ impl Connections {
     /// never refused: clients behind one address (a NAT, a shared host) keep working
     /// while one of them is misconfigured.
     pub fn failed_authentication(&self, peer: Option<SocketAddr>, why: &str) -> String {
+        self.refused("auth_failure");
         let Some(peer) = peer else { return why.to_string() };
         if let Some((n, wait)) = self.over_limit(peer) {
-            self.refused.auth_throttled.fetch_add(1, Ordering::Relaxed);
+            self.refused("auth_throttled");
             let mut failures = self.failures.lock();
             if let Some(entry) = failures.get_mut(&peer.ip()) {
                 entry.1 += 1;

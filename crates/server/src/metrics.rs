@@ -21,6 +21,8 @@ pub struct Metrics {
     pub errors: IntCounterVec,
     pub bytes_received: IntCounterVec,
     pub bytes_sent: IntCounterVec,
+    /// Connections and calls the limits refused or ended, by reason (`crate::limits`).
+    pub refused: IntCounterVec,
     tables: Vec<Table>,
     gauges: Vec<(GaugeVec, ReadGauge)>,
 }
@@ -38,6 +40,13 @@ impl Metrics {
         let errors = counter(&registry, "reprise_errors_total", "gRPC calls that ended with an error status", &["method", "code"]);
         let bytes_received = counter(&registry, "reprise_received_bytes_total", "step data received by inserts", &["table"]);
         let bytes_sent = counter(&registry, "reprise_sent_bytes_total", "step data sent in samples", &["table"]);
+        let refused = counter(
+            &registry,
+            "reprise_refused_total",
+            "connections refused or closed and calls refused by the server's limits, by reason (max_connections, \
+             max_connections_per_peer, idle_timeout, stall_timeout, auth_failure, auth_throttled)",
+            &["reason"],
+        );
         type Read = fn(&reprise_core::TableInfo) -> f64;
         let defs: [(&str, &str, Read); 8] = [
             ("reprise_table_size", "items in the table", |i| i.size as f64),
@@ -57,7 +66,7 @@ impl Metrics {
                 (g, read)
             })
             .collect();
-        Metrics { registry, requests, errors, bytes_received, bytes_sent, tables, gauges }
+        Metrics { registry, requests, errors, bytes_received, bytes_sent, refused, tables, gauges }
     }
 
     /// The text exposition of every metric, table numbers read now.

@@ -216,7 +216,7 @@ impl RemoteServer {
         }
         let monitor = options.monitor.clone().unwrap_or_else(|| Monitor::new(tables.clone()));
         monitor.set_remote_address(&bound.to_string());
-        let connections = Connections::new(options.limits.clone());
+        let connections = Connections::new(options.limits.clone(), metrics.clone());
         runtime.spawn(connections.clone().reaper());
         let shared = Arc::new(Shared {
             tables,
@@ -711,7 +711,7 @@ impl Replay for Service {
                                 // The client has not taken a part for stall_timeout: its
                                 // connection ends, and with it every row this stream holds.
                                 tracing::warn!(target: "reprise", "closing the connection from {}: its sample stream has not been read for {:.0} s (stall_timeout)", peer.map_or("?".into(), |p| p.to_string()), limit.as_secs_f64());
-                                shared.connections.refused.stalled.fetch_add(1, Ordering::Relaxed);
+                                shared.connections.refused("stall_timeout");
                                 if let Some(c) = &call {
                                     c.end_connection("stall_timeout");
                                 }
