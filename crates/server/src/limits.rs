@@ -77,15 +77,23 @@ pub struct Activity {
 /// A call in progress on a connection; dropping it ends the call.
 pub struct Call(Arc<Activity>, Instant);
 
+impl Activity {
+    /// Ends the connection: its next read or write fails (`why` says which limit),
+    /// so hyper closes it and every call on it ends.
+    fn end(&self, why: &'static str) {
+        *self.why.lock() = why;
+        self.expired.store(true, Ordering::Release);
+        if let Some(w) = self.waker.lock().take() {
+            w.wake();
+        }
+    }
+}
+
 impl Call {
     /// Ends the call's whole connection (its peer stopped reading a stream): every
     /// call on it ends and what they hold is released.
     pub fn end_connection(&self, why: &'static str) {
-        *self.0.why.lock() = why;
-        self.0.expired.store(true, Ordering::Release);
-        if let Some(w) = self.0.waker.lock().take() {
-            w.wake();
-        }
+        self.0.end(why);
     }
 }
 
@@ -217,11 +225,7 @@ impl Connections {
                 }
                 (None, None) => continue,
             };
-            *a.why.lock() = why;
-            a.expired.store(true, Ordering::Release);
-            if let Some(w) = a.waker.lock().take() {
-                w.wake();
-            }
+            a.end(why);
             ended += 1;
         }
         ended
@@ -306,17 +310,22 @@ impl Drop for Connection {
 }
 
 impl Connection {
-    /// Fails once the reaper has ended this connection.
-    fn check(&self, cx: &Context<'_>) -> std::io::Result<()> {
+    /// Fails once the connection has been ended ([`Activity::end`]).
+    fn check(&self) -> std::io::Result<()> {
         if self.activity.expired.load(Ordering::Acquire) {
             let why = *self.activity.why.lock();
             return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, format!("connection closed by the server's {why}")));
         }
+        Ok(())
+    }
+
+    /// Keeps the waker of the task waiting to read, for [`Activity::end`] to wake it
+    /// (the connection's one task: it reads and writes).
+    fn register(&self, cx: &Context<'_>) {
         let mut waker = self.activity.waker.lock();
         if !waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
             *waker = Some(cx.waker().clone());
         }
-        Ok(())
     }
 }
 
@@ -331,8 +340,15 @@ impl tonic::transport::server::Connected for Connection {
 impl AsyncRead for Connection {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
         let this = self.get_mut();
-        this.check(cx)?;
-        Pin::new(&mut this.stream).poll_read(cx, buf)
+        this.check()?;
+        let r = Pin::new(&mut this.stream).poll_read(cx, buf);
+        if r.is_pending() {
+            // Registered only when the task waits; checked again so an end that came
+            // before the registration is not missed.
+            this.register(cx);
+            this.check()?;
+        }
+        r
     }
 }
 
@@ -352,14 +368,14 @@ impl Connection {
 impl AsyncWrite for Connection {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
         let this = self.get_mut();
-        this.check(cx)?;
+        this.check()?;
         let r = Pin::new(&mut this.stream).poll_write(cx, buf);
         this.wrote(r)
     }
 
     fn poll_write_vectored(self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[std::io::IoSlice<'_>]) -> Poll<std::io::Result<usize>> {
         let this = self.get_mut();
-        this.check(cx)?;
+        this.check()?;
         let r = Pin::new(&mut this.stream).poll_write_vectored(cx, bufs);
         this.wrote(r)
     }

@@ -487,15 +487,16 @@ pub fn sample_parts(batch: SampleBatch, fields: &[usize], partial: bool, part_by
     if n == 0 {
         parts[0].columns = rows(0..0);
     }
+    // The first part takes the first columns; each later set of columns is a part.
+    let put = |parts: &mut Vec<pb::SampleResponse>, columns: Vec<pb::Column>| match parts.last_mut() {
+        Some(p) if p.columns.is_empty() => p.columns = columns,
+        _ => parts.push(pb::SampleResponse { columns, ..Default::default() }),
+    };
     let mut at = 0;
     while at < n {
         let fit = part_bytes.checked_div(item_bytes).unwrap_or(n).max(1).min(n - at);
         if item_bytes * fit <= part_bytes || item_bytes == 0 {
-            let columns = rows(at..at + fit);
-            match parts.last_mut() {
-                Some(p) if p.columns.is_empty() => p.columns = columns,
-                _ => parts.push(pb::SampleResponse { columns, ..Default::default() }),
-            }
+            put(&mut parts, rows(at..at + fit));
             at += fit;
             continue;
         }
@@ -507,10 +508,7 @@ pub fn sample_parts(batch: SampleBatch, fields: &[usize], partial: bool, part_by
             for start in (0..bytes.len()).step_by(part_bytes) {
                 let mut columns = vec![pb::Column::Bytes(Default::default()); fields.len()];
                 columns[f] = pb::Column::Bytes(bytes.slice(start..(start + part_bytes).min(bytes.len())));
-                match parts.last_mut() {
-                    Some(p) if p.columns.is_empty() => p.columns = columns,
-                    _ => parts.push(pb::SampleResponse { columns, ..Default::default() }),
-                }
+                put(&mut parts, columns);
             }
         }
         at += 1;
@@ -644,7 +642,6 @@ impl Replay for Service {
         let shared = self.shared.clone();
         let (tx, rx) = mpsc::channel::<std::result::Result<pb::SampleResponse, Status>>(4);
         tokio::spawn(async move {
-            let _call = &call;
             let mut stop = shared.shutdown.subscribe();
             let stall = shared.options.limits.stall_timeout;
             'stream: loop {

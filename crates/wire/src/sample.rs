@@ -84,24 +84,9 @@ impl fmt::Debug for Column {
     }
 }
 
-impl PartialEq for Column {
-    /// Equal when the bytes are (rows are compared by what they would send).
-    fn eq(&self, other: &Self) -> bool {
-        let bytes = |c: &Column| match c {
-            Column::Bytes(b) => b.to_vec(),
-            Column::Rows(r) => {
-                let mut v = Vec::with_capacity(r.len());
-                r.batch.for_each_slice(r.column, r.t_max, r.items.clone(), |s| v.extend_from_slice(s));
-                v
-            }
-        };
-        bytes(self) == bytes(other)
-    }
-}
-
 /// One answer on a `Sample` stream: a whole batch, or one part of a batch sent in
 /// parts (`more`: parts follow; the items are in the first part only).
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default)]
 pub struct SampleResponse {
     pub keys: Vec<u64>,
     pub probabilities: Vec<f64>,
