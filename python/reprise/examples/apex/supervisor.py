@@ -138,6 +138,8 @@ def train(cfg: Config, rec: Record, sup: Supervisor, tables, threshold, out: Pat
         window = [h for h in rec.history if h["time"] >= now - 5.0]
         rates = {k: (window[-1][k] - window[0][k]) / max(1e-9, window[-1]["time"] - window[0]["time"])
                  for k in ("inserts", "samples", "env_steps")} if len(window) > 1 else {}
+        # The phase first: a signal that comes once status.json shows inserts finds it set.
+        rec.phase = "training" if info["num_inserts"] else "waiting for the processes"
         write_json(out / "status.json", {
             "time": now, "pids": sup.pids(), "restarts": sup.restarts, "env_steps": rec.env_steps,
             "inserts": info["num_inserts"], "samples": info["num_samples"], "episodes": len(rec.episodes),
@@ -146,7 +148,6 @@ def train(cfg: Config, rec: Record, sup: Supervisor, tables, threshold, out: Pat
             "last_eval": rec.evals[-1]["mean_return"] if rec.evals else None,
             "dashboard": rec.dashboard,
         })
-        rec.phase = "training" if info["num_inserts"] else "waiting for the processes"
         rec.progress.update(*solve_progress(cfg, threshold, rec, info, rates))
         if rec.solved_at is not None:
             rec.log(f"solved: greedy mean return {rec.solved_at['mean_return']:.1f} over "
