@@ -155,8 +155,13 @@ def test_sampled_data_matches_its_item_while_blocks_are_reused(make_store):
         return run
 
     def sampler():
-        while not stop.is_set():
+        # Each sampler checks at least one batch, even when the writers finish before it
+        # is first scheduled (a loaded 2-core machine: CI saw none checked at all).
+        drawn = 0
+        while not stop.is_set() or drawn == 0:
             if t.size == 0:
+                if stop.is_set():
+                    break
                 continue
             s = t.sample(16, timeout=1.0)
             x = s.data["x"]
@@ -164,6 +169,7 @@ def test_sampled_data_matches_its_item_while_blocks_are_reused(make_store):
             first = x[:, 0, 0]
             assert (x[:, 1, 0] == first + 1).all() and (x[:, 2, 0] == first + 2).all(), "an item's rows were overwritten"
             checked.append(len(s))
+            drawn += len(s)
 
     def writers():
         try:
