@@ -6,7 +6,7 @@
                      remover=rp.selectors.Fifo(), max_size=50_000)
 """
 
-from . import checkpoint, datasets, distributed, errors, extensions, rate_limiters, selectors
+from . import aggregate, checkpoint, datasets, distributed, errors, extensions, rate_limiters, selectors
 from ._native import Writer, __version__
 from .client import Client
 from .pool import ClientPool
@@ -26,6 +26,7 @@ __all__ = [
     "ClientPool",
     "Sample",
     "selectors",
+    "aggregate",
     "checkpoint",
     "distributed",
     "datasets",

@@ -18,6 +18,7 @@ mod writer;
 mod client;
 mod server;
 mod cluster;
+mod aggregate;
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -36,6 +37,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(server::socket_dir, m)?)?;
     checkpoint::register(m)?;
     cluster::register(m)?;
+    aggregate::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
