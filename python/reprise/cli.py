@@ -4,6 +4,7 @@
     reprise demo offline [options]    import a generated dataset, train a Decision Transformer
     reprise import PATH --out DIR     load a D4RL/Minari/npz dataset into a store, save a checkpoint
     reprise serve --config FILE       serve tables over gRPC (stores, tables, address, token, TLS)
+    reprise aggregate [--config FILE] the in-network gradient aggregation daemon (UDP; iSwitch)
     reprise info ADDRESS [--json]     one snapshot of a server: tables, rates, priorities, clients
     reprise top ADDRESS               the same, redrawn every second in the terminal (q quits)
     reprise doctor [--json]           versions, GPU, /dev/shm and runtime directory, for bug reports
@@ -37,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     if command == "serve":
         from .server_config import main as serve_main
         return serve_main(rest)
+    if command == "aggregate":
+        from .aggregate.config import main as aggregate_main
+        return aggregate_main(rest)
     if command == "info":
         from .monitor import info_main
         return info_main(rest)
@@ -50,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         from . import __version__
         print(__version__)
         return 0
-    print(f"reprise: unknown command {command!r}; expected one of demo, import, serve, info, top, doctor\n\n{_USAGE}", file=sys.stderr)
+    print(f"reprise: unknown command {command!r}; expected one of demo, import, serve, aggregate, info, top, doctor\n\n{_USAGE}", file=sys.stderr)
     return 2
 
 

@@ -111,6 +111,7 @@ def _is(value, kind: str) -> bool:
             "table": isinstance(value, dict),
             "array of tables": isinstance(value, list) and all(isinstance(v, dict) for v in value),
             "array of names or tables": isinstance(value, list) and all(isinstance(v, (str, dict)) for v in value),
+            "array of strings": isinstance(value, list) and all(isinstance(v, str) for v in value),
             "array of integers": isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool)
                                                                  for v in value),
             "string or table": isinstance(value, (str, dict))}[kind]
