@@ -107,11 +107,12 @@ impl Worker {
             batch: RecvBatch::new(socket::BATCH),
             out: Outbox::default(),
             rng,
-            closed: false,
+            closed: true, // until the Join is acknowledged: nothing to leave
         };
         let o = &w.options;
         let join = join_packet(o.job, o.member, MEMBER_WORKER, &o.params, o.token.as_bytes());
         w.request(&join, Kind::Join)?;
+        w.closed = false;
         Ok(w)
     }
 
