@@ -1,6 +1,6 @@
 """In-network replay placement (issue 15): Reprise on the middle node vs the paper's Redis baseline.
 
-    python -m benchmarks.innetwork.placement                  # actors 1,2,4,8; ~3 minutes
+    python -m benchmarks.innetwork.placement                  # actors 1,2,4,8, 3 rounds; ~8 minutes
     python -m benchmarks.innetwork.placement --quick          # smoke test, ~20 s
     python -m benchmarks.innetwork.placement --actors 8 --seconds 20 --rate none
 
@@ -49,7 +49,9 @@ transitions/s inserted, 19 x 512 sampled). At the defaults the actors offer 28 M
 at 8 actors 226 MB/s, 1.8x what a 1 Gbit/s learner link carries (the regime the paper
 addresses); ``--actor-period 0.2`` halves it (8 actors: 90% of the link).
 
-Measured in one window (``--warmup`` s after a common start, then ``--seconds`` s):
+Each deployment runs ``--rounds`` times per actor count (3; the order of the deployments
+alternates round by round) and the tables report medians over the rounds. Measured in each
+round's window (``--warmup`` s after a common start, then ``--seconds`` s):
 bytes that cross the learner's link (its veth's rx+tx counters read at the window's edges:
 headers included), per sampled batch and against the bytes the actors pushed; actor push
 latency (one push call) and learner sample latency (one ``sample`` call / one draw from the
@@ -91,10 +93,10 @@ PRIORITY_EXPONENT = 0.6
 
 FULL = dict(actors=[1, 2, 4, 8], seconds=10.0, warmup=3.0, frame=(4, 42, 42), push=200,
             sample=512, max_size=65_536, min_size=1_024, pool=1_024, actor_period=0.1,
-            learner_period=0.2, rate="1gbit")
+            learner_period=0.2, rate="1gbit", rounds=3)
 QUICK = dict(actors=[1, 2], seconds=1.5, warmup=1.0, frame=(4, 21, 21), push=200,
              sample=512, max_size=8_192, min_size=512, pool=400, actor_period=0.05,
-             learner_period=0.2, rate="1gbit")
+             learner_period=0.2, rate="1gbit", rounds=1)
 BLOCK_STEPS = 64
 REDIS_MAX_QUEUED = 64          # batches in the Redis list before an actor waits (memory guard)
 CHILD_READY_S = 60.0           # a child must be ready within this
@@ -217,7 +219,7 @@ def learner_loop(spec: dict, draw, update) -> dict:
             update_lat.append(t2 - t1)
             rounds_in_window += 1
     return {"sample_lat": sample_lat, "update_lat": update_lat, "rounds": rounds,
-            "rounds_in_window": rounds_in_window, "sampled": sampled}
+            "rounds_in_window": rounds_in_window, "sampled": sampled, "start": start}
 
 
 def role_reprise_actor(spec: dict) -> dict:
@@ -347,7 +349,7 @@ def role_redis_learner(spec: dict) -> dict:
     r = redis_connect(spec)
     mem = Memory(spec["frame"], spec["max_size"])
     stop = threading.Event()
-    lags = []
+    lags, stored_at = [], []
 
     def drain() -> None:
         while not stop.is_set():
@@ -360,7 +362,9 @@ def role_redis_learner(spec: dict) -> dict:
             for raw in got:
                 obj = pickle.loads(raw)
                 mem.put(obj["cols"], obj["prios"])
-                lags.append(now() - obj["t"])
+                t_stored = now()
+                lags.append(t_stored - obj["t"])
+                stored_at.append((t_stored, len(obj["prios"])))
 
     t = threading.Thread(target=drain, daemon=True)
     t.start()
@@ -394,6 +398,8 @@ def role_redis_learner(spec: dict) -> dict:
     t.join(timeout=5)
     out["bad_batches"] = bad
     out["stored"] = mem.stored
+    begin = out["start"] + spec["warmup"]
+    out["stored_in_window"] = sum(n for t_, n in stored_at if begin <= t_ <= begin + spec["seconds"])
     out["commit_lag"] = latency_stats(lags)
     return out
 
@@ -669,6 +675,7 @@ def summarize(m: dict, cfg: dict, actors: int) -> dict:
         out["items_stored_total"] = learner["table"]["num_inserts"]
     if "stored" in learner:
         out["items_stored_total"] = learner["stored"]
+        out["stored_items_per_s"] = learner["stored_in_window"] / secs
         out["commit_lag"] = learner["commit_lag"]
     links = m["links"]
     if links is not None:
@@ -684,7 +691,10 @@ def summarize(m: dict, cfg: dict, actors: int) -> dict:
 
 
 def run_all(cfg: dict, namespaces: bool | None, order=("reprise", "redis")) -> dict:
+    """Every actor count: one network, ``rounds`` rounds of every deployment (the order
+    alternating round by round), each deployment's rounds combined by ``combine``."""
     points = {}
+    k = 0
     for n in cfg["actors"]:
         hosts = [f"actor{i}" for i in range(n)] + ["learner"]
         with Network(hosts, hub="replay", namespaces=namespaces) as net:
@@ -694,29 +704,83 @@ def run_all(cfg: dict, namespaces: bool | None, order=("reprise", "redis")) -> d
                     net.shape(h, cfg["rate"])
                 shaped = cfg["rate"]
             point = {"namespaced": net.namespaced, "fallback_reason": net.reason,
-                     "rate": shaped, "deployments": {}}
-            seq = list(order) if len(points) % 2 == 0 else list(reversed(order))
-            for d in seq:
-                log(f"== {n} actor(s): {d} ({'namespaces' if net.namespaced else 'loopback'}"
-                    f"{', links ' + shaped if shaped else ''}) ...")
-                try:
-                    m = (run_reprise if d == "reprise" else run_redis)(net, cfg, n)
-                    s = summarize(m, cfg, n)
-                except Exception as e:
-                    import traceback
-                    s = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
-                if "skipped" in s:
-                    log(f"== {d}: SKIPPED: {s['skipped']}")
-                elif "error" in s:
-                    log(f"== {d}: ERROR: {s['error']}")
-                else:
-                    log(f"   push p50 {s['push'].get('p50_ms', float('nan')):.2f} ms, sample p50 "
-                        f"{s['sample'].get('p50_ms', float('nan')):.2f} ms, "
-                        f"{s['inserted_items_per_s']:.0f} items/s, learner link "
-                        f"{fmt_mb(s.get('learner_link', {}).get('bytes'))} MB")
-                point["deployments"][d] = s
+                     "rate": shaped, "deployments": {}, "rounds": {d: [] for d in order},
+                     "loadavg_1m": []}
+            for r in range(cfg["rounds"]):
+                seq = list(order) if k % 2 == 0 else list(reversed(order))
+                k += 1
+                for d in seq:
+                    point["loadavg_1m"].append(round(os.getloadavg()[0], 2))
+                    log(f"== {n} actor(s), round {r + 1}/{cfg['rounds']}: {d} "
+                        f"({'namespaces' if net.namespaced else 'loopback'}"
+                        f"{', links ' + shaped if shaped else ''}) ...")
+                    try:
+                        m = (run_reprise if d == "reprise" else run_redis)(net, cfg, n)
+                        s = summarize(m, cfg, n)
+                    except Exception as e:
+                        import traceback
+                        s = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+                    if "skipped" in s:
+                        log(f"== {d}: SKIPPED: {s['skipped']}")
+                    elif "error" in s:
+                        log(f"== {d}: ERROR: {s['error']}")
+                    else:
+                        log(f"   push p50 {s['push'].get('p50_ms', float('nan')):.2f} ms, sample p50 "
+                            f"{s['sample'].get('p50_ms', float('nan')):.2f} ms, "
+                            f"{s['inserted_items_per_s']:.0f} items/s, learner link "
+                            f"{fmt_mb(s.get('learner_link', {}).get('bytes'))} MB")
+                    point["rounds"][d].append(s)
+            point["deployments"] = {d: combine(point["rounds"][d]) for d in order}
             points[str(n)] = point
     return points
+
+
+MEDIAN_KEYS = [("push", "p50_ms"), ("push", "p90_ms"), ("push", "p99_ms"), ("push", "mean_ms"),
+               ("sample", "p50_ms"), ("sample", "p90_ms"), ("sample", "p99_ms"),
+               ("sample", "mean_ms"), ("update", "p50_ms"), ("update", "p99_ms"),
+               ("commit_lag", "p50_ms"), ("commit_lag", "p99_ms"),
+               ("inserted_items_per_s",), ("sampled_items_per_s",), ("stored_items_per_s",),
+               ("pushed_bytes_in_window",), ("learner_rounds_in_window",), ("throttled_s",),
+               ("learner_link", "bytes"), ("learner_link", "rx_bytes"), ("learner_link", "tx_bytes"),
+               ("actor_links", "bytes"), ("learner_link_bytes_per_batch",),
+               ("learner_link_mb_per_s",)]
+SUM_KEYS = ["pushes_total", "items_pushed_total", "items_stored_total", "sampled_total",
+            "rounds_total"]
+
+
+def combine(rounds: list[dict]) -> dict:
+    """One deployment's rounds as one entry: the median of every measured number over the
+    rounds, the sums of the totals each side checked, the first round's description."""
+    import statistics
+    if not rounds:
+        return {"skipped": "no rounds"}
+    for s in rounds:
+        if "skipped" in s or "error" in s:
+            return s
+    out = json.loads(json.dumps(rounds[0]))
+    out["rounds"] = len(rounds)
+    for path in MEDIAN_KEYS:
+        values = []
+        for s in rounds:
+            v = s
+            for key in path:
+                v = v.get(key) if isinstance(v, dict) else None
+            if v is not None:
+                values.append(v)
+        if len(values) == len(rounds):
+            target = out
+            for key in path[:-1]:
+                target = target[key]
+            target[path[-1]] = statistics.median(values)
+    for key in SUM_KEYS:
+        if all(key in s for s in rounds):
+            out[key] = sum(s[key] for s in rounds)
+    out["bad_batches"] = [b for s in rounds for b in s["bad_batches"]]
+    if "table" in out:
+        out["table"]["num_samples"] = sum(s["table"]["num_samples"] for s in rounds)
+    out["push"]["n"] = sum(s["push"]["n"] for s in rounds)
+    out["sample"]["n"] = sum(s["sample"]["n"] for s in rounds)
+    return out
 
 
 def fmt_mb(b) -> str:
@@ -758,7 +822,9 @@ def build_markdown(report: dict) -> str:
              f"float32 = {t:,} B; a push is {cfg['push']} of them ({cfg['push'] * t / 1e6:.2f} MB), "
              f"a sampled batch {cfg['sample']} ({cfg['sample'] * t / 1e6:.2f} MB). Each actor pushes "
              f"every {cfg['actor_period']} s, the learner starts a round every "
-             f"{cfg['learner_period']} s; window {cfg['warmup']} s warm-up + {cfg['seconds']} s.", ""]
+             f"{cfg['learner_period']} s; window {cfg['warmup']} s warm-up + {cfg['seconds']} s; "
+             f"{cfg['rounds']} round(s) per deployment and actor count, the order alternating, "
+             "medians over the rounds.", ""]
     offered = cfg["push"] * t / cfg["actor_period"] / 1e6
     lines.append(f"Offered push load: {offered:.1f} MB/s per actor "
                  f"({', '.join(f'{n} actors {n * offered:.0f} MB/s' for n in cfg['actors'])}); "
@@ -766,7 +832,9 @@ def build_markdown(report: dict) -> str:
     lines.append("")
     first = next(iter(report["points"].values()), {})
     if first.get("namespaced"):
-        lines.append(f"Network namespaces + veth, every link shaped to {first.get('rate') or 'no limit'} "
+        rate = first.get("rate")
+        cap = f" = {rate_bits(rate) / 8e6:.0f} MB/s each way" if rate else ""
+        lines.append(f"Network namespaces + veth, every link shaped to {rate or 'no limit'}{cap} "
                      "(tc tbf, both ways). Learner link = the learner's veth rx+tx (headers included).")
     else:
         lines.append(f"**Loopback fallback** ({first.get('fallback_reason', '')}): link bytes not "
@@ -798,9 +866,27 @@ def build_markdown(report: dict) -> str:
                          f"{fmt(r['sample_p50_redis_over_reprise'])} | "
                          f"{fmt(r.get('learner_link_bytes_redis_over_reprise'))} | "
                          f"{fmt(r['inserted_reprise_over_redis'])} |")
+    loads = [x for p in report["points"].values() for x in p.get("loadavg_1m", [])]
+    if loads:
+        lines += ["", f"1-minute load average before each run: {min(loads):.1f} to {max(loads):.1f} "
+                  f"(2 cores; anything else running shares them)."]
+    drain = [(n, p["deployments"]["redis"]) for n, p in report["points"].items()
+             if "push" in p["deployments"].get("redis", {})]
+    if drain:
+        lines += ["", "The baseline's drain (Redis list -> sum tree, a thread in the learner process):",
+                  "", "| actors | pushed items/s | stored in the sum tree items/s | push -> in the sum "
+                  "tree p50 ms | p99 ms | actors' waits for the list to shrink (s, all actors) |",
+                  "|---|---|---|---|---|---|"]
+        for n, s in drain:
+            lag = s.get("commit_lag", {})
+            lines.append(f"| {n} | {s['inserted_items_per_s']:,.0f} | "
+                         f"{s.get('stored_items_per_s', 0):,.0f} | {fmt(lag.get('p50_ms'))} | "
+                         f"{fmt(lag.get('p99_ms'))} | {s['throttled_s']:.1f} |")
     lines += ["", "Push: Reprise = extend + create_items + flush (returns once the items are in the "
               "table); Redis = pickle + RPUSH (returns once Redis holds the blob; the drain into "
-              "the sum tree follows, see commit_lag in the JSON). Sample: Reprise = one "
+              "the sum tree follows: push -> in the sum tree above). While the Redis list holds more "
+              f"than {REDIS_MAX_QUEUED} batches an actor waits for it to shrink (a memory guard); that "
+              "wait is not in its push latency. Sample: Reprise = one "
               "client.sample over the learner's link; Redis = a local draw + gather from the "
               "numpy sum tree. Kernel-bypass stacks (the paper's DPDK Redis and in-network "
               "micro-threads) are not reproducible here: this measures the placement."]
@@ -817,6 +903,8 @@ def parse_args(argv=None):
     ap.add_argument("--actor-period", type=float, help="seconds between one actor's pushes (0.1)")
     ap.add_argument("--learner-period", type=float, help="seconds between learner rounds (0.2)")
     ap.add_argument("--max-size", type=int, help="table / sum-tree capacity (65536)")
+    ap.add_argument("--rounds", type=int, help="rounds per deployment and actor count, order "
+                    "alternating; medians reported (default 3, quick 1)")
     ap.add_argument("--rate", help="tc tbf rate of every link, both ways, or 'none' (1gbit)")
     ap.add_argument("--deployments", default="reprise,redis", help="which of reprise,redis to run")
     ap.add_argument("--namespaces", choices=("auto", "on", "off"), default="auto",
@@ -829,7 +917,7 @@ def make_config(args) -> dict:
     cfg = dict(QUICK if args.quick else FULL)
     if args.actors:
         cfg["actors"] = [int(x) for x in args.actors.split(",")]
-    for k in ("seconds", "warmup", "actor_period", "learner_period", "max_size", "rate"):
+    for k in ("seconds", "warmup", "actor_period", "learner_period", "max_size", "rate", "rounds"):
         v = getattr(args, k)
         if v is not None:
             cfg[k] = v
