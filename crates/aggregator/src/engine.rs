@@ -156,6 +156,11 @@ impl Engine {
                     return;
                 };
                 if !job.is_member(h.member, from, now) {
+                    if h.kind == Kind::Leave {
+                        // Already gone: its first Leave's Ack was lost. Leaving is idempotent.
+                        job.ack(Kind::Leave, from, h.member, 0, &mut self.out);
+                        return;
+                    }
                     Stats::add(&stats.unauthorized, 1);
                     job.nak(NakCode::NotMember, from, h.member, 0, h.seq, &mut self.out, &stats);
                     return;

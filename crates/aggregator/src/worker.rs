@@ -63,6 +63,7 @@ pub struct Worker {
     next_seq: u32,
     round: u32,
     carry: Vec<u32>,
+    rtt: RttEstimate,
     batch: RecvBatch,
     out: Outbox,
     rng: Pcg64Mcg,
@@ -71,10 +72,53 @@ pub struct Worker {
 
 struct Segment {
     sent: Option<Instant>,
-    rto: Duration,
+    /// When it was first sent (for round-trip samples) and whether it was sent again (Karn:
+    /// a retransmitted segment gives no sample).
+    first: Option<Instant>,
+    again: bool,
+    /// Its place in the order segments were (re)sent, and how many segments sent after it
+    /// have finished while it waits: at `FAST_AFTER` it is sent again without waiting for
+    /// its timeout (a packet of it was probably lost).
+    order: u64,
+    overtaken: u32,
+    backoff: u32,
     done: bool,
     late: bool,
     stale: bool,
+}
+
+/// Segments sent later that may finish first before a waiting one is sent again.
+const FAST_AFTER: u32 = 3;
+/// The retransmission timeout never goes below this.
+const MIN_RTO: Duration = Duration::from_millis(2);
+
+/// Round-trip estimate per RFC 6298 (smoothed RTT and variation), in seconds.
+#[derive(Clone, Copy, Debug)]
+struct RttEstimate {
+    srtt: f64,
+    rttvar: f64,
+    samples: u64,
+}
+
+impl RttEstimate {
+    fn sample(&mut self, rtt: Duration) {
+        let r = rtt.as_secs_f64();
+        if self.samples == 0 {
+            self.srtt = r;
+            self.rttvar = r / 2.0;
+        } else {
+            self.rttvar = 0.75 * self.rttvar + 0.25 * (self.srtt - r).abs();
+            self.srtt = 0.875 * self.srtt + 0.125 * r;
+        }
+        self.samples += 1;
+    }
+
+    fn rto(&self, initial: Duration) -> Duration {
+        if self.samples == 0 {
+            return initial;
+        }
+        Duration::from_secs_f64(self.srtt + 4.0 * self.rttvar).clamp(MIN_RTO, Duration::from_secs(1))
+    }
 }
 
 impl Worker {
@@ -104,6 +148,7 @@ impl Worker {
             next_seq: 0,
             round: 0,
             carry: Vec::new(),
+            rtt: RttEstimate { srtt: 0.0, rttvar: 0.0, samples: 0 },
             batch: RecvBatch::new(socket::BATCH),
             out: Outbox::default(),
             rng,
@@ -224,8 +269,22 @@ impl Worker {
         let base = self.next_seq;
         let round = self.round;
         let window = p.window as usize;
-        let mut state: Vec<Segment> =
-            (0..segs).map(|_| Segment { sent: None, rto: self.options.rto, done: false, late: false, stale: false }).collect();
+        let mut state: Vec<Segment> = (0..segs)
+            .map(|_| Segment {
+                sent: None,
+                first: None,
+                again: false,
+                order: 0,
+                overtaken: 0,
+                backoff: 0,
+                done: false,
+                late: false,
+                stale: false,
+            })
+            .collect();
+        let mut order = 0u64;
+        // Outstanding segments in the order they were (re)sent.
+        let mut waiting: std::collections::VecDeque<usize> = std::collections::VecDeque::new();
         let mut report = Report { counts: vec![0; segs], ..Report::default() };
         let (mut next, mut finished) = (0usize, 0usize);
         let mut progress = Instant::now();
@@ -237,7 +296,11 @@ impl Worker {
                 if !state[next].done {
                     let last = if next + 1 == segs { flags::LAST } else { 0 };
                     self.push_data(base + next as u32, round, &contribution[range(next)], last);
-                    state[next].sent = Some(Instant::now());
+                    let now = Instant::now();
+                    let s = &mut state[next];
+                    (s.sent, s.first, s.order) = (Some(now), Some(now), order);
+                    order += 1;
+                    waiting.push_back(next);
                 }
                 next += 1;
             }
@@ -250,10 +313,11 @@ impl Worker {
             self.flush();
             // Wait for results until the earliest retransmission is due.
             let now = Instant::now();
-            let due = state
+            let rto = self.rtt.rto(self.options.rto);
+            let timeout_of = |s: &Segment| (rto * (1 << s.backoff.min(9))).min(Duration::from_secs(1));
+            let due = waiting
                 .iter()
-                .filter(|s| !s.done)
-                .filter_map(|s| s.sent.map(|t| (t + s.rto).saturating_duration_since(now)))
+                .filter_map(|&j| state[j].sent.map(|t| (t + timeout_of(&state[j])).saturating_duration_since(now)))
                 .min()
                 .unwrap_or(Duration::from_millis(50))
                 .min(Duration::from_millis(50));
@@ -294,8 +358,24 @@ impl Worker {
             if let Some(e) = error {
                 return Err(e);
             }
+            let arrived = Instant::now();
+            let mut fast = Vec::new();
             for (j, count, fl, payload) in got {
                 let r = range(j);
+                if let (Some(first), false) = (state[j].first, state[j].again) {
+                    self.rtt.sample(arrived.duration_since(first));
+                }
+                // Every segment sent before this one and still waiting was overtaken.
+                let o = state[j].order;
+                for &k in &waiting {
+                    let s = &mut state[k];
+                    if !s.done && s.order < o && s.sent.is_some() {
+                        s.overtaken += 1;
+                        if s.overtaken == FAST_AFTER {
+                            fast.push(k);
+                        }
+                    }
+                }
                 for (o, c) in output[r].iter_mut().zip(payload.chunks_exact(4)) {
                     *o = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
                 }
@@ -307,18 +387,23 @@ impl Worker {
                 finished += 1;
                 progress = Instant::now();
             }
-            // Retransmit what is overdue: data, or Help when the daemon refused the data.
+            waiting.retain(|&k| !state[k].done);
+            // Send again what is overdue or was overtaken: data, or Help when the daemon
+            // refused the data as stale.
             let now = Instant::now();
-            for (j, s) in state.iter_mut().enumerate() {
-                if s.done {
-                    continue;
-                }
+            let rto = self.rtt.rto(self.options.rto);
+            let mut again = Vec::new();
+            for &j in &waiting {
+                let s = &state[j];
                 let Some(at) = s.sent else { continue };
-                if now.duration_since(at) < s.rto {
-                    continue;
+                let overdue = now.duration_since(at) >= (rto * (1 << s.backoff.min(9))).min(Duration::from_secs(1));
+                if overdue || fast.contains(&j) {
+                    again.push((j, overdue));
                 }
+            }
+            for (j, overdue) in again {
                 let seq = base + j as u32;
-                if s.stale {
+                if state[j].stale {
                     let mut h = Header::new(Kind::Help, self.options.job, self.options.member);
                     h.seq = seq;
                     self.out.push(self.options.address, &h, &[]);
@@ -326,10 +411,21 @@ impl Worker {
                     let last = if j + 1 == segs { flags::LAST } else { 0 };
                     self.push_data(seq, round, &contribution[range(j)], flags::RETRANSMIT | last);
                 }
+                let s = &mut state[j];
                 s.sent = Some(now);
-                s.rto = (s.rto * 2).min(Duration::from_secs(1));
+                s.again = true;
+                s.overtaken = 0;
+                s.order = order;
+                order += 1;
+                if overdue {
+                    s.backoff += 1;
+                }
                 report.retransmits += 1;
             }
+            // Keep `waiting` in send order: the segments just sent again go to the back.
+            let mut w: Vec<usize> = waiting.drain(..).collect();
+            w.sort_by_key(|&k| state[k].order);
+            waiting.extend(w);
             if progress.elapsed() >= self.options.timeout {
                 let missing: Vec<u32> = state.iter().enumerate().filter(|(_, s)| !s.done).map(|(j, _)| base + j as u32).take(8).collect();
                 return Err(Error::Timeout(format!(
