@@ -400,3 +400,73 @@ def test_cli_config_is_checked(tmp_path):
     r = subprocess.run([sys.executable, "-m", "reprise.cli", "aggregate", "--config", str(up)],
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "upstream: needs 'member', 'size'" in r.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# On-path mode: the daemon on the router takes only the marked packets
+
+
+_TARGET = """
+import socket, sys, threading
+udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); udp.bind(("0.0.0.0", int(sys.argv[1])))
+tcp = socket.socket(); tcp.bind(("0.0.0.0", int(sys.argv[1]) + 1)); tcp.listen()
+got = []
+def echo():
+    c, _ = tcp.accept(); c.sendall(c.recv(100)); c.close()
+threading.Thread(target=echo, daemon=True).start()
+print("ready", flush=True)
+udp.settimeout(0.5)
+while True:
+    try:
+        data, _ = udp.recvfrom(65536)
+        print("udp", len(data), flush=True)
+    except socket.timeout:
+        pass
+"""
+
+
+def test_on_path_daemon_takes_marked_packets_and_forwards_everything_else(star):
+    import shutil
+    net = star(2, extra=["target"])
+    if not net.namespaced or shutil.which("nft") is None:
+        pytest.skip("on-path mode needs network namespaces and nftables (root, `ip`, `nft`)")
+    port = 7199
+    router = ["switch"]
+    # DSCP 0x0f is the ToS byte 0x3C the workers mark their packets with.
+    rules = ("table ip rpagg {\n  chain pre {\n    type filter hook prerouting priority mangle; policy accept;\n"
+             f"    ip dscp 0x0f meta l4proto udp tproxy to :{port} meta mark set 1 accept\n  }}\n}}\n")
+    r = net.run(router[0], ["nft", "-f", "-"], input=rules, capture_output=True, text=True)
+    if r.returncode != 0 and "syntax error" not in r.stderr:
+        pytest.skip(f"nftables TPROXY is not available here: {r.stderr.strip()}")
+    assert r.returncode == 0, r.stderr
+    net.run("switch", ["ip", "rule", "add", "fwmark", "1", "lookup", "100"], check=True)
+    net.run("switch", ["ip", "route", "add", "local", "0.0.0.0/0", "dev", "lo", "table", "100"], check=True)
+    daemon = net.popen("switch", [sys.executable, "-m", "reprise.cli", "aggregate", "--config",
+                                  _config(net, address=f"0.0.0.0:{port}", token=TOKEN, transparent=True)],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert "listening on" in read_line(daemon, 20)
+    target = net.popen("target", [sys.executable, "-c", _TARGET, str(port)], stdout=subprocess.PIPE, text=True)
+    assert read_line(target, 20).startswith("ready")
+    tgt = net.address("target")
+    # Workers aim at the target; the router's daemon aggregates on the way.
+    code = ("import reprise as rp, numpy as np, sys; "
+            f"w = rp.aggregate.Worker('{tgt}:{port}', job=1, rank=int(sys.argv[1]), size=2, token='{TOKEN}', "
+            "on_path=True, timeout=10); y = w.allreduce(np.arange(5000, dtype=np.float32)); "
+            "assert np.array_equal(y, 2 * np.arange(5000, dtype=np.float32)), y[:5]; w.close(); print('ok')")
+    workers = [net.popen(f"w{r}", [sys.executable, "-c", code, str(r)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True) for r in range(2)]
+    for p in workers:
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0 and out.strip() == "ok", err[-2000:]
+    # Unmarked traffic to the same host and port goes through untouched: plain UDP, TCP, ping.
+    unmarked = (f"import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.sendto(b'x' * 77, ('{tgt}', {port})); "
+                f"c = socket.create_connection(('{tgt}', {port + 1}), timeout=5); c.sendall(b'hello'); "
+                "assert c.recv(100) == b'hello'; print('tcp ok')")
+    r = net.run("w0", [sys.executable, "-c", unmarked], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and "tcp ok" in r.stdout, r.stderr
+    if shutil.which("ping"):
+        assert net.run("w1", ["ping", "-c", "1", "-W", "2", tgt], capture_output=True, timeout=10).returncode == 0
+    time.sleep(0.8)
+    target.kill()
+    lines = target.communicate(timeout=10)[0].splitlines()
+    assert lines == ["udp 77"], f"the target saw only the unmarked datagram, not the aggregation traffic: {lines}"
