@@ -92,23 +92,35 @@ def _ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}x" if a and b else "n/a"
 
 
-def matrix_table(entries: list[dict]) -> list[str]:
-    head = ["rate", "workers", "gradient", "daemon f32 p50 / p99 us", "daemon i32 p50 / p99 us",
+def matrix_table(entries: list[dict], delay: bool = False) -> list[str]:
+    head = (["relays hold (us/hop)"] if delay else []) + ["rate", "workers", "gradient", "daemon f32 p50 / p99 us", "daemon i32 p50 / p99 us",
             "TCP PS p50 / p99 us", "gloo p50 / p99 us", "daemon f32 / gloo", "daemon f32 / PS",
             "goodput Gbit/s: daemon f32 / PS / gloo"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for e in entries:
+        first = [f"{e.get('delay_us', 0):g}"] if delay else []
         if "error" in e:
-            lines.append(f"| {e['rate']} | {e['workers']} | (error: {e['error'][:120]}) |" + " |" * (len(head) - 3))
+            lines.append("| " + " | ".join(first + [e["rate"], str(e["workers"]), f"(error: {e['error'][:120]})"])
+                         + " |" + " |" * (len(head) - 3 - len(first)))
             continue
         for size in e["sizes"]:
             d, p, g = (_p50(e, s, size) for s in ("daemon-f32", "ps", "gloo"))
             good = " / ".join(f"{size * 8 / (x * 1e-6) / 1e9:.2f}" if x else "n/a" for x in (d, p, g))
-            lines.append("| " + " | ".join([
+            lines.append("| " + " | ".join(first + [
                 e["rate"], str(e["workers"]), size_label(size), _cell(e, "daemon-f32", size, True),
                 _cell(e, "daemon-i32", size, True), _cell(e, "ps", size, True), _cell(e, "gloo", size, True),
                 f"**{_ratio(d, g)}**", _ratio(d, p), good]) + " |")
     return lines
+
+
+def relay_lines(entries: list[dict]) -> list[str]:
+    out = []
+    for e in entries:
+        late = [x.get("late_us", {}).get("p50") for x in e.get("relays", []) if x.get("late_us")]
+        if late:
+            out.append(f"- relays holding {e.get('delay_us', 0):g} us/hop, {e['workers']} workers: timers late by "
+                       f"{min(late):.0f}-{max(late):.0f} us (median per relay)")
+    return out
 
 
 def errors_lines(report: dict) -> list[str]:
@@ -133,10 +145,12 @@ def errors_lines(report: dict) -> list[str]:
 
 def goal_lines(report: dict) -> list[str]:
     out = []
-    for sec, what in (("matrix", "no added delay"), ("delay", "with the per-hop delay")):
+    for sec in ("matrix", "delay"):
         for e in report.get(sec, []):
             if e["workers"] != GOAL_LATENCY_WORKERS:
                 continue
+            what = ("no added delay" if sec == "matrix" else
+                    f"relays holding {e.get('delay_us', 0):g} us per hop")
             for size in e["sizes"]:
                 if size > GOAL_LATENCY_MAX_BYTES:
                     continue
@@ -272,11 +286,14 @@ def build_markdown(report: dict) -> str:
     out += ["## 1. Aggregation latency, no added delay", "", *matrix_table(report.get("matrix", [])), ""]
     out += ["## 2. With a per-hop delay", ""]
     if report.get("delay"):
-        out += [f"Each link crossing held {cfg['delay_us']:g} +- {cfg['jitter_us']:g} us by `relay.py` in "
+        out += [f"Each link crossing held D = {cfg['delay_us']:g} +- {cfg['jitter_us']:g} us by `relay.py` in "
                 "every worker's namespace (daemon UDP: 1 hop each way; TCP to another leaf through the hub, "
                 "PS and gloo: 2 hops each way, via an nftables redirect to the transparent relay). The "
-                "relay's timers are late by the `late_us` it reports (JSON, `relays`).", "",
-                *matrix_table(report["delay"]), ""]
+                "relay's timers are late by the `late_us` it reports (JSON, `relays`; below). The 0 us rows "
+                "are the control: the same relays in the path holding nothing, so their own cost (Python, "
+                "per datagram for the daemon's UDP, per chunk for TCP) is visible apart from the delay.", "",
+                *relay_lines(report["delay"]), "",
+                *matrix_table(report["delay"], delay=True), ""]
     else:
         out += [f"Not run: {report.get('delay_skipped', 'not selected')}.", ""]
     out += ["## 3. Daemon goodput per core (loopback, int32, no namespaces)", "", *goodput_lines(report), "",

@@ -28,9 +28,11 @@ per link crossed, in each direction: the daemon's UDP goes through the relay's U
 (hub = 1 hop: D each way); the worker's TCP (PS, gloo, the store) is sent to the relay by an
 nftables ``redirect`` (transparent, ``SO_ORIGINAL_DST``) and held 2 hops (another leaf, through
 the hub: 2D each way). So a daemon round trip gets 2D, a PS round trip 4D and every ring step 2D,
-as D per link would. The relay is Python (its timers are ~20-30 us late, its CPU is shared with the
-workers), so the delay section runs only the latency-bound sizes (``--delay-sizes``, default
-40K,158K) at ``--delay-workers`` (default 4) and 10 Gbit/s.
+as D per link would. The relay is Python (its timers are ~20-30 us late on an idle machine, much
+more when its CPU is shared with the workers, and it costs CPU per datagram), so the delay section
+runs only the latency-bound sizes (``--delay-sizes``, default 40K,158K) at ``--delay-workers``
+(default 4) and 10 Gbit/s, and first runs the same point with the relays in place holding 0 us
+(the control: what the relays themselves cost each system), then holding D.
 
 Every worker (``agg_rank.py``) opens every system and runs them interleaved (blocks of rounds,
 system order rotating each block). A round's latency is from the moment the last worker called
@@ -71,11 +73,12 @@ from benchmarks.innetwork.relay import redirect_rules
 
 FULL = dict(workers=[2, 4, 8], sizes=["40K", "158K", "3M", "6M"], rates=["1gbit", "10gbit"],
             delay_us=100.0, jitter_us=10.0, delay_workers=[4], delay_sizes=["40K", "158K"],
-            delay_rate="10gbit", rounds_small=60, rounds_large=12, warmup=3, blocks=3,
+            delay_rate="10gbit", relay_control=True, rounds_small=60, rounds_large=12, warmup=3, blocks=3,
             loop_workers=4, loop_sizes=["158K", "3M", "6M"], loop_rounds_small=200, loop_rounds_large=40,
             loss_sizes=["40K", "158K", "3M"], loss_rounds_small=300, loss_rounds_large=60,
             loss_rate=0.01, loss_fast_rto_ms=2.0, int32_scale=65536.0, loop_segments=[256, 8192], call_timeout_s=60.0, set_timeout_s=240.0)
 QUICK = dict(workers=[], sizes=["40K", "158K"], rates=["1gbit"], delay_workers=[2], delay_sizes=["40K", "158K"],
+             relay_control=False,
              rounds_small=5, rounds_large=2, warmup=1, blocks=1, loop_workers=2, loop_sizes=["158K"],
              loop_rounds_small=10, loop_rounds_large=2, loss_sizes=["40K"], loss_rounds_small=20,
              loss_rounds_large=4, loop_segments=[256], call_timeout_s=30.0, set_timeout_s=60.0)
@@ -244,14 +247,16 @@ def run_ranks(net, hosts: list[str | None], systems_for_rank, sizes: list[int], 
 
 
 def network_config(net, n: int, rate: str, delay_us: float, sizes: list[int], systems: list[str],
-                   cfg, logdir: str, stem: str) -> dict:
-    """One (rate, workers, delay) point: the daemon in the hub, the PS in ``ps``, N workers."""
-    label = f"rate {rate}, {n} workers" + (f", delay {delay_us:g} us/hop" if delay_us else "")
+                   cfg, logdir: str, stem: str, relay: bool = False) -> dict:
+    """One (rate, workers, delay) point: the daemon in the hub, the PS in ``ps``, N workers; with
+    ``relay`` (or a delay) every worker's traffic goes through its relay, held ``delay_us`` per hop."""
+    relay = relay or delay_us > 0
+    label = f"rate {rate}, {n} workers" + (f", relays holding {delay_us:g} us/hop" if relay else "")
     log(f"== {label}: sizes {sizes}, systems {systems}")
     hosts = [f"w{i}" for i in range(n)]
     workdir = tempfile.mkdtemp(prefix="agg-")
-    tag = f"{stem}-{rate}-{n}w" + (f"-d{delay_us:g}" if delay_us else "")
-    entry = {"rate": rate, "workers": n, "delay_us": delay_us, "sizes": sizes, "systems": {},
+    tag = f"{stem}-{rate}-{n}w" + (f"-relay{delay_us:g}" if relay else "")
+    entry = {"rate": rate, "workers": n, "delay_us": delay_us, "relay": relay, "sizes": sizes, "systems": {},
              "namespaced": net.namespaced}
     children, relays = [], []
     try:
@@ -279,10 +284,10 @@ def network_config(net, n: int, rate: str, delay_us: float, sizes: list[int], sy
                 break
             target = f"{net.address(HUB, facing=h) if net.namespaced else net.address(HUB)}:{port}"
             daemon_addr[i] = target
-            if delay_us:
+            if relay:
                 hub_ips = [net.address(HUB, facing=x) for x in hosts + [PS_HOST]]
                 argv = [python(), "-m", "benchmarks.innetwork.relay", "--delay-us", str(delay_us),
-                        "--jitter-us", str(cfg.jitter_us), "--seed", str(1000 + i),
+                        "--jitter-us", str(cfg.jitter_us if delay_us else 0.0), "--seed", str(1000 + i),
                         "--udp", f"127.0.0.1:0={target}@1",
                         "--tcp", f"127.0.0.1:{RELAY_TCP_PORT}=transparent@2"]
                 for ip in hub_ips:
@@ -291,7 +296,7 @@ def network_config(net, n: int, rate: str, delay_us: float, sizes: list[int], sy
                 relays.append(relay)
                 bound = json.loads(relay.ready())
                 daemon_addr[i] = bound["udp"][0]
-        if delay_us and "ps" in systems or delay_us and "gloo" in systems:
+        if relay and ("ps" in systems or "gloo" in systems):
             for h in hosts:
                 net.run(h, ["nft", "-f", "-"], input=redirect_rules(RELAY_TCP_PORT), text=True,
                         check=True, capture_output=True, timeout=15)
@@ -328,7 +333,7 @@ def network_config(net, n: int, rate: str, delay_us: float, sizes: list[int], sy
         for c in children + relays:
             if c.proc.poll() is None:
                 kill_group(c.proc)
-        if delay_us and net.namespaced:
+        if relay and net.namespaced:
             for h in hosts:
                 net.run(h, ["nft", "delete", "table", "ip", "aggrelay"], capture_output=True, timeout=15)
         for r in range(n):
@@ -542,9 +547,10 @@ def main(argv: list[str] | None = None) -> int:
         if delay_runs:
             shape_all(net, hosts, cfg.delay_rate)
             for n in cfg.delay_workers:
-                report["delay"].append(network_config(
-                    net, n, cfg.delay_rate, cfg.delay_us, [parse_size(s) for s in cfg.delay_sizes], systems,
-                    cfg, logdir, stem))
+                for d in ([0.0] if cfg.relay_control else []) + [cfg.delay_us]:
+                    report["delay"].append(network_config(
+                        net, n, cfg.delay_rate, d, [parse_size(s) for s in cfg.delay_sizes], systems,
+                        cfg, logdir, stem, relay=True))
         elif "delay" in sections:
             report["delay_skipped"] = ("no namespaces: the transparent relay needs its own nftables table"
                                        if not net.namespaced else "no `nft` command (nftables)"

@@ -97,6 +97,32 @@ def _buffers(s: socket.socket) -> None:
             pass
 
 
+class _Watch(dict):
+    """fileno -> (socket, callback), with the socket list ``select`` wants, rebuilt only after a
+    change."""
+
+    def __init__(self):
+        super().__init__()
+        self._list: list | None = None
+
+    def __setitem__(self, k, v):
+        self._list = None
+        super().__setitem__(k, v)
+
+    def pop(self, k, *default):
+        self._list = None
+        return super().pop(k, *default)
+
+    def sockets(self) -> list:
+        if self._list is None:
+            self._list = [s for s, _ in self.values()]
+        return self._list
+
+    def prune(self) -> None:
+        for k in [k for k, (s, _) in self.items() if s.fileno() < 0]:
+            self.pop(k)
+
+
 class _Pipe:
     """One direction of a relayed TCP connection: chunks read from ``src`` wait in ``queue``
     (due time, bytes) until due, then go to ``dst``."""
@@ -134,8 +160,8 @@ class Relay:
         self._rng = random.Random(seed)
         self._heap: list = []
         self._seq = itertools.count()
-        self._readers: dict[int, tuple[socket.socket, object]] = {}
-        self._writers: dict[int, tuple[socket.socket, object]] = {}
+        self._readers: _Watch = _Watch()
+        self._writers: _Watch = _Watch()
         self._sockets: list[socket.socket] = []
         self._conns: set[_Conn] = set()
         self._wake_r, self._wake_w = socket.socketpair()
@@ -149,10 +175,14 @@ class Relay:
 
     # --- rules ---------------------------------------------------------------------------
     def _sample_delay(self, hops: int) -> float:
-        d = hops * self.delay_s
-        if self.jitter_s:
-            d += sum(self._rng.uniform(-self.jitter_s, self.jitter_s) for _ in range(hops))
-        return max(0.0, d)
+        j = self.jitter_s
+        if not j:
+            return hops * self.delay_s
+        u = self._rng.random
+        d = hops * self.delay_s + j * (2.0 * u() - 1.0)
+        for _ in range(hops - 1):
+            d += j * (2.0 * u() - 1.0)
+        return d if d > 0.0 else 0.0
 
     def udp(self, listen: str | tuple, target: str | tuple, hops: int = 1) -> tuple[str, int]:
         """Relay datagrams sent to ``listen`` to ``target`` and the replies back, each delayed
@@ -163,17 +193,23 @@ class Relay:
         self._sockets.append(lsock)
         upstream: dict[tuple, socket.socket] = {}
 
+        heap, seq, push, delay = self._heap, self._seq, heapq.heappush, self._sample_delay
+
         def from_target(sock: socket.socket, client: tuple) -> None:
-            for _ in range(UDP_BATCH):
+            n = 0
+            recv = sock.recv
+            for n in range(UDP_BATCH):
                 try:
-                    data = sock.recv(65536)
+                    data = recv(65536)
                 except (BlockingIOError, InterruptedError):
-                    return
+                    break
                 except OSError:          # ICMP unreachable from an earlier send
                     self.counts["udp_errors"] += 1
-                    return
-                self.counts["udp_down"] += 1
-                self._push(clock() + self._sample_delay(hops), ("udp", lsock, data, client))
+                    break
+                push(heap, (clock() + delay(hops), next(seq), ("udp", lsock, data, client)))
+            else:
+                n = UDP_BATCH
+            self.counts["udp_down"] += n
 
         def from_client(_sock=None) -> None:
             for _ in range(UDP_BATCH):
@@ -194,7 +230,7 @@ class Relay:
                     self._sockets.append(up)
                     self._readers[up.fileno()] = (up, lambda s=up, c=client: from_target(s, c))
                 self.counts["udp_up"] += 1
-                self._push(clock() + self._sample_delay(hops), ("udp", up, data, None))
+                push(heap, (clock() + delay(hops), next(seq), ("udp", up, data, None)))
 
         self._readers[lsock.fileno()] = (lsock, from_client)
         return lsock.getsockname()
@@ -348,14 +384,15 @@ class Relay:
 
     def _fire_due(self) -> None:
         now = clock()
-        heap = self._heap
+        heap, pop, late = self._heap, heapq.heappop, self._late
         while heap and heap[0][0] <= now:
-            due, _, item = heapq.heappop(heap)
+            due, _, item = pop(heap)
             if item[0] == "udp":
                 _, sock, data, addr = item
                 try:
                     sock.send(data) if addr is None else sock.sendto(data, addr)
-                    self._late_sample(now - due)
+                    if len(late) < LATE_SAMPLES:
+                        late.append(now - due)
                 except OSError:   # a full buffer or an ICMP error: lost, as on a real link
                     self.counts["udp_send_errors"] += 1
             else:
@@ -379,13 +416,11 @@ class Relay:
                 timeout = 0.2
                 if self._heap:
                     timeout = min(timeout, max(0.0, self._heap[0][0] - clock()))
-                readers = [s for s, _ in self._readers.values()]
-                writers = [s for s, _ in self._writers.values()]
                 try:
-                    r, w, _ = select.select(readers, writers, [], timeout)
-                except (OSError, ValueError):     # a socket closed under us: rebuild the sets
-                    self._readers = {k: v for k, v in self._readers.items() if v[0].fileno() >= 0}
-                    self._writers = {k: v for k, v in self._writers.items() if v[0].fileno() >= 0}
+                    r, w, _ = select.select(self._readers.sockets(), self._writers.sockets(), [], timeout)
+                except (OSError, ValueError):     # a socket closed under us: drop it
+                    self._readers.prune()
+                    self._writers.prune()
                     continue
                 for s in r:
                     entry = self._readers.get(s.fileno())
