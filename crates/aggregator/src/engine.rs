@@ -88,7 +88,7 @@ impl Default for Options {
         Options {
             token: None,
             allow: Vec::new(),
-            member_timeout: Duration::from_secs(5),
+            member_timeout: Duration::from_secs(30),
             max_jobs: 64,
             drop_rate: 0.0,
             seed: 0,

@@ -52,7 +52,7 @@ pub struct PyDaemon {
 #[pymethods]
 impl PyDaemon {
     #[new]
-    #[pyo3(signature = (address, token=None, allow=Vec::new(), member_timeout=5.0, max_jobs=64, drop_rate=0.0, seed=0,
+    #[pyo3(signature = (address, token=None, allow=Vec::new(), member_timeout=30.0, max_jobs=64, drop_rate=0.0, seed=0,
                         busy_poll=false, transparent=false, tos=None, upstream=None, upstream_member=0, upstream_size=0,
                         metrics_address=None))]
     #[allow(clippy::too_many_arguments)]

@@ -47,7 +47,7 @@ class Daemon:
     """
 
     def __init__(self, address: str = "127.0.0.1:0", *, token: str | None = None, allow: list[str] | None = None,
-                 member_timeout: float = 5.0, max_jobs: int = 64, drop_rate: float = 0.0, seed: int = 0,
+                 member_timeout: float = 30.0, max_jobs: int = 64, drop_rate: float = 0.0, seed: int = 0,
                  busy_poll: bool = False, transparent: bool = False, tos: int | None = None,
                  upstream: str | None = None, upstream_member: int = 0, upstream_size: int = 0,
                  metrics_address: str | None = None):

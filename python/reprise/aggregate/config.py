@@ -5,7 +5,7 @@ with the same conventions as ``reprise serve``::
     token = "change-me"                 # or token_file = "...", or $REPRISE_TOKEN
     allow = ["10.0.0.0/8"]              # member addresses that may send anything (default: any)
     metrics_address = "127.0.0.1:9100"  # Prometheus: GET /metrics (with a token, scrapes send it)
-    member_timeout_seconds = 5          # drop a member an open segment waited this long for
+    member_timeout_seconds = 30         # drop a member an open segment waited this long for
     max_jobs = 64
     busy_poll = false                   # spin on the socket instead of sleeping (takes a core)
     transparent = false                 # on-path mode: take packets nftables TPROXY diverts here
