@@ -144,7 +144,7 @@ impl Engine {
         let h = p.header;
         match h.kind {
             Kind::Join => self.join(&h, p.payload, from, now),
-            Kind::Result | Kind::Ack | Kind::Nak => self.from_upstream(&h, p.payload, from),
+            Kind::Result | Kind::Ack | Kind::Nak => self.handle_upstream(&h, p.payload, from),
             _ => {
                 Stats::add(&stats.control_received, (h.kind != Kind::Data) as u64);
                 let Some(job) = self.jobs.get_mut(&h.job) else {
@@ -162,7 +162,7 @@ impl Engine {
                         return;
                     }
                     Stats::add(&stats.unauthorized, 1);
-                    job.nak(NakCode::NotMember, from, h.member, 0, h.seq, &mut self.out, &stats);
+                    job.nak(NakCode::NotMember, (from, h.member), 0, h.seq, &mut self.out, &stats);
                     return;
                 }
                 match h.kind {
@@ -248,7 +248,7 @@ impl Engine {
     }
 
     /// Results, Acks and Naks are only taken from a job's parent daemon.
-    fn from_upstream(&mut self, h: &Header, payload: &[u8], from: SocketAddr) {
+    fn handle_upstream(&mut self, h: &Header, payload: &[u8], from: SocketAddr) {
         let stats = self.stats.clone();
         let Some(job) = self.jobs.get_mut(&h.job).filter(|j| j.upstream.as_ref().is_some_and(|u| u.addr == from)) else {
             Stats::add(&stats.unauthorized, 1);

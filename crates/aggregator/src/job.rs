@@ -97,7 +97,8 @@ impl Job {
         }
     }
 
-    fn reply(&self, kind: Kind, to: SocketAddr, member: u16, code: u16, value: u32, seq: u32, out: &mut Outbox) {
+    /// A control answer to `(address, member id)`.
+    fn reply(&self, kind: Kind, (to, member): (SocketAddr, u16), code: u16, value: u32, seq: u32, out: &mut Outbox) {
         let mut h = Header::new(kind, self.id, member);
         h.code = code;
         h.value = value;
@@ -106,12 +107,12 @@ impl Job {
     }
 
     pub fn ack(&self, of: Kind, to: SocketAddr, member: u16, value: u32, out: &mut Outbox) {
-        self.reply(Kind::Ack, to, member, of as u16, value, 0, out);
+        self.reply(Kind::Ack, (to, member), of as u16, value, 0, out);
     }
 
-    pub fn nak(&self, why: NakCode, to: SocketAddr, member: u16, value: u32, seq: u32, out: &mut Outbox, stats: &Stats) {
+    pub fn nak(&self, why: NakCode, to: (SocketAddr, u16), value: u32, seq: u32, out: &mut Outbox, stats: &Stats) {
         Stats::add(&stats.naks_sent, 1);
-        self.reply(Kind::Nak, to, member, why as u16, value, seq, out);
+        self.reply(Kind::Nak, to, why as u16, value, seq, out);
     }
 
     /// Admits a member (a Join whose token and parameters were checked). A member that joins
@@ -144,7 +145,7 @@ impl Job {
         }
         if self.params.mode == Mode::Async && self.round_done > h.version.saturating_add(self.params.staleness as u32) {
             Stats::add(&stats.stale, 1);
-            self.nak(NakCode::Stale, from, h.member, self.round_done, h.seq, out, stats);
+            self.nak(NakCode::Stale, (from, h.member), self.round_done, h.seq, out, stats);
             return;
         }
         let window = self.params.window as u32;
@@ -181,7 +182,7 @@ impl Job {
             if !in_order {
                 Stats::add(&stats.out_of_order, 1);
                 let expected = slot.open.as_ref().map_or(slot.last_seq.map_or(h.seq, |l| l + window), |o| o.seq);
-                self.nak(NakCode::OutOfOrder, from, h.member, expected, h.seq, out, stats);
+                self.nak(NakCode::OutOfOrder, (from, h.member), expected, h.seq, out, stats);
                 return;
             }
             let threshold = self.threshold();
@@ -208,7 +209,7 @@ impl Job {
             }
             None => {
                 let oldest = slot.kept.back().map_or(0, |k| k.seq);
-                self.nak(NakCode::Gone, from, h.member, oldest, h.seq, out, stats);
+                self.nak(NakCode::Gone, (from, h.member), oldest, h.seq, out, stats);
             }
         }
     }
@@ -226,7 +227,7 @@ impl Job {
             }
             None => {
                 let oldest = slot.kept.back().map_or(0, |k| k.seq);
-                self.nak(NakCode::Gone, from, h.member, oldest, h.seq, out, stats);
+                self.nak(NakCode::Gone, (from, h.member), oldest, h.seq, out, stats);
             }
         }
     }
@@ -251,7 +252,7 @@ impl Job {
 
     pub fn set_h(&mut self, h: &Header, from: SocketAddr, out: &mut Outbox, stats: &Stats) {
         if h.value > self.params.size as u32 {
-            self.nak(NakCode::Mismatch, from, h.member, self.params.size as u32, 0, out, stats);
+            self.nak(NakCode::Mismatch, (from, h.member), self.params.size as u32, 0, out, stats);
             return;
         }
         self.h_override = h.value as u16;

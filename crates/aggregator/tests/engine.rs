@@ -426,9 +426,9 @@ proptest! {
         if at < bytes.len() {
             bytes[at] = byte;
         }
-        match packet::parse(&bytes) {
-            Ok(p) => prop_assert_eq!(p.payload.len(), p.header.elements as usize * 4 * (p.header.kind == Kind::Data || p.header.kind == Kind::Result) as usize),
-            Err(_) => {}
+        if let Ok(p) = packet::parse(&bytes) {
+            let carries = matches!(p.header.kind, Kind::Data | Kind::Result);
+            prop_assert_eq!(p.payload.len(), if carries { p.header.elements as usize * 4 } else { 0 });
         }
     }
 
