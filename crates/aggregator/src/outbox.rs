@@ -18,9 +18,10 @@ impl Outbox {
         let start = self.buf.len();
         self.buf.resize(start + HEADER, 0);
         header.write(&mut self.buf[start..]);
-        self.buf.reserve(values.len() * 4);
-        for v in values {
-            self.buf.extend_from_slice(&v.to_le_bytes());
+        let body = start + HEADER;
+        self.buf.resize(body + values.len() * 4, 0);
+        for (dst, v) in self.buf[body..].chunks_exact_mut(4).zip(values) {
+            dst.copy_from_slice(&v.to_le_bytes());
         }
         self.msgs.push((to, start..self.buf.len()));
     }

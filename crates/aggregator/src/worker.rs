@@ -324,6 +324,7 @@ impl Worker {
             let mut error: Option<Error> = None;
             let addr = self.options.address;
             let mut got = Vec::new();
+            let out = &mut *output;
             self.receive(due, |h, payload| match h.kind {
                 Kind::Result => {
                     let j = h.seq.wrapping_sub(base) as usize;
@@ -332,7 +333,10 @@ impl Worker {
                         if h.elements as usize != r.len() {
                             return;
                         }
-                        got.push((j, h.count, h.flags, payload.to_vec()));
+                        for (o, c) in out[r].iter_mut().zip(payload.chunks_exact(4)) {
+                            *o = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                        }
+                        got.push((j, h.count, h.flags));
                         state[j].done = true;
                     }
                 }
@@ -360,8 +364,7 @@ impl Worker {
             }
             let arrived = Instant::now();
             let mut fast = Vec::new();
-            for (j, count, fl, payload) in got {
-                let r = range(j);
+            for (j, count, fl) in got {
                 if let (Some(first), false) = (state[j].first, state[j].again) {
                     self.rtt.sample(arrived.duration_since(first));
                 }
@@ -375,9 +378,6 @@ impl Worker {
                             fast.push(k);
                         }
                     }
-                }
-                for (o, c) in output[r].iter_mut().zip(payload.chunks_exact(4)) {
-                    *o = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
                 }
                 report.counts[j] = count;
                 report.partial += (fl & flags::PARTIAL != 0) as u32;
