@@ -110,6 +110,32 @@ class CpuSampler:
         return float(np.interp(t1, ts, ns) - np.interp(t0, ts, ns)) / 1e9
 
 
+def build_info() -> dict:
+    """Which build of the module the benchmark ran: its path, the native library's SHA-256 and
+    mtime, and the repository's commit (a rebuild during a run must not go unnoticed)."""
+    import hashlib
+    import subprocess
+    import time
+    out: dict = {"module": module_name()}
+    try:
+        mod = aggregate_module()
+        out["path"] = os.path.dirname(mod.__file__)
+        native = getattr(sys.modules.get(mod.__name__.rsplit(".", 1)[0] + "._native"), "__file__", None)
+        if native:
+            with open(native, "rb") as f:
+                out["native_sha256"] = hashlib.sha256(f.read()).hexdigest()[:16]
+            out["native_mtime"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(os.path.getmtime(native)))
+    except Exception as e:  # noqa: BLE001 - informational
+        out["error_reading"] = f"{type(e).__name__}: {e}"
+    try:
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        out["git_head"] = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True,
+                                         text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return out
+
+
 def cpu_seconds(pid: int | str = "self", tid: int | str | None = None) -> float:
     """User + system CPU seconds of a process (or one of its threads), from /proc."""
     path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"

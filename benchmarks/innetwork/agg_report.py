@@ -261,6 +261,12 @@ def loss_lines(report: dict) -> list[str]:
     return lines
 
 
+def _build(b: dict) -> str:
+    if not b:
+        return "n/a"
+    return f"commit {b.get('git_head', '?')}, native {b.get('native_sha256', '?')} of {b.get('native_mtime', '?')} UTC"
+
+
 def build_markdown(report: dict) -> str:
     cfg = report["config"]
     net = report.get("network", {})
@@ -270,7 +276,8 @@ def build_markdown(report: dict) -> str:
     out = [f"# In-network gradient aggregation, {report['date']}"
            + (" (QUICK: few rounds, numbers are noise)" if report["quick"] else ""), "",
            *machine_lines(report), "",
-           f"Command: `{report['command']}`; daemon module `{report.get('module')}`. Topology: {mode}. "
+           f"Command: `{report['command']}`; daemon module `{report.get('module')}` "
+           f"(build: {_build(report.get('build', {}))}). Topology: {mode}. "
            "Daemon in the hub (1 link each way), PS on its own leaf (4 link crossings per round), gloo "
            "ring across the worker leaves (2 links per ring step). Every worker runs every system, "
            f"interleaved ({cfg['blocks']} blocks, order rotating); {cfg['rounds_small']} timed rounds "

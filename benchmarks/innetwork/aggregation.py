@@ -73,9 +73,9 @@ from benchmarks.innetwork.relay import redirect_rules
 
 FULL = dict(workers=[2, 4, 8], sizes=["40K", "158K", "3M", "6M"], rates=["1gbit", "10gbit"],
             delay_us=100.0, jitter_us=10.0, delay_workers=[4], delay_sizes=["40K", "158K"],
-            delay_rate="10gbit", relay_control=True, rounds_small=60, rounds_large=12, warmup=3, blocks=3,
-            loop_workers=4, loop_sizes=["158K", "3M", "6M"], loop_rounds_small=200, loop_rounds_large=40,
-            loss_sizes=["40K", "158K", "3M"], loss_rounds_small=300, loss_rounds_large=60,
+            delay_rate="10gbit", relay_control=True, rounds_small=40, rounds_large=6, warmup=2, blocks=2,
+            loop_workers=4, loop_sizes=["158K", "3M", "6M"], loop_rounds_small=100, loop_rounds_large=20,
+            loss_sizes=["40K", "158K", "3M"], loss_rounds_small=200, loss_rounds_large=20,
             loss_rate=0.01, loss_fast_rto_ms=2.0, int32_scale=65536.0, loop_segments=[256, 8192], call_timeout_s=60.0, set_timeout_s=240.0)
 QUICK = dict(workers=[], sizes=["40K", "158K"], rates=["1gbit"], delay_workers=[2], delay_sizes=["40K", "158K"],
              relay_control=False,
@@ -497,6 +497,7 @@ def main(argv: list[str] | None = None) -> int:
     report["config"] = cfg.as_dict()
     report["module"] = agg_daemon.module_name()
     why = agg_daemon.unavailable()
+    report["build"] = agg_daemon.build_info() if not why else {}
     skipped = {}
     if why:
         log(f"== daemon: SKIPPED: {why}")

@@ -39,7 +39,7 @@ import time
 
 from benchmarks.common.config import Config
 from benchmarks.common.driver import OUT, start_report, write_outputs
-from benchmarks.innetwork.agg_daemon import aggregate_module, module_name, unavailable
+from benchmarks.innetwork.agg_daemon import aggregate_module, build_info, module_name, unavailable
 
 FULL = dict(learners=4, envs=8, steps=5, hidden=128, lr=1e-3, target=195.0, budget_s=150.0, seed=1,
             repeats=2, window=20, check_every=10, timeout_s=60.0)
@@ -249,7 +249,9 @@ def build_markdown(report: dict) -> str:
            f"`OMP_NUM_THREADS=1`), {cfg['envs']} envs x {cfg['steps']} steps per learner per update, MLP "
            f"2 x {cfg['hidden']} ({grad if grad else '?'} bytes of gradient), Adam {cfg['lr']}, seed {cfg['seed']}; "
            f"target: mean return of the last {cfg['window']} episodes (averaged over learners) >= "
-           f"{cfg['target']:g}, budget {cfg['budget_s']:g} s per run.", ""]
+           f"{cfg['target']:g}, budget {cfg['budget_s']:g} s per run. Daemon build: "
+           f"{report.get('build', {}).get('git_head', '?')}, native {report.get('build', {}).get('native_sha256', '?')}.",
+           ""]
     if report.get("skipped"):
         out += [f"- daemon arm SKIPPED: {report['skipped']}", ""]
     head = ["run", "arm", "reached", "seconds", "updates", "env steps", "update ms (median)",
@@ -301,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
                                 command=" ".join(["python -m benchmarks.innetwork.ddp_cartpole", *sys.argv[1:]]))
     report["config"] = cfg.as_dict()
     report["module"] = module_name()
+    report["build"] = build_info() if unavailable() is None else {}
     arms = [a for a in args.arms.split(",") if a]
     if "daemon" in arms:
         why = unavailable()
