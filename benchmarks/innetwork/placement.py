@@ -163,7 +163,12 @@ def wait_go(spec: dict) -> float:
             with open(path) as f:
                 text = f.read().strip()
             if text:
-                return float(text)
+                start = float(text)
+                # a child stuck past its window dumps its threads' stacks into its log, every 15 s
+                import faulthandler
+                end = start + spec["warmup"] + spec["seconds"]
+                faulthandler.dump_traceback_later(max(1.0, end - now()) + 15, repeat=True)
+                return start
         time.sleep(0.01)
     raise TimeoutError("no start signal")
 
@@ -478,6 +483,12 @@ def tail(path: str, n: int = 1500) -> str:
         return ""
 
 
+class ChildrenTimeout(TimeoutError):
+    def __init__(self, msg: str, logs: dict) -> None:
+        super().__init__(msg)
+        self.logs = logs
+
+
 class Run:
     """One deployment's run: its children, files and the measurement window."""
 
@@ -528,8 +539,17 @@ class Run:
         time.sleep(max(0.0, end - now()))
         links1 = self.links()
         t1 = now()
-        wait_for(lambda: all(os.path.exists(os.path.join(self.dir, f"{n}.json")) for n in names),
-                 COOLDOWN_S + 30, "the children's results")
+        try:
+            wait_for(lambda: all(os.path.exists(os.path.join(self.dir, f"{n}.json")) for n in names),
+                     COOLDOWN_S + 30, "the children's results")
+        except TimeoutError:
+            missing = [n for n in names if not os.path.exists(os.path.join(self.dir, f"{n}.json"))]
+            logs = {n: tail(os.path.join(self.dir, f"{n}.log"), 6000) for n in missing}
+            for d in ("server", "redis"):
+                if os.path.exists(os.path.join(self.dir, f"{d}.log")):
+                    logs[d] = tail(os.path.join(self.dir, f"{d}.log"), 3000)
+            raise ChildrenTimeout(f"no result from {missing} {COOLDOWN_S + 30:.0f} s after the "
+                                  "window", logs) from None
         results = {}
         for n in names:
             with open(os.path.join(self.dir, f"{n}.json")) as f:
@@ -719,7 +739,8 @@ def run_all(cfg: dict, namespaces: bool | None, order=("reprise", "redis")) -> d
                         s = summarize(m, cfg, n)
                     except Exception as e:
                         import traceback
-                        s = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+                        s = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(),
+                             "logs": getattr(e, "logs", None)}
                     if "skipped" in s:
                         log(f"== {d}: SKIPPED: {s['skipped']}")
                     elif "error" in s:
@@ -755,10 +776,16 @@ def combine(rounds: list[dict]) -> dict:
     if not rounds:
         return {"skipped": "no rounds"}
     for s in rounds:
-        if "skipped" in s or "error" in s:
+        if "skipped" in s:
             return s
+    failed = [s for s in rounds if "error" in s]
+    rounds = [s for s in rounds if "error" not in s]
+    if not rounds:
+        return failed[0]
     out = json.loads(json.dumps(rounds[0]))
     out["rounds"] = len(rounds)
+    if failed:  # said in the table; their errors and logs are in the point's "rounds"
+        out["failed_rounds"] = [f["error"] for f in failed]
     for path in MEDIAN_KEYS:
         values = []
         for s in rounds:
@@ -839,6 +866,11 @@ def build_markdown(report: dict) -> str:
     else:
         lines.append(f"**Loopback fallback** ({first.get('fallback_reason', '')}): link bytes not "
                      "measurable (n/a), no shaping; latencies only.")
+    failures = [(n, d, s["failed_rounds"]) for n, p in report["points"].items()
+                for d, s in p["deployments"].items() if s.get("failed_rounds")]
+    for n, d, errs in failures:
+        lines.append(f"**{n} actors, {d}: {len(errs)} round(s) failed** ({errs[0].splitlines()[0][:160]}); "
+                     "its numbers are the medians of the other rounds.")
     lines += ["", "| actors | deployment | push p50 ms | push p99 ms | sample p50 ms | sample p99 ms "
               "| inserted items/s | sampled items/s | pushed MB | learner link MB | link MB / batch |",
               "|---|---|---|---|---|---|---|---|---|---|---|"]
