@@ -20,11 +20,11 @@ def reference_int32_hook(scale):
     def hook(world, bucket):
         x = bucket.buffer().detach().numpy()
         q = torch.from_numpy(rp.aggregate.quantize(x, scale, world))
-        dist.all_reduce(q)
-        y = rp.aggregate.dequantize(q.numpy(), scale) / np.float32(world)
-        future = torch.futures.Future()
-        future.set_result(torch.from_numpy(y.astype(np.float32)))
-        return future
+
+        def undo(f):
+            total = f.value()[0].numpy()
+            return torch.from_numpy((rp.aggregate.dequantize(total, scale) / np.float32(world)).astype(np.float32))
+        return dist.all_reduce(q, async_op=True).get_future().then(undo)
     return hook
 
 
@@ -65,8 +65,12 @@ def main():
     np.savez(a.out, *[t.detach().numpy() for t in model.parameters()])
     if worker is not None:
         worker.close()
+    dist.barrier()
     dist.destroy_process_group()
-    return 0
+    sys.stdout.flush()
+    # gloo's threads sometimes abort the interpreter's own teardown ("terminate called without
+    # an active exception"); everything this rank had to do is done and saved.
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -91,12 +91,12 @@ def star():
 # Sums, sizes, loss
 
 
-@pytest.mark.parametrize("dtype", ["int32", "float32"])
 @pytest.mark.parametrize("workers", [2, 4, 8])
-def test_n_workers_sum_equals_numpy(star, workers, dtype):
+def test_n_workers_float32_sum_equals_numpy(star, workers):
+    """(int32 sums are checked for equality by every loss test below, the lossless one included.)"""
     net = star(workers)
     daemon, address = start_daemon(net, "switch")
-    run_workers(net, address, workers, extra=["--dtype", dtype, "--bytes", "158000,40000", "--rounds", "2"])
+    run_workers(net, address, workers, extra=["--dtype", "float32", "--bytes", "158000,40000", "--rounds", "2"])
     daemon.send_signal(signal.SIGTERM)
     out, _ = daemon.communicate(timeout=10)
     assert daemon.returncode == 0 and "stopped after" in out
