@@ -305,48 +305,11 @@ def role_redis_actor(spec: dict) -> dict:
     return out
 
 
-class Memory:
-    """The baseline's replay memory: numpy columns + a numpy sum tree, FIFO overwrite."""
-
-    def __init__(self, frame, capacity: int) -> None:
-        import numpy as np
-        from benchmarks.peers.redis_serving import SumTree
-        self.np = np
-        self.cap = capacity
-        self.cols = {"state": np.zeros((capacity, *frame), np.uint8),
-                     "next_state": np.zeros((capacity, *frame), np.uint8),
-                     "action": np.zeros(capacity, np.int64),
-                     "reward": np.zeros(capacity, np.float32)}
-        self.tree = SumTree(capacity)
-        self.pos = 0
-        self.size = 0
-        self.stored = 0
-        self.lock = threading.Lock()
-
-    def put(self, cols: dict, prios) -> None:
-        np = self.np
-        n = len(prios)
-        idx = (self.pos + np.arange(n)) % self.cap
-        with self.lock:
-            if self.pos + n <= self.cap:
-                for f, v in cols.items():
-                    self.cols[f][self.pos:self.pos + n] = v
-            else:
-                for f, v in cols.items():
-                    self.cols[f][idx] = v
-            self.tree.set(idx, np.asarray(prios, np.float64) ** PRIORITY_EXPONENT)
-            self.pos = (self.pos + n) % self.cap
-            self.size = min(self.cap, self.size + n)
-            self.stored += n
-
-    def sample(self, n: int, rng):
-        with self.lock:
-            idx = self.tree.sample(n, rng)
-            return idx, {f: v[idx] for f, v in self.cols.items()}
-
-    def update(self, idx, prios) -> None:
-        with self.lock:
-            self.tree.set(idx, self.np.asarray(prios, self.np.float64) ** PRIORITY_EXPONENT)
+def Memory(frame, capacity: int):
+    """The baseline's replay memory: the serving suite's Redis-side replay (numpy columns and
+    a numpy sum tree, FIFO overwrite) with this benchmark's frame."""
+    from benchmarks.peers.redis_serving import ApexMemory
+    return ApexMemory(capacity, tuple(frame))
 
 
 def role_redis_learner(spec: dict) -> dict:

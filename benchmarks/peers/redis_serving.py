@@ -319,15 +319,19 @@ class SumTree:
 
 
 class ApexMemory:
-    def __init__(self, capacity: int) -> None:
+    """The baseline's replay memory: numpy columns + a numpy sum tree, FIFO overwrite (also the
+    placement benchmark's Redis-side replay, with its own frame)."""
+
+    def __init__(self, capacity: int, frame: tuple = APEX_FRAME) -> None:
         self.cap = capacity
-        self.cols = {"state": np.zeros((capacity, *APEX_FRAME), np.uint8),
-                     "next_state": np.zeros((capacity, *APEX_FRAME), np.uint8),
+        self.cols = {"state": np.zeros((capacity, *frame), np.uint8),
+                     "next_state": np.zeros((capacity, *frame), np.uint8),
                      "action": np.zeros(capacity, np.int64),
                      "reward": np.zeros(capacity, np.float32)}
         self.tree = SumTree(capacity)
         self.pos = 0
         self.size = 0
+        self.stored = 0
         self.lock = threading.Lock()
 
     def put(self, cols: dict, prios: np.ndarray) -> None:
@@ -343,6 +347,7 @@ class ApexMemory:
             self.tree.set(idx, np.asarray(prios, np.float64) ** PRIORITY_EXPONENT)
             self.pos = (self.pos + n) % self.cap
             self.size = min(self.cap, self.size + n)
+            self.stored += n
 
     def sample(self, n: int, rng):
         with self.lock:
@@ -352,7 +357,7 @@ class ApexMemory:
 
     def update(self, idx: np.ndarray, prios: np.ndarray) -> None:
         with self.lock:
-            self.tree.set(idx, prios ** PRIORITY_EXPONENT)
+            self.tree.set(idx, np.asarray(prios, np.float64) ** PRIORITY_EXPONENT)
 
 
 def apex_actor_child(port: int, seed: int, warmup: float, seconds: float, timing: tuple):

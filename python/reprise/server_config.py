@@ -167,8 +167,9 @@ def _kind(where: str, spec, known: dict):
         raise InvalidArgument(f"{where}: {kind}: {e}") from None
 
 
-def load_config(path: str) -> dict:
-    """The parsed TOML of ``path``, every key at every level checked (see ``check``)."""
+def load_config(path: str, check_config=None) -> dict:
+    """The parsed TOML of ``path``, every key at every level checked by ``check_config``
+    (``check``: a ``reprise serve`` config)."""
     try:
         import tomllib
     except ImportError:  # Python 3.10
@@ -181,7 +182,7 @@ def load_config(path: str) -> dict:
     except tomllib.TOMLDecodeError as e:
         raise InvalidArgument(f"config {path!r}: not valid TOML ({e})") from None
     try:
-        check(config)
+        (check_config or check)(config)
     except InvalidArgument as e:
         raise InvalidArgument(f"config {path!r}: {e}") from None
     return config

@@ -30,6 +30,7 @@ import sys
 import threading
 
 from ..errors import InvalidArgument, RepriseError
+from .. import server_config
 from ..server_config import _check, _token
 
 _TOP = {"address": "string", "token": "string", "token_file": "string", "allow": "array of strings",
@@ -41,22 +42,7 @@ _UPSTREAM = {"address": "string", "member": "integer", "size": "integer"}
 
 def load_config(path: str) -> dict:
     """The parsed TOML of ``path``, every key checked."""
-    try:
-        import tomllib
-    except ImportError:  # Python 3.10
-        import tomli as tomllib
-    try:
-        with open(path, "rb") as f:
-            config = tomllib.load(f)
-    except OSError as e:
-        raise InvalidArgument(f"config {path!r}: cannot read it ({e.strerror})") from None
-    except tomllib.TOMLDecodeError as e:
-        raise InvalidArgument(f"config {path!r}: not valid TOML ({e})") from None
-    try:
-        check(config)
-    except InvalidArgument as e:
-        raise InvalidArgument(f"config {path!r}: {e}") from None
-    return config
+    return server_config.load_config(path, check)
 
 
 def check(config: dict) -> None:
