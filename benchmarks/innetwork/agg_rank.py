@@ -20,7 +20,8 @@ Order of work:
    machine's load hit every system alike), for each size: (first block only) ``warmup`` calls,
    the first one checked against the exact sum; then ``rounds[size] / blocks`` timed calls,
    back to back, each timed with ``time.monotonic`` (one clock for every namespace of the
-   host). The gloo tensor is refilled before each call, outside the timed span (all_reduce
+   host) and then (outside the timed span) compared with the exact sum: ``wrong`` counts the
+   calls that returned anything else. The gloo tensor is refilled before each call, outside the timed span (all_reduce
    works in place).
 3. after every block, ``rank{rank}.json`` (atomically): the times so far, the checks, the
    errors. A system that raises is dropped (its error kept); a set of calls that runs past
@@ -169,6 +170,7 @@ def run(spec: dict) -> dict:
         if name not in order and name not in out["errors"]:
             out["errors"][name] = "not opened by every worker"
     xs = {size: gradient(size, rank) for size in spec["sizes"]}
+    sums = {size: expected_sum(size, world) for size in spec["sizes"]}
     blocks = max(1, spec["blocks"])
     for b in range(blocks):
         shift = b % len(order) if order else 0
@@ -181,7 +183,7 @@ def run(spec: dict) -> dict:
                 for size in spec["sizes"]:
                     faulthandler.dump_traceback_later(spec["set_timeout_s"], exit=True)
                     x = sysm.prepare(xs[size])
-                    entry = res.setdefault(str(size), {"t": [], "cpu_s": 0.0})
+                    entry = res.setdefault(str(size), {"t": [], "cpu_s": 0.0, "wrong": 0})
                     if b == 0:
                         for i in range(max(1, spec["warmup"])):
                             y = sysm.timed(sysm.call(x))
@@ -194,8 +196,10 @@ def run(spec: dict) -> dict:
                     for _ in range(n):
                         arg = sysm.call(x)
                         t0 = clock()
-                        sysm.timed(arg)
+                        y = sysm.timed(arg)
                         entry["t"].append((t0, clock()))
+                        if not np.array_equal(np.asarray(y).reshape(-1), sums[size]):  # after the clock
+                            entry["wrong"] += 1
                     entry["cpu_s"] += sum(os.times()[:2]) - cpu0
                     faulthandler.cancel_dump_traceback_later()
             except Exception as e:  # noqa: BLE001 - recorded; this system stops, the others go on

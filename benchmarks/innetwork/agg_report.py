@@ -60,6 +60,11 @@ def summarize_config(ranks: list[dict], systems: list[str], sizes: list[int]) ->
             if n == 0:
                 s["sizes"][key] = entry | {"n": 0}
                 continue
+            wrong = sum(t.get("wrong", 0) for t in ts)
+            entry["wrong_results"] = wrong
+            if wrong:
+                s.setdefault("error", f"{wrong} of {n * len(ts)} timed results at {size_label(size)} were not the "
+                                      "exact sum")
             t0 = np.array([[t["t"][k][0] for k in range(n)] for t in ts])
             t1 = np.array([[t["t"][k][1] for k in range(n)] for t in ts])
             lat = t1.max(axis=0) - t0.max(axis=0)
@@ -127,7 +132,8 @@ def errors_lines(report: dict) -> list[str]:
     out = []
     for sec in ("matrix", "delay"):
         for e in report.get(sec, []):
-            where = f"{sec}, {e['rate']}, {e['workers']} workers"
+            where = f"{sec}, {e['rate']}, {e['workers']} workers" + (
+                f", relays holding {e.get('delay_us', 0):g} us/hop" if e.get("relay") else "")
             if "error" in e:
                 out.append(f"- {where}: {e['error'].splitlines()[0][:300]}")
             for name, s in e.get("systems", {}).items():
