@@ -2,8 +2,8 @@
 the hub's namespace like a switch) against a TCP parameter server and gloo's ring all-reduce, in
 the same run on the same namespaces.
 
-    python -m benchmarks.innetwork.aggregation                  # ~6-8 minutes on 2 cores (root)
-    python -m benchmarks.innetwork.aggregation --quick          # smoke test, ~30 s
+    python -m benchmarks.innetwork.aggregation                  # ~9 minutes on 2 busy cores (root)
+    python -m benchmarks.innetwork.aggregation --quick          # smoke test, ~15-30 s
     python -m benchmarks.innetwork.aggregation --workers 4 --sizes 40K,158K --rate 10gbit --delay-us 50
 
 Topology (``netns.Network``): worker namespaces ``w0..w7`` and a parameter-server namespace

@@ -2,7 +2,7 @@
 aggregated (a) by gloo's all-reduce (DDP's default) and (b) through the aggregation daemon
 (``model.register_comm_hook(worker, reprise.aggregate.ddp_hook)``); wall time to the same target.
 
-    python -m benchmarks.innetwork.ddp_cartpole                 # 4 learners, ABBA, ~5-8 minutes on 2 cores
+    python -m benchmarks.innetwork.ddp_cartpole                 # 4 learners, ABBA, ~3 minutes on 2 cores
     python -m benchmarks.innetwork.ddp_cartpole --quick         # 2 learners, a few seconds per arm
     python -m benchmarks.innetwork.ddp_cartpole --learners 4 --target 195 --budget-s 150 --repeats 1
 
@@ -23,8 +23,8 @@ The two arms' learning curves are not identical (float32 sums in a different ord
 weights diverge after the first updates), so the cleaner number is the median time per update;
 time to target also carries the learning's own variance. iSwitch reports up to 3.66x faster
 training (sync) on a NetFPGA testbed with 3 MB (A2C-Atari) gradients over real links; here the
-gradient is ~70 KB and everything runs on 2 shared cores over loopback, where the all-reduce is
-a small part of an update.
+gradient is ~70 KB and everything runs on 2 shared cores over loopback (backward, where DDP
+aggregates and waits for the slowest learner, was ~70% of a gloo update in RESULTS.md's run).
 
 Writes ``benchmarks/out/innetwork-ddp-cartpole-<date>.json`` and ``.md``.
 """
