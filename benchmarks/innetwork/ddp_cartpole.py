@@ -97,7 +97,7 @@ def learner(rank: int, world: int, cfg: dict, arm: str, daemon_address: str | No
     t_start = time.monotonic()
     while True:
         t0 = time.monotonic()
-        ob_buf, act_buf, rew_buf, done_buf = [], [], [], []
+        act_buf, rew_buf, done_buf = [], [], []
         logits_l, v_l = [], []
         for _ in range(T):
             x = torch.as_tensor(obs, dtype=torch.float32)

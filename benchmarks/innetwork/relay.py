@@ -39,7 +39,6 @@ import collections
 import heapq
 import itertools
 import json
-import os
 import random
 import select
 import signal
