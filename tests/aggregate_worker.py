@@ -42,7 +42,8 @@ def main() -> int:
     import reprise as rp
 
     w = rp.aggregate.Worker(a.address, job=a.job, rank=a.rank, size=a.size, dtype=a.dtype, token=a.token,
-                            timeout=a.timeout, drop_rate=a.drop_rate, seed=a.seed, on_path=a.on_path)
+                            timeout=a.timeout, drop_rate=a.drop_rate, seed=a.seed, on_path=a.on_path,
+                            allow_partial=a.dead_rank >= 0)
     print(json.dumps({"joined": a.rank}), flush=True)
     ok, seconds, retransmits, min_count, done = True, [], 0, a.size, 0
     for k, nbytes in enumerate(int(b) for b in a.bytes.split(",")):

@@ -204,6 +204,19 @@ def test_a_worker_killed_mid_round_is_dropped_and_the_others_finish(star):
         assert final["min_count"] == 2, "rounds after the kill are summed over the two survivors"
 
 
+def test_sync_partial_sums_raise_unless_allowed():
+    with rp.aggregate.Daemon("127.0.0.1:0", member_timeout=0.3) as d:
+        strict = rp.aggregate.Worker(d.address, job=1, rank=0, size=2, dtype="int32")
+        silent = rp.aggregate.Worker(d.address, job=1, rank=1, size=2, dtype="int32")  # never sends
+        with pytest.raises(RepriseError, match="summed over fewer than the 2 members.*allow_partial=True"):
+            strict.allreduce(np.ones(10, np.int32))
+        assert list(strict.last_report["counts"]) == [1]
+        lenient = rp.aggregate.Worker(d.address, job=2, rank=0, size=2, dtype="int32", allow_partial=True)
+        rp.aggregate.Worker(d.address, job=2, rank=1, size=2, dtype="int32")
+        np.testing.assert_array_equal(lenient.allreduce(np.ones(10, np.int32), average=False), np.ones(10))
+        del silent
+
+
 # ---------------------------------------------------------------------------------------------
 # Async mode (in one process: the workers are threads; the native calls release the GIL)
 

@@ -36,7 +36,8 @@ pub fn bind(addr: SocketAddr, transparent: bool, tos: Option<u8>) -> io::Result<
 /// Waits up to `timeout` for the socket to be readable (None: do not wait). Returns whether
 /// it is. An interrupted wait counts as not readable.
 pub fn wait_readable(socket: &Socket, timeout: Option<Duration>) -> io::Result<bool> {
-    let ms = timeout.map_or(0, |t| t.as_millis().min(i32::MAX as u128) as i32);
+    // Rounded up: rounding down would make a wait of under a millisecond a busy loop.
+    let ms = timeout.map_or(0, |t| t.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32);
     let mut fd = libc::pollfd { fd: socket.as_raw_fd(), events: libc::POLLIN, revents: 0 };
     // SAFETY: `fd` is one valid pollfd that lives across the call.
     let n = unsafe { libc::poll(&mut fd, 1, ms) };

@@ -81,7 +81,6 @@ struct Segment {
     /// its timeout (a packet of it was probably lost).
     order: u64,
     overtaken: u32,
-    backoff: u32,
     done: bool,
     late: bool,
     stale: bool,
@@ -276,13 +275,15 @@ impl Worker {
                 again: false,
                 order: 0,
                 overtaken: 0,
-                backoff: 0,
                 done: false,
                 late: false,
                 stale: false,
             })
             .collect();
         let mut order = 0u64;
+        // Retransmission-timer backoff (reset by any result) and when it last fired.
+        let mut backoff = 0u32;
+        let mut last_timeout: Option<Instant> = None;
         // Outstanding segments in the order they were (re)sent.
         let mut waiting: std::collections::VecDeque<usize> = std::collections::VecDeque::new();
         let mut report = Report { counts: vec![0; segs], ..Report::default() };
@@ -313,14 +314,15 @@ impl Worker {
             self.flush();
             // Wait for results until the earliest retransmission is due.
             let now = Instant::now();
-            let rto = self.rtt.rto(self.options.rto);
-            let timeout_of = |s: &Segment| (rto * (1 << s.backoff.min(9))).min(Duration::from_secs(1));
-            let due = waiting
-                .iter()
-                .filter_map(|&j| state[j].sent.map(|t| (t + timeout_of(&state[j])).saturating_duration_since(now)))
-                .min()
-                .unwrap_or(Duration::from_millis(50))
-                .min(Duration::from_millis(50));
+            let rto_now = (self.rtt.rto(self.options.rto) * (1 << backoff.min(9))).min(Duration::from_secs(1));
+            let due = match (waiting.front().and_then(|&j| state[j].sent), last_timeout) {
+                (Some(sent), last) => {
+                    let at = sent.max(last.unwrap_or(sent)) + rto_now;
+                    at.saturating_duration_since(now)
+                }
+                (None, _) => Duration::from_millis(50),
+            }
+            .min(Duration::from_millis(50));
             let mut error: Option<Error> = None;
             let addr = self.options.address;
             let mut got = Vec::new();
@@ -341,13 +343,14 @@ impl Worker {
                     }
                 }
                 Kind::Nak => match NakCode::from_u16(h.code) {
-                    Some(NakCode::Stale) => {
-                        let j = h.seq.wrapping_sub(base) as usize;
-                        if j < segs {
-                            state[j].stale = true;
-                        }
-                    }
                     Some(NakCode::NoJob) | Some(NakCode::NotMember) => rejoin = true,
+                    // A Nak about a segment this call is not waiting for answers a delayed
+                    // or duplicated packet (reordering, a retransmission that crossed its
+                    // result): nothing to do.
+                    _ if (h.seq.wrapping_sub(base) as usize) >= segs => {}
+                    // Stale also after its (LATE) result came: the contribution is not carried.
+                    Some(NakCode::Stale) => state[h.seq.wrapping_sub(base) as usize].stale = true,
+                    _ if state[h.seq.wrapping_sub(base) as usize].done => {}
                     Some(code) => {
                         error.get_or_insert(Error::Refused(format!(
                             "the aggregation daemon at {addr} refused segment {} of round {round}: {}",
@@ -386,22 +389,29 @@ impl Worker {
                 }
                 finished += 1;
                 progress = Instant::now();
+                backoff = 0;
+                last_timeout = None;
             }
             waiting.retain(|&k| !state[k].done);
             // Send again what is overdue or was overtaken: data, or Help when the daemon
             // refused the data as stale.
+            // The retransmission timer covers the oldest waiting segment only, as TCP's does:
+            // when it fires, that one segment is sent again and the timer backs off (a slow
+            // member delays every segment alike; sending the whole window again would only
+            // flood the daemon with duplicates). Other losses are found by overtaking.
             let now = Instant::now();
-            let rto = self.rtt.rto(self.options.rto);
-            let mut again = Vec::new();
-            for &j in &waiting {
-                let s = &state[j];
-                let Some(at) = s.sent else { continue };
-                let overdue = now.duration_since(at) >= (rto * (1 << s.backoff.min(9))).min(Duration::from_secs(1));
-                if overdue || fast.contains(&j) {
-                    again.push((j, overdue));
+            let rto_now = (self.rtt.rto(self.options.rto) * (1 << backoff.min(9))).min(Duration::from_secs(1));
+            let mut again: Vec<usize> = fast.iter().copied().filter(|&j| !state[j].done).collect();
+            if let Some(&j) = waiting.front() {
+                let sent = state[j].sent.unwrap_or(now);
+                let since = now.duration_since(sent.max(last_timeout.unwrap_or(sent)));
+                if since >= rto_now && !fast.contains(&j) {
+                    again.push(j);
+                    backoff += 1;
+                    last_timeout = Some(now);
                 }
             }
-            for (j, overdue) in again {
+            for j in again {
                 let seq = base + j as u32;
                 if state[j].stale {
                     let mut h = Header::new(Kind::Help, self.options.job, self.options.member);
@@ -417,9 +427,6 @@ impl Worker {
                 s.overtaken = 0;
                 s.order = order;
                 order += 1;
-                if overdue {
-                    s.backoff += 1;
-                }
                 report.retransmits += 1;
             }
             // Keep `waiting` in send order: the segments just sent again go to the back.
@@ -437,10 +444,10 @@ impl Worker {
             }
         }
         // Async: carry the contributions that came late into the next call.
-        if state.iter().any(|s| s.late) {
+        if state.iter().any(|s| s.late && !s.stale) {
             self.carry = vec![0; input.len()];
             for (j, s) in state.iter().enumerate() {
-                if s.late {
+                if s.late && !s.stale {
                     let r = range(j);
                     self.carry[r.clone()].copy_from_slice(&contribution[r]);
                     report.late += 1;

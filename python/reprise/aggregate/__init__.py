@@ -28,7 +28,7 @@ import weakref
 import numpy as np
 
 from .. import _native
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, RepriseError
 
 __all__ = ["Daemon", "Worker", "ddp_hook", "quantize", "dequantize"]
 
@@ -118,13 +118,15 @@ class Worker:
     (values per packet: 256 = 1 KiB fits a 1500-byte MTU; up to 8192 on loopback or jumbo
     frames), ``window`` (segments in flight) and ``staleness``. ``threshold`` (async) sets H,
     the contributions that finish a segment. ``timeout`` bounds how long a call may go
-    without progress; ``rto`` is the first retransmission timeout.
+    without progress; ``rto`` is the first retransmission timeout. In sync mode a call whose
+    result is partial (members dropped after the daemon's ``member_timeout``, or a segment
+    force-broadcast) raises ``RepriseError`` unless ``allow_partial=True``.
     """
 
     def __init__(self, address: str, job: int, rank: int, size: int, *, mode: str = "sync", dtype: str = "float32",
                  scale: float = 65536.0, segment_values: int = 256, window: int = 128, staleness: int = 0,
                  threshold: int | None = None, token: str | None = None, timeout: float = 30.0, rto: float = 0.01,
-                 drop_rate: float = 0.0, seed: int = 0, on_path: bool = False):
+                 drop_rate: float = 0.0, seed: int = 0, on_path: bool = False, allow_partial: bool = False):
         for name, value, low, high in (("job", job, 0, 2**32 - 1), ("rank", rank, 0, 65535), ("size", size, 1, 4096),
                                        ("segment_values", segment_values, 1, 8192), ("window", window, 1, 4096),
                                        ("staleness", staleness, 0, 64)):
@@ -144,6 +146,7 @@ class Worker:
                                                staleness=int(staleness), token=token, timeout=timeout, rto=rto,
                                                drop_rate=drop_rate, seed=seed, on_path=on_path)
         self.address = address
+        self.allow_partial = bool(allow_partial) or mode == "async"
         #: What the last ``allreduce`` saw: per-segment ``counts``, ``partial``, ``late``, ``stale``, ``retransmits``.
         self.last_report: dict = {}
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
@@ -177,6 +180,13 @@ class Worker:
         out = np.empty_like(words)
         report = self._native.allreduce(np.ascontiguousarray(words), out)
         self.last_report = report
+        if report["partial"] and not self.allow_partial:
+            counts = report["counts"]
+            raise RepriseError(
+                f"job {self.job}: {report['partial']} of {len(counts)} segments were summed over fewer than the "
+                f"{self.size} members (as few as {int(counts.min())}): members were dropped after the daemon's "
+                f"member_timeout, or a segment was force-broadcast. Pass allow_partial=True to take partial sums "
+                f"(average=True divides each segment by its count); last_report['counts'] has them")
         if self.dtype == "int32":
             result = out.view(np.int32) if integer else dequantize(out.view(np.int32), self.scale)
         else:
