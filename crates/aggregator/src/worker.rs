@@ -308,7 +308,7 @@ impl Worker {
             if rejoin {
                 let o = &self.options;
                 let join = join_packet(o.job, o.member, MEMBER_WORKER, &o.params, o.token.as_bytes());
-                self.out.push_bytes(self.options.address, &parse_header(&join), &join[packet::HEADER..]);
+                self.send_raw(&join)?;
                 rejoin = false;
             }
             self.flush();
@@ -522,10 +522,6 @@ impl Drop for Worker {
             let _ = self.send_raw(&control(Kind::Leave, o.job, o.member, 0, 0));
         }
     }
-}
-
-fn parse_header(bytes: &[u8]) -> Header {
-    packet::parse(bytes).expect("a packet this module encoded").header
 }
 
 /// `acc += words`, element-wise, in the job's dtype.
