@@ -156,6 +156,30 @@ def _status(out: Path) -> dict | None:
         return None
 
 
+def test_best_table_keeps_the_best_evaluation_and_the_final_evaluation_picks_it():
+    """``best`` (MaxHeap / MinHeap, 4 items): whatever the order of the offers, the best one
+    stays and is drawn; the final evaluation takes it unless the run solved."""
+    from reprise.examples.apex.supervisor import final_parameters
+    from reprise.examples.apex.tables import make_tables
+    cfg = apex.Config(actors=1, envs_per_actor=1, replay_size=100, min_replay=10)
+    tables = make_tables(cfg, {"obs_shape": (4,), "obs_dtype": "float32"}, num_params=3)
+    try:
+        params, best = tables[1], tables[4]
+        assert final_parameters("time_limit", tables) == (None, None)
+        returns = [22.0, -21.0, 140.0, 35.0, 60.0, 9.0, 139.5, 0.0, 80.0]
+        for step, r in enumerate(returns):
+            best.insert({"weights": np.full((1, 1, 3), step, np.float32), "learner_step": np.full((1, 1), step)},
+                        [r + np.hypot(r, 1.0)])
+        assert best.size == 4
+        assert int(best.sample(1, timeout=0).data["learner_step"][0, 0]) == returns.index(140.0)
+        params.insert({"weights": np.zeros((1, 1, 3), np.float32), "learner_step": np.full((1, 1), 99)}, [1.0])
+        assert final_parameters("time_limit", tables) == (best, "best")
+        assert final_parameters("solved", tables) == (params, "newest")
+    finally:
+        for t in tables:
+            t.store.close()
+
+
 def test_smoke_learns_and_survives_killed_actor_and_learner(tmp_path):
     """`reprise demo apex --smoke` in a subprocess: SIGKILL an actor, then the learner, while it
     trains; both are restarted, training continues from the published parameters, and the
@@ -201,8 +225,11 @@ def test_smoke_learns_and_survives_killed_actor_and_learner(tmp_path):
     # Training went on after the kills: more inserts, and the restarted learner continued its step count.
     assert summary["inserts"] > killed["learner"][2]
     assert summary["final_learner_step"] > killed["learner"][1]
-    # Learning: a random policy scores about 22 on CartPole-v1.
+    # Learning: a random policy scores about 22 on CartPole-v1. The policy handed over is the best
+    # quick evaluation's (the run ended at its time limit), evaluated afresh on other seeds.
     assert summary["final_eval_mean_return"] >= 75, (summary["final_eval_mean_return"], summary["evals"])
+    assert summary["final_eval_parameters"] == ("newest" if summary["solved"] else "best"), summary
+    assert any(e["learner_step"] == summary["final_learner_step"] for e in summary["evals"]) or summary["solved"]
     assert summary["samples_per_insert"] == pytest.approx(summary["config"]["samples_per_insert"], rel=0.3)
     assert "solved" in output and "wrote" in output
     assert seen is not None and "dashboard: open http://127.0.0.1:" in output

@@ -46,6 +46,7 @@ def learner_main(cfg: Config, address: str, seed: int, started: float, parent: i
     # max_sequence_length=1: each item is one step, older steps' blocks go back at once.
     params = client.writer("params", max_sequence_length=1)
     evals = client.writer("evals", max_sequence_length=1)
+    best = client.writer("best", max_sequence_length=1)
 
     def publish():
         params.append({"weights": flat_parameters(net), "learner_step": step})
@@ -56,6 +57,14 @@ def learner_main(cfg: Config, address: str, seed: int, started: float, parent: i
         evals.append({"learner_step": step, "mean_return": mean_return, "episodes": episodes, "loss": loss})
         evals.create_item("evals", 1, 1.0)
         evals.flush()
+
+    def keep(mean_return):
+        """Offers the parameters just evaluated to ``best``. Priorities are >= 0 and returns are
+        not (Pong's go down to -21): r + sqrt(r^2 + 1) maps every return to a positive number
+        in the same order."""
+        best.append({"weights": flat_parameters(net), "learner_step": step})
+        best.create_item("best", 1, float(mean_return + np.hypot(mean_return, 1.0)))
+        best.flush()
 
     publish()
     sample_device = "cuda" if device.type == "cuda" else None
@@ -99,6 +108,7 @@ def learner_main(cfg: Config, address: str, seed: int, started: float, parent: i
             quick = evaluate(net, cfg, cfg.quick_eval_episodes, seed=10_000 + step, device=device)
             mean_loss = float(np.mean(losses)) if losses else float("nan")
             report(float(np.mean(quick)), len(quick), mean_loss)
+            keep(float(np.mean(quick)))
             if threshold is not None and np.mean(quick) >= threshold:
                 full = evaluate(net, cfg, cfg.eval_episodes, seed=20_000 + step, device=device)
                 if np.mean(full) >= threshold:

@@ -111,7 +111,7 @@ def solve_progress(cfg: Config, threshold, rec: Record, info: dict, rates: dict)
 def train(cfg: Config, rec: Record, sup: Supervisor, tables, threshold, out: Path) -> str:
     """The supervisor's loop while the processes work; returns how it ended: ``solved``,
     ``time_limit`` or ``failed``."""
-    replay, _, episodes_q, evals_q = tables
+    replay, _, episodes_q, evals_q, _ = tables
     while True:
         time.sleep(TICK_S)
         now = rec.now()
@@ -158,14 +158,25 @@ def train(cfg: Config, rec: Record, sup: Supervisor, tables, threshold, out: Pat
             return "time_limit"
 
 
-def final_evaluation(cfg: Config, spec: dict, params) -> tuple[list, int]:
-    """Greedy returns of ``--eval-episodes`` episodes of the newest published parameters,
-    in this process, and their learner step."""
+def final_evaluation(cfg: Config, spec: dict, source) -> tuple[list, int]:
+    """Greedy returns of ``--eval-episodes`` episodes of the parameters ``source`` (the
+    ``params`` or the ``best`` table) draws, in this process, and their learner step."""
     net = make_network(spec, cfg.hidden)
-    p = params.sample(1, timeout=0)
+    p = source.sample(1, timeout=0)
     load_flat_parameters(net, p.data["weights"][0, 0])
     net.eval()
     return evaluate(net, cfg, cfg.eval_episodes, seed=123_456), int(p.data["learner_step"][0, 0])
+
+
+def final_parameters(ended: str, tables) -> tuple:
+    """``(table, which)``: what the final evaluation evaluates. A solved run: the newest
+    parameters (the ones that solved it). Otherwise the best quick evaluation's: DQN's greedy
+    policy can collapse for a while late in a run, and the policy a run hands over is the best
+    one it found. None when the learner published nothing."""
+    params, best = tables[1], tables[4]
+    if ended != "solved" and best.size > 0:
+        return best, "best"
+    return (params, "newest") if params.size > 0 else (None, None)
 
 
 def run(cfg: Config, stop: StopSignals | None = None) -> dict:
@@ -197,7 +208,7 @@ def run(cfg: Config, stop: StopSignals | None = None) -> dict:
                 rec.dashboard = server.dashboard_url
                 rec.log(f"dashboard: open {server.dashboard_url} in a browser")
             sup = Supervisor(cfg, server.local_address, rec.started, stop)
-            rec.log(f"serving replay, params, episodes, evals at {server.local_address}; "
+            rec.log(f"serving replay, params, episodes, evals, best at {server.local_address}; "
                     f"{cfg.actors} actors x {cfg.envs_per_actor} envs, learner on {device}")
             rec.phase = "starting the processes"
             sup.start_all()
@@ -234,13 +245,14 @@ def _finish(cfg, stop, rec, ended, spec, threshold, tables, sup, device, out: Pa
     rec.phase = "stopping"
     if sup is not None:
         sup.stop()
-    final, final_step = None, None
-    params = tables[1] if tables else None
+    final, final_step, which = None, None, None
     if ended in ("solved", "time_limit"):
-        if params is not None and params.size > 0:
+        source, which = final_parameters(ended, tables) if tables else (None, None)
+        if source is not None:
             rec.phase = "final evaluation"
-            rec.log(f"final evaluation: {cfg.eval_episodes} greedy episodes of the newest parameters")
-            ran, result = stop.optional(final_evaluation, cfg, spec, params)
+            what = "newest parameters" if which == "newest" else "parameters of the best quick evaluation"
+            rec.log(f"final evaluation: {cfg.eval_episodes} greedy episodes of the {what}")
+            ran, result = stop.optional(final_evaluation, cfg, spec, source)
             if ran:
                 final, final_step = result
             else:
@@ -266,6 +278,7 @@ def _finish(cfg, stop, rec, ended, spec, threshold, tables, sup, device, out: Pa
         "final_eval_mean_return": float(np.mean(final)) if final else None,
         "final_eval_episodes": len(final) if final else 0,
         "final_eval_returns": final,
+        "final_eval_parameters": which if final else None,
         "final_learner_step": final_step if final_step is not None else
         (rec.evals[-1]["learner_step"] if rec.evals else None),
         "random_policy_return": RANDOM_CARTPOLE_RETURN if cfg.env.startswith("CartPole") else None,

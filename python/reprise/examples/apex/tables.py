@@ -1,6 +1,6 @@
-"""The four tables the processes share: ``replay`` (n-step transitions over shared steps),
-``params`` (the learner's newest parameters, one item) and the ``episodes`` and ``evals`` report
-queues."""
+"""The five tables the processes share: ``replay`` (n-step transitions over shared steps),
+``params`` (the learner's newest parameters, one item), ``best`` (the parameters of its best
+quick evaluations) and the ``episodes`` and ``evals`` report queues."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from .config import Config
 
 
 def make_tables(cfg: Config, spec: dict, num_params: int):
-    """The replay table (n-step transitions over shared steps), the one-item parameter table
-    and the two report queues."""
+    """The replay table (n-step transitions over shared steps), the one-item parameter table,
+    the best-parameters table and the two report queues."""
     writers = cfg.actors * cfg.envs_per_actor
     block = 64
     replay_store = rp.Store({
@@ -33,6 +33,12 @@ def make_tables(cfg: Config, spec: dict, num_params: int):
                             capacity=16, block_steps=1)
     params = rp.Table("params", params_store, sampler=rp.selectors.Lifo(), remover=rp.selectors.Fifo(),
                       max_size=1, rate_limiter=rp.rate_limiters.MinSize(1))
+    # The learner inserts the parameters of every quick evaluation, priority = its mean return:
+    # MaxHeap draws the best, MinHeap evicts the worst when full, so the best is always kept.
+    best_store = rp.Store({"weights": rp.Field((num_params,), "float32"), "learner_step": rp.Field((), "int64")},
+                          capacity=16, block_steps=1)
+    best = rp.Table("best", best_store, sampler=rp.selectors.MaxHeap(), remover=rp.selectors.MinHeap(),
+                    max_size=4, rate_limiter=rp.rate_limiters.MinSize(1))
     report_size = 1 << 16
     episodes_store = rp.Store({"episode_return": rp.Field((), "float32"), "episode_length": rp.Field((), "int32"),
                                "actor": rp.Field((), "int32"), "epsilon": rp.Field((), "float32")},
@@ -42,7 +48,7 @@ def make_tables(cfg: Config, spec: dict, num_params: int):
                             "episodes": rp.Field((), "int32"), "loss": rp.Field((), "float32")},
                            capacity=4096, block_steps=1)
     evals = rp.Table.queue("evals", evals_store, max_size=1024)
-    return [replay, params, episodes, evals]
+    return [replay, params, episodes, evals, best]
 
 
 def drain(table) -> dict:
