@@ -46,7 +46,7 @@ def learner_main(cfg: Config, address: str, seed: int, started: float, parent: i
     # max_sequence_length=1: each item is one step, older steps' blocks go back at once.
     params = client.writer("params", max_sequence_length=1)
     evals = client.writer("evals", max_sequence_length=1)
-    best = client.writer("best", max_sequence_length=1)
+    best_params = client.writer("best", max_sequence_length=1)
 
     def publish():
         params.append({"weights": flat_parameters(net), "learner_step": step})
@@ -62,9 +62,9 @@ def learner_main(cfg: Config, address: str, seed: int, started: float, parent: i
         """Offers the parameters just evaluated to ``best``. Priorities are >= 0 and returns are
         not (Pong's go down to -21): r + sqrt(r^2 + 1) maps every return to a positive number
         in the same order."""
-        best.append({"weights": flat_parameters(net), "learner_step": step})
-        best.create_item("best", 1, float(mean_return + np.hypot(mean_return, 1.0)))
-        best.flush()
+        best_params.append({"weights": flat_parameters(net), "learner_step": step})
+        best_params.create_item("best", 1, float(mean_return + np.hypot(mean_return, 1.0)))
+        best_params.flush()
 
     publish()
     sample_device = "cuda" if device.type == "cuda" else None
