@@ -179,6 +179,17 @@ def test_gpu_quick_runs_every_section(tmp_path):
     assert "| workload | reprise | peer (TorchRL) |" in r.stdout
 
 
+def test_host_draw_quick_measures_both_ways_of_holding_rows(tmp_path):
+    out = tmp_path / "host-draw.json"
+    r = run_module("benchmarks.gpu.host_draw", "--quick", "--out", str(out))
+    with open(out) as f:
+        results = json.load(f)
+    assert sorted(results["batches"]) == ["1024", "256", "4096"]
+    for b in results["batches"].values():
+        assert b["epoch"]["us_median"] > 0 and b["references"]["us_median"] > 0 and b["references_over_epoch"] > 0
+    assert "| batch | epoch median (us) |" in r.stdout
+
+
 def test_cluster_quick_measures_sample_against_bare_collectives(tmp_path):
     pytest.importorskip("torch.distributed")
     # ~15 s on 2 idle cores (2 spawned gloo ranks); the timeout leaves room for a busy machine

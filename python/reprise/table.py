@@ -220,7 +220,8 @@ class Table:
     def _sample_rows(self, n: int, timeout):
         """Draws n items and returns their held rows (a native ``SampleRows``)."""
         if self._selection is None:
-            return self._native.sample_rows(n, timeout)
+            # One epoch holds the rows for the collector instead of a reference per block.
+            return self._native.sample_rows(n, timeout, pinned=True)
         sel = self._selection
         deadline = None if timeout is None else time.monotonic() + max(0.0, float(timeout))
         rows = None

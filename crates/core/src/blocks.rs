@@ -8,11 +8,22 @@
 //! block returns to the free queue. Counts are atomics, so retaining and releasing
 //! never takes a lock; only the free queue is guarded, and it is a leaf lock (no
 //! other lock is taken while it is held).
+//!
+//! # Epochs
+//! A sample whose rows a device reads after the draw has returned (the GPU path's
+//! gathers run on a CUDA stream) holds no reference per block. It pins an *epoch*
+//! instead, before it draws: while any epoch is pinned, a block whose last reference
+//! goes waits in *limbo*, tagged with the newest epoch handed out so far, rather than
+//! returning to the free queue. It is freed once every epoch up to its tag has been
+//! unpinned: an epoch pinned later began its draw after the block's items were gone,
+//! so it cannot read the block. One pin per batch replaces a reference per item
+//! (a random cache miss each), and the device's completion (a CUDA event) unpins it.
 
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::Duration;
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use crate::error::{Error, Result};
 
@@ -20,6 +31,10 @@ pub struct BlockAllocator {
     block_steps: u32,
     refcounts: Box<[AtomicU32]>,
     state: Mutex<AllocState>,
+    /// Signalled when an unpin freed blocks out of limbo.
+    reclaimed: Condvar,
+    /// Set by the first pin: from then on a lease may wait for limbo (see [`BlockAllocator::wait_for_limbo`]).
+    pinned_ever: AtomicBool,
 }
 
 struct AllocState {
@@ -28,6 +43,39 @@ struct AllocState {
     /// block was freed or leased again since are stale and skipped.
     order: VecDeque<(u32, u32)>,
     leases: Vec<u32>,
+    /// The next epoch to hand out.
+    next_epoch: u64,
+    /// Pinned epochs and how many pins each has.
+    pinned: BTreeMap<u64, u32>,
+    /// Blocks freed while epochs were pinned, as `(newest epoch handed out then, block)`;
+    /// tags never decrease along the queue.
+    limbo: VecDeque<(u64, u32)>,
+}
+
+impl AllocState {
+    /// A block whose last reference went: free, or in limbo while epochs are pinned.
+    fn give_back(&mut self, block: u32) {
+        if self.pinned.is_empty() {
+            self.free.push_back(block);
+        } else {
+            self.limbo.push_back((self.next_epoch - 1, block));
+        }
+    }
+
+    /// Frees the blocks of limbo that no pinned epoch can read; returns how many.
+    fn reclaim(&mut self) -> usize {
+        let oldest = self.pinned.keys().next().copied().unwrap_or(u64::MAX);
+        let mut freed = 0;
+        while let Some(&(tag, block)) = self.limbo.front() {
+            if tag >= oldest {
+                break;
+            }
+            self.limbo.pop_front();
+            self.free.push_back(block);
+            freed += 1;
+        }
+        freed
+    }
 }
 
 impl BlockAllocator {
@@ -39,7 +87,12 @@ impl BlockAllocator {
                 free: (0..num_blocks).collect(),
                 order: VecDeque::new(),
                 leases: vec![0; num_blocks as usize],
+                next_epoch: 0,
+                pinned: BTreeMap::new(),
+                limbo: VecDeque::new(),
             }),
+            reclaimed: Condvar::new(),
+            pinned_ever: AtomicBool::new(false),
         }
     }
 
@@ -139,8 +192,63 @@ impl BlockAllocator {
         let previous = self.refcounts[block as usize].fetch_sub(1, Ordering::AcqRel);
         debug_assert!(previous > 0, "released block {block} that nobody held");
         if previous == 1 {
-            self.state.lock().free.push_back(block);
+            self.state.lock().give_back(block);
         }
+    }
+
+    /// Pins a new epoch (see the module doc): until [`BlockAllocator::unpin`], no block
+    /// whose last reference goes from now on is reused. Pin before drawing.
+    pub fn pin(&self) -> u64 {
+        self.pinned_ever.store(true, Ordering::Relaxed);
+        let mut st = self.state.lock();
+        let epoch = st.next_epoch;
+        st.next_epoch += 1;
+        *st.pinned.entry(epoch).or_insert(0) += 1;
+        epoch
+    }
+
+    /// Unpins an epoch [`BlockAllocator::pin`] returned; blocks no pinned epoch can
+    /// read any more leave limbo for the free queue.
+    pub fn unpin(&self, epoch: u64) {
+        let mut st = self.state.lock();
+        match st.pinned.get_mut(&epoch) {
+            Some(n) if *n > 1 => *n -= 1,
+            Some(_) => {
+                st.pinned.remove(&epoch);
+            }
+            None => {
+                debug_assert!(false, "unpinned epoch {epoch} that was not pinned");
+                return;
+            }
+        }
+        if st.reclaim() > 0 {
+            self.reclaimed.notify_all();
+        }
+    }
+
+    /// True once an epoch was ever pinned (a lease may then wait for limbo).
+    pub fn pinned_ever(&self) -> bool {
+        self.pinned_ever.load(Ordering::Relaxed)
+    }
+
+    /// Blocks in limbo: free of references, waiting for pinned epochs to end.
+    pub fn limbo_blocks(&self) -> usize {
+        self.state.lock().limbo.len()
+    }
+
+    /// When no block is free but some are in limbo, waits up to `timeout` for an
+    /// unpin to free one. Returns whether a block is free.
+    pub fn wait_for_limbo(&self, timeout: Duration) -> bool {
+        let mut st = self.state.lock();
+        if st.free.is_empty() && !st.limbo.is_empty() {
+            let deadline = std::time::Instant::now() + timeout;
+            while st.free.is_empty() && !st.limbo.is_empty() {
+                if self.reclaimed.wait_until(&mut st, deadline).timed_out() {
+                    break;
+                }
+            }
+        }
+        !st.free.is_empty()
     }
 
     pub fn refcount(&self, block: u32) -> u32 {
@@ -264,6 +372,60 @@ mod tests {
         assert_eq!(a.oldest_leased(), Some(z));
         assert_eq!(a.oldest_leased(), Some(y));
         assert_eq!(a.oldest_leased(), None);
+    }
+
+    #[test]
+    fn blocks_freed_under_a_pinned_epoch_wait_in_limbo_until_it_ends() {
+        let a = BlockAllocator::new(4, 1);
+        let (x, y, z) = (a.lease().unwrap(), a.lease().unwrap(), a.lease().unwrap());
+        a.release(x); // no pin: free at once
+        assert_eq!((a.free_blocks(), a.limbo_blocks()), (2, 0));
+        let e1 = a.pin();
+        a.release(y); // e1 may read y
+        let e2 = a.pin();
+        a.release(z); // e1 and e2 may read z
+        assert_eq!((a.free_blocks(), a.limbo_blocks()), (2, 2));
+        a.unpin(e2); // e1 still pinned: neither y nor z can be reused
+        assert_eq!((a.free_blocks(), a.limbo_blocks()), (2, 2));
+        a.unpin(e1);
+        assert_eq!((a.free_blocks(), a.limbo_blocks()), (4, 0));
+        // Freed in order, after the blocks that were free before.
+        let order: Vec<u32> = (0..4).map(|_| a.lease().unwrap()).collect();
+        assert_eq!(&order[2..], &[y, z]);
+    }
+
+    #[test]
+    fn an_epoch_pinned_after_a_free_does_not_hold_the_block() {
+        let a = BlockAllocator::new(2, 1);
+        let (x, y) = (a.lease().unwrap(), a.lease().unwrap());
+        let e1 = a.pin();
+        a.release(x); // tagged e1
+        let e2 = a.pin(); // began after x was gone
+        a.unpin(e1);
+        assert_eq!((a.free_blocks(), a.limbo_blocks()), (1, 0), "x waited for an epoch that cannot read it");
+        a.release(y); // tagged e2
+        assert_eq!(a.limbo_blocks(), 1);
+        assert!(a.wait_for_limbo(Duration::from_millis(1)), "x is free: no wait");
+        a.unpin(e2);
+        assert_eq!((a.free_blocks(), a.limbo_blocks()), (2, 0));
+    }
+
+    #[test]
+    fn a_lease_waiting_for_limbo_wakes_when_the_epoch_ends() {
+        let a = std::sync::Arc::new(BlockAllocator::new(1, 1));
+        let x = a.lease().unwrap();
+        let e = a.pin();
+        a.release(x);
+        assert!(a.lease().is_err());
+        let b = a.clone();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            b.unpin(e);
+        });
+        assert!(a.wait_for_limbo(Duration::from_secs(10)));
+        assert_eq!(a.lease().unwrap(), x);
+        t.join().unwrap();
+        assert!(!a.wait_for_limbo(Duration::from_millis(1)), "nothing free, nothing in limbo: no wait");
     }
 
     #[test]

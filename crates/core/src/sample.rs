@@ -3,7 +3,7 @@
 use crate::columns::Columns;
 use crate::error::PartialSample;
 use crate::item::{for_each_block, Window};
-use crate::store::Store;
+use crate::store::{Epoch, Store};
 
 impl PartialSample {
     pub fn new(batch: SampleBatch) -> PartialSample {
@@ -32,14 +32,16 @@ pub struct SampledItem {
     pub window: Window,
 }
 
-/// A batch of drawn items. It holds a reference on every block its items touch,
-/// so their rows stay valid (are not reused by writers) until it is dropped, even
-/// when the items are evicted from the table in the meantime.
+/// A batch of drawn items. Its items' rows stay valid (are not reused by writers)
+/// until it is dropped, even when the items are evicted from the table in the
+/// meantime: it holds a reference on every block its items touch, or, made with
+/// [`SampleBatch::pinned`], one pinned epoch for them all (see `blocks`).
 pub struct SampleBatch {
     store: Store,
     pub items: Vec<SampledItem>,
     /// Items in the table when the draw began.
     pub table_size: u64,
+    epoch: Option<Epoch>,
 }
 
 impl std::fmt::Debug for SampleBatch {
@@ -50,13 +52,28 @@ impl std::fmt::Debug for SampleBatch {
 
 impl SampleBatch {
     pub(crate) fn new(store: Store, table_size: u64) -> SampleBatch {
-        SampleBatch { store, items: Vec::new(), table_size }
+        SampleBatch { store, items: Vec::new(), table_size, epoch: None }
+    }
+
+    /// An empty batch that holds its rows by an epoch pinned now, before any draw,
+    /// instead of a reference per block: for a collector that reads the rows after
+    /// the draw (a device's gather) and drops the batch when that read has ended.
+    pub fn pinned(store: &Store) -> SampleBatch {
+        let epoch = Some(store.pin());
+        SampleBatch { store: store.clone(), items: Vec::new(), table_size: 0, epoch }
+    }
+
+    /// True when the rows are held by an epoch.
+    pub fn is_pinned(&self) -> bool {
+        self.epoch.is_some()
     }
 
     /// Adds a drawn item; the caller holds the table lock, so its blocks are live.
     pub(crate) fn push(&mut self, item: SampledItem) {
-        let alloc = self.store.allocator();
-        for_each_block(item.window.ranges(), self.store.block_steps(), |b| alloc.retain(b));
+        if self.epoch.is_none() {
+            let alloc = self.store.allocator();
+            for_each_block(item.window.ranges(), self.store.block_steps(), |b| alloc.retain(b));
+        }
         self.items.push(item);
     }
 
@@ -102,8 +119,9 @@ impl SampleBatch {
 /// # Safety
 /// [`Collect::gather`] reads the items' rows with
 /// [`Columns::read_ranges`], relying on this contract: every window of `items()`
-/// lies inside `columns()`, and a reference on every block those windows touch is
-/// held for as long as `self` lives (so no writer reuses the rows while they are read).
+/// lies inside `columns()`, and for as long as `self` lives a reference on every
+/// block those windows touch is held, or an epoch pinned before the items were drawn
+/// (so no writer reuses the rows while they are read).
 pub unsafe trait Collect: Sync {
     fn items(&self) -> &[SampledItem];
     fn table_size(&self) -> u64;
@@ -190,8 +208,10 @@ fn gather_items(columns: &Columns, items: &[SampledItem], col: usize, stride: us
 }
 
 // SAFETY: `push` retains every block of an item's window (taken while the table's
-// lock kept the item, and so its blocks, alive) and `Drop` releases them; the
-// windows are rows of `store`'s columns.
+// lock kept the item, and so its blocks, alive) and `Drop` releases them; or the
+// batch pinned an epoch before its first draw, so a block of its items whose last
+// reference goes stays in limbo, unused, until the epoch is dropped with the batch.
+// The windows are rows of `store`'s columns.
 unsafe impl Collect for SampleBatch {
     fn items(&self) -> &[SampledItem] {
         &self.items
@@ -206,6 +226,9 @@ unsafe impl Collect for SampleBatch {
 
 impl Drop for SampleBatch {
     fn drop(&mut self) {
+        if self.epoch.is_some() {
+            return; // the epoch unpins as it drops
+        }
         let alloc = self.store.allocator();
         for item in &self.items {
             for_each_block(item.window.ranges(), self.store.block_steps(), |b| alloc.release(b));

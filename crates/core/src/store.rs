@@ -54,6 +54,23 @@ pub(crate) struct StoreInner {
     pressure: std::sync::atomic::AtomicU64,
 }
 
+/// How long a lease waits in all for blocks in limbo before it evicts anyway
+/// (device reads take micro- to milliseconds; this bounds a stalled one).
+pub const LIMBO_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A pinned epoch of a store (see [`Store::pin`] and `blocks`' module doc);
+/// dropping it unpins.
+pub struct Epoch {
+    store: Store,
+    epoch: u64,
+}
+
+impl Drop for Epoch {
+    fn drop(&mut self) {
+        self.store.inner.allocator.unpin(self.epoch);
+    }
+}
+
 /// A cheap handle to one store; clones share it.
 #[derive(Clone)]
 pub struct Store {
@@ -153,6 +170,25 @@ impl Store {
         &self.inner.allocator
     }
 
+    /// Pins an epoch for a sample whose rows are read after the draw returns (a
+    /// device's gather): no block whose last reference goes while the [`Epoch`]
+    /// lives is reused. Pin before drawing.
+    pub fn pin(&self) -> Epoch {
+        Epoch { epoch: self.inner.allocator.pin(), store: self.clone() }
+    }
+
+    /// Blocks whose last reference went while epochs were pinned, not reusable yet.
+    pub fn limbo_blocks(&self) -> usize {
+        self.inner.allocator.limbo_blocks()
+    }
+
+    /// True once a sample of this store pinned an epoch: a writer's lease may then
+    /// wait for one to end, and callers holding a lock the epoch's owner needs to
+    /// end it (Python's GIL) must release it first.
+    pub fn pinned_ever(&self) -> bool {
+        self.inner.allocator.pinned_ever()
+    }
+
     /// True when both handles are the same store.
     pub fn same(&self, other: &Store) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
@@ -186,10 +222,27 @@ impl Store {
     /// the items of the block with the oldest lease are evicted from every table
     /// (if all the tables referencing it allow eviction and nothing else — a writer
     /// or a sample being collected — holds it), and so on to younger blocks.
+    ///
+    /// Blocks in limbo (their last reference went while a device read of a sample
+    /// was in flight, see [`Epoch`]) come free when those reads end, within moments:
+    /// a lease waits for them (up to [`LIMBO_WAIT`] in all) before it evicts, and
+    /// evicts one block at a time while they are pending, so no item is evicted
+    /// for a block that only had to wait. When the wait runs out it fails rather
+    /// than evict more (every block it freed would wait as well).
     pub(crate) fn lease_block(&self) -> Result<u32> {
         let alloc = &self.inner.allocator;
         if let Ok(b) = alloc.lease() {
             return Ok(b);
+        }
+        let deadline = std::time::Instant::now() + LIMBO_WAIT;
+        let wait_for_limbo = || {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            !left.is_zero() && alloc.wait_for_limbo(left)
+        };
+        if wait_for_limbo() {
+            if let Ok(b) = alloc.lease() {
+                return Ok(b);
+            }
         }
         let tables: Vec<(String, Arc<dyn TableOverStore>)> =
             self.inner.tables.lock().iter().filter_map(|(n, w)| Some((n.clone(), w.upgrade()?))).collect();
@@ -213,6 +266,15 @@ impl Store {
             }
             if let Ok(b) = alloc.lease() {
                 return Ok(b);
+            }
+            if alloc.limbo_blocks() > 0 {
+                // Blocks are waiting for epochs: evicting more would only add to them.
+                if !wait_for_limbo() {
+                    break;
+                }
+                if let Ok(b) = alloc.lease() {
+                    return Ok(b);
+                }
             }
         }
         self.inner.pressure.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -262,6 +324,14 @@ impl Store {
             held.push(format!(
                 "{queued} by items of tables that keep their items when the store is full ({}: sample them or lower their max_size)",
                 keepers.join(", ")
+            ));
+        }
+        let limbo = alloc.limbo_blocks();
+        if limbo > 0 {
+            held.push(format!(
+                "{limbo} wait for device reads of samples in flight (GPU gathers; they come free when those finish, \
+                 and did not within {} s)",
+                LIMBO_WAIT.as_secs_f64()
             ));
         }
         let held = if held.is_empty() { String::new() } else { format!(": {}", held.join("; ")) };

@@ -99,6 +99,43 @@ type Meta<'py> = (
     Bound<'py, PyArray1<i64>>,
 );
 
+type Indexed<'py> = (
+    Bound<'py, PyArray1<u64>>,
+    Bound<'py, PyArray1<f64>>,
+    Bound<'py, PyArray1<f64>>,
+    Bound<'py, PyArray1<i64>>,
+    u64,
+    Bound<'py, PyArray1<i64>>,
+    usize,
+    usize,
+    bool,
+    bool,
+);
+
+/// Writes the row numbers `[n, T]` of `c`'s items into `dst` (-1 past an item's
+/// end); `Ok((n, T, ragged))`, or `Err(n * T)` when `dst` is shorter than that.
+fn write_index(c: &dyn Collect, dst: &mut [i64]) -> Result<(usize, usize, bool), usize> {
+    let (n, t) = (c.items().len(), c.max_length() as usize);
+    if dst.len() < n * t {
+        return Err(n * t);
+    }
+    let mut ragged = false;
+    for (i, item) in c.items().iter().enumerate() {
+        let mut at = i * t;
+        for r in item.window.ranges() {
+            for k in 0..r.len as u64 {
+                dst[at] = (r.start + k) as i64;
+                at += 1;
+            }
+        }
+        if at < (i + 1) * t {
+            ragged = true;
+            dst[at..(i + 1) * t].fill(-1);
+        }
+    }
+    Ok((n, t, ragged))
+}
+
 #[pymethods]
 impl PySampleRows {
     fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
@@ -126,28 +163,35 @@ impl PySampleRows {
     fn fill_index(&self, py: Python<'_>, out: &Bound<'_, numpy::PyArray1<i64>>) -> PyResult<(usize, usize, bool)> {
         let mut out = out.try_readwrite().map_err(|e| invalid(py, format!("fill_index needs a writable int64 array: {e}")))?;
         let dst = out.as_slice_mut().map_err(|e| invalid(py, format!("fill_index needs a contiguous array: {e}")))?;
-        let r = self.with(py, |c| {
-            let (n, t) = (c.items().len(), c.max_length() as usize);
-            if dst.len() < n * t {
-                return Err(n * t);
-            }
-            let mut ragged = false;
-            for (i, item) in c.items().iter().enumerate() {
-                let mut at = i * t;
-                for r in item.window.ranges() {
-                    for k in 0..r.len as u64 {
-                        dst[at] = (r.start + k) as i64;
-                        at += 1;
-                    }
-                }
-                if at < (i + 1) * t {
-                    ragged = true;
-                    dst[at..(i + 1) * t].fill(-1);
-                }
-            }
-            Ok((n, t, ragged))
-        })?;
+        let r = self.with(py, |c| write_index(c, dst))?;
         r.map_err(|need| invalid(py, format!("fill_index: the array holds {} entries, {need} are needed", dst.len())))
+    }
+
+    /// `meta()` and `fill_index(out)` in one call: `(keys, probabilities, priorities,
+    /// times_sampled, table_size, lengths, n, T, ragged, filled)`; `filled` is False
+    /// (and `out` untouched) when `out` holds fewer than `n * T` entries.
+    fn index<'py>(&self, py: Python<'py>, out: &Bound<'py, numpy::PyArray1<i64>>) -> PyResult<Indexed<'py>> {
+        let mut out = out.try_readwrite().map_err(|e| invalid(py, format!("index needs a writable int64 array: {e}")))?;
+        let dst = out.as_slice_mut().map_err(|e| invalid(py, format!("index needs a contiguous array: {e}")))?;
+        let guard = self.inner.lock();
+        let c = guard.as_ref().ok_or_else(|| released(py))?.collect();
+        let (n, t, ragged, filled) = match write_index(c, dst) {
+            Ok((n, t, ragged)) => (n, t, ragged, true),
+            Err(_) => (c.items().len(), c.max_length() as usize, c.ragged(), false),
+        };
+        let items = c.items();
+        Ok((
+            PyArray1::from_iter(py, items.iter().map(|i| i.key)),
+            PyArray1::from_iter(py, items.iter().map(|i| i.probability)),
+            PyArray1::from_iter(py, items.iter().map(|i| i.priority)),
+            PyArray1::from_iter(py, items.iter().map(|i| i.times_sampled as i64)),
+            c.table_size(),
+            PyArray1::from_iter(py, items.iter().map(|i| i.length as i64)),
+            n,
+            t,
+            ragged,
+            filled,
+        ))
     }
 
     /// The rows copied out on the host: a `reprise.Sample` of numpy arrays. Releases.

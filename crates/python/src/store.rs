@@ -65,6 +65,12 @@ impl PyStore {
         self.store.free_blocks()
     }
 
+    /// Blocks free of references but waiting for GPU gathers in flight (epochs) to end.
+    #[getter]
+    fn limbo_blocks(&self) -> usize {
+        self.store.limbo_blocks()
+    }
+
     #[getter]
     fn path(&self) -> PathBuf {
         self.store.path().to_path_buf()

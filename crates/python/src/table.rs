@@ -156,14 +156,18 @@ impl PyTable {
     }
 
     /// Draws n items and keeps their rows held: a `SampleRows` for a collector.
-    #[pyo3(signature = (n, timeout=None))]
-    fn sample_rows(&self, py: Python<'_>, n: i64, timeout: Option<f64>) -> PyResult<PySampleRows> {
+    /// `pinned`: held by one epoch instead of a reference per block (for a device's
+    /// gather; release it as soon as the gather has ended: until then no block of
+    /// the store freed meanwhile is reused).
+    #[pyo3(signature = (n, timeout=None, pinned=false))]
+    fn sample_rows(&self, py: Python<'_>, n: i64, timeout: Option<f64>, pinned: bool) -> PyResult<PySampleRows> {
         let timeout = timeout::parse(py, timeout)?;
         let n = non_negative(py, &format!("table '{}': sample size", self.table.name()), n, 1)? as usize;
         let signals = Signals::default();
         let check = || signals.check();
         let wait = Wait { timeout, interrupt: Some(&check) };
-        let batch = py.detach(|| self.table.sample(n, wait)).map_err(|e| rows_error(py, e, signals.take()))?;
+        let draw = || if pinned { self.table.sample_pinned(n, wait) } else { self.table.sample(n, wait) };
+        let batch = py.detach(draw).map_err(|e| rows_error(py, e, signals.take()))?;
         Ok(PySampleRows::new(HeldRows::InProcess(batch)))
     }
 

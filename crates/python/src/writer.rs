@@ -132,8 +132,13 @@ impl PyWriter {
         let bytes: usize = slices.iter().map(|s| s.len()).sum();
         let steps = (lead > 0).then_some(steps);
         self.with(py, |w| {
-            // Large copies, and appends that may wait for a remote server, run without the GIL.
-            let waits = matches!(w, AnyWriter::Client { writer, .. } if writer.may_wait(steps.unwrap_or(1)));
+            // Large copies, appends that may wait for a remote server, and appends into a
+            // store whose samples pin epochs (a lease may wait for the thread that unpins,
+            // which needs the GIL) run without the GIL.
+            let waits = match w {
+                AnyWriter::Client { writer, .. } => writer.may_wait(steps.unwrap_or(1)),
+                AnyWriter::InProcess(writer) => writer.store().pinned_ever(),
+            };
             let r = if bytes >= BULK_BYTES || waits { py.detach(|| w.write(&slices, steps)) } else { w.write(&slices, steps) };
             r.map_err(py_err(py))
         })

@@ -6,7 +6,10 @@ device store's GPU columns) by one gather kernel per field; nothing is staged on
 the host. The draw's ``SampleRows`` keeps the rows from being reused by writers
 until the kernels that read them have finished: a CUDA event is recorded after
 them and a releaser thread lets the rows go once it has passed — so an item
-evicted meanwhile never has its rows overwritten under a running gather.
+evicted meanwhile never has its rows overwritten under a running gather. A table
+drawn in process holds them by one pinned epoch (crates/core/src/blocks.rs): no
+reference per item, and no block of the store freed while the gather runs is
+reused before it has ended.
 """
 
 from __future__ import annotations
@@ -164,9 +167,13 @@ def collect_rows(rows, columns, fields=None, stream=None) -> Sample:
     staging = _staging(dev)
     k = -1
     try:
-        keys, probabilities, priorities, times_sampled, table_size, lengths = rows.meta()
-        k, buf = staging.take(len(keys) * max(1, int(lengths.max(initial=1))))
-        n, t, ragged = rows.fill_index(buf.numpy())
+        k, buf = staging.take(0)
+        keys, probabilities, priorities, times_sampled, table_size, lengths, n, t, ragged, filled = \
+            rows.index(buf.numpy())
+        if not filled:  # longer items than the buffer holds: a bigger one
+            staging.done(k, None)
+            k, buf = staging.take(n * t)
+            n, t, ragged = rows.fill_index(buf.numpy())
         context = use_stream(stream) if stream is not None else contextlib.nullcontext()
         with context:
             wait = getattr(columns, "wait_for_writes", None)

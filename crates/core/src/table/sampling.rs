@@ -29,8 +29,20 @@ impl Table {
         self.sample_into(batch, n, wait.into()).map(|(batch, _)| batch)
     }
 
+    /// [`Table::sample`] into a [`SampleBatch::pinned`] batch: the rows are held by
+    /// one epoch, pinned before the draw, instead of a reference per block. For
+    /// collectors that read the rows after this returns (a device's gather) and drop
+    /// the batch once that read has ended.
+    pub fn sample_pinned<'w>(&self, n: usize, wait: impl Into<Wait<'w>>) -> Result<SampleBatch> {
+        if self.shared.config.external_selection {
+            return self.sample(n, wait);
+        }
+        let batch = SampleBatch::pinned(&self.shared.store);
+        self.sample_into(batch, n, wait.into()).map(|(batch, _)| batch)
+    }
+
     /// External selection: draws up to `n` items in total into `batch` (which may
-    /// hold draws of earlier calls) from `candidates`, waiting for the rate limiter
+    /// hold draws of earlier calls; None: a fresh [`SampleBatch::pinned`] batch) from `candidates`, waiting for the rate limiter
     /// as [`Table::sample`] does. Returns the batch and whether the candidates ran
     /// out first (then the caller synchronises its mirror, picks again and calls
     /// again with the same batch).
@@ -45,7 +57,7 @@ impl Table {
         if !sh.config.external_selection {
             return Err(invalid!("table '{}' selects on the host; candidates are only for external selection", self.name()));
         }
-        let batch = batch.unwrap_or_else(|| SampleBatch::new(sh.store.clone(), 0));
+        let batch = batch.unwrap_or_else(|| SampleBatch::pinned(&sh.store));
         if !batch.store().same(&sh.store) {
             return Err(invalid!("table '{}': the sample being extended comes from another store", self.name()));
         }

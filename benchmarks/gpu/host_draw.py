@@ -1,0 +1,94 @@
+"""The host side of a GPU draw: what a learner's thread spends per ``sample(b, device="cuda")``
+before any kernel runs, with the rows held by one pinned epoch against a reference per block.
+
+    python -m benchmarks.gpu.host_draw            # ~1 minute; no GPU needed
+    python -m benchmarks.gpu.host_draw --quick    # smoke test; numbers are noise
+
+One process, one run: a table of 1,000,000 one-step items (uniform sampler) over a host store;
+for b in 256/1024/4096, ``sample_rows(b, pinned=...)`` then ``rows.index(buffer)`` (keys,
+probabilities, lengths and the row index the gather reads, in one call) then ``release()``,
+alternating the two modes call by call; median and p99 of each, and their ratio. This is the
+per-item host work issue 14 names (random reads of the item index plus, with references, a
+random read-modify-write of a block's count per item); the gather itself is not in it.
+The JSON goes to ``--out`` (default ``benchmarks/out/host-draw-<timestamp>.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+
+import numpy as np
+
+import reprise as rp
+
+BATCHES = (256, 1024, 4096)
+
+
+def build(items: int, block_steps: int):
+    store = rp.Store({"x": rp.Field((100,), "float32")}, capacity=items, block_steps=block_steps)
+    table = rp.Table("t", store, max_size=items, seed=0)
+    rows = np.random.default_rng(0).standard_normal((items, 1, 100), dtype=np.float32)
+    chunk = 65_536
+    for i in range(0, items, chunk):
+        n = len(rows[i:i + chunk])
+        table.insert({"x": rows[i:i + chunk]}, np.ones(n))
+    return store, table
+
+
+def measure(table, batch: int, calls: int) -> dict:
+    buf = np.empty(batch * 4, np.int64)
+    times = {True: [], False: []}
+    for i in range(2 * calls + 20):
+        pinned = bool(i % 2)
+        t0 = time.perf_counter()
+        rows = table._native.sample_rows(batch, 0, pinned=pinned)
+        rows.index(buf)
+        rows.release()
+        if i >= 20:  # warm-up first
+            times[pinned].append(time.perf_counter() - t0)
+    out = {}
+    for pinned, name in ((True, "epoch"), (False, "references")):
+        t = np.array(times[pinned]) * 1e6
+        out[name] = {"us_median": float(np.median(t)), "us_p99": float(np.percentile(t, 99)),
+                     "ns_per_item": float(np.median(t)) * 1e3 / batch}
+    out["references_over_epoch"] = out["references"]["us_median"] / out["epoch"]["us_median"]
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="20,000 items, 50 calls: a smoke test")
+    p.add_argument("--items", type=int, default=1_000_000)
+    p.add_argument("--calls", type=int, default=500)
+    p.add_argument("--out", default=None)
+    a = p.parse_args(argv)
+    items, calls = (20_000, 50) if a.quick else (a.items, a.calls)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = a.out or os.path.join("benchmarks", "out", f"host-draw-{stamp}{'-quick' if a.quick else ''}.json")
+    store, table = build(items, block_steps=16)
+    try:
+        results = {"header": {"machine": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                              "items": items, "calls": calls, "date": stamp, "quick": a.quick},
+                   "batches": {}}
+        print("| batch | epoch median (us) | references median (us) | references / epoch | epoch ns/item |")
+        print("|---|---|---|---|---|")
+        for b in BATCHES:
+            r = measure(table, b, calls)
+            results["batches"][str(b)] = r
+            print(f"| {b} | {r['epoch']['us_median']:.1f} | {r['references']['us_median']:.1f} | "
+                  f"{r['references_over_epoch']:.2f}x | {r['epoch']['ns_per_item']:.0f} |", flush=True)
+    finally:
+        store.close()
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(results, f, indent=1)
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
