@@ -112,6 +112,19 @@ type Indexed<'py> = (
     bool,
 );
 
+/// `(keys, probabilities, priorities, times_sampled, table_size, lengths)` of `c`'s items.
+fn meta_of<'py>(py: Python<'py>, c: &dyn Collect) -> Meta<'py> {
+    let items = c.items();
+    (
+        PyArray1::from_iter(py, items.iter().map(|i| i.key)),
+        PyArray1::from_iter(py, items.iter().map(|i| i.probability)),
+        PyArray1::from_iter(py, items.iter().map(|i| i.priority)),
+        PyArray1::from_iter(py, items.iter().map(|i| i.times_sampled as i64)),
+        c.table_size(),
+        PyArray1::from_iter(py, items.iter().map(|i| i.length as i64)),
+    )
+}
+
 /// Writes the row numbers `[n, T]` of `c`'s items into `dst` (-1 past an item's
 /// end); `Ok((n, T, ragged))`, or `Err(n * T)` when `dst` is shorter than that.
 fn write_index(c: &dyn Collect, dst: &mut [i64]) -> Result<(usize, usize, bool), usize> {
@@ -145,16 +158,7 @@ impl PySampleRows {
     /// `(keys, probabilities, priorities, times_sampled, table_size, lengths)`.
     fn meta<'py>(&self, py: Python<'py>) -> PyResult<Meta<'py>> {
         let guard = self.inner.lock();
-        let c = guard.as_ref().ok_or_else(|| released(py))?.collect();
-        let items = c.items();
-        Ok((
-            PyArray1::from_iter(py, items.iter().map(|i| i.key)),
-            PyArray1::from_iter(py, items.iter().map(|i| i.probability)),
-            PyArray1::from_iter(py, items.iter().map(|i| i.priority)),
-            PyArray1::from_iter(py, items.iter().map(|i| i.times_sampled as i64)),
-            c.table_size(),
-            PyArray1::from_iter(py, items.iter().map(|i| i.length as i64)),
-        ))
+        Ok(meta_of(py, guard.as_ref().ok_or_else(|| released(py))?.collect()))
     }
 
     /// Writes the row numbers `[n, T]` (T = longest item) of every step into the
@@ -179,19 +183,8 @@ impl PySampleRows {
             Ok((n, t, ragged)) => (n, t, ragged, true),
             Err(_) => (c.items().len(), c.max_length() as usize, c.ragged(), false),
         };
-        let items = c.items();
-        Ok((
-            PyArray1::from_iter(py, items.iter().map(|i| i.key)),
-            PyArray1::from_iter(py, items.iter().map(|i| i.probability)),
-            PyArray1::from_iter(py, items.iter().map(|i| i.priority)),
-            PyArray1::from_iter(py, items.iter().map(|i| i.times_sampled as i64)),
-            c.table_size(),
-            PyArray1::from_iter(py, items.iter().map(|i| i.length as i64)),
-            n,
-            t,
-            ragged,
-            filled,
-        ))
+        let (keys, probabilities, priorities, times_sampled, table_size, lengths) = meta_of(py, c);
+        Ok((keys, probabilities, priorities, times_sampled, table_size, lengths, n, t, ragged, filled))
     }
 
     /// The rows copied out on the host: a `reprise.Sample` of numpy arrays. Releases.

@@ -51,7 +51,7 @@ import reprise as rp
 
 from . import rundirs
 from .devices import device_problem
-from .helpformat import HelpFormatter
+from .helpformat import default_note, demo_parser, parsed_values
 from .progress import ProgressLine
 from .stopping import Interrupted, StopSignals, signal_name
 
@@ -555,16 +555,11 @@ def make_parser() -> argparse.ArgumentParser:
     """The command line. Each option's help ends with its default, once (no
     ArgumentDefaultsHelpFormatter: it would add a second one, or ``None``)."""
     d = Config()
-    p = argparse.ArgumentParser(prog="reprise demo offline", description=__doc__.split("\n\n")[0],
-                                epilog=EPILOG, formatter_class=HelpFormatter)
 
-    def option(flag, help, shown=None, **kw):
-        name = flag[2:].replace("-", "_")
-        value = getattr(d, name) if shown is None else shown
-        text = f"{help} (default: {value:g}" if isinstance(value, float) else f"{help} (default: {value}"
-        if name in SMOKE:
-            text += f"; --smoke: {SMOKE[name]}"
-        p.add_argument(flag, default=getattr(d, name), help=text + ")", **kw)
+    def note(name, shown):
+        return default_note(getattr(d, name) if shown is None else shown, name, [("--smoke", SMOKE)])
+
+    p, option = demo_parser("reprise demo offline", __doc__.split("\n\n")[0], EPILOG, d, note)
 
     option("--dataset", "a dataset file (D4RL HDF5, Minari, npz) or a checkpoint of 'reprise import --window K'",
            shown="generate one")
@@ -587,14 +582,9 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv) -> Config:
-    d = Config()
     p = make_parser()
     a = p.parse_args(argv)
-    values = {f.name: getattr(a, f.name) for f in dataclasses.fields(Config) if hasattr(a, f.name)}
-    if a.smoke:
-        for k, v in SMOKE.items():
-            if values[k] == getattr(d, k):   # explicit options win over the smoke defaults
-                values[k] = v
+    values = parsed_values(a, Config, [SMOKE] if a.smoke else [])
     for name in ("episodes", "steps", "batch_size", "context", "eval_episodes", "nproc"):
         if values[name] < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {values[name]}")

@@ -8,7 +8,7 @@ import os
 
 from dataclasses import dataclass
 
-from ..helpformat import HelpFormatter
+from ..helpformat import default_note, demo_parser, parsed_values
 from .envs import is_atari
 
 DESCRIPTION = "Distributed Ape-X DQN on Reprise."
@@ -75,25 +75,14 @@ exit status: 0 the run ended (solved or at the time limit; summary.json says whi
 
 def _default(name: str, shown=None) -> str:
     """``(default: X; Atari: Y; --smoke: Z)`` for option ``name``: every default once."""
-    value = getattr(Config(), name) if shown is None else shown
-    text = f"(default: {value:g}" if isinstance(value, float) else f"(default: {value}"
-    for preset, values in (("Atari", ATARI), ("--smoke", SMOKE)):
-        if name in values:
-            v = values[name]
-            text += f"; {preset}: {v:g}" if isinstance(v, float) else f"; {preset}: {v}"
-    return text + ")"
+    return default_note(getattr(Config(), name) if shown is None else shown, name,
+                        [("Atari", ATARI), ("--smoke", SMOKE)])
 
 
 def make_parser() -> argparse.ArgumentParser:
     """The command line. Each option's help ends with its default, once (no
     ArgumentDefaultsHelpFormatter: it would add a second one, or ``None``)."""
-    d = Config()
-    p = argparse.ArgumentParser(prog="reprise demo apex", description=DESCRIPTION, epilog=EPILOG,
-                                formatter_class=HelpFormatter)
-
-    def option(flag, help, shown=None, **kw):
-        name = flag[2:].replace("-", "_")
-        p.add_argument(flag, default=getattr(d, name), help=f"{help} {_default(name, shown)}", **kw)
+    p, option = demo_parser("reprise demo apex", DESCRIPTION, EPILOG, Config(), _default)
 
     option("--env", "a gymnasium id with discrete actions and vector observations, or ALE/<Game>-v5 for "
                     "Atari (needs the atari extra)")
@@ -127,17 +116,9 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv) -> Config:
-    d = Config()
     p = make_parser()
     a = p.parse_args(argv)
-    values = {f.name: getattr(a, f.name) for f in dataclasses.fields(Config) if hasattr(a, f.name)}
-    for k, v in ATARI.items() if is_atari(values["env"]) else ():
-        if values.get(k, getattr(d, k)) == getattr(d, k):
-            values[k] = v
-    if a.smoke:
-        for k, v in SMOKE.items():
-            if values.get(k, getattr(d, k)) == getattr(d, k):   # explicit options win over the smoke defaults
-                values[k] = v
+    values = parsed_values(a, Config, ([ATARI] if is_atari(a.env) else []) + ([SMOKE] if a.smoke else []))
     for name in ("actors", "envs_per_actor", "n_step", "batch_size", "min_replay", "replay_size", "target_update",
                  "eval_episodes", "hidden"):
         floor = 0 if name == "actors" else 1
