@@ -155,7 +155,7 @@ def test_smoke_run_learns_through_a_device_store(tmp_path, capsys):
     assert len(summary["evals"]) >= 2
     best = max([summary["final_eval_return"]] + [e["eval_return"] for e in summary["evals"]])
     assert best >= 60, summary["evals"]
-    assert not rt._device.emulated()   # the run's emulation ended with it
+    assert not rt.emulated()   # the run's emulation ended with it
 
 
 def test_prioritized_run_updates_priorities(tmp_path):

@@ -12,8 +12,8 @@ streams, no registration): the test suite uses it so that CI, which has no GPU,
 covers the logic of this package.
 """
 
-from ._device import emulate_cuda, resolve
+from ._device import emulate_cuda, emulated, resolve
 from .collect import collect_rows
 from .iterate import iterate
 
-__all__ = ["collect_rows", "emulate_cuda", "iterate", "resolve"]
+__all__ = ["collect_rows", "emulate_cuda", "emulated", "iterate", "resolve"]

@@ -85,6 +85,7 @@ class Actor:
         self.iterations = 0
         self.dropped = 0                          # items not inserted because the run stopped
         self.error: BaseException | None = None
+        self._env_lock = threading.Lock()           # a step and take_returns never interleave
 
     def act(self, obs):
         import torch
@@ -98,7 +99,8 @@ class Actor:
     def iteration(self, stop: threading.Event | None = None) -> None:
         obs = self.env.obs
         action = self.act(obs)
-        next_obs, reward, terminated, _ = self.env.step(action)
+        with self._env_lock:
+            next_obs, reward, terminated, _ = self.env.step(action)
         self.writer.extend({"obs": obs, "action": action, "reward": reward, "next_obs": next_obs,
                             "terminal": terminated})
         self.insert(stop)
@@ -127,6 +129,11 @@ class Actor:
                 self.iteration(stop)
         except BaseException as e:  # noqa: BLE001 - reported by the learner's loop, which ends the run
             self.error = e
+
+    def take_returns(self) -> tuple[int, float]:
+        """``(episodes, sum of their returns)`` finished since the last call (any thread)."""
+        with self._env_lock:
+            return self.env.take_returns()
 
     def close(self) -> None:
         self.writer.close()

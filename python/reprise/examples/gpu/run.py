@@ -48,8 +48,7 @@ def resolve_device(cfg: Config, torch):
 def emulation(on: bool):
     """``reprise.torch.emulate_cuda(on)`` for the block, the previous setting after it."""
     import reprise.torch as rt
-    from reprise.torch._device import emulated
-    before = emulated()
+    before = rt.emulated()
     rt.emulate_cuda(on or before)
     try:
         yield
@@ -69,6 +68,7 @@ class Meter:
 
     def __init__(self, started: float):
         self.started = self.last = started
+        self.ended: float | None = None   # when training ended (the final evaluation is not counted)
         self.env_steps = self.learner_steps = self.items = 0
         self.last_env_steps = self.last_items = 0
         self.episodes, self.return_sum = 0, 0.0
@@ -81,10 +81,10 @@ class Meter:
         self.last, self.last_env_steps, self.last_items = now, self.env_steps, self.items
         return rates
 
-    def take_episodes(self, env) -> float | None:
-        """Adds the episodes the environments finished; the mean return of those since the
-        last call (None when none finished)."""
-        n, total = env.take_returns()
+    def take_episodes(self, actor: Actor) -> float | None:
+        """Adds the episodes the actor's environments finished; the mean return of those
+        since the last call (None when none finished)."""
+        n, total = actor.take_returns()
         self.episodes += n
         self.return_sum += total
         self.window_episodes += n
@@ -101,8 +101,8 @@ def evaluate(learner: Learner, cfg: Config, dev, seed: int) -> float:
     return float(np.mean(greedy_returns(learner.net, cfg.eval_envs, dev, seed)))
 
 
-def train(cfg: Config, learner: Learner, actor: Actor, table, dev, store_device: str, stop: StopSignals,
-          meter: Meter, evals: list, show: bool) -> str:
+def train(cfg: Config, learner: Learner, actor: Actor, table, dev, store_device: str, meter: Meter, evals: list,
+          show: bool) -> str:
     """The learner loop until the run ends; returns how it ended: ``time_limit``, ``steps``
     or ``actor_failed``. A signal raises ``Interrupted`` out of it."""
     line = ProgressLine("gpu", enabled=show)
@@ -120,7 +120,7 @@ def train(cfg: Config, learner: Learner, actor: Actor, table, dev, store_device:
             if now >= next_eval:
                 next_eval = now + cfg.eval_every
                 env_rate, sample_rate = meter.rates(now)
-                train_return = meter.take_episodes(actor.env)
+                train_return = meter.take_episodes(actor)
                 score = evaluate(learner, cfg, dev, cfg.seed + 1000 + len(evals))
                 loss = learner.take_loss()
                 evals.append({"t": now - meter.started, "env_steps": meter.env_steps,
@@ -149,7 +149,7 @@ def train(cfg: Config, learner: Learner, actor: Actor, table, dev, store_device:
 
 def summarize(cfg: Config, ended: str, meter: Meter, evals: list, final: float | None, actor: Actor, table,
               dev, emulated: bool, stop: StopSignals) -> dict:
-    elapsed = time.time() - meter.started
+    elapsed = (meter.ended or time.time()) - meter.started
     info = table.info()
     return {
         "ended": ended,
@@ -215,21 +215,23 @@ def _run(cfg: Config, dev, store_device: str, emulated: bool, stop: StopSignals,
     evals: list = []
     ended = "interrupted"
     try:
-        thread = threading.Thread(target=actor.run, args=(halt,), name="reprise-gpu-actor", daemon=True)
-        if show:
-            print(f"reprise demo gpu: {cfg.envs} CartPole environments on {dev}"
-                  f"{' (GPU path emulated on the CPU)' if emulated else ''}, batch {cfg.batch_size}, "
-                  f"{cfg.time_limit:g} s; writing {run_dir.path}", flush=True)
-        thread.start()
-        with contextlib.suppress(Interrupted):
-            ended = train(cfg, learner, actor, table, dev, store_device, stop, meter, evals, show)
-    finally:
-        stop.stopping()
-        halt.set()
-        if thread is not None:
-            thread.join(JOIN_S)
-    meter.env_steps = actor.iterations * cfg.envs   # the actor has stopped: every step it took
-    try:
+        try:
+            thread = threading.Thread(target=actor.run, args=(halt,), name="reprise-gpu-actor", daemon=True)
+            if show:
+                print(f"reprise demo gpu: {cfg.envs} CartPole environments on {dev}"
+                      f"{' (GPU path emulated on the CPU)' if emulated else ''}, batch {cfg.batch_size}, "
+                      f"{cfg.time_limit:g} s; writing {run_dir.path}", flush=True)
+            thread.start()
+            with contextlib.suppress(Interrupted):
+                ended = train(cfg, learner, actor, table, dev, store_device, meter, evals, show)
+        finally:
+            stop.stopping()
+            halt.set()
+            if thread is not None:
+                thread.join(JOIN_S)
+            meter.ended = time.time()
+        meter.env_steps = actor.iterations * cfg.envs   # the actor has stopped: every step it took
+        meter.take_episodes(actor)                      # and every episode it finished
         final = None
         if ended != "actor_failed":
             _, final = stop.optional(evaluate, learner, cfg, dev, cfg.seed + 999_999)
