@@ -205,7 +205,7 @@ impl Job {
                 }
                 Stats::add(&stats.results_resent, 1);
                 let to = from;
-                result_to(self.id, k, h.member, to, out, stats);
+                result_to(self.id, k, h.member, to, flags::REPLY, out, stats);
             }
             None => {
                 let oldest = slot.kept.back().map_or(0, |k| k.seq);
@@ -223,7 +223,7 @@ impl Job {
         match slot.kept(h.seq) {
             Some(k) => {
                 Stats::add(&stats.results_resent, 1);
-                result_to(self.id, k, h.member, from, out, stats);
+                result_to(self.id, k, h.member, from, flags::REPLY, out, stats);
             }
             None => {
                 let oldest = slot.kept.back().map_or(0, |k| k.seq);
@@ -345,7 +345,7 @@ impl Job {
         self.round_done = self.round_done.max(k.round.saturating_add(1));
         for (id, m) in self.members.iter().enumerate() {
             if let Some(m) = m {
-                result_to(self.id, k, id as u16, m.addr, out, stats);
+                result_to(self.id, k, id as u16, m.addr, 0, out, stats);
             }
         }
     }
@@ -399,9 +399,10 @@ fn forward(job: u32, member: u16, open: &crate::slot::Open, to: SocketAddr, extr
     out.push(to, &h, &open.acc);
 }
 
-fn result_to(job: u32, k: &crate::slot::Kept, member: u16, to: SocketAddr, out: &mut Outbox, stats: &Stats) {
+/// Kept result `k` to `member`; `extra`: REPLY when it answers the member's own Data or Help.
+fn result_to(job: u32, k: &crate::slot::Kept, member: u16, to: SocketAddr, extra: u8, out: &mut Outbox, stats: &Stats) {
     let mut h = Header::new(Kind::Result, job, member);
-    h.flags = k.flags | if k.seen.contains(member) { 0 } else { flags::LATE };
+    h.flags = k.flags | extra | if k.seen.contains(member) { 0 } else { flags::LATE };
     h.count = k.count;
     h.seq = k.seq;
     h.round = k.round;

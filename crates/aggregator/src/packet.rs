@@ -115,7 +115,12 @@ pub mod flags {
     pub const FROM_SWITCH: u8 = 0x08;
     /// The last segment of its round.
     pub const LAST: u8 = 0x10;
-    pub const ALL: u8 = RETRANSMIT | PARTIAL | LATE | FROM_SWITCH | LAST;
+    /// A result sent to one member in answer to its own Data or Help, not a broadcast. A
+    /// LATE result decides what became of the receiver's contribution (carried: it came
+    /// late; dropped: the daemon refused it as stale) only as a reply: a broadcast can reach
+    /// a member before its contribution reaches the daemon, and so before the verdict.
+    pub const REPLY: u8 = 0x20;
+    pub const ALL: u8 = RETRANSMIT | PARTIAL | LATE | FROM_SWITCH | LAST | REPLY;
 }
 
 /// Why a packet was refused (a Nak's `code`).

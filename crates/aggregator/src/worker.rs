@@ -9,7 +9,9 @@
 //!
 //! Async mode: a result flagged LATE does not include this worker's contribution (the segment
 //! finished with the faster members'); the contribution is carried into the next call of the
-//! same length and added to it. A contribution refused as stale is dropped.
+//! same length and added to it. A contribution refused as stale is dropped. Only the daemon's
+//! reply to this worker's own Data or Help (flagged REPLY) settles which: a broadcast LATE
+//! result can arrive before the daemon has seen the contribution, and is ignored.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -326,9 +328,16 @@ impl Worker {
             let mut error: Option<Error> = None;
             let addr = self.options.address;
             let mut got = Vec::new();
+            let mut stale_now = Vec::new();
             let out = &mut *output;
             self.receive(due, |h, payload| match h.kind {
                 Kind::Result => {
+                    // A broadcast without this worker's contribution may come before the
+                    // daemon's verdict on it; the reply to its Data (LATE, or a Nak if
+                    // stale) follows and decides.
+                    if h.flags & flags::LATE != 0 && h.flags & flags::REPLY == 0 {
+                        return;
+                    }
                     let j = h.seq.wrapping_sub(base) as usize;
                     if j < segs && !state[j].done {
                         let r = range(j);
@@ -349,7 +358,14 @@ impl Worker {
                     // result): nothing to do.
                     _ if (h.seq.wrapping_sub(base) as usize) >= segs => {}
                     // Stale also after its (LATE) result came: the contribution is not carried.
-                    Some(NakCode::Stale) => state[h.seq.wrapping_sub(base) as usize].stale = true,
+                    // Still waiting: ask for the result at once (below) rather than at the timeout.
+                    Some(NakCode::Stale) => {
+                        let j = h.seq.wrapping_sub(base) as usize;
+                        if !state[j].stale && !state[j].done {
+                            stale_now.push(j);
+                        }
+                        state[j].stale = true;
+                    }
                     _ if state[h.seq.wrapping_sub(base) as usize].done => {}
                     Some(code) => {
                         error.get_or_insert(Error::Refused(format!(
@@ -401,11 +417,16 @@ impl Worker {
             // flood the daemon with duplicates). Other losses are found by overtaking.
             let now = Instant::now();
             let rto_now = (self.rtt.rto(self.options.rto) * (1 << backoff.min(9))).min(Duration::from_secs(1));
-            let mut again: Vec<usize> = fast.iter().copied().filter(|&j| !state[j].done).collect();
+            let mut again: Vec<usize> = Vec::new();
+            for &j in fast.iter().chain(&stale_now) {
+                if !state[j].done && !again.contains(&j) {
+                    again.push(j);
+                }
+            }
             if let Some(&j) = waiting.front() {
                 let sent = state[j].sent.unwrap_or(now);
                 let since = now.duration_since(sent.max(last_timeout.unwrap_or(sent)));
-                if since >= rto_now && !fast.contains(&j) {
+                if since >= rto_now && !again.contains(&j) {
                     again.push(j);
                     backoff += 1;
                     last_timeout = Some(now);

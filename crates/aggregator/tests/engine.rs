@@ -433,7 +433,7 @@ proptest! {
     }
 
     #[test]
-    fn headers_round_trip(kind in 1u8..=10, fl in 0u8..0x20, job in any::<u32>(), member in any::<u16>(), count in any::<u16>(),
+    fn headers_round_trip(kind in 1u8..=10, fl in 0u8..0x40, job in any::<u32>(), member in any::<u16>(), count in any::<u16>(),
                           seq in any::<u32>(), round in any::<u32>(), version in any::<u32>(), code in any::<u16>(), value in any::<u32>(),
                           values in proptest::collection::vec(any::<u32>(), 1..50)) {
         let kind = Kind::from_u8(kind).unwrap();
@@ -464,4 +464,31 @@ fn float32_sums_add_values() {
     let out = drain(&mut e);
     let v: Vec<f32> = results(&out)[0].2.iter().map(|x| f32::from_bits(*x)).collect();
     assert_eq!(v, vec![2.0, 0.0, 0.75, 2e-3]);
+}
+
+#[test]
+fn replies_are_flagged_reply_and_broadcasts_are_not() {
+    let now = Instant::now();
+    let mut e = engine(Options::default());
+    let p = JoinParams { mode: Mode::Async, staleness: 4, ..params(2, 8) };
+    join_all(&mut e, 2, &p, 2, now);
+    e.handle(&control(Kind::SetH, 2, 0, 0, 1), addr(0), now);
+    drain(&mut e);
+    e.handle(&data_packet(2, 0, 0, 0, 0, &[1; 4], 0), addr(0), now);
+    let out = drain(&mut e);
+    let broadcast = results(&out);
+    assert_eq!(broadcast.len(), 2);
+    for (to, h, _) in &broadcast {
+        assert_eq!(h.flags & flags::REPLY, 0, "a broadcast is not a reply");
+        assert_eq!(h.flags & flags::LATE != 0, *to == addr(1), "LATE only for the member that did not contribute");
+    }
+    // Member 1's contribution comes late: the answer is the kept result, LATE and a REPLY.
+    e.handle(&data_packet(2, 1, 0, 0, 0, &[5; 4], 0), addr(1), now);
+    let out = drain(&mut e);
+    let [(to, h, values)] = results(&out)[..] else { panic!("one reply, got {out:?}") };
+    assert_eq!((*to, h.flags & (flags::LATE | flags::REPLY), values.clone()), (addr(1), flags::LATE | flags::REPLY, vec![1; 4]));
+    // Help is answered the same way.
+    e.handle(&control(Kind::Help, 2, 1, 0, 0), addr(1), now);
+    let out = drain(&mut e);
+    assert_eq!(results(&out)[0].1.flags & flags::REPLY, flags::REPLY);
 }

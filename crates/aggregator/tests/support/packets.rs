@@ -44,7 +44,7 @@ pub fn run(data: &[u8]) {
                 let b = |i: usize| body.get(i).copied().unwrap_or(0);
                 let values: Vec<u32> = body.iter().skip(4).map(|&x| x as u32).take(8).collect();
                 let values = if values.is_empty() { vec![1] } else { values };
-                e.handle(&data_packet((b(0) % 3) as u32, member, b(1) as u32 % 16, b(2) as u32 % 4, b(3) as u32 % 4, &values, b(3) & 0x1f), from, now);
+                e.handle(&data_packet((b(0) % 3) as u32, member, b(1) as u32 % 16, b(2) as u32 % 4, b(3) as u32 % 4, &values, b(3) & 0x3f), from, now);
             }
             _ => e.tick(now),
         }
