@@ -133,8 +133,11 @@ def train(cfg: Config, learner: Learner, actor: Actor, table, dev, store_device:
             fraction = min(1.0, (now - meter.started) / cfg.time_limit)
             try:
                 sample = table.sample(cfg.batch_size, timeout=SAMPLE_WAIT_S, device=store_device)
-            except rp.errors.Timeout:
-                continue   # the rate limiter waits for the actor: check it and the clock again
+            except rp.errors.Timeout as e:
+                # The rate limiter waits for the actor: check it and the clock again. Items
+                # drawn before the deadline count as sampled (the table counted them).
+                meter.items += 0 if e.partial is None else len(e.partial.keys)
+                continue
             priorities = learner.update(sample, beta=cfg.beta + (1.0 - cfg.beta) * fraction)
             if priorities is not None:
                 table.update_priorities(sample.keys, priorities)
