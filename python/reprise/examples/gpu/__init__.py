@@ -2,7 +2,7 @@
 sampling on the device.
 
     reprise demo gpu                       # 60 s; CUDA when available, else emulated on the CPU
-    reprise demo gpu --smoke               # about 20 s (CI)
+    reprise demo gpu --smoke               # about 15 s (CI)
     reprise demo gpu --envs 16384 --prioritized
     python -m reprise.examples.gpu --help
 

@@ -93,7 +93,7 @@ def make_parser() -> argparse.ArgumentParser:
     option("--seed", "seed of the environments, the network and the sampler", type=int)
     option("--out", "output directory", shown="a new ./reprise-runs/gpu-<time>-<pid>")
     p.add_argument("--smoke", action="store_true", default=False,
-                   help="a short run for CI (about 20 s on 2 cores): the --smoke values above (default: off)")
+                   help="a short run for CI (about 15 s on 2 cores): the --smoke values above (default: off)")
     return p
 
 
