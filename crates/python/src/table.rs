@@ -44,6 +44,23 @@ impl PyTable {
 /// `(slots, seqs, priorities)` of the slots that changed (external selection).
 type Changes<'py> = (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<f64>>);
 
+/// The changes of an admission: slots, seqs, keys, priorities, times_sampled,
+/// lengths, ranges per change, and the flat range starts and lengths.
+type ResidentChanges<'py> = (
+    Bound<'py, PyArray1<i64>>,
+    Bound<'py, PyArray1<i64>>,
+    Bound<'py, PyArray1<i64>>,
+    Bound<'py, PyArray1<f64>>,
+    Bound<'py, PyArray1<i64>>,
+    Bound<'py, PyArray1<i64>>,
+    Bound<'py, PyArray1<i64>>,
+    Bound<'py, PyArray1<i64>>,
+    Bound<'py, PyArray1<i64>>,
+);
+
+/// What `admit` returns (see there).
+type Admission<'py> = (usize, u64, u64, u64, u32, u32, PySampleRows, Option<Bound<'py, PyAny>>, ResidentChanges<'py>);
+
 #[pymethods]
 impl PyTable {
     #[new]
@@ -210,6 +227,64 @@ impl PyTable {
             .detach(|| self.table.sample_candidates(batch, n, wait, &candidates))
             .map_err(|e| rows_error(py, e, signals.take()))?;
         Ok((PySampleRows::new(HeldRows::InProcess(batch)), starved))
+    }
+
+    /// Why this table cannot draw on a device from its mirror (None: it can).
+    fn resident_refusal(&self) -> Option<String> {
+        self.table.resident_refusal()
+    }
+
+    /// Device-resident draws: admits up to n draws under the rate limiter and
+    /// returns `(count, table_size, size, positive, shortest, longest, rows,
+    /// stopped, changes)`. `rows` is a `SampleRows` of no items holding the epoch;
+    /// `stopped` is the (unraised) error that cut the admission short after
+    /// `count` draws, or None. `changes` is `(slots, seqs, keys, priorities,
+    /// times_sampled, lengths, ranges, starts, range_lengths)`: seq -1 for an
+    /// empty slot; `ranges[i]` row ranges of change i follow in the flat
+    /// `starts` / `range_lengths`.
+    #[pyo3(signature = (n, timeout))]
+    fn admit<'py>(&self, py: Python<'py>, n: i64, timeout: Option<f64>) -> PyResult<Admission<'py>> {
+        let timeout = timeout::parse(py, timeout)?;
+        let n = non_negative(py, &format!("table '{}': sample size", self.table.name()), n, 1)? as usize;
+        let signals = Signals::default();
+        let check = || signals.check();
+        let wait = Wait { timeout, interrupt: Some(&check) };
+        let a = py.detach(|| self.table.admit(n, wait)).map_err(|e| to_py(py, e, None, signals.take()))?;
+        let stopped = a.stopped.map(|e| to_py(py, e, None, signals.take()).into_value(py).into_bound(py).into_any());
+        let c = &a.changes;
+        let item = |i: usize| c[i].item.as_ref();
+        let ranges = |i: usize| item(i).map_or(&[][..], |it| it.window.ranges());
+        let changes = (
+            PyArray1::from_iter(py, c.iter().map(|c| c.slot as i64)),
+            PyArray1::from_iter(py, (0..c.len()).map(|i| item(i).map_or(-1, |it| it.seq as i64))),
+            PyArray1::from_iter(py, (0..c.len()).map(|i| item(i).map_or(0, |it| it.key as i64))),
+            PyArray1::from_iter(py, (0..c.len()).map(|i| item(i).map_or(0.0, |it| it.priority))),
+            PyArray1::from_iter(py, (0..c.len()).map(|i| item(i).map_or(0, |it| it.times_sampled as i64))),
+            PyArray1::from_iter(py, (0..c.len()).map(|i| item(i).map_or(0, |it| it.length as i64))),
+            PyArray1::from_iter(py, (0..c.len()).map(|i| ranges(i).len() as i64)),
+            PyArray1::from_iter(py, (0..c.len()).flat_map(|i| ranges(i).iter().map(|r| r.start as i64))),
+            PyArray1::from_iter(py, (0..c.len()).flat_map(|i| ranges(i).iter().map(|r| r.len as i64))),
+        );
+        let rows = PySampleRows::new(HeldRows::InProcess(a.rows));
+        Ok((a.count, a.table_size, a.size, a.positive, a.shortest, a.longest, rows, stopped, changes))
+    }
+
+    /// Adds device draws to items' times_sampled (items that left are skipped);
+    /// returns how many items were credited.
+    fn credit_draws(&self, py: Python<'_>, slots: &Bound<'_, PyAny>, seqs: &Bound<'_, PyAny>, counts: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let slots = Vector::<i64>::new(py, "slots", slots, None)?;
+        let seqs = Vector::<i64>::new(py, "seqs", seqs, Some(slots.len()))?;
+        let counts = Vector::<i64>::new(py, "counts", counts, Some(slots.len()))?;
+        let bad = |what: &str, v: i64| invalid(py, format!("credit_draws: {what} must be >= 0, got {v}"));
+        let mut s = Vec::with_capacity(slots.len());
+        let mut q = Vec::with_capacity(slots.len());
+        let mut k = Vec::with_capacity(slots.len());
+        for ((&slot, &seq), &count) in slots.as_slice().iter().zip(seqs.as_slice()).zip(counts.as_slice()) {
+            s.push(u32::try_from(slot).map_err(|_| bad("a slot", slot))?);
+            q.push(u64::try_from(seq).map_err(|_| bad("a seq", seq))?);
+            k.push(u32::try_from(count.min(u32::MAX as i64)).map_err(|_| bad("a count", count))?);
+        }
+        py.detach(|| self.table.credit_draws(&s, &q, &k)).map_err(py_err(py))
     }
 
     /// External selection: `(slots, seqs, priorities)` of every slot that changed

@@ -270,6 +270,20 @@ impl Extensions {
         self.draws += 1;
     }
 
+    /// True when an attached extension looks at each draw's item (its age, its
+    /// times sampled, its slot); false when draws may be reported by count alone.
+    pub(crate) fn observes_each_draw(&self) -> bool {
+        self.age.is_some() || self.times.is_some() || self.unique.is_some()
+    }
+
+    /// `count` draws reported by count alone (a device-resident draw); only for
+    /// tables whose extensions do not [`Extensions::observes_each_draw`].
+    #[inline]
+    pub(crate) fn drawn_in_bulk(&mut self, count: u64) {
+        debug_assert!(!self.observes_each_draw());
+        self.draws += count;
+    }
+
     #[inline]
     pub(crate) fn updated(&mut self, item: ItemEvent, old: f64) {
         if let Some(p) = &mut self.priorities {

@@ -50,6 +50,8 @@ pub struct External {
     /// Per slot: (seq, priority) of its item.
     members: Vec<Option<(u64, f64)>>,
     len: usize,
+    /// Members whose priority is > 0 (a weighted draw over none is uniform).
+    positive: usize,
     dirty: Vec<u32>,
     is_dirty: Vec<bool>,
     candidates: VecDeque<Candidate>,
@@ -57,11 +59,16 @@ pub struct External {
 
 impl External {
     pub fn new(order: Order) -> External {
-        External { order, members: Vec::new(), len: 0, dirty: Vec::new(), is_dirty: Vec::new(), candidates: VecDeque::new() }
+        External { order, members: Vec::new(), len: 0, positive: 0, dirty: Vec::new(), is_dirty: Vec::new(), candidates: VecDeque::new() }
     }
 
     pub fn order(&self) -> Order {
         self.order
+    }
+
+    /// How many members have a priority > 0.
+    pub fn positive(&self) -> usize {
+        self.positive
     }
 
     fn touch(&mut self, slot: u32) {
@@ -107,11 +114,13 @@ impl Selector for External {
         }
         self.members[s] = Some((seq, priority));
         self.len += 1;
+        self.positive += (priority > 0.0) as usize;
         self.touch(slot);
     }
 
     fn update(&mut self, slot: u32, priority: f64) {
         if let Some(Some(m)) = self.members.get_mut(slot as usize) {
+            self.positive = self.positive + (priority > 0.0) as usize - (m.1 > 0.0) as usize;
             m.1 = priority;
             self.touch(slot);
         }
@@ -119,8 +128,9 @@ impl Selector for External {
 
     fn remove(&mut self, slot: u32) {
         if let Some(m) = self.members.get_mut(slot as usize) {
-            if m.take().is_some() {
+            if let Some((_, p)) = m.take() {
                 self.len -= 1;
+                self.positive -= (p > 0.0) as usize;
                 self.touch(slot);
             }
         }
@@ -160,6 +170,7 @@ impl Selector for External {
             }
         }
         self.len = 0;
+        self.positive = 0;
         self.candidates.clear();
     }
 

@@ -9,7 +9,7 @@
 //! array, reused after its item leaves, with a new generation, so a stale key (an
 //! item evicted since it was sampled) is recognised in O(1) and skipped.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -107,6 +107,9 @@ pub(crate) struct State {
     pub(crate) block_items: Vec<VecDeque<u32>>,
     /// The longest item ever inserted, in steps (cluster mode pads rows to it).
     pub(crate) max_length: u32,
+    /// External selection: how many items of each length the table holds (a
+    /// device-resident draw sizes its batch from the shortest and longest).
+    pub(crate) lengths: Option<BTreeMap<u32, u64>>,
     /// Cluster mode: inserts wait while a global draw reads this table's figures.
     pub(crate) frozen: bool,
     pub(crate) ext: Extensions,
@@ -173,6 +176,7 @@ impl State {
             picks: Vec::new(),
             block_items: Vec::new(),
             max_length: 0,
+            lengths: config.external_selection.then(BTreeMap::new),
             frozen: false,
             ext: Extensions::new(&config.extensions),
         }
@@ -184,6 +188,19 @@ impl State {
         (s.generation == generation && s.item.is_some()).then_some(slot)
     }
 
+    /// Counts an item of `length` steps in or out of [`State::lengths`].
+    pub(crate) fn count_length(&mut self, length: u32, added: bool) {
+        let Some(lengths) = &mut self.lengths else { return };
+        if added {
+            *lengths.entry(length).or_insert(0) += 1;
+        } else if let Some(n) = lengths.get_mut(&length) {
+            *n -= 1;
+            if *n == 0 {
+                lengths.remove(&length);
+            }
+        }
+    }
+
     fn item(&mut self, slot: u32) -> &mut Item {
         self.slots[slot as usize].item.as_mut().expect("selected slot holds an item")
     }
@@ -191,6 +208,7 @@ impl State {
     /// Removes the item in `slot` from selectors and slots and releases its blocks.
     fn remove(&mut self, slot: u32, store: &Store) {
         let item = self.slots[slot as usize].item.take().expect("removed slot holds an item");
+        self.count_length(item.length, false);
         let event = ItemEvent { slot, seq: item.seq, priority: item.priority, times_sampled: item.times_sampled };
         self.ext.removed(event);
         self.sampler.remove(slot);
@@ -238,6 +256,7 @@ impl State {
         let key = key_of(self.slots[slot as usize].generation, slot);
         let length = window_len(new.window.ranges()) as u32;
         self.max_length = self.max_length.max(length);
+        self.count_length(length, true);
         self.sampler.insert(slot, seq, new.priority);
         self.remover.insert(slot, seq, new.priority);
         self.slots[slot as usize].window = 0;
@@ -642,6 +661,9 @@ fn release_all(st: &mut State, store: &Store) {
     st.sampler.clear();
     st.remover.clear();
     st.ext.cleared();
+    if let Some(lengths) = &mut st.lengths {
+        lengths.clear();
+    }
     st.size = 0;
 }
 
@@ -652,8 +674,10 @@ impl Drop for Shared {
 }
 
 mod batch_insert;
+mod resident;
 mod sampling;
 mod shard;
+pub use resident::{Admitted, ResidentChange, ResidentItem};
 pub use shard::ShardSummary;
 pub mod snapshot;
 

@@ -5,6 +5,13 @@
 use parking_lot::MutexGuard;
 
 use super::{State, Table, Woke};
+
+/// Why [`Table::under_limiter`] stopped before `n` draws.
+pub(crate) enum Stopped {
+    TimedOut(String),
+    Interrupted,
+    Invalid(Error),
+}
 use crate::error::{Error, Partial, PartialSample, Result};
 use crate::extensions::ItemEvent;
 use crate::invalid;
@@ -78,51 +85,77 @@ impl Table {
     }
 
     fn sample_into(&self, mut batch: SampleBatch, n: usize, wait: Wait<'_>) -> Result<(SampleBatch, bool)> {
-        if n == 0 {
-            return Err(invalid!("table '{}': sample size must be >= 1, got 0", self.name()));
-        }
         let sh = &*self.shared;
-        let deadline = wait.deadline();
-        let mut slow = SlowWait::lazy();
         let mut st = sh.state.lock();
-        while batch.len() < n {
-            let permits = if st.size == 0 { 0 } else { st.limiter.sample_permits((n - batch.len()) as u64, st.size) };
-            if permits == 0 {
-                slow.begin();
-                if slow.is_due() {
-                    let message = self.slow_message(&st, &slow, false, (n - batch.len()) as u64, batch.len());
-                    MutexGuard::unlocked(&mut st, || slow.say(&message));
-                    continue;
-                }
-                let woke = self.wait(&mut st, &sh.sample_cv, deadline, &wait, false, &slow);
-                if let Woke::Interrupted = woke {
-                    return Err(Error::Interrupted { partial: Partial::Sampled(PartialSample::new(batch)) });
-                }
-                if let Woke::TimedOut = woke {
-                    let message = format!(
-                        "table '{}': {} of {} samples were possible before the {} timeout (size {}, \
-                         min_size_to_sample {})",
-                        self.name(),
-                        batch.len(),
-                        n,
-                        wait.describe(),
-                        st.size,
-                        sh.config.rate_limiter.min_size_to_sample
-                    );
-                    return Err(Error::Timeout { message, partial: Partial::Sampled(PartialSample::new(batch)) });
-                }
-                continue;
-            }
+        let done = batch.len();
+        let taken = self.under_limiter(&mut st, n, done, &wait, |table, st, permits| {
             if batch.is_empty() {
                 batch.table_size = st.size;
             }
-            let starved = self.draw(&mut st, permits as usize, &mut batch);
+            let before = batch.len();
+            let starved = table.draw(st, permits, &mut batch);
+            (batch.len() - before, starved)
+        });
+        match taken {
+            Ok((_, starved)) => Ok((batch, starved)),
+            Err(Stopped::Interrupted) => Err(Error::Interrupted { partial: Partial::Sampled(PartialSample::new(batch)) }),
+            Err(Stopped::TimedOut(message)) => Err(Error::Timeout { message, partial: Partial::Sampled(PartialSample::new(batch)) }),
+            Err(Stopped::Invalid(e)) => Err(e),
+        }
+    }
+
+    /// Hands out the rate limiter's sample permits until `n` draws are done
+    /// (`done` of them already), waiting for it as needed. `take(table, state,
+    /// permits)` uses up to `permits` and returns how many it used and whether
+    /// it ran out of candidates (which ends the call). Returns `(done, starved)`.
+    pub(crate) fn under_limiter(
+        &self,
+        st: &mut MutexGuard<'_, State>,
+        n: usize,
+        mut done: usize,
+        wait: &Wait<'_>,
+        mut take: impl FnMut(&Table, &mut MutexGuard<'_, State>, usize) -> (usize, bool),
+    ) -> std::result::Result<(usize, bool), Stopped> {
+        let sh = &*self.shared;
+        if n == 0 {
+            return Err(Stopped::Invalid(invalid!("table '{}': sample size must be >= 1, got 0", self.name())));
+        }
+        let deadline = wait.deadline();
+        let mut slow = SlowWait::lazy();
+        while done < n {
+            let permits = if st.size == 0 { 0 } else { st.limiter.sample_permits((n - done) as u64, st.size) };
+            if permits == 0 {
+                slow.begin();
+                if slow.is_due() {
+                    let message = self.slow_message(st, &slow, false, (n - done) as u64, done);
+                    MutexGuard::unlocked(st, || slow.say(&message));
+                    continue;
+                }
+                match self.wait(st, &sh.sample_cv, deadline, wait, false, &slow) {
+                    Woke::Interrupted => return Err(Stopped::Interrupted),
+                    Woke::TimedOut => {
+                        return Err(Stopped::TimedOut(format!(
+                            "table '{}': {} of {} samples were possible before the {} timeout (size {}, \
+                             min_size_to_sample {})",
+                            self.name(),
+                            done,
+                            n,
+                            wait.describe(),
+                            st.size,
+                            sh.config.rate_limiter.min_size_to_sample
+                        )))
+                    }
+                    Woke::Again => continue,
+                }
+            }
+            let (used, starved) = take(self, st, permits as usize);
+            done += used;
             sh.insert_cv.notify_all();
             if starved {
-                return Ok((batch, true));
+                return Ok((done, true));
             }
         }
-        Ok((batch, false))
+        Ok((done, false))
     }
 
     /// Draws up to `count` items (fewer when the table empties). Returns true when

@@ -245,6 +245,7 @@ impl Table {
             state.remover.insert(r.slot, r.seq, r.priority);
             let length = window_len(window.ranges()) as u32;
             state.max_length = state.max_length.max(length);
+            state.count_length(length, true);
             slots[s].item = Some(Item {
                 key: r.key,
                 seq: r.seq,
