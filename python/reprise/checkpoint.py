@@ -90,6 +90,8 @@ def save(path, tables, compression: str | None = None, progress: bool | None = N
         raise InvalidArgument(f"compression must be None or 'zstd', got {compression!r}")
     for t in tables:
         t.store._check_open()
+    for t in tables:
+        t._fold()  # draws counted on a device: into times_sampled before the snapshot
     off_host, seen = [], []
     for k, t in enumerate(tables):
         st = t.store

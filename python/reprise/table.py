@@ -29,6 +29,12 @@ def _collect(rows, columns, fields, to_host=False, stream=None) -> Sample:
     return s
 
 
+def _resident_kind(sampler, max_times_sampled) -> bool:
+    """Whether a table with GPU selection draws on the device from its mirror
+    (given no extension that looks at each draw): see ``reprise.torch.resident``."""
+    return sampler._spec()[0] in ("Uniform", "Prioritized") and max_times_sampled == 0
+
+
 class Table:
     """A replay table.
 
@@ -74,6 +80,10 @@ class Table:
         max_times_sampled = as_int(f"table '{name}': max_times_sampled", max_times_sampled)
         if seed is not None:
             seed = as_int(f"table '{name}': seed", seed, minimum=0)
+        if extensions is None and selection is not None and _resident_kind(sampler, max_times_sampled):
+            # Every built-in that a device-resident draw keeps exact (see docs/gpu.md).
+            from .extensions import PriorityHistogram, Rates
+            extensions = [PriorityHistogram(), Rates()]
         extensions = _specs_json(name, extensions)
         self._store = store
         self._sampler, self._remover, self._rate_limiter = sampler, remover, rate_limiter
@@ -83,9 +93,14 @@ class Table:
         )
         self._selection = None
         if selection is not None:
-            from .torch.selection import DeviceSelection
             kind, exponent = sampler._spec()
-            self._selection = DeviceSelection(self._native, kind, exponent, selection, seed, max_size, max_times_sampled)
+            if self._native.resident_refusal() is None:
+                from .torch.resident import ResidentSelection
+                self._selection = ResidentSelection(self._native, kind, exponent, selection, seed, max_size)
+            else:
+                from .torch.selection import DeviceSelection
+                self._selection = DeviceSelection(self._native, kind, exponent, selection, seed, max_size,
+                                                  max_times_sampled)
 
     @classmethod
     def _restored(cls, native, store: Store, snapshot: dict) -> "Table":
@@ -168,6 +183,8 @@ class Table:
     def _draw(self, n, timeout, fields, columns, to_host=False, stream=None) -> Sample:
         """Draws n items and collects them from ``columns`` (None: on the host). A
         partial draw (timeout, interrupt) is collected the same way into ``err.partial``."""
+        if getattr(self._selection, "resident", False):
+            return self._draw_resident(n, timeout, fields, columns, to_host, stream)
         try:
             rows = self._sample_rows(n, timeout)
         except BaseException as e:
@@ -176,6 +193,24 @@ class Table:
                 e.partial = _collect(rows, columns, fields, to_host, stream)
             raise
         return _collect(rows, columns, fields, to_host, stream)
+
+    def _draw_resident(self, n, timeout, fields, columns, to_host, stream) -> Sample:
+        """A device-resident draw (``reprise.torch.resident``): rows gathered on
+        the mirror's device when ``columns`` is None, then moved to the host."""
+        sel = self._selection
+        if columns is None:
+            columns = self._store._columns_for(sel.device)
+        names = columns.fields if fields is None else fields
+        try:
+            s = sel.draw(n, timeout, columns, names, stream)
+        except BaseException as e:
+            partial = getattr(e, "partial", None)
+            if to_host and isinstance(partial, Sample):
+                partial.data = {k: v.cpu().numpy() for k, v in partial.data.items()}
+            raise
+        if to_host:
+            s.data = {k: v.cpu().numpy() for k, v in s.data.items()}
+        return s
 
     def iterate(self, batch_size: int, device=None, prefetch: int = 2, timeout: float | None = None,
                 fields: list[str] | None = None, num_batches: int | None = None):
@@ -265,7 +300,13 @@ class Table:
 
     def items(self) -> list[tuple[int, float, int, int]]:
         """``[(key, priority, times_sampled, length)]`` in insertion order."""
+        self._fold()
         return self._native.items()
+
+    def _fold(self):
+        """Credits draws counted on a device to the items' times_sampled."""
+        if getattr(self._selection, "resident", False):
+            self._selection.fold()
 
     def __repr__(self):
         return (f"Table({self.name!r}, sampler={self._sampler!r}, remover={self._remover!r}, "

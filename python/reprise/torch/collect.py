@@ -154,6 +154,24 @@ def _staging(device):
     return s
 
 
+def gather(columns, names, idx, n: int, t: int, ragged: bool) -> dict:
+    """``{field: [n, t, *shape] tensor}`` of the rows ``idx`` (device int64, n * t,
+    -1 past an item's end when ``ragged``: zeros there), one ``index_select`` per
+    field, on the current stream."""
+    torch = torch_module()
+    mask = None
+    if ragged:
+        mask = (idx < 0).view(-1, 1)
+        idx = idx.clamp(min=0)
+    data = {}
+    for name in names:
+        words = torch.index_select(columns.views[name], 0, idx)
+        if mask is not None:
+            words.masked_fill_(mask, 0)
+        data[name] = columns.as_field(name, words, (n, t))
+    return data
+
+
 def collect_rows(rows, columns, fields=None, stream=None) -> Sample:
     """Gathers ``rows`` (a ``SampleRows``) from ``columns`` (``HostColumns`` or
     ``DeviceColumns``) into a ``Sample`` whose ``data`` holds device tensors.
@@ -184,16 +202,7 @@ def collect_rows(rows, columns, fields=None, stream=None) -> Sample:
             idx = buf[: n * t]
             if dev.type != "cpu":
                 idx = idx.to(dev, non_blocking=True)
-            mask = None
-            if ragged:
-                mask = (idx < 0).view(-1, 1)
-                idx = idx.clamp(min=0)
-            data = {}
-            for name in names:
-                words = torch.index_select(columns.views[name], 0, idx)
-                if mask is not None:
-                    words.masked_fill_(mask, 0)
-                data[name] = columns.as_field(name, words, (n, t))
+            data = gather(columns, names, idx, n, t, ragged)
             event = new_event(dev)
             event.record() if stream is None else event.record(stream)  # None: the current stream
         staging.done(k, event)

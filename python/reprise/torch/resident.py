@@ -1,0 +1,231 @@
+"""Device-resident draws (``Table(..., selection_device="cuda")`` with a Uniform or
+Prioritized sampler, no ``max_times_sampled``, and no extension that looks at each
+draw).
+
+The device keeps a mirror of everything a draw reads, per table slot: the item's
+insertion sequence (-1: empty), key, priority, length, row windows (up to K row
+ranges), times sampled, and a sum tree of sampling weights (ones for Uniform,
+``p^a`` for Prioritized). A draw is:
+
+1. one native call, ``admit``: the rate limiter admits the draws in bulk, and the
+   table hands over the slots that changed since the last draw (O(changes)) with an
+   epoch pinned under the same lock, so no block of an item present at that moment
+   is reused before the epoch ends (crates/core/src/table/resident.rs);
+2. the changes applied to the mirror in one batch;
+3. the picks, keys, probabilities, priorities, lengths, times sampled and row
+   numbers computed from the mirror by a few kernels, and the rows gathered;
+4. the metadata copied to the host in one transfer; the epoch ends when the event
+   recorded after the gathers has passed.
+
+Nothing is done per drawn item on the host. Draws are counted per slot on the
+device and credited to the table's ``times_sampled`` by :meth:`fold`, which the
+table runs before anything reads them (``items()``, checkpoints).
+
+The draw is linearised at the admission: it follows the table as it was then,
+with the host selectors' distributions (Uniform: 1/size each; Prioritized:
+``p^a / sum p^a``, uniform when every weight is zero). An item that leaves while
+the kernels run may still be in the batch, exactly as if it had left just after.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from ..sample import Sample
+from ._device import current_stream, new_event, torch_module, use_stream
+from .collect import RELEASER, gather
+from .sum_tree import SumTree
+
+
+class ResidentSelection:
+    resident = True
+
+    def __init__(self, native, kind: str, exponent: float, device, seed: int | None, max_size: int):
+        torch = torch_module()
+        self.native, self.kind, self.exponent, self.device = native, kind, float(exponent), device
+        self.lock = threading.Lock()
+        self.capacity, self.ranges = 0, 1
+        i64 = dict(dtype=torch.int64, device=device)
+        self.seq = torch.empty(0, **i64)
+        self.key = torch.empty(0, **i64)
+        self.priority = torch.empty(0, dtype=torch.float64, device=device)
+        self.length = torch.empty(0, **i64)
+        self.base = torch.empty(0, **i64)   # times sampled as the table last said
+        self.delta = torch.empty(0, **i64)  # draws since, not yet credited to the table
+        self.starts = torch.empty(0, 1, **i64)
+        self.lens = torch.empty(0, 1, **i64)
+        self.tree = SumTree(1, device)
+        self._grow(min(max_size, 1 << 16) + 1)
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(int(seed) if seed is not None else int(np.random.SeedSequence().entropy % (1 << 63)))
+
+    # ----- the mirror ---------------------------------------------------------
+
+    def _grow(self, capacity: int, ranges: int = 1):
+        torch = torch_module()
+        if capacity <= self.capacity and ranges <= self.ranges:
+            return
+        new = max(capacity, 2 * self.capacity) if capacity > self.capacity else self.capacity
+        k = max(ranges, self.ranges)
+        old = self.capacity
+
+        def grown(t, fill, shape=()):
+            out = torch.full((new, *shape), fill, dtype=t.dtype, device=self.device)
+            if t.dim() == 1:
+                out[:old] = t
+            else:
+                out[:old, : t.shape[1]] = t
+            return out
+
+        self.seq = grown(self.seq, -1)
+        self.key, self.length = grown(self.key, 0), grown(self.length, 0)
+        self.base, self.delta = grown(self.base, 0), grown(self.delta, 0)
+        self.priority = grown(self.priority, 0.0)
+        self.starts, self.lens = grown(self.starts, 0, (k,)), grown(self.lens, 0, (k,))
+        self.capacity, self.ranges = new, k
+        if self.tree.capacity < new:
+            self.tree = self.tree.grow(new)
+
+    def _apply(self, changes):
+        """Applies ``admit``'s changes (see the native ``admit``)."""
+        torch = torch_module()
+        slots, seqs, keys, priorities, times, lengths, ranges, starts, range_lengths = changes
+        if slots.size == 0:
+            return
+        self._grow(int(slots.max()) + 1, int(ranges.max()))
+        k = self.ranges
+        # Windows as [changes, K] row ranges (zero-length past an item's last).
+        at = np.zeros(slots.size, np.int64)
+        np.cumsum(ranges[:-1], out=at[1:])
+        column = np.arange(range_lengths.size) - np.repeat(at, ranges)
+        row = np.repeat(np.arange(slots.size), ranges)
+        window_starts = np.zeros((slots.size, k), np.int64)
+        window_lens = np.zeros((slots.size, k), np.int64)
+        window_starts[row, column] = starts
+        window_lens[row, column] = range_lengths
+        host = np.concatenate([np.stack([slots, seqs, keys, priorities.view(np.int64), times, lengths], axis=1),
+                               window_starts, window_lens], axis=1)
+        dev = torch.from_numpy(host).to(self.device)
+        s, q = dev[:, 0], dev[:, 1]
+        same = self.seq[s] == q  # a priority update keeps the slot's uncredited draws
+        self.delta[s] = torch.where(same, self.delta[s], torch.zeros_like(q))
+        self.seq[s], self.key[s] = q, dev[:, 2]
+        p = dev[:, 3].view(torch.float64)
+        self.priority[s], self.base[s], self.length[s] = p, dev[:, 4], dev[:, 5]
+        self.starts[s], self.lens[s] = dev[:, 6: 6 + k], dev[:, 6 + k:]
+        present = q >= 0
+        if self.kind == "Uniform":
+            w = present.to(torch.float64)
+        else:
+            w = torch.where(present, p if self.exponent == 1.0 else torch.pow(p, self.exponent), torch.zeros_like(p))
+        self.tree.set(s, w)
+
+    def fold(self):
+        """Credits the draws counted on the device to the table's times_sampled."""
+        torch = torch_module()
+        with self.lock:
+            drawn = torch.nonzero(self.delta).flatten()
+            if drawn.numel() == 0:
+                return
+            counts = self.delta[drawn]
+            host = torch.stack([drawn, self.seq[drawn], counts]).cpu().numpy()
+            self.native.credit_draws(host[0], host[1], host[2])
+            self.base[drawn] += counts
+            self.delta[drawn] = 0
+
+    # ----- a draw -------------------------------------------------------------
+
+    def draw(self, n: int, timeout, columns, names, stream=None) -> Sample:
+        """Draws n items and gathers ``names`` from ``columns`` on the mirror's
+        device, on ``stream`` (default: the current stream). On a timeout or an
+        interrupt after some draws, the error's ``partial`` is their Sample."""
+        with self.lock:
+            count, table_size, size, positive, shortest, longest, rows, stopped, changes = \
+                self.native.admit(n, timeout)
+            try:
+                sample = self._draw(count, table_size, size, positive, shortest, longest, rows, changes,
+                                    columns, names, stream)
+            except BaseException:
+                rows.release()
+                raise
+        if stopped is not None:
+            stopped.partial = sample
+            raise stopped
+        return sample
+
+    def _draw(self, n, table_size, size, positive, shortest, longest, rows, changes, columns, names, stream):
+        if stream is None:
+            stream = current_stream(self.device)
+        with use_stream(stream):
+            return self._draw_on(stream, n, table_size, size, positive, shortest, longest, rows, changes, columns, names)
+
+    def _draw_on(self, stream, n, table_size, size, positive, shortest, longest, rows, changes, columns, names):
+        torch = torch_module()
+        dev = self.device
+        wait = getattr(columns, "wait_for_writes", None)
+        if wait is not None:
+            wait(stream)
+        self._apply(changes)
+        slots, probabilities = self._pick(n, size, positive)
+        lengths = self.length[slots]
+        t = longest if shortest == longest else int(lengths.max())
+        idx = self._rows(slots, lengths, t)
+        data = gather(columns, names, idx.flatten().to(columns.device), n, t, shortest != longest)
+        event = new_event(columns.device)
+        event.record(stream)
+        times = self._count(slots)
+        meta = torch.stack([self.key[slots], probabilities.view(torch.int64), self.priority[slots].view(torch.int64),
+                            times, lengths]).cpu().numpy()
+        if columns.device.type == "cpu":
+            rows.release()
+        else:
+            RELEASER.hold(event, rows)
+        return Sample(keys=meta[0].view(np.uint64), probabilities=meta[1].view(np.float64),
+                      priorities=meta[2].view(np.float64), times_sampled=meta[3], table_size=int(table_size),
+                      lengths=meta[4], data=data)
+
+    def _pick(self, n: int, size: int, positive: int):
+        """n slots drawn by the sampler, and the probability of each draw."""
+        torch = torch_module()
+        if self.kind == "Prioritized" and positive == 0 and self.exponent != 0.0:
+            # Every weight is zero: uniform over the items, as on the host.
+            present = torch.nonzero(self.seq >= 0).flatten()
+            pick = torch.randint(present.numel(), (n,), device=self.device, generator=self.generator)
+            return present[pick], torch.full((n,), 1.0 / size, dtype=torch.float64, device=self.device)
+        total = self.tree.total()
+        u = torch.rand(n, dtype=torch.float64, device=self.device, generator=self.generator) * total
+        slots = self.tree.find(u)
+        return slots, self.tree.get(slots) / total
+
+    def _rows(self, slots, lengths, t: int):
+        """``[n, t]`` row numbers of the picked items' steps; -1 past an item's end."""
+        torch = torch_module()
+        step = torch.arange(t, device=self.device)
+        if self.ranges == 1:
+            idx = self.starts[slots, :1] + step
+        else:
+            starts, lens = self.starts[slots], self.lens[slots]
+            ends = torch.cumsum(lens, dim=1)
+            which = torch.searchsorted(ends, step.expand(slots.numel(), t).contiguous(), right=True)
+            which = which.clamp(max=self.ranges - 1)
+            idx = starts.gather(1, which) + step - (ends - lens).gather(1, which)
+        return torch.where(step < lengths[:, None], idx, torch.full_like(idx, -1))
+
+    def _count(self, slots):
+        """Counts the draws in the mirror; each draw's times sampled (its item's
+        count including this draw, so an item drawn twice in a batch says k, k+1)."""
+        torch = torch_module()
+        n = slots.numel()
+        order = torch.sort(slots, stable=True).indices
+        ordered = slots[order]
+        position = torch.arange(n, device=self.device)
+        first = torch.ones(n, dtype=torch.bool, device=self.device)
+        first[1:] = ordered[1:] != ordered[:-1]
+        run_start = torch.cummax(torch.where(first, position, torch.zeros_like(position)), 0).values
+        rank = torch.empty_like(position)
+        rank[order] = position - run_start + 1
+        times = self.base[slots] + self.delta[slots] + rank
+        self.delta.index_add_(0, slots, torch.ones_like(slots))
+        return times
