@@ -271,17 +271,19 @@ impl PyTable {
 
     /// Adds device draws to items' times_sampled (items that left are skipped);
     /// returns how many items were credited.
-    fn credit_draws(&self, py: Python<'_>, slots: &Bound<'_, PyAny>, seqs: &Bound<'_, PyAny>, counts: &Bound<'_, PyAny>) -> PyResult<usize> {
-        let slots = Vector::<i64>::new(py, "slots", slots, None)?;
-        let seqs = Vector::<i64>::new(py, "seqs", seqs, Some(slots.len()))?;
-        let counts = Vector::<i64>::new(py, "counts", counts, Some(slots.len()))?;
+    fn credit_draws(&self, py: Python<'_>, slots: PyReadonlyArray1<'_, i64>, seqs: PyReadonlyArray1<'_, i64>, counts: PyReadonlyArray1<'_, i64>) -> PyResult<usize> {
         let bad = |what: &str, v: i64| invalid(py, format!("credit_draws: {what} must be >= 0, got {v}"));
+        let (slots, seqs, counts) = (slots.as_array(), seqs.as_array(), counts.as_array());
         let mut s = Vec::with_capacity(slots.len());
-        let mut q = Vec::with_capacity(slots.len());
-        let mut k = Vec::with_capacity(slots.len());
-        for ((&slot, &seq), &count) in slots.as_slice().iter().zip(seqs.as_slice()).zip(counts.as_slice()) {
+        let mut q = Vec::with_capacity(seqs.len());
+        let mut k = Vec::with_capacity(counts.len());
+        for &slot in slots.iter() {
             s.push(u32::try_from(slot).map_err(|_| bad("a slot", slot))?);
+        }
+        for &seq in seqs.iter() {
             q.push(u64::try_from(seq).map_err(|_| bad("a seq", seq))?);
+        }
+        for &count in counts.iter() {
             k.push(u32::try_from(count.min(u32::MAX as i64)).map_err(|_| bad("a count", count))?);
         }
         py.detach(|| self.table.credit_draws(&s, &q, &k)).map_err(py_err(py))

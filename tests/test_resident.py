@@ -1,0 +1,318 @@
+"""Device-resident draws (``reprise.torch.resident``): a table with GPU selection
+and a Uniform or Prioritized sampler draws on the device from its mirror, with no
+work per drawn item on the host. Run emulated (what CI runs) and on CUDA when
+there is a device. Checked against a plain reference model of the table."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import reprise as rp
+
+torch = pytest.importorskip("torch")
+rt = pytest.importorskip("reprise.torch")
+from reprise.torch.collect import wait_released  # noqa: E402
+from reprise.torch.resident import ResidentSelection  # noqa: E402
+from reprise.torch.selection import DeviceSelection  # noqa: E402
+from test_gpu import SIG, assert_holds_items, chi_square_ok, fill, host, item_steps, overwrite_free_blocks  # noqa: E402
+
+HAS_CUDA = torch.cuda.is_available()
+
+
+@pytest.fixture(params=["emulated", pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device"))])
+def backend(request):
+    rt.emulate_cuda(request.param == "emulated")
+    yield request.param
+    wait_released(10)
+    rt.emulate_cuda(False)
+
+
+def table(store, sampler=None, name="t", **kw):
+    return rp.Table(name, store, sampler=sampler or rp.selectors.Uniform(), selection_device="cuda", seed=3, **kw)
+
+
+def test_which_tables_draw_on_the_device(backend, make_store):
+    store = make_store()
+    assert isinstance(table(store)._selection, ResidentSelection)
+    assert isinstance(table(store, rp.selectors.Prioritized(0.5))._selection, ResidentSelection)
+    # Defaults: the built-ins a device-resident draw keeps exact.
+    assert table(store).extensions == [rp.extensions.PriorityHistogram(), rp.extensions.Rates()]
+    # Per-item observers, max_times_sampled and ordered samplers keep the candidate path.
+    assert isinstance(table(store, extensions=[rp.extensions.TimesSampled()])._selection, DeviceSelection)
+    assert isinstance(table(store, max_times_sampled=2)._selection, DeviceSelection)
+    assert isinstance(table(store, rp.selectors.Fifo())._selection, DeviceSelection)
+    assert table(store, max_times_sampled=2).extensions[2] == rp.extensions.TimesSampled()
+    # The native refusal names the reason.
+    t = table(store, extensions=[rp.extensions.SampledAge()])
+    assert "extension looks at each draw" in t._native.resident_refusal()
+    with pytest.raises(rp.errors.InvalidArgument, match="cannot draw on a device from its mirror.*extension"):
+        t._native.admit(1, 0.0)
+
+
+def test_samples_hold_their_items_rows_and_metadata(backend, make_store):
+    """Ragged items and windows across block boundaries (several row ranges):
+    every row holds its item's steps, zero past its end, and the metadata are the
+    table's."""
+    store = make_store(SIG, capacity=512, block_steps=4)
+    t = table(store, rp.selectors.Prioritized(1.0))
+    fill(store, [t])
+    spans = item_steps(t, episodes=6)
+    for fields in (None, ["obs", "u64"]):
+        s = t.sample(300, device="cuda", fields=fields)
+        assert set(s.data) == set(fields or SIG)
+        if fields is None:
+            assert_holds_items(s, spans)
+        assert s.data["obs"].shape[:2] == (300, int(s.lengths.max()))
+        items = {k: (p, n) for k, p, _, n in t.items()}
+        np.testing.assert_array_equal(s.priorities, [items[int(k)][0] for k in s.keys])
+        np.testing.assert_array_equal(s.lengths, [items[int(k)][1] for k in s.keys])
+        total = sum(p for p, _ in items.values())
+        np.testing.assert_allclose(s.probabilities, s.priorities / total, rtol=1e-12)
+        assert s.table_size == len(items)
+    h = t.sample(50)  # to the host: numpy, gathered the same way
+    assert all(isinstance(v, np.ndarray) for v in h.data.values())
+    assert_holds_items(h, spans)
+
+
+def test_windows_of_several_row_ranges(backend, make_store):
+    """Two writers take turns at blocks, so an item over steps of two blocks has
+    two row ranges (the mirror's windows widen to them)."""
+    store = make_store(capacity=64, block_steps=2)
+    t = table(store)
+    with store.writer() as a, store.writer() as b:
+        for i in range(6):
+            a.append({"x": np.int64(i)})
+            b.append({"x": np.int64(100 + i)})
+        a.create_item(t, 5, 1.0)   # steps 1..5 over a's blocks: 1 | 2 3 | 4 5
+        b.create_item(t, 3, 1.0)
+    assert t._selection.ranges == 1
+    s = t.sample(40, device="cuda")
+    assert t._selection.ranges == 3
+    for r, n in enumerate(s.lengths):
+        want = np.arange(1, 6) if n == 5 else np.array([103, 104, 105, 0, 0])
+        np.testing.assert_array_equal(host(s.data["x"])[r], want)
+
+
+def test_times_sampled_counts_every_draw_and_reaches_the_table(backend, make_store):
+    store = make_store()
+    t = table(store)
+    t.insert({"x": np.arange(3).reshape(3, 1)}, priorities=1.0)
+    seen = {}
+    for _ in range(4):
+        s = t.sample(500, device="cuda")
+        for k, n in zip(s.keys.tolist(), s.times_sampled.tolist()):
+            seen[k] = seen.get(k, 0) + 1
+            assert n == seen[k]  # k, k + 1, ... within a batch and across batches
+    assert {k: n for k, _, n, _ in t.items()} == seen
+    assert t.info()["num_samples"] == 2000
+    # A priority update keeps the draws not yet credited; a new item in a reused slot starts at 0.
+    s = t.sample(30, device="cuda")
+    t.update_priorities(s.keys[:1], [2.0])
+    t.delete(s.keys[1:2]) if s.keys[1] != s.keys[0] else None
+    t.insert({"x": np.array([[9]])}, priorities=1.0)
+    before = {k: n for k, _, n, _ in t.items()}
+    s2 = t.sample(40, device="cuda")
+    for k in set(s2.keys.tolist()):
+        assert s2.times_sampled[s2.keys == k].max() == before[k] + (s2.keys == k).sum()
+
+
+@pytest.mark.parametrize("exponent", [1.0, 0.6, 0.0])
+def test_prioritized_and_uniform_distributions(backend, make_store, exponent):
+    """Chi-square against p^a / sum p^a (and 1/size for Uniform) over 200k draws."""
+    store = make_store()
+    pr = np.array([0.0, 1.0, 2.0, 3.0, 4.0, 10.0])
+    for name, sampler, w in (("p", rp.selectors.Prioritized(exponent), pr ** exponent),
+                             ("u", rp.selectors.Uniform(), np.ones(6))):
+        t = table(store, sampler, name)
+        t.insert({"x": np.arange(6).reshape(6, 1)}, priorities=pr)
+        s = t.sample(200_000, device="cuda")
+        counts = np.bincount(host(s.data["x"])[:, 0], minlength=6)
+        p = w / w.sum()
+        keep = p > 0
+        assert counts[~keep].sum() == 0
+        assert chi_square_ok(counts[keep], p[keep] * counts.sum())[0]
+        np.testing.assert_allclose(s.probabilities, p[host(s.data["x"])[:, 0]], rtol=1e-12)
+        t.reset()
+
+
+def test_all_zero_priorities_draw_uniformly(backend, make_store):
+    store = make_store()
+    t = table(store, rp.selectors.Prioritized(0.7))
+    t.insert({"x": np.arange(4).reshape(4, 1)}, priorities=0.0)
+    s = t.sample(8000, device="cuda")
+    counts = np.bincount(host(s.data["x"])[:, 0], minlength=4)
+    assert counts.min() > 1700
+    np.testing.assert_array_equal(s.probabilities, np.full(8000, 0.25))
+    t.update_priorities(s.keys[:1], [1.0])  # one positive: only it is drawn
+    assert set(host(t.sample(100, device="cuda").data["x"])[:, 0]) == {int(host(s.data["x"])[0, 0])}
+
+
+def test_seeded_draws_repeat(backend, make_store):
+    def run():
+        store = make_store()
+        t = table(store, rp.selectors.Prioritized(0.6))
+        t.insert({"x": np.arange(50).reshape(50, 1)}, priorities=np.arange(50.0))
+        return [host(t.sample(64, device="cuda").data["x"]).ravel() for _ in range(3)]
+    for a, b in zip(run(), run()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_rate_limiter_timeout_returns_the_admitted_draws(backend, make_store):
+    store = make_store()
+    t = table(store, rate_limiter=rp.rate_limiters.RateLimiter(2.0, 1, 0.0, 1e9))
+    t.insert({"x": np.arange(3).reshape(3, 1)}, priorities=1.0)
+    info = t.info()
+    with pytest.raises(rp.errors.Timeout) as e:
+        t.sample(100, timeout=0.05, device="cuda")
+    part = e.value.partial
+    drawn = t.info()["num_samples"] - info["num_samples"]
+    assert 0 < len(part.keys) == drawn < 100
+    assert part.data["x"].shape == (drawn, 1)
+    assert sum(n for _, _, n, _ in t.items()) == drawn
+    with pytest.raises(rp.errors.Timeout) as e:  # nothing possible: nothing drawn
+        t.sample(5, timeout=0.01, device="cuda")
+    assert e.value.partial is None
+    assert t.info()["num_samples"] == info["num_samples"] + drawn
+
+
+def test_bad_input_changes_nothing(backend, make_store):
+    store = make_store()
+    t = table(store)
+    t.insert({"x": np.arange(3).reshape(3, 1)}, priorities=1.0)
+    before = (t.info(), t.items())
+    with pytest.raises(rp.errors.InvalidArgument, match="sample size must be >= 1, got 0"):
+        t.sample(0, device="cuda")
+    with pytest.raises(rp.errors.NotFound, match="unknown field 'y'"):
+        t.sample(3, device="cuda", fields=["y"])
+    with pytest.raises(rp.errors.InvalidArgument, match="3 slots, 3 seqs and 2 counts"):
+        t._native.credit_draws(np.zeros(3, np.int64), np.zeros(3, np.int64), np.zeros(2, np.int64))
+    with pytest.raises(rp.errors.InvalidArgument, match="a count must be >= 0, got -1"):
+        t._native.credit_draws(np.zeros(1, np.int64), np.zeros(1, np.int64), np.full(1, -1, np.int64))
+    assert (t.info(), t.items()) == before
+
+
+def test_rows_are_held_by_the_admission_epoch(backend, make_store, monkeypatch):
+    """Between the admission and the gather the sampled items are evicted and
+    writers overwrite every block they can take: the gathered rows are still the
+    sampled items' (the admission's epoch keeps their blocks in limbo). Without
+    the epoch the overwrite would reach them and this test would fail."""
+    store = make_store(SIG, capacity=64, block_steps=4)
+    t = table(store, max_size=60)
+    fill(store, [t], episodes=2)
+    spans = item_steps(t, episodes=2)
+    real = torch.index_select
+    late = {}
+
+    def late_gather(*args, **kwargs):
+        if not late:
+            t.reset()
+            late["held"] = store._native.limbo_blocks
+            late["free"] = store.free_blocks
+            late["written"] = overwrite_free_blocks(store, 10_000)
+        return real(*args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(torch, "index_select", late_gather)
+        s = t.sample(32, device="cuda")
+    assert late and late["held"] > 0
+    assert late["written"] >= late["free"] > 0
+    overwrite_free_blocks(store, 20_000)
+    assert_holds_items(s, spans)
+    assert wait_released(10)
+    assert store.free_blocks == store.num_blocks and store._native.limbo_blocks == 0
+
+
+def test_checkpoint_round_trip_keeps_device_draws(backend, make_store, tmp_path):
+    store = make_store()
+    t = table(store, rp.selectors.Prioritized(1.0))
+    t.insert({"x": np.arange(5).reshape(5, 1)}, priorities=np.arange(1.0, 6.0))
+    t.sample(1000, device="cuda")
+    want = t.items()
+    assert sum(n for _, _, n, _ in want) == 1000
+    path = rp.checkpoint.save(tmp_path, [t])
+    loaded = rp.checkpoint.load(path)
+    try:
+        assert loaded["t"].items() == want
+    finally:
+        loaded["t"].store.close()
+
+
+def test_iterate_prefetches_resident_draws(backend, make_store):
+    store = make_store()
+    t = table(store)
+    t.insert({"x": np.arange(10).reshape(10, 1)}, priorities=1.0)
+    batches = list(t.iterate(16, device="cuda", prefetch=3, num_batches=5))
+    assert [b.data["x"].shape for b in batches] == [(16, 1)] * 5
+    assert sum(n for _, _, n, _ in t.items()) == 80
+
+
+# ----- property test against a plain reference model ------------------------------
+
+OPS = st.lists(st.one_of(
+    st.tuples(st.just("insert"), st.lists(st.integers(1, 5), min_size=1, max_size=4),
+              st.lists(st.sampled_from([0.0, 0.5, 1.0, 3.0]), min_size=4, max_size=4)),
+    st.tuples(st.just("update"), st.integers(0, 50), st.sampled_from([0.0, 2.0, 7.0])),
+    st.tuples(st.just("delete"), st.integers(0, 50)),
+    st.tuples(st.just("sample"), st.integers(1, 40)),
+), min_size=1, max_size=25)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=OPS, prioritized=st.booleans())
+def test_matches_a_reference_model(make_store, ops, prioritized):
+    """Inserts (episodes of several lengths, windows across blocks), priority
+    updates, deletes and samples. Every draw is of an item present at the time,
+    with its data, length, priority and probability; times_sampled counts draws;
+    the table's items after all equal the model's."""
+    rt.emulate_cuda(True)
+    try:
+        store = make_store({"x": rp.Field((), "int64")}, capacity=256, block_steps=4)
+        t = table(store, rp.selectors.Prioritized(0.5) if prioritized else rp.selectors.Uniform(), max_size=40)
+        model = {}  # key -> [steps, priority, times]
+        step = 0
+        for op in ops:
+            if op[0] == "insert":
+                lengths, prios = op[1], op[2]
+                with store.writer() as w:
+                    first = step
+                    for _ in range(max(lengths)):
+                        w.append({"x": np.int64(step)})
+                        step += 1
+                    for n, p in zip(lengths, prios):
+                        w.create_item(t, n, p)
+                keys = [k for k, *_ in t.items()]
+                new = [k for k in keys if k not in model]
+                for k, (n, p) in zip(new, zip(lengths, prios)):
+                    model[k] = [list(range(first + max(lengths) - n, first + max(lengths))), p, 0]
+                for k in [k for k in model if k not in keys]:  # evicted by max_size
+                    del model[k]
+            elif op[0] == "update" and model:
+                k = sorted(model)[op[1] % len(model)]
+                t.update_priorities([k], [op[2]])
+                model[k][1] = op[2]
+            elif op[0] == "delete" and model:
+                k = sorted(model)[op[1] % len(model)]
+                t.delete([k])
+                del model[k]
+            elif op[0] == "sample" and model:
+                s = t.sample(op[1], device="cuda")
+                weights = {k: (v[1] ** 0.5 if prioritized else 1.0) for k, v in model.items()}
+                total = sum(weights.values())
+                if total == 0:
+                    weights, total = {k: 1.0 for k in model}, float(len(model))
+                assert s.table_size == len(model)
+                for r, k in enumerate(s.keys.tolist()):
+                    steps, p, _ = model[k]
+                    assert weights[k] > 0
+                    model[k][2] += 1
+                    assert s.times_sampled[r] == model[k][2]
+                    assert s.priorities[r] == p and s.lengths[r] == len(steps)
+                    assert s.probabilities[r] == pytest.approx(weights[k] / total, rel=1e-9)
+                    row = host(s.data["x"])[r]
+                    np.testing.assert_array_equal(row[: len(steps)], steps)
+                    assert not row[len(steps):].any()
+        assert {k: (p, n, len(steps)) for k, (steps, p, n) in model.items()} == \
+            {k: (p, n, length) for k, p, n, length in t.items()}
+    finally:
+        rt.emulate_cuda(False)
