@@ -10,6 +10,12 @@ probabilities, lengths and the row index the gather reads, in one call) then ``r
 alternating the two modes call by call; median and p99 of each, and their ratio. This is the
 per-item host work issue 14 names (random reads of the item index plus, with references, a
 random read-modify-write of a block's count per item); the gather itself is not in it.
+
+A third arm, when torch is installed: the same items in a table with GPU selection
+(``selection_device="cuda"``, emulated on the CPU: only the host side is timed), whose draws
+are device-resident (``reprise.torch.resident``). Its host side is one native ``admit(b)``
+(rate limiter in bulk, changes since the last draw, an epoch) and the epoch's release: no work
+per drawn item, so its time should not grow with b.
 The JSON goes to ``--out`` (default ``benchmarks/out/host-draw-<timestamp>.json``).
 """
 
@@ -31,12 +37,39 @@ BATCHES = (256, 1024, 4096)
 def build(items: int, block_steps: int):
     store = rp.Store({"x": rp.Field((100,), "float32")}, capacity=items, block_steps=block_steps)
     table = rp.Table("t", store, max_size=items, seed=0)
+    resident = None
+    try:
+        from reprise.torch import emulate_cuda
+        emulate_cuda(True)
+        resident = rp.Table("resident", store, max_size=items, seed=0, selection_device="cuda")
+    except (ImportError, rp.errors.InvalidArgument):  # no torch: two arms
+        pass
     rows = np.random.default_rng(0).standard_normal((items, 1, 100), dtype=np.float32)
     chunk = 65_536
-    for i in range(0, items, chunk):
-        n = len(rows[i:i + chunk])
-        table.insert({"x": rows[i:i + chunk]}, np.ones(n))
-    return store, table
+    with store.writer() as w:
+        for i in range(0, items, chunk):
+            n = len(rows[i:i + chunk])
+            w.extend({"x": rows[i:i + chunk, 0]})
+            w.create_items(table, 1, np.ones(n))
+            if resident is not None:
+                w.create_items(resident, 1, np.ones(n))
+    if resident is not None:
+        resident.sample(1)  # the mirror takes in every item once
+    return store, table, resident
+
+
+def measure_resident(table, batch: int, calls: int) -> dict:
+    times = []
+    for i in range(calls + 10):
+        t0 = time.perf_counter()
+        admitted = table._native.admit(batch, 0)
+        admitted[6].release()
+        if i >= 10:
+            times.append(time.perf_counter() - t0)
+        assert admitted[0] == batch and len(admitted[8][0]) == 0
+    t = np.array(times) * 1e6
+    return {"us_median": float(np.median(t)), "us_p99": float(np.percentile(t, 99)),
+            "ns_per_item": float(np.median(t)) * 1e3 / batch}
 
 
 def measure(table, batch: int, calls: int) -> dict:
@@ -69,18 +102,24 @@ def main(argv=None) -> int:
     items, calls = (20_000, 50) if a.quick else (a.items, a.calls)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = a.out or os.path.join("benchmarks", "out", f"host-draw-{stamp}{'-quick' if a.quick else ''}.json")
-    store, table = build(items, block_steps=16)
+    store, table, resident = build(items, block_steps=16)
     try:
         results = {"header": {"machine": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                               "items": items, "calls": calls, "date": stamp, "quick": a.quick},
                    "batches": {}}
-        print("| batch | epoch median (us) | references median (us) | references / epoch | epoch ns/item |")
-        print("|---|---|---|---|---|")
+        print("| batch | epoch median (us) | references median (us) | references / epoch | epoch ns/item "
+              "| resident median (us) | epoch / resident |")
+        print("|---|---|---|---|---|---|---|")
         for b in BATCHES:
             r = measure(table, b, calls)
+            cells = "| - | - |"
+            if resident is not None:
+                r["resident"] = measure_resident(resident, b, calls)
+                r["epoch_over_resident"] = r["epoch"]["us_median"] / r["resident"]["us_median"]
+                cells = f"| {r['resident']['us_median']:.1f} | {r['epoch_over_resident']:.1f}x |"
             results["batches"][str(b)] = r
             print(f"| {b} | {r['epoch']['us_median']:.1f} | {r['references']['us_median']:.1f} | "
-                  f"{r['references_over_epoch']:.2f}x | {r['epoch']['ns_per_item']:.0f} |", flush=True)
+                  f"{r['references_over_epoch']:.2f}x | {r['epoch']['ns_per_item']:.0f} {cells}", flush=True)
     finally:
         store.close()
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
