@@ -179,7 +179,6 @@ def collect_rows(rows, columns, fields=None, stream=None) -> Sample:
     Work is queued on ``stream`` (default: the current stream); the tensors are
     ready when that stream reaches this point. The rows are released once it has.
     """
-    torch = torch_module()
     dev = columns.device
     names = columns.fields if fields is None else fields
     staging = _staging(dev)

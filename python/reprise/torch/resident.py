@@ -156,28 +156,28 @@ class ResidentSelection:
         return sample
 
     def _draw(self, n, table_size, size, positive, shortest, longest, rows, changes, columns, names, stream):
+        torch = torch_module()
         if stream is None:
             stream = current_stream(self.device)
         with use_stream(stream):
-            return self._draw_on(stream, n, table_size, size, positive, shortest, longest, rows, changes, columns, names)
-
-    def _draw_on(self, stream, n, table_size, size, positive, shortest, longest, rows, changes, columns, names):
-        torch = torch_module()
-        dev = self.device
-        wait = getattr(columns, "wait_for_writes", None)
-        if wait is not None:
-            wait(stream)
-        self._apply(changes)
-        slots, probabilities = self._pick(n, size, positive)
-        lengths = self.length[slots]
-        t = longest if shortest == longest else int(lengths.max())
-        idx = self._rows(slots, lengths, t)
-        data = gather(columns, names, idx.flatten().to(columns.device), n, t, shortest != longest)
-        event = new_event(columns.device)
-        event.record(stream)
-        times = self._count(slots)
-        meta = torch.stack([self.key[slots], probabilities.view(torch.int64), self.priority[slots].view(torch.int64),
-                            times, lengths]).cpu().numpy()
+            wait = getattr(columns, "wait_for_writes", None)
+            if wait is not None:
+                wait(stream)
+            self._apply(changes)
+            slots, probabilities = self._pick(n, size, positive)
+            lengths = self.length[slots]
+            times = self._count(slots)
+            # The metadata first, in one copy: waiting for it waits for the draw's
+            # small kernels only, not for the gathers queued after it. (So every
+            # kernel on the mirror has run when a draw returns, whatever stream
+            # the next one uses.)
+            meta = torch.stack([self.key[slots], probabilities.view(torch.int64),
+                                self.priority[slots].view(torch.int64), times, lengths]).cpu().numpy()
+            t = longest if shortest == longest else int(meta[4].max())
+            idx = self._rows(slots, lengths, t)
+            data = gather(columns, names, idx.flatten().to(columns.device), n, t, shortest != longest)
+            event = new_event(columns.device)
+            event.record(stream)
         if columns.device.type == "cpu":
             rows.release()
         else:
