@@ -136,6 +136,23 @@ def test_prioritized_and_uniform_distributions(backend, make_store, exponent):
         t.reset()
 
 
+def test_uniform_over_slots_with_holes(backend, make_store):
+    """Dense slots draw by one random slot number; after a delete (a free slot)
+    the sum tree of ones draws, never the deleted item."""
+    store = make_store()
+    t = table(store)
+    keys = t.insert({"x": np.arange(5).reshape(5, 1)}, priorities=1.0)
+    t.delete(keys[2:3])
+    s = t.sample(40_000, device="cuda")
+    counts = np.bincount(host(s.data["x"])[:, 0], minlength=5)
+    assert counts[2] == 0
+    assert chi_square_ok(counts[[0, 1, 3, 4]], np.full(4, 10_000.0))[0]
+    np.testing.assert_array_equal(s.probabilities, np.full(40_000, 0.25))
+    t.insert({"x": np.array([[7]])}, priorities=1.0)  # the hole is filled again
+    s = t.sample(40_000, device="cuda")
+    assert chi_square_ok(np.bincount(host(s.data["x"])[:, 0], minlength=8)[[0, 1, 3, 4, 7]], np.full(5, 8_000.0))[0]
+
+
 def test_all_zero_priorities_draw_uniformly(backend, make_store):
     store = make_store()
     t = table(store, rp.selectors.Prioritized(0.7))

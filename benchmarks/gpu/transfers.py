@@ -218,7 +218,40 @@ def sec_latency(ctx: Ctx) -> dict:
         del table
         store.close()
         ctx.free()
+    guarded(ctx, out, "resident", latency_resident, ctx, k, n)
     return out
+
+
+def latency_resident(ctx: Ctx, k: int, n: int) -> dict:
+    """The same store and items in a table with GPU selection, whose draws are
+    device-resident (``reprise.torch.resident``): ``sample(b, device="cuda")`` for b in
+    256/1024/4096, median and p99 of each."""
+    import reprise as rp
+    from reprise.torch.collect import wait_released
+    cfg = ctx.cfg
+    res = {}
+    store = host_store(ctx, k, n)
+    table = rp.Table("t", store, sampler=rp.selectors.Uniform(), remover=rp.selectors.Fifo(), max_size=n, seed=0,
+                     selection_device="cuda")
+    try:
+        res["fill_s"] = fill_host_table(ctx, table, k, n, np.random.default_rng(1))
+        for b in (256, 1024, 4096):
+            def measure():
+                s = table.sample(b, device="cuda")
+                check_sample(s, b, k, ctx.dev)
+                del s
+                t = ctx.time_calls(lambda: table.sample(b, device="cuda"), 100, cfg.latency_repeats)
+                r = call_summary(t, b * 400)
+                log(f"  resident sample({b}) -> GPU: median {r['us_median']:.1f} us, p99 {r['us_p99']:.1f} us")
+                return r
+            guarded(ctx, res, f"b{b}", measure)
+            wait_released()
+    finally:
+        wait_released()
+        del table
+        store.close()
+        ctx.free()
+    return res
 
 
 
@@ -233,12 +266,12 @@ def sec_device(ctx: Ctx) -> dict:
         cell = out["configs"][f"{row}B"] = {"row_bytes": row, "n_items": n, "store_bytes": n * row}
         log(f"  device store row {row} B: N = {n:,} items ({n * row / GB:.2f} GB)")
 
-        def reprise_row():
+        def reprise_row(selection_device=None):
             res = {}
             store = rp.Store({"x": rp.Field((k,), "float32")}, capacity=n + 64, block_steps=64, device="cuda",
                              directory=ctx.args.store_dir)
             table = rp.Table("d", store, sampler=rp.selectors.Uniform(), remover=rp.selectors.Fifo(),
-                             max_size=n, seed=0)
+                             max_size=n, seed=0, selection_device=selection_device)
             try:
                 chunk = aligned_chunk(n, 65_536, (256 << 20) // row)
                 gen = torch.Generator(device=ctx.dev).manual_seed(3)
@@ -277,6 +310,7 @@ def sec_device(ctx: Ctx) -> dict:
             return res
 
         guarded(ctx, cell, "reprise", reprise_row)
+        guarded(ctx, cell, "reprise_resident", reprise_row, "cuda")  # GPU selection: device-resident draws
         ctx.save()
         if ctx.trl is not None and not ctx.args.no_peers:
             peer = cell["torchrl"] = {}

@@ -59,7 +59,7 @@ type ResidentChanges<'py> = (
 );
 
 /// What `admit` returns (see there).
-type Admission<'py> = (usize, u64, u64, u64, u32, u32, PySampleRows, Option<Bound<'py, PyAny>>, ResidentChanges<'py>);
+type Admission<'py> = (usize, u64, u64, u64, bool, u32, u32, PySampleRows, Option<Bound<'py, PyAny>>, ResidentChanges<'py>);
 
 #[pymethods]
 impl PyTable {
@@ -235,8 +235,8 @@ impl PyTable {
     }
 
     /// Device-resident draws: admits up to n draws under the rate limiter and
-    /// returns `(count, table_size, size, positive, shortest, longest, rows,
-    /// stopped, changes)`. `rows` is a `SampleRows` of no items holding the epoch;
+    /// returns `(count, table_size, size, positive, dense, shortest, longest,
+    /// rows, stopped, changes)`; `dense`: the items fill slots `0..size`. `rows` is a `SampleRows` of no items holding the epoch;
     /// `stopped` is the (unraised) error that cut the admission short after
     /// `count` draws, or None. `changes` is `(slots, seqs, keys, priorities,
     /// times_sampled, lengths, ranges, starts, range_lengths)`: seq -1 for an
@@ -266,7 +266,7 @@ impl PyTable {
             PyArray1::from_iter(py, (0..c.len()).flat_map(|i| ranges(i).iter().map(|r| r.len as i64))),
         );
         let rows = PySampleRows::new(HeldRows::InProcess(a.rows));
-        Ok((a.count, a.table_size, a.size, a.positive, a.shortest, a.longest, rows, stopped, changes))
+        Ok((a.count, a.table_size, a.size, a.positive, a.dense, a.shortest, a.longest, rows, stopped, changes))
     }
 
     /// Adds device draws to items' times_sampled (items that left are skipped);

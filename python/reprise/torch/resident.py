@@ -142,10 +142,10 @@ class ResidentSelection:
         device, on ``stream`` (default: the current stream). On a timeout or an
         interrupt after some draws, the error's ``partial`` is their Sample."""
         with self.lock:
-            count, table_size, size, positive, shortest, longest, rows, stopped, changes = \
+            count, table_size, size, positive, dense, shortest, longest, rows, stopped, changes = \
                 self.native.admit(n, timeout)
             try:
-                sample = self._draw(count, table_size, size, positive, shortest, longest, rows, changes,
+                sample = self._draw(count, table_size, size, positive, dense, shortest, longest, rows, changes,
                                     columns, names, stream)
             except BaseException:
                 rows.release()
@@ -155,7 +155,7 @@ class ResidentSelection:
             raise stopped
         return sample
 
-    def _draw(self, n, table_size, size, positive, shortest, longest, rows, changes, columns, names, stream):
+    def _draw(self, n, table_size, size, positive, dense, shortest, longest, rows, changes, columns, names, stream):
         torch = torch_module()
         if stream is None:
             stream = current_stream(self.device)
@@ -164,7 +164,7 @@ class ResidentSelection:
             if wait is not None:
                 wait(stream)
             self._apply(changes)
-            slots, probabilities = self._pick(n, size, positive)
+            slots, probabilities = self._pick(n, size, positive, dense)
             lengths = self.length[slots]
             times = self._count(slots)
             # The metadata first, in one copy: waiting for it waits for the draw's
@@ -186,9 +186,12 @@ class ResidentSelection:
                       priorities=meta[2].view(np.float64), times_sampled=meta[3], table_size=int(table_size),
                       lengths=meta[4], data=data)
 
-    def _pick(self, n: int, size: int, positive: int):
+    def _pick(self, n: int, size: int, positive: int, dense: bool):
         """n slots drawn by the sampler, and the probability of each draw."""
         torch = torch_module()
+        if self.kind == "Uniform" and dense:  # the items fill slots 0..size: one kernel
+            slots = torch.randint(size, (n,), device=self.device, generator=self.generator)
+            return slots, torch.full((n,), 1.0 / size, dtype=torch.float64, device=self.device)
         if self.kind == "Prioritized" and positive == 0 and self.exponent != 0.0:
             # Every weight is zero: uniform over the items, as on the host.
             present = torch.nonzero(self.seq >= 0).flatten()

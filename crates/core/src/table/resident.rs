@@ -53,6 +53,9 @@ pub struct Admitted {
     /// Items in the table now, and how many of them have a priority > 0.
     pub size: u64,
     pub positive: u64,
+    /// The items fill slots `0..size` (no slot is free): a uniform pick is a
+    /// random slot below `size`.
+    pub dense: bool,
     /// The shortest and longest item the table holds now (0 when empty).
     pub shortest: u32,
     pub longest: u32,
@@ -149,7 +152,8 @@ impl Table {
         let lengths = state.lengths.as_ref().expect("external selection counts lengths");
         let shortest = lengths.keys().next().copied().unwrap_or(0);
         let longest = lengths.keys().next_back().copied().unwrap_or(0);
-        Ok(Admitted { count, table_size, size: state.size, positive, shortest, longest, changes, rows, stopped })
+        let dense = state.free_slots.is_empty();
+        Ok(Admitted { count, table_size, size: state.size, positive, dense, shortest, longest, changes, rows, stopped })
     }
 
     /// Adds draws made on a device to the items' `times_sampled`: `counts[i]`

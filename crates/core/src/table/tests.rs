@@ -622,3 +622,69 @@ fn a_default_writer_keeps_only_its_longest_item_once_the_store_is_full() {
     }
     w.create_item(&t, 4, 1.0, None).unwrap();
 }
+
+fn resident_config(max_times_sampled: u32, extensions: Vec<crate::ExtensionSpec>) -> TableConfig {
+    let mut c = config("r", SelectorSpec::Uniform, SelectorSpec::Fifo, 8);
+    c.external_selection = true;
+    c.max_times_sampled = max_times_sampled;
+    c.extensions = extensions;
+    c
+}
+
+#[test]
+fn admit_counts_draws_in_bulk_and_hands_over_changes_once() {
+    let s = store(64);
+    let t = Table::new(resident_config(0, vec![]), &s).unwrap();
+    let keys = put(&t, &[1, 2, 3], &[1.0, 0.0, 2.0]);
+    let a = t.admit(5, Some(Duration::ZERO)).unwrap();
+    assert_eq!((a.count, a.table_size, a.size, a.positive, a.dense), (5, 3, 3, 2, true));
+    assert_eq!((a.shortest, a.longest), (1, 1));
+    assert!(a.stopped.is_none() && a.rows.is_pinned() && a.rows.is_empty());
+    let got: Vec<_> = a.changes.iter().map(|c| (c.slot, c.item.as_ref().map(|i| (i.key, i.priority)))).collect();
+    assert_eq!(got, vec![(0, Some((keys[0], 1.0))), (1, Some((keys[1], 0.0))), (2, Some((keys[2], 2.0)))]);
+    assert_eq!((t.info().num_samples, t.info().limiter_samples), (5, 5));
+    // Nothing changed since: no changes. A delete shows as an empty slot; slots are no longer dense.
+    assert!(t.admit(1, None).unwrap().changes.is_empty());
+    t.delete(&keys[1..2]);
+    let a = t.admit(1, None).unwrap();
+    assert_eq!(a.changes, vec![ResidentChange { slot: 1, item: None }]);
+    assert_eq!((a.size, a.positive, a.dense), (2, 2, false));
+    // Credits: stale seqs are skipped; the rest reach times_sampled.
+    assert_eq!(t.credit_draws(&[0, 1, 2], &[0, 1, 2], &[4, 9, 2]).unwrap(), 2);
+    assert_eq!(t.items().iter().map(|i| i.times_sampled).collect::<Vec<_>>(), vec![4, 2]);
+    let e = t.credit_draws(&[0], &[0, 1], &[1]).unwrap_err().to_string();
+    assert!(e.contains("1 slots, 2 seqs and 1 counts"), "{e}");
+}
+
+#[test]
+fn admit_stops_at_the_limiter_with_the_draws_it_admitted() {
+    let s = store(64);
+    let mut c = resident_config(0, vec![]);
+    c.rate_limiter = RateLimiterConfig::new(1.0, 1, 0.0, 1e9).unwrap();
+    let t = Table::new(c, &s).unwrap();
+    put(&t, &[1, 2], &[1.0, 1.0]);
+    let a = t.admit(5, Some(Duration::from_millis(10))).unwrap();
+    assert_eq!(a.count, 2);
+    assert!(matches!(a.stopped, Some(Error::Timeout { .. })));
+    let e = t.admit(1, Some(Duration::from_millis(10))).unwrap_err();
+    assert!(matches!(e, Error::Timeout { .. }));
+    assert_eq!(t.info().num_samples, 2);
+}
+
+#[test]
+fn admit_is_refused_where_draws_need_the_host() {
+    let s = store(64);
+    let host = Table::new(config("h", SelectorSpec::Uniform, SelectorSpec::Fifo, 8), &s).unwrap();
+    assert!(host.admit(1, None).unwrap_err().to_string().contains("selects on the host"));
+    let t = Table::new(resident_config(2, vec![]), &s).unwrap();
+    assert!(t.admit(1, None).unwrap_err().to_string().contains("max_times_sampled is 2"));
+    let mut c = resident_config(0, vec![crate::ExtensionSpec::TimesSampled]);
+    c.name = "e".into();
+    let t = Table::new(c, &s).unwrap();
+    assert!(t.resident_refusal().unwrap().contains("extension looks at each draw"));
+    let mut c = resident_config(0, vec![crate::ExtensionSpec::PriorityHistogram]);
+    c.name = "f".into();
+    c.sampler = SelectorSpec::Fifo;
+    let t = Table::new(c, &s).unwrap();
+    assert!(t.resident_refusal().unwrap().contains("sampler is Fifo"));
+}
