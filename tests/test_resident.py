@@ -240,6 +240,31 @@ def test_rows_are_held_by_the_admission_epoch(backend, make_store, monkeypatch):
     assert store.free_blocks == store.num_blocks and store._native.limbo_blocks == 0
 
 
+def test_device_store_with_resident_draws(backend):
+    """A device store (data born on the device) and device-resident draws: the whole
+    sample stays on the device but for one metadata copy; samples to the host too."""
+    store = rp.Store({"obs": rp.Field((4,), "float32"), "i": rp.Field((), "int64")}, capacity=256,
+                     block_steps=8, device="cuda")
+    try:
+        dev = rt.resolve("cuda")
+        t = rp.Table("t", store, sampler=rp.selectors.Prioritized(1.0), selection_device="cuda", seed=0)
+        assert isinstance(t._selection, ResidentSelection)
+        with store.writer() as w:
+            w.extend({"obs": torch.arange(40.0, device=dev).view(10, 4), "i": torch.arange(10, device=dev)})
+            w.create_items(t, 2, np.arange(1.0, 10.0))  # 9 items of 2 steps, priority = last step
+        s = t.sample(500, device="cuda")
+        assert all(v.device == dev for v in s.data.values())
+        last = host(s.data["i"])[:, 1]
+        np.testing.assert_array_equal(host(s.data["i"])[:, 0], last - 1)
+        np.testing.assert_array_equal(s.priorities, last)
+        np.testing.assert_allclose(host(s.data["obs"])[:, 1, 0], 4.0 * last)
+        np.testing.assert_allclose(s.probabilities, last / 45.0, rtol=1e-12)
+        h = t.sample(5)
+        assert isinstance(h.data["obs"], np.ndarray) and h.data["obs"].shape == (5, 2, 4)
+    finally:
+        store.close()
+
+
 def test_checkpoint_round_trip_keeps_device_draws(backend, make_store, tmp_path):
     store = make_store()
     t = table(store, rp.selectors.Prioritized(1.0))
