@@ -289,6 +289,21 @@ def test_iterate_prefetches_resident_draws(backend, make_store):
     assert sum(n for _, _, n, _ in t.items()) == 80
 
 
+def test_triton_kernels_match_the_torch_operations():
+    """The two Triton kernels a CUDA draw uses, run by Triton's interpreter on the
+    CPU (TRITON_INTERPRET=1, in a child process: it must be set before Triton is
+    imported), give the same samples and counts as the torch operations."""
+    pytest.importorskip("triton")
+    import os
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    r = subprocess.run([sys.executable, os.path.join(here, "resident_kernels_check.py")], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout[-2000:] + r.stderr[-4000:]
+
+
 # ----- property test against a plain reference model ------------------------------
 
 OPS = st.lists(st.one_of(

@@ -34,6 +34,7 @@ import threading
 import numpy as np
 
 from ..sample import Sample
+from . import resident_kernels as kernels
 from ._device import current_stream, new_event, torch_module, use_stream
 from .collect import RELEASER, gather
 from .sum_tree import SumTree
@@ -45,6 +46,9 @@ class ResidentSelection:
     def __init__(self, native, kind: str, exponent: float, device, seed: int | None, max_size: int):
         torch = torch_module()
         self.native, self.kind, self.exponent, self.device = native, kind, float(exponent), device
+        self.torch = torch
+        # Two Triton launches per draw instead of about thirty torch operations.
+        self.use_triton = kernels.triton is not None and device.type == "cuda"
         self.lock = threading.Lock()
         self.capacity, self.ranges = 0, 1
         i64 = dict(dtype=torch.int64, device=device)
@@ -164,17 +168,26 @@ class ResidentSelection:
             if wait is not None:
                 wait(stream)
             self._apply(changes)
-            slots, probabilities = self._pick(n, size, positive, dense)
-            lengths = self.length[slots]
-            times = self._count(slots)
+            u = torch.rand(n, dtype=torch.float64, device=self.device, generator=self.generator)
+            uniform = self.kind == "Uniform" and dense  # the items fill slots 0..size
+            zero = self.kind == "Prioritized" and positive == 0 and self.exponent != 0.0
+            idx = None
+            if kernels.available(self) and n <= kernels.MAX_BATCH and not zero:
+                slots, meta, idx = kernels.fused_draw(self, u, n, size, uniform, longest)
+            else:
+                slots, probabilities = self._pick(u, size, uniform, zero)
+                meta = torch.stack([self.key[slots], probabilities.view(torch.int64),
+                                    self.priority[slots].view(torch.int64), self._count(slots), self.length[slots]])
             # The metadata first, in one copy: waiting for it waits for the draw's
             # small kernels only, not for the gathers queued after it. (So every
             # kernel on the mirror has run when a draw returns, whatever stream
             # the next one uses.)
-            meta = torch.stack([self.key[slots], probabilities.view(torch.int64),
-                                self.priority[slots].view(torch.int64), times, lengths]).cpu().numpy()
+            meta = meta.cpu().numpy()
             t = longest if shortest == longest else int(meta[4].max())
-            idx = self._rows(slots, lengths, t)
+            if idx is None:
+                idx = self._rows(slots, self.length[slots], t)
+            elif t != longest:
+                idx = idx[:, :t]
             data = gather(columns, names, idx.flatten().to(columns.device), n, t, shortest != longest)
             event = new_event(columns.device)
             event.record(stream)
@@ -186,20 +199,21 @@ class ResidentSelection:
                       priorities=meta[2].view(np.float64), times_sampled=meta[3], table_size=int(table_size),
                       lengths=meta[4], data=data)
 
-    def _pick(self, n: int, size: int, positive: int, dense: bool):
-        """n slots drawn by the sampler, and the probability of each draw."""
-        torch = torch_module()
-        if self.kind == "Uniform" and dense:  # the items fill slots 0..size: one kernel
-            slots = torch.randint(size, (n,), device=self.device, generator=self.generator)
+    def _pick(self, u, size: int, uniform: bool, zero: bool):
+        """The slots the uniform numbers ``u`` draw, and each draw's probability.
+        ``uniform``: a Uniform table whose items fill slots 0..size; ``zero``: a
+        Prioritized table whose weights are all zero (uniform over its items)."""
+        torch = self.torch
+        n = u.numel()
+        if uniform:
+            slots = (u * size).to(torch.int64).clamp_(max=size - 1)
             return slots, torch.full((n,), 1.0 / size, dtype=torch.float64, device=self.device)
-        if self.kind == "Prioritized" and positive == 0 and self.exponent != 0.0:
-            # Every weight is zero: uniform over the items, as on the host.
+        if zero:
             present = torch.nonzero(self.seq >= 0).flatten()
-            pick = torch.randint(present.numel(), (n,), device=self.device, generator=self.generator)
-            return present[pick], torch.full((n,), 1.0 / size, dtype=torch.float64, device=self.device)
+            slots = present[(u * present.numel()).to(torch.int64).clamp_(max=present.numel() - 1)]
+            return slots, torch.full((n,), 1.0 / size, dtype=torch.float64, device=self.device)
         total = self.tree.total()
-        u = torch.rand(n, dtype=torch.float64, device=self.device, generator=self.generator) * total
-        slots = self.tree.find(u)
+        slots = self.tree.find(u * total)
         return slots, self.tree.get(slots) / total
 
     def _rows(self, slots, lengths, t: int):

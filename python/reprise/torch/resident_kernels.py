@@ -1,0 +1,111 @@
+"""Two Triton kernels for a device-resident draw (``reprise.torch.resident``): the
+same arithmetic as its torch operations, in two launches instead of about thirty.
+
+* ``pick``: for each of n uniform numbers ``u`` in [0, 1), the slot (a random slot
+  below ``size`` when the items fill slots ``0..size``; else a descent of the sum
+  tree for ``u * total``), the draw's probability, and the slot's times sampled so
+  far (the table's count plus the mirror's uncredited draws);
+* ``describe``: each draw's rank among the draws of its slot in this batch (an item
+  drawn twice says k+1, then k+2, in batch order), its times sampled, the mirror's
+  count (atomic adds), the metadata row (key, probability bits, priority bits,
+  times sampled, length), and the ``[n, T]`` row numbers (-1 past an item's end) of
+  items with one row range.
+
+The rank compares every pair of draws of the batch, so ``describe`` serves batches
+of up to ``MAX_BATCH``; larger batches, windows of several row ranges, and tables
+whose weights are all zero take the torch operations. Both paths give the same
+numbers for the same ``u`` (tests/test_resident.py runs the kernels under
+``TRITON_INTERPRET=1`` on the CPU and compares).
+"""
+
+from __future__ import annotations
+
+try:  # Triton is optional: the gpu extra installs it.
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the environment
+    triton = None
+
+MAX_BATCH = 4096
+BLOCK = 64
+
+if triton is not None:
+
+    @triton.jit
+    def _pick_kernel(u_ptr, tree_ptr, base_ptr, delta_ptr, slot_ptr, prev_ptr, meta_ptr, n, size, capacity,
+                     dense: tl.constexpr, levels: tl.constexpr, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        live = offs < n
+        u = tl.load(u_ptr + offs, mask=live, other=0.0)
+        if dense:
+            slot = tl.minimum((u * size).to(tl.int64), size - 1)
+            prob = tl.full((BLOCK,), 1.0, tl.float64) / size
+        else:
+            total = tl.load(tree_ptr + 1)
+            x = u * total
+            node = tl.full((BLOCK,), 1, tl.int64)
+            for _ in range(levels):
+                left = tl.load(tree_ptr + 2 * node, mask=live, other=0.0)
+                right = tl.load(tree_ptr + 2 * node + 1, mask=live, other=0.0)
+                go_left = ((x < left) | (right <= 0.0)) & (left > 0.0)
+                x = tl.where(go_left, x, x - left)
+                node = tl.where(go_left, 2 * node, 2 * node + 1)
+            slot = node - capacity
+            prob = tl.load(tree_ptr + node, mask=live, other=0.0) / total
+        prev = tl.load(base_ptr + slot, mask=live, other=0) + tl.load(delta_ptr + slot, mask=live, other=0)
+        tl.store(slot_ptr + offs, slot, mask=live)
+        tl.store(prev_ptr + offs, prev, mask=live)
+        tl.store(meta_ptr + n + offs, prob.to(tl.int64, bitcast=True), mask=live)
+
+    @triton.jit
+    def _describe_kernel(slot_ptr, prev_ptr, key_ptr, prio_ptr, len_ptr, start_ptr, delta_ptr, meta_ptr, idx_ptr,
+                         n, T, start_stride, rows: tl.constexpr, BLOCK: tl.constexpr, TB: tl.constexpr):
+        pid = tl.program_id(0)
+        offs = pid * BLOCK + tl.arange(0, BLOCK)
+        live = offs < n
+        slot = tl.load(slot_ptr + offs, mask=live, other=-1)
+        # Rank: the draws of the same slot at or before this one in the batch.
+        rank = tl.zeros((BLOCK,), tl.int64)
+        for j0 in range(0, (pid + 1) * BLOCK, BLOCK):
+            other_offs = j0 + tl.arange(0, BLOCK)
+            other = tl.load(slot_ptr + other_offs, mask=other_offs < n, other=-2)
+            same = (slot[:, None] == other[None, :]) & (other_offs[None, :] <= offs[:, None])
+            rank += tl.sum(same.to(tl.int64), axis=1)
+        times = tl.load(prev_ptr + offs, mask=live, other=0) + rank
+        tl.atomic_add(delta_ptr + slot, tl.full((BLOCK,), 1, tl.int64), mask=live)
+        length = tl.load(len_ptr + slot, mask=live, other=0)
+        tl.store(meta_ptr + offs, tl.load(key_ptr + slot, mask=live, other=0), mask=live)
+        prio = tl.load(prio_ptr + slot, mask=live, other=0.0)
+        tl.store(meta_ptr + 2 * n + offs, prio.to(tl.int64, bitcast=True), mask=live)
+        tl.store(meta_ptr + 3 * n + offs, times, mask=live)
+        tl.store(meta_ptr + 4 * n + offs, length, mask=live)
+        if rows:
+            step = tl.arange(0, TB)
+            start = tl.load(start_ptr + slot * start_stride, mask=live, other=0)
+            row = start[:, None] + step[None, :]
+            row = tl.where(step[None, :] < length[:, None], row, -1)
+            tl.store(idx_ptr + offs[:, None] * T + step[None, :], row, mask=live[:, None] & (step[None, :] < T))
+
+
+def available(sel) -> bool:
+    """Whether ``sel`` (a ``ResidentSelection``) draws with these kernels."""
+    return triton is not None and sel.use_triton
+
+
+def fused_draw(sel, u, n: int, size: int, dense: bool, t: int):
+    """``(slots, meta [5, n] int64, idx [n, t] int64 or None)`` for the uniform
+    numbers ``u``; ``idx`` is None when a window has several row ranges."""
+    torch = sel.torch
+    dev = sel.device
+    slots = torch.empty(n, dtype=torch.int64, device=dev)
+    prev = torch.empty(n, dtype=torch.int64, device=dev)
+    meta = torch.empty((5, n), dtype=torch.int64, device=dev)
+    rows = sel.ranges == 1
+    idx = torch.empty((n, t), dtype=torch.int64, device=dev) if rows else slots
+    grid = (triton.cdiv(n, BLOCK),)
+    tree = sel.tree
+    _pick_kernel[grid](u, tree.tree, sel.base, sel.delta, slots, prev, meta, n, size, tree.capacity,
+                       dense=dense, levels=tree.levels, BLOCK=BLOCK)
+    _describe_kernel[grid](slots, prev, sel.key, sel.priority, sel.length, sel.starts, sel.delta, meta, idx,
+                           n, t, sel.starts.stride(0), rows=rows, BLOCK=BLOCK, TB=triton.next_power_of_2(max(t, 1)))
+    return slots, meta, (idx if rows else None)
