@@ -304,6 +304,33 @@ def test_triton_kernels_match_the_torch_operations():
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout[-2000:] + r.stderr[-4000:]
 
 
+def test_kernels_that_fail_fall_back_to_torch_operations(make_store, caplog):
+    """Triton kernels launched on CPU tensors (no interpreter) fail: the draw
+    goes on with the torch operations, the same numbers, and says so once."""
+    pytest.importorskip("triton")
+    import os
+    if os.environ.get("TRITON_INTERPRET"):
+        pytest.skip("the interpreter runs the kernels on the CPU")
+    rt.emulate_cuda(True)
+    try:
+        twins = []
+        for fused in (False, True):
+            store = make_store()
+            t = table(store, rp.selectors.Prioritized(1.0))
+            t._selection.use_triton = fused
+            t.insert({"x": np.arange(8).reshape(8, 1)}, priorities=np.arange(8.0))
+            twins.append(t)
+        with caplog.at_level("WARNING", logger="reprise"):
+            a, b = (t.sample(100, device="cuda") for t in twins)
+        assert not twins[1]._selection.use_triton
+        assert "drawing with torch operations instead" in caplog.text
+        np.testing.assert_array_equal(a.keys, b.keys)
+        np.testing.assert_array_equal(a.times_sampled, b.times_sampled)
+        assert twins[0].items() == twins[1].items()
+    finally:
+        rt.emulate_cuda(False)
+
+
 # ----- property test against a plain reference model ------------------------------
 
 OPS = st.lists(st.one_of(

@@ -29,6 +29,7 @@ the kernels run may still be in the batch, exactly as if it had left just after.
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import numpy as np
@@ -38,6 +39,9 @@ from . import resident_kernels as kernels
 from ._device import current_stream, new_event, torch_module, use_stream
 from .collect import RELEASER, gather
 from .sum_tree import SumTree
+
+
+log = logging.getLogger("reprise")
 
 
 class ResidentSelection:
@@ -172,8 +176,11 @@ class ResidentSelection:
             uniform = self.kind == "Uniform" and dense  # the items fill slots 0..size
             zero = self.kind == "Prioritized" and positive == 0 and self.exponent != 0.0
             idx = None
+            fused = None
             if kernels.available(self) and n <= kernels.MAX_BATCH and not zero:
-                slots, meta, idx = kernels.fused_draw(self, u, n, size, uniform, longest)
+                fused = self._fused(u, n, size, uniform, longest)
+            if fused is not None:
+                slots, meta, idx = fused
             else:
                 slots, probabilities = self._pick(u, size, uniform, zero)
                 meta = torch.stack([self.key[slots], probabilities.view(torch.int64),
@@ -198,6 +205,18 @@ class ResidentSelection:
         return Sample(keys=meta[0].view(np.uint64), probabilities=meta[1].view(np.float64),
                       priorities=meta[2].view(np.float64), times_sampled=meta[3], table_size=int(table_size),
                       lengths=meta[4], data=data)
+
+    def _fused(self, u, n, size, uniform, t):
+        """The Triton kernels' draw, or None (for good) when they fail to compile
+        on this device: nothing of the mirror has changed then, and the torch
+        operations draw instead."""
+        try:
+            return kernels.fused_draw(self, u, n, size, uniform, t)
+        except Exception as e:  # a Triton or driver version without what the kernels use
+            self.use_triton = False
+            log.warning("reprise: the device-resident draw kernels failed on %s (%s: %s); "
+                        "drawing with torch operations instead", self.device, type(e).__name__, e)
+            return None
 
     def _pick(self, u, size: int, uniform: bool, zero: bool):
         """The slots the uniform numbers ``u`` draw, and each draw's probability.
