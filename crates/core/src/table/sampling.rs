@@ -5,6 +5,12 @@
 use parking_lot::MutexGuard;
 
 use super::{State, Table, Woke};
+use crate::error::{Error, Partial, PartialSample, Result};
+use crate::extensions::ItemEvent;
+use crate::invalid;
+use crate::sample::{SampleBatch, SampledItem};
+use crate::selectors::external::{Candidate, Change};
+use crate::wait::{SlowWait, Wait};
 
 /// Why [`Table::under_limiter`] stopped before `n` draws.
 pub(crate) enum Stopped {
@@ -12,12 +18,6 @@ pub(crate) enum Stopped {
     Interrupted,
     Invalid(Error),
 }
-use crate::error::{Error, Partial, PartialSample, Result};
-use crate::extensions::ItemEvent;
-use crate::invalid;
-use crate::sample::{SampleBatch, SampledItem};
-use crate::selectors::external::{Candidate, Change};
-use crate::wait::{SlowWait, Wait};
 
 impl Table {
     /// Draws `n` items (with replacement) by the sampler, waiting for the rate
