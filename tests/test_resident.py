@@ -15,17 +15,8 @@ rt = pytest.importorskip("reprise.torch")
 from reprise.torch.collect import wait_released  # noqa: E402
 from reprise.torch.resident import ResidentSelection  # noqa: E402
 from reprise.torch.selection import DeviceSelection  # noqa: E402
-from test_gpu import SIG, assert_holds_items, chi_square_ok, fill, host, item_steps, overwrite_free_blocks  # noqa: E402
-
-HAS_CUDA = torch.cuda.is_available()
-
-
-@pytest.fixture(params=["emulated", pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device"))])
-def backend(request):
-    rt.emulate_cuda(request.param == "emulated")
-    yield request.param
-    wait_released(10)
-    rt.emulate_cuda(False)
+from test_gpu import (SIG, assert_holds_items, backend, chi_square_ok, fill, host, item_steps,  # noqa: E402,F401
+                      overwrite_free_blocks)
 
 
 def table(store, sampler=None, name="t", **kw):

@@ -30,6 +30,7 @@ MAX_BATCH = 4096
 BLOCK = 64
 
 if triton is not None:
+    from .sum_tree import descend
 
     @triton.jit
     def _pick_kernel(u_ptr, tree_ptr, base_ptr, delta_ptr, slot_ptr, prev_ptr, meta_ptr, n, size, capacity,
@@ -42,14 +43,7 @@ if triton is not None:
             prob = tl.full((BLOCK,), 1.0, tl.float64) / size
         else:
             total = tl.load(tree_ptr + 1)
-            x = u * total
-            node = tl.full((BLOCK,), 1, tl.int64)
-            for _ in range(levels):
-                left = tl.load(tree_ptr + 2 * node, mask=live, other=0.0)
-                right = tl.load(tree_ptr + 2 * node + 1, mask=live, other=0.0)
-                go_left = ((x < left) | (right <= 0.0)) & (left > 0.0)
-                x = tl.where(go_left, x, x - left)
-                node = tl.where(go_left, 2 * node, 2 * node + 1)
+            node = descend(tree_ptr, u * total, live, levels, BLOCK)
             slot = node - capacity
             prob = tl.load(tree_ptr + node, mask=live, other=0.0) / total
         prev = tl.load(base_ptr + slot, mask=live, other=0) + tl.load(delta_ptr + slot, mask=live, other=0)

@@ -22,11 +22,9 @@ except ImportError:  # pragma: no cover - depends on the environment
 if triton is not None:
 
     @triton.jit
-    def _descend_kernel(tree_ptr, u_ptr, out_ptr, n, capacity, levels: tl.constexpr, BLOCK: tl.constexpr):
-        pid = tl.program_id(0)
-        offs = pid * BLOCK + tl.arange(0, BLOCK)
-        live = offs < n
-        u = tl.load(u_ptr + offs, mask=live, other=0.0)
+    def descend(tree_ptr, u, live, levels: tl.constexpr, BLOCK: tl.constexpr):
+        """The leaf node (capacity + slot) whose prefix-sum interval holds each
+        target ``u``; zero-weight subtrees are never entered while a sibling has weight."""
         node = tl.full((BLOCK,), 1, tl.int64)
         for _ in range(levels):
             left = tl.load(tree_ptr + 2 * node, mask=live, other=0.0)
@@ -34,6 +32,15 @@ if triton is not None:
             go_left = ((u < left) | (right <= 0.0)) & (left > 0.0)
             u = tl.where(go_left, u, u - left)
             node = tl.where(go_left, 2 * node, 2 * node + 1)
+        return node
+
+    @triton.jit
+    def _descend_kernel(tree_ptr, u_ptr, out_ptr, n, capacity, levels: tl.constexpr, BLOCK: tl.constexpr):
+        pid = tl.program_id(0)
+        offs = pid * BLOCK + tl.arange(0, BLOCK)
+        live = offs < n
+        u = tl.load(u_ptr + offs, mask=live, other=0.0)
+        node = descend(tree_ptr, u, live, levels, BLOCK)
         tl.store(out_ptr + offs, node - capacity, mask=live)
 
     @triton.jit
