@@ -295,6 +295,31 @@ def test_triton_kernels_match_the_torch_operations():
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout[-2000:] + r.stderr[-4000:]
 
 
+def test_triton_kernels_compile_for_an_h100():
+    """The kernels a CUDA draw launches compile to sm_90 machine code (Triton's
+    own LLVM and ptxas; no GPU needed), in every variant the draw uses."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from reprise.torch import resident_kernels as K
+    target = GPUTarget("cuda", 90, 32)
+    pick = {"u_ptr": "*fp64", "tree_ptr": "*fp64", "base_ptr": "*i64", "delta_ptr": "*i64", "slot_ptr": "*i64",
+            "prev_ptr": "*i64", "meta_ptr": "*i64", "n": "i32", "size": "i64", "capacity": "i64",
+            "dense": "constexpr", "levels": "constexpr", "BLOCK": "constexpr"}
+    describe = {"slot_ptr": "*i64", "prev_ptr": "*i64", "key_ptr": "*i64", "prio_ptr": "*fp64", "len_ptr": "*i64",
+                "start_ptr": "*i64", "delta_ptr": "*i64", "meta_ptr": "*i64", "idx_ptr": "*i64", "n": "i32",
+                "T": "i32", "start_stride": "i32", "rows": "constexpr", "BLOCK": "constexpr", "TB": "constexpr"}
+    variants = [(K._pick_kernel, pick, {"dense": d, "levels": 20, "BLOCK": K.BLOCK}) for d in (True, False)]
+    variants += [(K._describe_kernel, describe, {"rows": r, "BLOCK": K.BLOCK, "TB": 8}) for r in (True, False)]
+    for fn, signature, constants in variants:
+        try:
+            compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constants), target=target,
+                                      options={"enable_fp_fusion": False})
+        except FileNotFoundError as e:  # a Triton build without its bundled CUDA tools
+            pytest.skip(f"Triton cannot compile for CUDA here: {e}")
+        assert compiled.asm["cubin"] and ".target sm_90" in compiled.asm["ptx"]
+
+
 def test_kernels_that_fail_fall_back_to_torch_operations(make_store, caplog):
     """Triton kernels launched on CPU tensors (no interpreter) fail: the draw
     goes on with the torch operations, the same numbers, and says so once."""

@@ -99,7 +99,7 @@ def fused_draw(sel, u, n: int, size: int, dense: bool, t: int):
     grid = (triton.cdiv(n, BLOCK),)
     tree = sel.tree
     _pick_kernel[grid](u, tree.tree, sel.base, sel.delta, slots, prev, meta, n, size, tree.capacity,
-                       dense=dense, levels=tree.levels, BLOCK=BLOCK)
+                       dense=dense, levels=tree.levels, BLOCK=BLOCK, enable_fp_fusion=False)
     _describe_kernel[grid](slots, prev, sel.key, sel.priority, sel.length, sel.starts, sel.delta, meta, idx,
                            n, t, sel.starts.stride(0), rows=rows, BLOCK=BLOCK, TB=triton.next_power_of_2(max(t, 1)))
     return slots, meta, (idx if rows else None)
