@@ -256,6 +256,49 @@ def test_device_store_with_resident_draws(backend):
         store.close()
 
 
+def test_concurrent_draws_inserts_updates_and_reads(backend, make_store):
+    """Two sampling threads, a writer evicting through max_size, priority updates
+    and items() at once: every row is its key's data (the step number stored in
+    the item's priority), and at the end every draw is counted exactly once."""
+    import threading
+    store = make_store(capacity=4096, block_steps=8)
+    t = table(store, rp.selectors.Prioritized(1.0), max_size=64)
+    t.insert({"x": np.arange(1, 65).reshape(64, 1)}, priorities=np.arange(1.0, 65.0))
+    stop, errors, drawn = threading.Event(), [], [0, 0]
+
+    def sampler(k):
+        try:
+            while not stop.is_set():
+                s = t.sample(32, device="cuda")
+                x = host(s.data["x"])[:, 0]
+                assert (x == s.priorities).all(), (x, s.priorities)
+                drawn[k] += len(s.keys)
+                t.update_priorities(s.keys[:4], s.priorities[:4])
+        except BaseException as e:  # reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=sampler, args=(k,)) for k in (0, 1)]
+    for th in threads:
+        th.start()
+    try:
+        for i in range(65, 400):
+            t.insert({"x": np.array([[i]])}, priorities=float(i))
+            if i % 50 == 0:
+                assert len(t.items()) == 64
+    finally:
+        stop.set()
+        for th in threads:
+            th.join(30)
+    assert not errors, errors[0]
+    assert sum(drawn) > 0 and t.info()["num_samples"] == sum(drawn)
+    # Items still present were credited every draw of theirs (evicted ones took theirs along).
+    assert sum(n for _, _, n, _ in t.items()) <= sum(drawn)
+    before = {k: n for k, _, n, _ in t.items()}
+    s = t.sample(200, device="cuda")
+    after = {k: n for k, _, n, _ in t.items()}
+    assert sum(after.values()) - sum(before.values()) == 200
+
+
 def test_checkpoint_round_trip_keeps_device_draws(backend, make_store, tmp_path):
     store = make_store()
     t = table(store, rp.selectors.Prioritized(1.0))

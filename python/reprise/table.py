@@ -49,7 +49,9 @@ class Table:
     never dropped), in which case the writer gets ``ResourceExhausted``.
 
     ``extensions``: the built-in observers whose figures ``stats()`` returns
-    (``reprise.extensions``); None attaches every built-in, ``[]`` none.
+    (``reprise.extensions``); None attaches every built-in (with ``selection_device``
+    and a Uniform or Prioritized sampler: the two its device-resident draws keep
+    exact, PriorityHistogram and Rates), ``[]`` none.
     """
 
     def __init__(self, name: str, store: Store, sampler: Selector | None = None, remover: Selector | None = None,
