@@ -23,7 +23,10 @@ Sections (``--only`` takes a comma list of these names):
   Peer: TorchRL ``collect_host`` (CPU storage, pinned staging, async copy) at the same
   N, row and batch.
 - ``latency``: ``sample(256, device="cuda")`` of 400 B items, 2000 calls: median, p99;
-  the host-only sample for reference; ``iterate(prefetch=2)`` batches/s.
+  the host-only sample for reference; ``iterate(prefetch=2)`` batches/s. Then
+  ``resident``: the same items in a table with ``selection_device="cuda"`` (device-resident
+  draws), ``sample(b, device="cuda")`` for b in 256/1024/4096, compared with TorchRL's
+  400 B collect at the same batch.
 - ``sumtree``: ``reprise.torch.sum_tree.SumTree`` of 100,000,000 slots (random
   weights); one round = ``find`` of 65,536 targets u = rand * total, their
   probabilities, and ``set`` of 65,536 new weights at those slots; median of 50.
@@ -33,7 +36,8 @@ Sections (``--only`` takes a comma list of these names):
   ``update_priorities`` for B = 65,536 and 4,096; the same with host selection for
   reference. Peer: TorchRL ``prioritized(1e6, B)``.
 - ``device``: ``Store(device="cuda")`` (columns in GPU memory), 4 KB and 400 KB rows,
-  batches 1024 and 4096, ``sample(b, device="cuda")`` GB/s. Peer: TorchRL
+  batches 1024 and 4096, ``sample(b, device="cuda")`` GB/s, with host selection
+  (``reprise``) and device-resident draws (``reprise_resident``). Peer: TorchRL
   ``collect_device`` (LazyTensorStorage on the GPU) at the same N.
 
 Timing: every timed call is closed by ``torch.cuda.synchronize()`` inside a host
