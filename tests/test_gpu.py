@@ -136,13 +136,16 @@ def overwrite_free_blocks(store, first):
     return written
 
 
-def test_rows_are_held_until_the_gather_finished_then_released(backend, make_store, monkeypatch):
+@pytest.mark.parametrize("selection_device", [None, "cuda"])
+def test_rows_are_held_until_the_gather_finished_then_released(backend, make_store, monkeypatch, selection_device):
     """Between the draw and the gather's reads the sampled items are evicted and
     writers overwrite every block they can take (the gather ran late), and again
     after the sample returned: the gathered values are still those of the sampled
-    items, and once the gather has finished every block is free again."""
+    items, and once the gather has finished every block is free again. With
+    ``selection_device`` the draw is device-resident: the admission's epoch holds
+    the blocks. Without the epoch the overwrite would reach them."""
     store = make_store(SIG, capacity=64, block_steps=4)
-    t = rp.Table("t", store, max_size=60, seed=0)
+    t = rp.Table("t", store, max_size=60, seed=0, selection_device=selection_device)
     fill(store, [t], episodes=2)
     spans = item_steps(t, episodes=2)
     gather = torch.index_select

@@ -24,8 +24,12 @@ def _collect(rows, columns, fields, to_host=False, stream=None) -> Sample:
         return rows.to_sample(fields)
     from .torch.collect import collect_rows
     s = collect_rows(rows, columns, fields, stream)
-    if to_host:
-        s.data = {k: v.cpu().numpy() for k, v in s.data.items()}
+    return _to_host(s) if to_host else s
+
+
+def _to_host(s: Sample) -> Sample:
+    """``s`` with its device tensors copied into numpy arrays."""
+    s.data = {k: v.cpu().numpy() for k, v in s.data.items()}
     return s
 
 
@@ -208,11 +212,9 @@ class Table:
         except BaseException as e:
             partial = getattr(e, "partial", None)
             if to_host and isinstance(partial, Sample):
-                partial.data = {k: v.cpu().numpy() for k, v in partial.data.items()}
+                _to_host(partial)
             raise
-        if to_host:
-            s.data = {k: v.cpu().numpy() for k, v in s.data.items()}
-        return s
+        return _to_host(s) if to_host else s
 
     def iterate(self, batch_size: int, device=None, prefetch: int = 2, timeout: float | None = None,
                 fields: list[str] | None = None, num_batches: int | None = None):

@@ -236,8 +236,8 @@ impl PyTable {
 
     /// Device-resident draws: admits up to n draws under the rate limiter and
     /// returns `(count, table_size, size, positive, dense, shortest, longest,
-    /// rows, stopped, changes)`; `dense`: the items fill slots `0..size`. `rows` is a `SampleRows` of no items holding the epoch;
-    /// `stopped` is the (unraised) error that cut the admission short after
+    /// rows, stopped, changes)`; `dense`: the items fill slots `0..size`. `rows`
+    /// is a `SampleRows` of no items holding the epoch; `stopped` is the (unraised) error that cut the admission short after
     /// `count` draws, or None. `changes` is `(slots, seqs, keys, priorities,
     /// times_sampled, lengths, ranges, starts, range_lengths)`: seq -1 for an
     /// empty slot; `ranges[i]` row ranges of change i follow in the flat
@@ -272,20 +272,16 @@ impl PyTable {
     /// Adds device draws to items' times_sampled (items that left are skipped);
     /// returns how many items were credited.
     fn credit_draws(&self, py: Python<'_>, slots: PyReadonlyArray1<'_, i64>, seqs: PyReadonlyArray1<'_, i64>, counts: PyReadonlyArray1<'_, i64>) -> PyResult<usize> {
-        let bad = |what: &str, v: i64| invalid(py, format!("credit_draws: {what} must be >= 0, got {v}"));
-        let (slots, seqs, counts) = (slots.as_array(), seqs.as_array(), counts.as_array());
-        let mut s = Vec::with_capacity(slots.len());
-        let mut q = Vec::with_capacity(seqs.len());
-        let mut k = Vec::with_capacity(counts.len());
-        for &slot in slots.iter() {
-            s.push(u32::try_from(slot).map_err(|_| bad("a slot", slot))?);
+        fn each<T: TryFrom<i64>>(py: Python<'_>, what: &str, values: &PyReadonlyArray1<'_, i64>, clamp: i64) -> PyResult<Vec<T>> {
+            let values = values.as_array();
+            values
+                .iter()
+                .map(|&v| T::try_from(v.min(clamp)).map_err(|_| invalid(py, format!("credit_draws: {what} must be >= 0, got {v}"))))
+                .collect()
         }
-        for &seq in seqs.iter() {
-            q.push(u64::try_from(seq).map_err(|_| bad("a seq", seq))?);
-        }
-        for &count in counts.iter() {
-            k.push(u32::try_from(count.min(u32::MAX as i64)).map_err(|_| bad("a count", count))?);
-        }
+        let s: Vec<u32> = each(py, "a slot", &slots, i64::MAX)?;
+        let q: Vec<u64> = each(py, "a seq", &seqs, i64::MAX)?;
+        let k: Vec<u32> = each(py, "a count", &counts, u32::MAX as i64)?;
         py.detach(|| self.table.credit_draws(&s, &q, &k)).map_err(py_err(py))
     }
 

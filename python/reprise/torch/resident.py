@@ -12,9 +12,10 @@ ranges), times sampled, and a sum tree of sampling weights (ones for Uniform,
    epoch pinned under the same lock, so no block of an item present at that moment
    is reused before the epoch ends (crates/core/src/table/resident.rs);
 2. the changes applied to the mirror in one batch;
-3. the picks, keys, probabilities, priorities, lengths, times sampled and row
-   numbers computed from the mirror by a few kernels, and the rows gathered;
-4. the metadata copied to the host in one transfer; the epoch ends when the event
+3. the picks, keys, probabilities, priorities, lengths and times sampled computed
+   from the mirror (two Triton kernels on CUDA, else torch operations) and copied
+   to the host in one transfer;
+4. the row numbers computed and the rows gathered; the epoch ends when the event
    recorded after the gathers has passed.
 
 Nothing is done per drawn item on the host. Draws are counted per slot on the
@@ -38,6 +39,7 @@ from ..sample import Sample
 from . import resident_kernels as kernels
 from ._device import current_stream, new_event, torch_module, use_stream
 from .collect import RELEASER, gather
+from .selection import sampling_weights, seeded_generator
 from .sum_tree import SumTree
 
 
@@ -50,7 +52,6 @@ class ResidentSelection:
     def __init__(self, native, kind: str, exponent: float, device, seed: int | None, max_size: int):
         torch = torch_module()
         self.native, self.kind, self.exponent, self.device = native, kind, float(exponent), device
-        self.torch = torch
         # Two Triton launches per draw instead of about thirty torch operations.
         self.use_triton = kernels.triton is not None and device.type == "cuda"
         self.lock = threading.Lock()
@@ -66,8 +67,7 @@ class ResidentSelection:
         self.lens = torch.empty(0, 1, **i64)
         self.tree = SumTree(1, device)
         self._grow(min(max_size, 1 << 16) + 1)
-        self.generator = torch.Generator(device=device)
-        self.generator.manual_seed(int(seed) if seed is not None else int(np.random.SeedSequence().entropy % (1 << 63)))
+        self.generator = seeded_generator(device, seed)
 
     # ----- the mirror ---------------------------------------------------------
 
@@ -123,12 +123,7 @@ class ResidentSelection:
         p = dev[:, 3].view(torch.float64)
         self.priority[s], self.base[s], self.length[s] = p, dev[:, 4], dev[:, 5]
         self.starts[s], self.lens[s] = dev[:, 6: 6 + k], dev[:, 6 + k:]
-        present = q >= 0
-        if self.kind == "Uniform":
-            w = present.to(torch.float64)
-        else:
-            w = torch.where(present, p if self.exponent == 1.0 else torch.pow(p, self.exponent), torch.zeros_like(p))
-        self.tree.set(s, w)
+        self.tree.set(s, sampling_weights(self.kind, self.exponent, q >= 0, p))
 
     def fold(self):
         """Credits the draws counted on the device to the table's times_sampled."""
@@ -222,7 +217,7 @@ class ResidentSelection:
         """The slots the uniform numbers ``u`` draw, and each draw's probability.
         ``uniform``: a Uniform table whose items fill slots 0..size; ``zero``: a
         Prioritized table whose weights are all zero (uniform over its items)."""
-        torch = self.torch
+        torch = torch_module()
         n = u.numel()
         if uniform:
             slots = (u * size).to(torch.int64).clamp_(max=size - 1)

@@ -20,6 +20,8 @@ numbers for the same ``u`` (tests/test_resident.py runs the kernels under
 
 from __future__ import annotations
 
+from ._device import torch_module
+
 try:  # Triton is optional: the gpu extra installs it.
     import triton
     import triton.language as tl
@@ -89,7 +91,7 @@ def available(sel) -> bool:
 def fused_draw(sel, u, n: int, size: int, dense: bool, t: int):
     """``(slots, meta [5, n] int64, idx [n, t] int64 or None)`` for the uniform
     numbers ``u``; ``idx`` is None when a window has several row ranges."""
-    torch = sel.torch
+    torch = torch_module()
     dev = sel.device
     slots = torch.empty(n, dtype=torch.int64, device=dev)
     prev = torch.empty(n, dtype=torch.int64, device=dev)

@@ -45,8 +45,7 @@ class DeviceSelection:
         self.priority = torch.empty(0, dtype=torch.float64, device=device)
         self.tree = SumTree(1, device) if kind in RANDOM else None
         self._grow(max_size + 1)
-        self.generator = torch.Generator(device=device)
-        self.generator.manual_seed(int(seed) if seed is not None else int(np.random.SeedSequence().entropy % (1 << 63)))
+        self.generator = seeded_generator(device, seed)
 
     def _grow(self, capacity: int):
         torch = torch_module()
@@ -74,18 +73,7 @@ class DeviceSelection:
         self.seq[s] = q
         self.priority[s] = p
         if self.tree is not None:
-            present = q >= 0
-            if self.kind == "Uniform":
-                w = present.to(torch.float64)
-            else:
-                w = torch.where(present, self._weight(p), torch.zeros_like(p))
-            self.tree.set(s, w)
-
-    def _weight(self, p):
-        torch = torch_module()
-        if self.exponent == 1.0:
-            return p
-        return torch.pow(p, self.exponent)
+            self.tree.set(s, sampling_weights(self.kind, self.exponent, q >= 0, p))
 
     def draw(self, n: int):
         """``(slots, seqs, probabilities)`` as host int64/int64/float64 arrays: n
@@ -148,6 +136,23 @@ class DeviceSelection:
         by_seq = chosen[torch.sort(self.seq[chosen], stable=True).indices]
         order = torch.sort(self.priority[by_seq], descending=largest, stable=True).indices
         return by_seq[order]
+
+
+def seeded_generator(device, seed: int | None):
+    """A ``torch.Generator`` on ``device`` seeded with ``seed`` (None: from the OS)."""
+    generator = torch_module().Generator(device=device)
+    generator.manual_seed(int(seed) if seed is not None else int(np.random.SeedSequence().entropy % (1 << 63)))
+    return generator
+
+
+def sampling_weights(kind: str, exponent: float, present, priorities):
+    """The sum tree's weight of each slot: ones for Uniform, ``p^exponent`` for
+    Prioritized; zero for empty slots (``present`` False)."""
+    torch = torch_module()
+    if kind == "Uniform":
+        return present.to(torch.float64)
+    w = priorities if exponent == 1.0 else torch.pow(priorities, exponent)
+    return torch.where(present, w, torch.zeros_like(priorities))
 
 
 def _empty():

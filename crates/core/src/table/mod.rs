@@ -677,7 +677,7 @@ mod batch_insert;
 mod resident;
 mod sampling;
 mod shard;
-pub use resident::{Admitted, ResidentChange, ResidentItem};
+pub use resident::{Admitted, ResidentChange};
 pub use shard::ShardSummary;
 pub mod snapshot;
 

@@ -13,34 +13,23 @@
 //! The mirror counts its draws per slot; the table's `times_sampled` catches up
 //! when the mirror credits them back ([`Table::credit_draws`]), which it does
 //! before anything reads them (`items()`, checkpoints). Hence the conditions of
-//! [`Table::resident_draws`]: no `max_times_sampled` (a draw may remove its item),
+//! [`Table::resident_refusal`]: no `max_times_sampled` (a draw may remove its item),
 //! a Uniform or Prioritized sampler, and no extension that looks at each draw.
 
 use super::sampling::Stopped;
-use super::Table;
+use super::{State, Table};
 use crate::error::{Error, Partial, Result};
 use crate::invalid;
-use crate::item::Window;
+use crate::item::Item;
 use crate::sample::SampleBatch;
 use crate::selectors::SelectorSpec;
 use crate::wait::Wait;
 
-/// A slot's item as the mirror records it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ResidentItem {
-    pub seq: u64,
-    pub key: u64,
-    pub priority: f64,
-    pub times_sampled: u32,
-    pub length: u32,
-    pub window: Window,
-}
-
 /// A slot that changed: its item now (`None`: the slot is empty).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub struct ResidentChange {
     pub slot: u32,
-    pub item: Option<ResidentItem>,
+    pub item: Option<Item>,
 }
 
 /// What [`Table::admit`] hands over.
@@ -72,6 +61,10 @@ impl Table {
     /// Why this table's draws cannot be made on a device from its mirror; `None`
     /// when they can.
     pub fn resident_refusal(&self) -> Option<String> {
+        self.refusal(&self.shared.state.lock())
+    }
+
+    fn refusal(&self, st: &State) -> Option<String> {
         let c = &self.shared.config;
         if !c.external_selection {
             Some("it selects on the host".into())
@@ -79,7 +72,7 @@ impl Table {
             Some(format!("max_times_sampled is {} (a draw may remove its item)", c.max_times_sampled))
         } else if !matches!(c.sampler, SelectorSpec::Uniform | SelectorSpec::Prioritized { .. }) {
             Some(format!("its sampler is {} (only Uniform and Prioritized draw on the device)", c.sampler.describe()))
-        } else if self.shared.state.lock().ext.observes_each_draw() {
+        } else if st.ext.observes_each_draw() {
             Some("an extension looks at each draw (times_sampled, sampled_age, unique_samples)".into())
         } else {
             None
@@ -92,12 +85,12 @@ impl Table {
     /// no draw admitted at all, a timeout or interrupt is an error; after some,
     /// it is [`Admitted::stopped`].
     pub fn admit<'w>(&self, n: usize, wait: impl Into<Wait<'w>>) -> Result<Admitted> {
-        if let Some(why) = self.resident_refusal() {
-            return Err(invalid!("table '{}' cannot draw on a device from its mirror: {why}", self.name()));
-        }
         let wait = wait.into();
         let sh = &*self.shared;
         let mut st = sh.state.lock();
+        if let Some(why) = self.refusal(&st) {
+            return Err(invalid!("table '{}' cannot draw on a device from its mirror: {why}", self.name()));
+        }
         let mut table_size = None;
         let mut count = 0usize;
         let taken = self.under_limiter(&mut st, n, 0, &wait, |_, st, permits| {
@@ -136,17 +129,7 @@ impl Table {
             .into_iter()
             .map(|c| ResidentChange {
                 slot: c.slot,
-                item: c.item.and_then(|_| {
-                    let slot = &state.slots[c.slot as usize];
-                    slot.item.as_ref().map(|i| ResidentItem {
-                        seq: i.seq,
-                        key: i.key,
-                        priority: i.priority,
-                        times_sampled: i.times_sampled,
-                        length: i.length,
-                        window: i.window.clone(),
-                    })
-                }),
+                item: c.item.and_then(|_| state.slots[c.slot as usize].item.clone()),
             })
             .collect();
         let lengths = state.lengths.as_ref().expect("external selection counts lengths");

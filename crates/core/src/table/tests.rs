@@ -647,7 +647,7 @@ fn admit_counts_draws_in_bulk_and_hands_over_changes_once() {
     assert!(t.admit(1, None).unwrap().changes.is_empty());
     t.delete(&keys[1..2]);
     let a = t.admit(1, None).unwrap();
-    assert_eq!(a.changes, vec![ResidentChange { slot: 1, item: None }]);
+    assert!(matches!(&a.changes[..], [ResidentChange { slot: 1, item: None }]), "{:?}", a.changes);
     assert_eq!((a.size, a.positive, a.dense), (2, 2, false));
     // Credits: stale seqs are skipped; the rest reach times_sampled.
     assert_eq!(t.credit_draws(&[0, 1, 2], &[0, 1, 2], &[4, 9, 2]).unwrap(), 2);
