@@ -300,7 +300,7 @@ def test_triton_kernels_match_the_torch_operations():
     import sys
     here = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, TRITON_INTERPRET="1")
-    r = subprocess.run([sys.executable, os.path.join(here, "resident_kernels_check.py")], env=env,
+    r = subprocess.run([sys.executable, os.path.join(here, "triton_kernels_check.py")], env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout[-2000:] + r.stderr[-4000:]
 
@@ -321,6 +321,11 @@ def test_triton_kernels_compile_for_an_h100():
                 "T": "i32", "start_stride": "i32", "rows": "constexpr", "BLOCK": "constexpr", "TB": "constexpr"}
     variants = [(K._pick_kernel, pick, {"dense": d, "levels": 20, "BLOCK": K.BLOCK}) for d in (True, False)]
     variants += [(K._describe_kernel, describe, {"rows": r, "BLOCK": K.BLOCK, "TB": 8}) for r in (True, False)]
+    from reprise.torch import gather_kernels as G
+    for word in ("i64", "i32", "i16", "u8"):
+        gather = {"idx_ptr": "*i64", "desc_ptr": "*i64", "out_ptr": f"*{word}", "nrows": "i32",
+                  "ROWS": "constexpr", "WORDS": "constexpr"}
+        variants += [(G._gather_kernel, gather, {"ROWS": rows, "WORDS": words}) for rows, words in ((128, 1), (8, 512))]
     for fn, signature, constants in variants:
         try:
             compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constants), target=target,
@@ -355,6 +360,33 @@ def test_kernels_that_fail_fall_back_to_torch_operations(make_store, caplog):
         assert twins[0].items() == twins[1].items()
     finally:
         rt.emulate_cuda(False)
+
+
+def test_a_gather_kernel_that_fails_falls_back_to_index_select(caplog):
+    """The fused gather launched on CPU tensors (no interpreter) fails: the sample
+    is gathered by index_select instead, the same rows, and it says so."""
+    pytest.importorskip("triton")
+    import os
+    from reprise.torch import gather_kernels
+    if os.environ.get("TRITON_INTERPRET"):
+        pytest.skip("the interpreter runs the kernels on the CPU")
+    store = rp.Store({"x": rp.Field((3,), "int64"), "y": rp.Field((), "float32")}, capacity=64)
+    t = rp.Table("t", store, sampler=rp.selectors.Uniform(), seed=2)
+    t.insert({"x": np.arange(12).reshape(4, 1, 3), "y": np.arange(4, dtype=np.float32).reshape(4, 1)}, priorities=1.0)
+    rt.emulate_cuda(True)
+    gather_kernels.ENABLED = True
+    try:
+        with caplog.at_level("WARNING", logger="reprise"):
+            s = t.sample(20, device="cuda")
+        assert gather_kernels.ENABLED is False
+        assert "gathering with index_select instead" in caplog.text
+        y = s.data["y"].numpy().astype(np.int64).reshape(20)
+        assert len(set(y)) > 1
+        np.testing.assert_array_equal(s.data["x"].numpy().reshape(20, 3), 3 * y[:, None] + np.arange(3))
+    finally:
+        gather_kernels.ENABLED = None
+        rt.emulate_cuda(False)
+        store.close()
 
 
 # ----- property test against a plain reference model ------------------------------

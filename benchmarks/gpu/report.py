@@ -86,6 +86,14 @@ def summary_rows(results: dict) -> list[list[str]]:
             add(f"latency sample {b} x 400 B -> GPU, device-resident (median)",
                 f"{fmt(med, 'us')} (p99 {fmt(r.get('us_p99'), 'us')})" if med else (cell_err(r) or cell_err(rs) or "-"),
                 fmt(pm, "us") if pm else "-", f"{pm / med:.2f}x" if med and pm else "-", goal, verdict(ok))
+        tr = rs.get("transition", {}) if isinstance(rs, dict) else {}
+        if isinstance(tr, dict) and tr:
+            fused, per = tr.get("fused", {}), tr.get("per_field", {})
+            fm, pm = fused.get("us_median"), per.get("us_median")
+            add(f"latency sample 256 x {tr.get('row_bytes', '?')} B transitions (5 fields), fused gather (median)",
+                f"{fmt(fm, 'us')} (p99 {fmt(fused.get('us_p99'), 'us')})" if fm else (cell_err(fused) or cell_err(tr)
+                                                                                   or "-"),
+                "-", f"{pm / fm:.2f}x vs per field" if fm and pm else "-", "-", "-")
         it = lat.get("iterate_prefetch2", {})
         add("iterate prefetch=2, 256 x 400 B", fmt(it.get("batches_per_s"), "batches/s") if it.get("batches_per_s")
             else (cell_err(it) or "-"), "-", "-", "-", "-")

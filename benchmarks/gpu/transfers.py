@@ -251,6 +251,59 @@ def latency_resident(ctx: Ctx, k: int, n: int) -> dict:
         del table
         store.close()
         ctx.free()
+    guarded(ctx, res, "transition", resident_transition, ctx, n)
+    return res
+
+
+TRANSITION = {"observation": ((84,), "float32"), "action": ((), "int64"), "reward": ((), "float32"),
+              "discount": ((), "float32"), "done": ((), "bool")}
+
+
+def resident_transition(ctx: Ctx, n: int) -> dict:
+    """Device-resident ``sample(256, device="cuda")`` of transitions of five fields
+    (353 B: observation float32[84], action, reward, discount, done), gathered by the
+    fused kernel (two launches: int64 and int32 words, then uint8) and by one
+    ``index_select`` per field, median and p99 of each."""
+    import reprise as rp
+    from reprise.torch import gather_kernels
+    from reprise.torch.collect import wait_released
+    cfg = ctx.cfg
+    b, row = 256, sum(int(np.prod(s)) * np.dtype(d).itemsize for s, d in TRANSITION.values())
+    res = {"row_bytes": row, "batch": b, "fields": list(TRANSITION)}
+    store = rp.Store({k: rp.Field(s, d) for k, (s, d) in TRANSITION.items()}, capacity=n + 64, block_steps=64,
+                     directory=ctx.args.store_dir)
+    table = rp.Table("t", store, sampler=rp.selectors.Uniform(), remover=rp.selectors.Fifo(), max_size=n, seed=0,
+                     selection_device="cuda")
+    try:
+        rng = np.random.default_rng(2)
+        chunk = aligned_chunk(n, 65_536, (64 << 20) // row)
+        src = {k: rng.integers(0, 2, (chunk, 1, *s)).astype(d) for k, (s, d) in TRANSITION.items()}
+        done = 0
+        while done < n:
+            m = min(chunk, n - done)
+            table.insert({k: v[:m] for k, v in src.items()}, priorities=np.ones(m))
+            done += m
+        for label, enabled in (("fused", None), ("per_field", False)):
+            def measure():
+                gather_kernels.ENABLED = enabled
+                s = table.sample(b, device="cuda")
+                assert tuple(s.data["observation"].shape) == (b, 1, 84), s.data["observation"].shape
+                del s
+                t = ctx.time_calls(lambda: table.sample(b, device="cuda"), 100, cfg.latency_repeats)
+                r = call_summary(t, b * row)
+                log(f"  resident transition sample({b}), {label} gather: median {r['us_median']:.1f} us, "
+                    f"p99 {r['us_p99']:.1f} us")
+                return r
+            try:
+                guarded(ctx, res, label, measure)
+            finally:
+                gather_kernels.ENABLED = None
+            wait_released()
+    finally:
+        wait_released()
+        del table
+        store.close()
+        ctx.free()
     return res
 
 

@@ -15,11 +15,15 @@ reused before it has ended.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 
 from ..sample import Sample
+from . import gather_kernels
 from ._device import current_stream, new_event, torch_module, use_stream
+
+log = logging.getLogger("reprise")
 
 
 class _Releaser:
@@ -156,8 +160,18 @@ def _staging(device):
 
 def gather(columns, names, idx, n: int, t: int, ragged: bool) -> dict:
     """``{field: [n, t, *shape] tensor}`` of the rows ``idx`` (device int64, n * t,
-    -1 past an item's end when ``ragged``: zeros there), one ``index_select`` per
-    field, on the current stream."""
+    -1 past an item's end when ``ragged``: zeros there), on the current stream: one
+    launch per word width of the fields (``gather_kernels``) where that saves
+    launches, else one ``index_select`` per field."""
+    if (len(names) > 1 or ragged) and gather_kernels.available(columns.device):
+        try:
+            words = gather_kernels.gather(columns, names, idx, n * t)
+        except Exception as e:  # a Triton or driver version without what the kernel uses
+            gather_kernels.ENABLED = False
+            log.warning("reprise: the fused gather kernel failed on %s (%s: %s); gathering with index_select "
+                        "instead", columns.device, type(e).__name__, e)
+        else:
+            return {name: columns.as_field(name, words[name], (n, t)) for name in names}
     torch = torch_module()
     mask = None
     if ragged:

@@ -76,6 +76,7 @@ class ColumnViews:
         self.fields = list(signature)
         self.field_shapes = {name: (tuple(f.shape), f.dtype) for name, f in signature.items()}
         self.views: dict = {}
+        self.gather_plans: dict = {}  # field names -> gather_kernels' launches
 
     def as_field(self, name: str, words, leading: tuple):
         """Re-views a gathered ``[rows, words]`` tensor as ``[*leading, *shape]`` of the field's dtype."""
@@ -140,6 +141,7 @@ class HostColumns(ColumnViews):
                         with torch.cuda.device(self.device):
                             torch.cuda.cudart().cudaHostUnregister(self._address)
         self.views.clear()
+        self.gather_plans.clear()
 
 
 def close_all(views: dict):
