@@ -1,7 +1,7 @@
 """Run by tests/test_resident.py under TRITON_INTERPRET=1: the Triton kernels of
 the GPU path (run by Triton's interpreter on the CPU) against the torch operations:
-a device-resident draw's on twin tables with the same seed, and the fused gather's
-against ``index_select``. Prints OK or raises."""
+a device-resident draw's on twin tables with the same seed (also through a static
+sample), and the fused gather's against ``index_select``. Prints OK or raises."""
 
 import numpy as np
 import torch
@@ -109,10 +109,36 @@ def check_gather():
     store.close()
 
 
+def check_static():
+    """A static sample drawn and gathered by the kernels gives the torch operations'
+    numbers, for windows of one row range and of several."""
+    for interleave in (False, True):
+        pair = [twin("s", rp.selectors.Prioritized(0.8), fused) for fused in (False, True)]
+        samples = []
+        for (store, t), fused in zip(pair, (False, True)):
+            fill(store, t, (1, 3), interleave)
+            gather_kernels.ENABLED = fused
+            samples.append(t.static_sample(40, steps=3))
+        for _ in range(3):
+            outs = []
+            for s, fused in zip(samples, (False, True)):
+                gather_kernels.ENABLED = fused
+                outs.append(s.admit().draw())
+            a, b = outs
+            for k in ("keys", "probabilities", "priorities", "times_sampled", "lengths"):
+                assert torch.equal(getattr(a, k), getattr(b, k)), (k, interleave)
+            assert torch.equal(a.data["x"], b.data["x"]), interleave
+        gather_kernels.ENABLED = None
+        for (store, _), s in zip(pair, samples):
+            s.close()
+            store.close()
+
+
 def main():
     emulate_cuda(True)
     check_draws()
     check_gather()
+    check_static()
     print("OK")
 
 

@@ -240,6 +240,28 @@ class Table:
 
         return iterate(draw, dev, prefetch, num_batches)
 
+    def static_sample(self, batch_size: int, steps: int = 1, fields: list[str] | None = None):
+        """A ``reprise.torch.StaticSample``: ``batch_size`` device-resident draws of
+        items of at most ``steps`` steps into fixed device buffers, for CUDA graphs.
+        ``admit()`` draws (on the host side, outside a graph); ``draw()`` gathers the
+        fields into ``[batch_size, steps, *shape]`` tensors and can be captured with
+        the training step that uses them. Needs a table that draws device-resident
+        (``selection_device``, a Uniform or Prioritized sampler, no
+        ``max_times_sampled``); see docs/gpu.md."""
+        batch_size = as_int("batch_size", batch_size, 1)
+        steps = as_int("steps", steps, 1)
+        self._check_fields(fields)
+        sel = self._selection
+        if not getattr(sel, "resident", False):
+            why = self._native.resident_refusal() or "it was restored from a checkpoint"
+            raise InvalidArgument(f"table '{self.name}' cannot make a static sample: it does not draw "
+                                  f"device-resident ({why}); expected a table with selection_device, a Uniform or "
+                                  f"Prioritized sampler and max_times_sampled=0")
+        from .torch.static import StaticSample
+        columns = self._store._columns_for(sel.device)
+        names = columns.fields if fields is None else list(fields)
+        return StaticSample(self.name, sel, columns, names, batch_size, steps)
+
     def _iterate_host(self, batch_size, timeout, fields, num_batches):
         produced = 0
         while num_batches is None or produced < num_batches:

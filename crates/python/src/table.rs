@@ -242,14 +242,14 @@ impl PyTable {
     /// times_sampled, lengths, ranges, starts, range_lengths)`: seq -1 for an
     /// empty slot; `ranges[i]` row ranges of change i follow in the flat
     /// `starts` / `range_lengths`.
-    #[pyo3(signature = (n, timeout))]
-    fn admit<'py>(&self, py: Python<'py>, n: i64, timeout: Option<f64>) -> PyResult<Admission<'py>> {
+    #[pyo3(signature = (n, timeout, longest_allowed=None))]
+    fn admit<'py>(&self, py: Python<'py>, n: i64, timeout: Option<f64>, longest_allowed: Option<u32>) -> PyResult<Admission<'py>> {
         let timeout = timeout::parse(py, timeout)?;
         let n = non_negative(py, &format!("table '{}': sample size", self.table.name()), n, 1)? as usize;
         let signals = Signals::default();
         let check = || signals.check();
         let wait = Wait { timeout, interrupt: Some(&check) };
-        let a = py.detach(|| self.table.admit(n, wait)).map_err(|e| to_py(py, e, None, signals.take()))?;
+        let a = py.detach(|| self.table.admit(n, wait, longest_allowed)).map_err(|e| to_py(py, e, None, signals.take()))?;
         let stopped = a.stopped.map(|e| to_py(py, e, None, signals.take()).into_value(py).into_bound(py).into_any());
         let c = &a.changes;
         let item = |i: usize| c[i].item.as_ref();

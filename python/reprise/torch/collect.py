@@ -20,7 +20,6 @@ import threading
 import time
 
 from ..sample import Sample
-from . import gather_kernels
 from ._device import current_stream, new_event, torch_module, use_stream
 
 log = logging.getLogger("reprise")
@@ -163,6 +162,7 @@ def gather(columns, names, idx, n: int, t: int, ragged: bool) -> dict:
     -1 past an item's end when ``ragged``: zeros there), on the current stream: one
     launch per word width of the fields (``gather_kernels``) where that saves
     launches, else one ``index_select`` per field."""
+    from . import gather_kernels  # here: importing Triton takes a while, and only the GPU path needs it
     if (len(names) > 1 or ragged) and gather_kernels.available(columns.device):
         try:
             words = gather_kernels.gather(columns, names, idx, n * t)

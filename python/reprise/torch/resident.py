@@ -148,8 +148,8 @@ class ResidentSelection:
             count, table_size, size, positive, dense, shortest, longest, rows, stopped, changes = \
                 self.native.admit(n, timeout)
             try:
-                sample = self._draw(count, table_size, size, positive, dense, shortest, longest, rows, changes,
-                                    columns, names, stream)
+                sample = self.draw_admitted(count, table_size, size, positive, dense, shortest, longest, rows,
+                                            changes, columns, names, stream)
             except BaseException:
                 rows.release()
                 raise
@@ -158,28 +158,17 @@ class ResidentSelection:
             raise stopped
         return sample
 
-    def _draw(self, n, table_size, size, positive, dense, shortest, longest, rows, changes, columns, names, stream):
-        torch = torch_module()
+    def draw_admitted(self, n, table_size, size, positive, dense, shortest, longest, rows, changes, columns, names,
+                      stream):
+        """Draws and gathers the n draws ``admit`` admitted (its other results as
+        arguments); returns their Sample."""
         if stream is None:
             stream = current_stream(self.device)
         with use_stream(stream):
             wait = getattr(columns, "wait_for_writes", None)
             if wait is not None:
                 wait(stream)
-            self._apply(changes)
-            u = torch.rand(n, dtype=torch.float64, device=self.device, generator=self.generator)
-            uniform = self.kind == "Uniform" and dense  # the items fill slots 0..size
-            zero = self.kind == "Prioritized" and positive == 0 and self.exponent != 0.0
-            idx = None
-            fused = None
-            if kernels.available(self) and n <= kernels.MAX_BATCH and not zero:
-                fused = self._fused(u, n, size, uniform, longest)
-            if fused is not None:
-                slots, meta, idx = fused
-            else:
-                slots, probabilities = self._pick(u, size, uniform, zero)
-                meta = torch.stack([self.key[slots], probabilities.view(torch.int64),
-                                    self.priority[slots].view(torch.int64), self._count(slots), self.length[slots]])
+            slots, meta, idx = self.select(n, size, positive, dense, longest, changes)
             # The metadata first, in one copy: waiting for it waits for the draw's
             # small kernels only, not for the gathers queued after it. (So every
             # kernel on the mirror has run when a draw returns, whatever stream
@@ -187,7 +176,7 @@ class ResidentSelection:
             meta = meta.cpu().numpy()
             t = longest if shortest == longest else int(meta[4].max())
             if idx is None:
-                idx = self._rows(slots, self.length[slots], t)
+                idx = self.rows(slots, t)
             elif t != longest:
                 idx = idx[:, :t]
             data = gather(columns, names, idx.flatten().to(columns.device), n, t, shortest != longest)
@@ -200,6 +189,27 @@ class ResidentSelection:
         return Sample(keys=meta[0].view(np.uint64), probabilities=meta[1].view(np.float64),
                       priorities=meta[2].view(np.float64), times_sampled=meta[3], table_size=int(table_size),
                       lengths=meta[4], data=data)
+
+    def select(self, n: int, size: int, positive: int, dense: bool, t: int, changes):
+        """Applies ``admit``'s changes and draws n items on the current stream:
+        ``(slots, meta, idx)``, ``meta`` a device ``[5, n]`` int64 of keys,
+        probability bits, priority bits, times sampled and lengths; ``idx`` the
+        ``[n, t]`` row numbers (-1 past an item's end), or None when the torch
+        operations drew or a window has several row ranges (``rows`` makes them).
+        Runs under ``lock``, after ``admit``."""
+        torch = torch_module()
+        self._apply(changes)
+        u = torch.rand(n, dtype=torch.float64, device=self.device, generator=self.generator)
+        uniform = self.kind == "Uniform" and dense  # the items fill slots 0..size
+        zero = self.kind == "Prioritized" and positive == 0 and self.exponent != 0.0
+        if kernels.available(self) and n <= kernels.MAX_BATCH and not zero:
+            fused = self._fused(u, n, size, uniform, t)
+            if fused is not None:
+                return fused
+        slots, probabilities = self._pick(u, size, uniform, zero)
+        meta = torch.stack([self.key[slots], probabilities.view(torch.int64),
+                            self.priority[slots].view(torch.int64), self._count(slots), self.length[slots]])
+        return slots, meta, None
 
     def _fused(self, u, n, size, uniform, t):
         """The Triton kernels' draw, or None (for good) when they fail to compile
@@ -230,9 +240,10 @@ class ResidentSelection:
         slots = self.tree.find(u * total)
         return slots, self.tree.get(slots) / total
 
-    def _rows(self, slots, lengths, t: int):
+    def rows(self, slots, t: int):
         """``[n, t]`` row numbers of the picked items' steps; -1 past an item's end."""
         torch = torch_module()
+        lengths = self.length[slots]
         step = torch.arange(t, device=self.device)
         if self.ranges == 1:
             idx = self.starts[slots, :1] + step

@@ -84,7 +84,12 @@ impl Table {
     /// last admission with an epoch that holds every present item's rows. With
     /// no draw admitted at all, a timeout or interrupt is an error; after some,
     /// it is [`Admitted::stopped`].
-    pub fn admit<'w>(&self, n: usize, wait: impl Into<Wait<'w>>) -> Result<Admitted> {
+    ///
+    /// `longest_allowed` (for draws into buffers of a fixed number of steps):
+    /// while the table holds an item longer than that, nothing is admitted and
+    /// the call fails without changing anything (or, when it had admitted some
+    /// draws before such an item arrived while it waited, stops with them).
+    pub fn admit<'w>(&self, n: usize, wait: impl Into<Wait<'w>>, longest_allowed: Option<u32>) -> Result<Admitted> {
         let wait = wait.into();
         let sh = &*self.shared;
         let mut st = sh.state.lock();
@@ -93,7 +98,13 @@ impl Table {
         }
         let mut table_size = None;
         let mut count = 0usize;
+        let mut too_long = None;
         let taken = self.under_limiter(&mut st, n, 0, &wait, |_, st, permits| {
+            let longest = longest_item(st);
+            if longest_allowed.is_some_and(|most| longest > most) {
+                too_long = Some(longest);
+                return (0, true);
+            }
             table_size.get_or_insert(st.size);
             count += permits;
             st.limiter.samples += permits as u64;
@@ -103,7 +114,21 @@ impl Table {
             (permits, false)
         });
         let stopped = match taken {
-            Ok(_) => None,
+            Ok(_) => match too_long {
+                None => None,
+                Some(longest) => {
+                    let e = invalid!(
+                        "table '{}' holds an item of {longest} steps; draws of at most {} steps were asked for \
+                         (a static sample's steps must be >= the longest item)",
+                        self.name(),
+                        longest_allowed.unwrap_or(0)
+                    );
+                    if count == 0 {
+                        return Err(e);
+                    }
+                    Some(e)
+                }
+            },
             Err(Stopped::Invalid(e)) => return Err(e),
             Err(stop) => {
                 let e = match stop {
@@ -134,7 +159,7 @@ impl Table {
             .collect();
         let lengths = state.lengths.as_ref().expect("external selection counts lengths");
         let shortest = lengths.keys().next().copied().unwrap_or(0);
-        let longest = lengths.keys().next_back().copied().unwrap_or(0);
+        let longest = longest_item(state);
         let dense = state.free_slots.is_empty();
         Ok(Admitted { count, table_size, size: state.size, positive, dense, shortest, longest, changes, rows, stopped })
     }
@@ -164,4 +189,9 @@ impl Table {
         }
         Ok(credited)
     }
+}
+
+/// The number of steps of the longest item in a table with external selection.
+fn longest_item(st: &State) -> u32 {
+    st.lengths.as_ref().and_then(|l| l.keys().next_back().copied()).unwrap_or(0)
 }

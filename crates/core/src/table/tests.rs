@@ -636,7 +636,7 @@ fn admit_counts_draws_in_bulk_and_hands_over_changes_once() {
     let s = store(64);
     let t = Table::new(resident_config(0, vec![]), &s).unwrap();
     let keys = put(&t, &[1, 2, 3], &[1.0, 0.0, 2.0]);
-    let a = t.admit(5, Some(Duration::ZERO)).unwrap();
+    let a = t.admit(5, Some(Duration::ZERO), None).unwrap();
     assert_eq!((a.count, a.table_size, a.size, a.positive, a.dense), (5, 3, 3, 2, true));
     assert_eq!((a.shortest, a.longest), (1, 1));
     assert!(a.stopped.is_none() && a.rows.is_pinned() && a.rows.is_empty());
@@ -644,9 +644,9 @@ fn admit_counts_draws_in_bulk_and_hands_over_changes_once() {
     assert_eq!(got, vec![(0, Some((keys[0], 1.0))), (1, Some((keys[1], 0.0))), (2, Some((keys[2], 2.0)))]);
     assert_eq!((t.info().num_samples, t.info().limiter_samples), (5, 5));
     // Nothing changed since: no changes. A delete shows as an empty slot; slots are no longer dense.
-    assert!(t.admit(1, None).unwrap().changes.is_empty());
+    assert!(t.admit(1, None, None).unwrap().changes.is_empty());
     t.delete(&keys[1..2]);
-    let a = t.admit(1, None).unwrap();
+    let a = t.admit(1, None, None).unwrap();
     assert!(matches!(&a.changes[..], [ResidentChange { slot: 1, item: None }]), "{:?}", a.changes);
     assert_eq!((a.size, a.positive, a.dense), (2, 2, false));
     // Credits: stale seqs are skipped; the rest reach times_sampled.
@@ -663,10 +663,10 @@ fn admit_stops_at_the_limiter_with_the_draws_it_admitted() {
     c.rate_limiter = RateLimiterConfig::new(1.0, 1, 0.0, 1e9).unwrap();
     let t = Table::new(c, &s).unwrap();
     put(&t, &[1, 2], &[1.0, 1.0]);
-    let a = t.admit(5, Some(Duration::from_millis(10))).unwrap();
+    let a = t.admit(5, Some(Duration::from_millis(10)), None).unwrap();
     assert_eq!(a.count, 2);
     assert!(matches!(a.stopped, Some(Error::Timeout { .. })));
-    let e = t.admit(1, Some(Duration::from_millis(10))).unwrap_err();
+    let e = t.admit(1, Some(Duration::from_millis(10)), None).unwrap_err();
     assert!(matches!(e, Error::Timeout { .. }));
     assert_eq!(t.info().num_samples, 2);
 }
@@ -675,9 +675,9 @@ fn admit_stops_at_the_limiter_with_the_draws_it_admitted() {
 fn admit_is_refused_where_draws_need_the_host() {
     let s = store(64);
     let host = Table::new(config("h", SelectorSpec::Uniform, SelectorSpec::Fifo, 8), &s).unwrap();
-    assert!(host.admit(1, None).unwrap_err().to_string().contains("selects on the host"));
+    assert!(host.admit(1, None, None).unwrap_err().to_string().contains("selects on the host"));
     let t = Table::new(resident_config(2, vec![]), &s).unwrap();
-    assert!(t.admit(1, None).unwrap_err().to_string().contains("max_times_sampled is 2"));
+    assert!(t.admit(1, None, None).unwrap_err().to_string().contains("max_times_sampled is 2"));
     let mut c = resident_config(0, vec![crate::ExtensionSpec::TimesSampled]);
     c.name = "e".into();
     let t = Table::new(c, &s).unwrap();
@@ -687,4 +687,19 @@ fn admit_is_refused_where_draws_need_the_host() {
     c.sampler = SelectorSpec::Fifo;
     let t = Table::new(c, &s).unwrap();
     assert!(t.resident_refusal().unwrap().contains("sampler is Fifo"));
+}
+
+#[test]
+fn admit_refuses_items_longer_than_asked_for_without_changing_anything() {
+    let s = store(64);
+    let t = Table::new(resident_config(0, vec![]), &s).unwrap();
+    let bytes: Vec<u8> = (0..6i64).flat_map(|v| v.to_ne_bytes()).collect();
+    t.insert_batch(&[&bytes], 2, 3, &[1.0, 1.0], None).unwrap();
+    let e = t.admit(4, None, Some(2)).unwrap_err().to_string();
+    assert!(e.contains("holds an item of 3 steps; draws of at most 2 steps"), "{e}");
+    assert_eq!((t.info().num_samples, t.info().limiter_samples), (0, 0));
+    // The changes were not drained: the next admission hands them over.
+    let a = t.admit(4, None, Some(3)).unwrap();
+    assert_eq!((a.count, a.longest, a.changes.len()), (4, 3, 2));
+    assert!(a.stopped.is_none());
 }
