@@ -246,6 +246,8 @@ def latency_resident(ctx: Ctx, k: int, n: int) -> dict:
                 return r
             guarded(ctx, res, f"b{b}", measure)
             wait_released()
+        guarded(ctx, res, "static_graph", static_graph, ctx, table, k)
+        wait_released()
     finally:
         wait_released()
         del table
@@ -253,6 +255,42 @@ def latency_resident(ctx: Ctx, k: int, n: int) -> dict:
         ctx.free()
     guarded(ctx, res, "transition", resident_transition, ctx, n)
     return res
+
+
+def static_graph(ctx: Ctx, table, k: int) -> dict:
+    """``table.static_sample(256)``: ``admit()`` then the replay of a CUDA graph that
+    captured ``draw()`` (emulated: ``admit().draw()``), median and p99 per step."""
+    b = 256
+    s = table.static_sample(b)
+    try:
+        if ctx.dev.type == "cuda":
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                s.admit().draw()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = s.draw()
+
+            def step():
+                s.admit()
+                graph.replay()
+        else:
+            out = s.admit().draw()
+
+            def step():
+                s.admit().draw()
+        step()
+        ctx.sync()
+        assert tuple(out.data["x"].shape) == (b, 1, k) and float(out.data["x"].abs().sum()) > 0
+        t = ctx.time_calls(step, 100, ctx.cfg.latency_repeats)
+        r = call_summary(t, b * 4 * k)
+        how = "admit + graph replay" if ctx.dev.type == "cuda" else "admit + draw (no graph)"
+        log(f"  static sample({b}), {how}: median {r['us_median']:.1f} us, p99 {r['us_p99']:.1f} us")
+        return r
+    finally:
+        s.close()
 
 
 TRANSITION = {"observation": ((84,), "float32"), "action": ((), "int64"), "reward": ((), "float32"),
