@@ -321,6 +321,14 @@ def test_triton_kernels_compile_for_an_h100():
                 "T": "i32", "start_stride": "i32", "rows": "constexpr", "BLOCK": "constexpr", "TB": "constexpr"}
     variants = [(K._pick_kernel, pick, {"dense": d, "levels": 20, "BLOCK": K.BLOCK}) for d in (True, False)]
     variants += [(K._describe_kernel, describe, {"rows": r, "BLOCK": K.BLOCK, "TB": 8}) for r in (True, False)]
+    apply = {"change_ptr": "*i64", "m": "i32", "K": "i32", "seq_ptr": "*i64", "key_ptr": "*i64", "prio_ptr": "*fp64",
+             "base_ptr": "*i64", "len_ptr": "*i64", "delta_ptr": "*i64", "starts_ptr": "*i64", "lens_ptr": "*i64",
+             "BLOCK": "constexpr"}
+    variants.append((K._apply_kernel, apply, {"BLOCK": 256}))
+    from reprise.torch import sum_tree as S
+    set_small = {"tree_ptr": "*fp64", "slot_ptr": "*i64", "weight_ptr": "*fp64", "n": "i32", "capacity": "i64",
+                 "levels": "constexpr", "BLOCK": "constexpr"}
+    variants.append((S._set_small_kernel, set_small, {"levels": 20, "BLOCK": 512}))
     from reprise.torch import gather_kernels as G
     for word in ("i64", "i32", "i16", "u8"):
         gather = {"idx_ptr": "*i64", "desc_ptr": "*i64", "out_ptr": f"*{word}", "nrows": "i32",

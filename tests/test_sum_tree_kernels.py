@@ -29,8 +29,9 @@ def pair(capacity, device):
 
 
 def check_updates_match_the_torch_tree(device):
-    """Parents recomputed level by level: batches larger than a kernel block (256),
-    partial updates, zeros, a capacity that is not a power of two, and growth."""
+    """Parents recomputed level by level: batches larger than a kernel block (512),
+    partial updates, zeros, a capacity that is not a power of two, updates of more
+    slots than one program takes, and growth."""
     g = np.random.default_rng(0)
     tri, ref = pair(1000, device)
     w = g.random(1000)
@@ -46,6 +47,13 @@ def check_updates_match_the_torch_tree(device):
             tree.set(torch.as_tensor(idx, device=device), torch.as_tensor(w[idx], device=device))
         assert torch.equal(tri.tree, ref.tree), f"after an update of {n} slots"
         assert float(tri.total()) == pytest.approx(w.sum(), rel=1e-12)
+    # More than ONE_LAUNCH slots: one launch per level instead of one program for all.
+    wide_tri, wide_ref = pair(3 * SumTree.ONE_LAUNCH, device)
+    idx = torch.as_tensor(g.choice(3 * SumTree.ONE_LAUNCH, SumTree.ONE_LAUNCH + 100, replace=False), device=device)
+    v = torch.as_tensor(g.random(SumTree.ONE_LAUNCH + 100), device=device)
+    for tree in (wide_tri, wide_ref):
+        tree.set(idx, v)
+    assert torch.equal(wide_tri.tree, wide_ref.tree)
     big_tri, big_ref = tri.grow(3000), ref.grow(3000)
     assert big_tri.use_triton and big_tri.capacity == 4096
     assert torch.equal(big_tri.tree, big_ref.tree)
@@ -116,7 +124,7 @@ def main():
     from reprise.torch import sum_tree
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
     if interpreted:  # the interpreter really is in use: the kernels were not compiled
-        for kernel in (sum_tree._descend_kernel, sum_tree._level_kernel):
+        for kernel in (sum_tree._descend_kernel, sum_tree._level_kernel, sum_tree._set_small_kernel):
             assert type(kernel).__name__ == "InterpretedFunction", type(kernel)
     device = torch.device("cpu" if interpreted else "cuda")
     print(f"kernels from {sum_tree.__file__}", flush=True)

@@ -14,7 +14,7 @@ from reprise.torch import resident_kernels as kernels
 def twin(name, sampler, fused):
     store = rp.Store({"x": rp.Field((2,), "int64")}, capacity=512, block_steps=4)
     t = rp.Table(name, store, sampler=sampler, selection_device="cuda", seed=7, max_size=100)
-    t._selection.use_triton = fused
+    t._selection.use_triton = t._selection.tree.use_triton = fused
     return store, t
 
 
@@ -51,11 +51,22 @@ def check_draws():
             for k in ("keys", "probabilities", "priorities", "times_sampled", "lengths"):
                 np.testing.assert_array_equal(getattr(a, k), getattr(b, k), err_msg=f"{name} {n} {k}")
             np.testing.assert_array_equal(a.data["x"].numpy(), b.data["x"].numpy(), err_msg=f"{name} {n} data")
+        # Drawn items leave (their draws not yet credited) and new ones take their
+        # slots: the new items' counts start at zero.
+        drawn = [int(k) for k in np.unique(a.keys)[:3]]
+        for store, t in pair:
+            t.delete(drawn)
+            with store.writer() as w:
+                for i in range(3):
+                    w.append({"x": np.array([50 + i, 0])})
+                    w.create_item(t, 1, 2.0)
+        a, b = (t.sample(200, device="cuda") for _, t in pair)
+        np.testing.assert_array_equal(a.times_sampled, b.times_sampled, err_msg=f"{name} reused slots")
         assert pair[0][1].items() == pair[1][1].items(), name
         for store, _ in pair:
             store.close()
-    # Every batch up to MAX_BATCH went through the kernels (4 cases x 3 batches).
-    assert len(calls) == 12 and max(calls) <= kernels.MAX_BATCH, calls
+    # Every batch up to MAX_BATCH went through the kernels (4 cases x 4 batches).
+    assert len(calls) == 16 and max(calls) <= kernels.MAX_BATCH, calls
     kernels.fused_draw = real
 
 

@@ -104,26 +104,29 @@ class ResidentSelection:
             return
         self._grow(int(slots.max()) + 1, int(ranges.max()))
         k = self.ranges
-        # Windows as [changes, K] row ranges (zero-length past an item's last).
-        at = np.zeros(slots.size, np.int64)
+        # One [7 + 2K, changes] array, one copy: slot, seq, key, priority bits, times
+        # sampled, length, weight bits, then the windows as K row ranges each
+        # (zero-length past an item's last).
+        m = slots.size
+        host = np.zeros((7 + 2 * k, m), np.int64)
+        host[:7] = [slots, seqs, keys, priorities.view(np.int64), times, lengths,
+                    sampling_weights(self.kind, self.exponent, seqs, priorities).view(np.int64)]
+        at = np.zeros(m, np.int64)
         np.cumsum(ranges[:-1], out=at[1:])
-        column = np.arange(range_lengths.size) - np.repeat(at, ranges)
-        row = np.repeat(np.arange(slots.size), ranges)
-        window_starts = np.zeros((slots.size, k), np.int64)
-        window_lens = np.zeros((slots.size, k), np.int64)
-        window_starts[row, column] = starts
-        window_lens[row, column] = range_lengths
-        host = np.concatenate([np.stack([slots, seqs, keys, priorities.view(np.int64), times, lengths], axis=1),
-                               window_starts, window_lens], axis=1)
+        which = np.arange(range_lengths.size) - np.repeat(at, ranges)
+        change = np.repeat(np.arange(m), ranges)
+        host[7 + which, change] = starts
+        host[7 + k + which, change] = range_lengths
         dev = torch.from_numpy(host).to(self.device)
-        s, q = dev[:, 0], dev[:, 1]
+        if kernels.available(self) and self._kernels(kernels.apply_changes, self, dev)[0]:
+            return
+        s, q = dev[0], dev[1]
         same = self.seq[s] == q  # a priority update keeps the slot's uncredited draws
         self.delta[s] = torch.where(same, self.delta[s], torch.zeros_like(q))
-        self.seq[s], self.key[s] = q, dev[:, 2]
-        p = dev[:, 3].view(torch.float64)
-        self.priority[s], self.base[s], self.length[s] = p, dev[:, 4], dev[:, 5]
-        self.starts[s], self.lens[s] = dev[:, 6: 6 + k], dev[:, 6 + k:]
-        self.tree.set(s, sampling_weights(self.kind, self.exponent, q >= 0, p))
+        self.seq[s], self.key[s] = q, dev[2]
+        self.priority[s], self.base[s], self.length[s] = dev[3].view(torch.float64), dev[4], dev[5]
+        self.starts[s], self.lens[s] = dev[7: 7 + k].T, dev[7 + k:].T
+        self.tree.set(s, dev[6].view(torch.float64))
 
     def fold(self):
         """Credits the draws counted on the device to the table's times_sampled."""
@@ -203,25 +206,26 @@ class ResidentSelection:
         uniform = self.kind == "Uniform" and dense  # the items fill slots 0..size
         zero = self.kind == "Prioritized" and positive == 0 and self.exponent != 0.0
         if kernels.available(self) and n <= kernels.MAX_BATCH and not zero:
-            fused = self._fused(u, n, size, uniform, t)
-            if fused is not None:
+            ok, fused = self._kernels(kernels.fused_draw, self, u, n, size, uniform, t)
+            if ok:
                 return fused
         slots, probabilities = self._pick(u, size, uniform, zero)
         meta = torch.stack([self.key[slots], probabilities.view(torch.int64),
                             self.priority[slots].view(torch.int64), self._count(slots), self.length[slots]])
         return slots, meta, None
 
-    def _fused(self, u, n, size, uniform, t):
-        """The Triton kernels' draw, or None (for good) when they fail to compile
-        on this device: nothing of the mirror has changed then, and the torch
-        operations draw instead."""
+    def _kernels(self, fn, *args):
+        """``(True, fn(*args))`` (one of the Triton kernels' steps), or ``(False,
+        None)`` for good once the kernels fail on this device; torch operations do
+        the work from then on. A failing step has changed nothing that they do not
+        redo (applying changes is idempotent)."""
         try:
-            return kernels.fused_draw(self, u, n, size, uniform, t)
+            return True, fn(*args)
         except Exception as e:  # a Triton or driver version without what the kernels use
-            self.use_triton = False
+            self.use_triton = self.tree.use_triton = False
             log.warning("reprise: the device-resident draw kernels failed on %s (%s: %s); "
                         "drawing with torch operations instead", self.device, type(e).__name__, e)
-            return None
+            return False, None
 
     def _pick(self, u, size: int, uniform: bool, zero: bool):
         """The slots the uniform numbers ``u`` draw, and each draw's probability.

@@ -11,6 +11,9 @@ same arithmetic as its torch operations, in two launches instead of about thirty
   times sampled, length), and the ``[n, T]`` row numbers (-1 past an item's end) of
   items with one row range.
 
+A third, ``apply``, writes the changes an admission hands over into the mirror
+(the sum tree's leaves and parents are ``SumTree.set``'s one launch).
+
 The rank compares every pair of draws of the batch, so ``describe`` serves batches
 of up to ``MAX_BATCH``; larger batches, windows of several row ranges, and tables
 whose weights are all zero take the torch operations. Both paths give the same
@@ -81,6 +84,40 @@ if triton is not None:
             row = start[:, None] + step[None, :]
             row = tl.where(step[None, :] < length[:, None], row, -1)
             tl.store(idx_ptr + offs[:, None] * T + step[None, :], row, mask=live[:, None] & (step[None, :] < T))
+
+
+    @triton.jit
+    def _apply_kernel(change_ptr, m, K, seq_ptr, key_ptr, prio_ptr, base_ptr, len_ptr, delta_ptr, starts_ptr,
+                      lens_ptr, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        live = offs < m
+        slot = tl.load(change_ptr + offs, mask=live, other=0)
+        seq = tl.load(change_ptr + m + offs, mask=live, other=-1)
+        # A priority update (same item) keeps the slot's uncredited draws.
+        same = tl.load(seq_ptr + slot, mask=live, other=-1) == seq
+        delta = tl.load(delta_ptr + slot, mask=live, other=0)
+        tl.store(delta_ptr + slot, tl.where(same, delta, 0), mask=live)
+        tl.store(seq_ptr + slot, seq, mask=live)
+        tl.store(key_ptr + slot, tl.load(change_ptr + 2 * m + offs, mask=live, other=0), mask=live)
+        prio = tl.load(change_ptr + 3 * m + offs, mask=live, other=0).to(tl.float64, bitcast=True)
+        tl.store(prio_ptr + slot, prio, mask=live)
+        tl.store(base_ptr + slot, tl.load(change_ptr + 4 * m + offs, mask=live, other=0), mask=live)
+        tl.store(len_ptr + slot, tl.load(change_ptr + 5 * m + offs, mask=live, other=0), mask=live)
+        for j in range(K):
+            tl.store(starts_ptr + slot * K + j, tl.load(change_ptr + (7 + j) * m + offs, mask=live, other=0),
+                     mask=live)
+            tl.store(lens_ptr + slot * K + j, tl.load(change_ptr + (7 + K + j) * m + offs, mask=live, other=0),
+                     mask=live)
+
+
+def apply_changes(sel, changes):
+    """Writes ``changes`` (a device ``[7 + 2K, m]`` int64: slot, seq, key, priority
+    bits, times sampled, length, weight bits, K range starts, K range lengths) into
+    the mirror ``sel``, and the weights into its sum tree: two launches."""
+    m = changes.shape[1]
+    _apply_kernel[(triton.cdiv(m, 256),)](changes, m, sel.ranges, sel.seq, sel.key, sel.priority, sel.base,
+                                          sel.length, sel.delta, sel.starts, sel.lens, BLOCK=256)
+    sel.tree.set(changes[0], changes[6].view(sel.tree.tree.dtype))
 
 
 def available(sel) -> bool:

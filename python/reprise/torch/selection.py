@@ -67,13 +67,13 @@ class DeviceSelection:
         if slots.size == 0:
             return
         self._grow(int(slots.max()) + 1)
-        s = torch.from_numpy(slots).to(self.device)
-        q = torch.from_numpy(seqs).to(self.device)
-        p = torch.from_numpy(priorities).to(self.device)
+        weights = sampling_weights(self.kind, self.exponent, seqs, priorities)
+        dev = torch.from_numpy(np.stack([slots, seqs, priorities.view(np.int64), weights.view(np.int64)]))
+        s, q, p, w = dev.to(self.device).unbind(0)
         self.seq[s] = q
-        self.priority[s] = p
+        self.priority[s] = p.view(torch.float64)
         if self.tree is not None:
-            self.tree.set(s, sampling_weights(self.kind, self.exponent, q >= 0, p))
+            self.tree.set(s, w.view(torch.float64))
 
     def draw(self, n: int):
         """``(slots, seqs, probabilities)`` as host int64/int64/float64 arrays: n
@@ -145,14 +145,15 @@ def seeded_generator(device, seed: int | None):
     return generator
 
 
-def sampling_weights(kind: str, exponent: float, present, priorities):
-    """The sum tree's weight of each slot: ones for Uniform, ``p^exponent`` for
-    Prioritized; zero for empty slots (``present`` False)."""
-    torch = torch_module()
+def sampling_weights(kind: str, exponent: float, seqs: np.ndarray, priorities: np.ndarray) -> np.ndarray:
+    """The sum tree's weight of each changed slot, on the host (where the changes
+    arrive): ones for Uniform, ``p^exponent`` for Prioritized; zero for empty slots
+    (``seqs`` -1)."""
+    present = seqs >= 0
     if kind == "Uniform":
-        return present.to(torch.float64)
-    w = priorities if exponent == 1.0 else torch.pow(priorities, exponent)
-    return torch.where(present, w, torch.zeros_like(priorities))
+        return present.astype(np.float64)
+    w = priorities if exponent == 1.0 else np.power(priorities, exponent)
+    return np.where(present, w, 0.0)
 
 
 def _empty():

@@ -6,7 +6,8 @@ updates each cost O(B log N) work and log N tiny, parallel steps.
 Updates recompute every touched parent from its two children, level by level, so
 no rounding error accumulates (the host sum tree does the same). On CUDA both
 operations are Triton kernels (one launch per draw batch, one per tree level per
-update batch); elsewhere, and without Triton, the same arithmetic in torch ops.
+update batch of more than ``ONE_LAUNCH`` slots, one launch for smaller ones);
+elsewhere, and without Triton, the same arithmetic in torch ops.
 """
 
 from __future__ import annotations
@@ -54,7 +55,32 @@ if triton is not None:
         tl.store(tree_ptr + parent, s, mask=live)
 
 
+    @triton.jit
+    def _set_small_kernel(tree_ptr, slot_ptr, weight_ptr, n, capacity, levels: tl.constexpr, BLOCK: tl.constexpr):
+        """One program: the leaves, then every level's parents, a barrier between
+        levels (the writes of a level are seen by the whole program after it)."""
+        for c in range(0, n, BLOCK):
+            offs = c + tl.arange(0, BLOCK)
+            live = offs < n
+            leaf = tl.load(slot_ptr + offs, mask=live, other=0) + capacity
+            tl.store(tree_ptr + leaf, tl.load(weight_ptr + offs, mask=live, other=0.0), mask=live)
+        tl.debug_barrier()
+        for level in range(1, levels + 1):
+            for c in range(0, n, BLOCK):
+                offs = c + tl.arange(0, BLOCK)
+                live = offs < n
+                parent = (tl.load(slot_ptr + offs, mask=live, other=0) + capacity) >> level
+                s = tl.load(tree_ptr + 2 * parent, mask=live, other=0.0) + tl.load(tree_ptr + 2 * parent + 1,
+                                                                                     mask=live, other=0.0)
+                tl.store(tree_ptr + parent, s, mask=live)
+            tl.debug_barrier()
+
+
 class SumTree:
+    # Updates of up to this many slots are one launch of one program (every level
+    # in it); larger ones one parallel launch per level.
+    ONE_LAUNCH = 4096
+
     def __init__(self, capacity: int, device, use_triton: bool | None = None):
         torch = torch_module()
         cap = 1
@@ -76,6 +102,10 @@ class SumTree:
     def set(self, slots, weights):
         """Sets the weights of distinct ``slots`` (device int64) and their ancestors."""
         if slots.numel() == 0:
+            return
+        if self.use_triton and slots.numel() <= self.ONE_LAUNCH:
+            _set_small_kernel[(1,)](self.tree, slots.contiguous(), weights.to(self.tree.dtype).contiguous(),
+                                    slots.numel(), self.capacity, levels=self.levels, BLOCK=512)
             return
         leaves = slots + self.capacity
         self.tree[leaves] = weights.to(self.tree.dtype)
