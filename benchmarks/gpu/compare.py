@@ -27,7 +27,8 @@ Sections (``--only`` takes a comma list of these names):
   ``resident``: the same items in a table with ``selection_device="cuda"`` (device-resident
   draws), ``sample(b, device="cuda")`` for b in 256/1024/4096, compared with TorchRL's
   400 B collect at the same batch; ``static_graph``: ``table.static_sample(256)``, each
-  step ``admit()`` and the replay of a CUDA graph that captured ``draw()``; and ``transition``: 256 device-resident draws of
+  step ``admit()`` and the replay of a CUDA graph that captured ``draw()``; ``churn32``: 32
+  inserts (32 changed slots for the mirror) before each resident ``sample(256)``; and ``transition``: 256 device-resident draws of
   five-field transitions (353 B) gathered by the fused kernel and by one
   ``index_select`` per field.
 - ``sumtree``: ``reprise.torch.sum_tree.SumTree`` of 100,000,000 slots (random

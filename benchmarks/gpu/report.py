@@ -95,6 +95,13 @@ def summary_rows(results: dict) -> list[list[str]]:
                 f"{fmt(med, 'us')} (p99 {fmt(sg.get('us_p99'), 'us')})" if med else (cell_err(sg) or "-"),
                 fmt(pm, "us") if pm else "-", f"{pm / med:.2f}x" if med and pm else "-",
                 "<= 50 us (p99 <= 100)", verdict(None if med is None else med <= 50 and sg.get("us_p99", 1e9) <= 100))
+        ch = rs.get("churn32", {}) if isinstance(rs, dict) else {}
+        if isinstance(ch, dict) and ch:
+            both, ins = ch.get("insert_and_sample", {}), ch.get("insert", {})
+            bm, im = both.get("us_median"), ins.get("us_median")
+            add("latency 32 inserts + sample 256 x 400 B -> GPU, device-resident (median)",
+                f"{fmt(bm, 'us')} (inserts alone {fmt(im, 'us')})" if bm and im else (cell_err(ch) or "-"),
+                "-", "-", "-", "-")
         tr = rs.get("transition", {}) if isinstance(rs, dict) else {}
         if isinstance(tr, dict) and tr:
             fused, per = tr.get("fused", {}), tr.get("per_field", {})

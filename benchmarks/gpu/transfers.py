@@ -248,6 +248,8 @@ def latency_resident(ctx: Ctx, k: int, n: int) -> dict:
             wait_released()
         guarded(ctx, res, "static_graph", static_graph, ctx, table, k)
         wait_released()
+        guarded(ctx, res, "churn32", resident_churn, ctx, table, k)
+        wait_released()
     finally:
         wait_released()
         del table
@@ -255,6 +257,28 @@ def latency_resident(ctx: Ctx, k: int, n: int) -> dict:
         ctx.free()
     guarded(ctx, res, "transition", resident_transition, ctx, n)
     return res
+
+
+def resident_churn(ctx: Ctx, table, k: int) -> dict:
+    """Actors at work: 32 inserts (evicting 32 items: 32 changed slots for the
+    mirror) before each ``sample(256, device="cuda")``; the inserts alone for
+    reference. Median and p99 of each."""
+    b, m = 256, 32
+    src = np.random.default_rng(3).standard_normal((m, 1, k), dtype=np.float32)
+    ones = np.ones(m)
+
+    def insert():
+        table.insert({"x": src}, priorities=ones)
+
+    def step():
+        insert()
+        table.sample(b, device="cuda")
+    out = {"inserts_per_sample": m, "batch": b}
+    for label, fn in (("insert_and_sample", step), ("insert", insert)):
+        t = ctx.time_calls(fn, 100, ctx.cfg.latency_repeats)
+        out[label] = call_summary(t, b * 4 * k)
+        log(f"  resident churn, {label}: median {out[label]['us_median']:.1f} us, p99 {out[label]['us_p99']:.1f} us")
+    return out
 
 
 def static_graph(ctx: Ctx, table, k: int) -> dict:
