@@ -328,7 +328,7 @@ def test_triton_kernels_compile_for_an_h100():
     from reprise.torch import sum_tree as S
     set_small = {"tree_ptr": "*fp64", "slot_ptr": "*i64", "weight_ptr": "*fp64", "n": "i32", "capacity": "i64",
                  "levels": "constexpr", "BLOCK": "constexpr"}
-    variants.append((S._set_small_kernel, set_small, {"levels": 20, "BLOCK": 512}))
+    variants.append((S._set_small_kernel, set_small, {"levels": 20, "BLOCK": 1024}))
     from reprise.torch import gather_kernels as G
     for word in ("i64", "i32", "i16", "u8"):
         gather = {"idx_ptr": "*i64", "desc_ptr": "*i64", "out_ptr": f"*{word}", "nrows": "i32",

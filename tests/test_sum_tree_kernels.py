@@ -29,7 +29,7 @@ def pair(capacity, device):
 
 
 def check_updates_match_the_torch_tree(device):
-    """Parents recomputed level by level: batches larger than a kernel block (512),
+    """Parents recomputed level by level: batches larger than a kernel block (1024),
     partial updates, zeros, a capacity that is not a power of two, updates of more
     slots than one program takes, and growth."""
     g = np.random.default_rng(0)

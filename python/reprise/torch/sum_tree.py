@@ -78,8 +78,9 @@ if triton is not None:
 
 class SumTree:
     # Updates of up to this many slots are one launch of one program (every level
-    # in it); larger ones one parallel launch per level.
-    ONE_LAUNCH = 4096
+    # in it: log N dependent steps of ONE_LAUNCH / 1024 chunks on one SM); larger
+    # ones one parallel launch per level. Not tuned on a GPU yet.
+    ONE_LAUNCH = 2048
 
     def __init__(self, capacity: int, device, use_triton: bool | None = None):
         torch = torch_module()
@@ -105,7 +106,7 @@ class SumTree:
             return
         if self.use_triton and slots.numel() <= self.ONE_LAUNCH:
             _set_small_kernel[(1,)](self.tree, slots.contiguous(), weights.to(self.tree.dtype).contiguous(),
-                                    slots.numel(), self.capacity, levels=self.levels, BLOCK=512)
+                                    slots.numel(), self.capacity, levels=self.levels, BLOCK=1024, num_warps=8)
             return
         leaves = slots + self.capacity
         self.tree[leaves] = weights.to(self.tree.dtype)
