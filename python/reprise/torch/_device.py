@@ -103,6 +103,16 @@ class _CpuStream:
         pass
 
 
+def host_to_device(array, dev):
+    """A numpy array as a tensor on ``dev``, copied without waiting for the work
+    queued on the current stream: staged in pinned memory (torch's caching host
+    allocator keeps the block until the copy has run). On the CPU, no copy."""
+    tensor = torch_module().from_numpy(array)
+    if dev.type == "cpu":
+        return tensor
+    return tensor.pin_memory().to(dev, non_blocking=True)
+
+
 def new_event(dev):
     if dev.type == "cpu":
         return _CpuEvent()

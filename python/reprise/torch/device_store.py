@@ -18,7 +18,7 @@ import numpy as np
 from .. import _native
 from .._convert import priorities as as_priorities
 from ..errors import InvalidArgument
-from ._device import torch_module
+from ._device import host_to_device
 
 INDEX_FIELD = "__rows__"
 
@@ -55,8 +55,7 @@ class DeviceWriter:
         self._max = max_sequence_length
 
     def _rows(self, k: int):
-        torch = torch_module()
-        return torch.from_numpy(self._w.recent_rows(k)).to(self._columns.device, non_blocking=True)
+        return host_to_device(self._w.recent_rows(k), self._columns.device)
 
     def append(self, step):
         """Appends one step: ``{field: value}`` (torch tensors on any device, numpy, scalars)."""
@@ -121,8 +120,7 @@ def insert(table, data, priorities, timeout):
         w = store._insert_writer
         try:
             w.extend({INDEX_FIELD: np.zeros(n * t, np.uint8)})
-            torch = torch_module()
-            columns.write(words, torch.from_numpy(w.recent_rows(n * t)).to(columns.device, non_blocking=True))
+            columns.write(words, host_to_device(w.recent_rows(n * t), columns.device))
             return w.create_tiled_items(table._native, t, p, timeout)
         finally:
             w.end_episode()

@@ -37,7 +37,7 @@ import numpy as np
 
 from ..sample import Sample
 from . import resident_kernels as kernels
-from ._device import current_stream, new_event, torch_module, use_stream
+from ._device import current_stream, host_to_device, new_event, torch_module, use_stream
 from .collect import RELEASER, gather
 from .selection import sampling_weights, seeded_generator
 from .sum_tree import SumTree
@@ -117,7 +117,9 @@ class ResidentSelection:
         change = np.repeat(np.arange(m), ranges)
         host[7 + which, change] = starts
         host[7 + k + which, change] = range_lengths
-        dev = torch.from_numpy(host).to(self.device)
+        # Not waiting for the stream: a static sample's admit() must not stall
+        # until the previous replay has run.
+        dev = host_to_device(host, self.device)
         if kernels.available(self) and self._kernels(kernels.apply_changes, self, dev)[0]:
             return
         s, q = dev[0], dev[1]

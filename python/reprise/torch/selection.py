@@ -26,7 +26,7 @@ import threading
 
 import numpy as np
 
-from ._device import torch_module
+from ._device import host_to_device, torch_module
 from .sum_tree import SumTree
 
 RANDOM = ("Uniform", "Prioritized")
@@ -68,8 +68,8 @@ class DeviceSelection:
             return
         self._grow(int(slots.max()) + 1)
         weights = sampling_weights(self.kind, self.exponent, seqs, priorities)
-        dev = torch.from_numpy(np.stack([slots, seqs, priorities.view(np.int64), weights.view(np.int64)]))
-        s, q, p, w = dev.to(self.device).unbind(0)
+        host = np.stack([slots, seqs, priorities.view(np.int64), weights.view(np.int64)])
+        s, q, p, w = host_to_device(host, self.device).unbind(0)
         self.seq[s] = q
         self.priority[s] = p.view(torch.float64)
         if self.tree is not None:
