@@ -1,5 +1,5 @@
-"""Two Triton kernels for a device-resident draw (``reprise.torch.resident``): the
-same arithmetic as its torch operations, in two launches instead of about thirty.
+"""Triton kernels for a device-resident draw (``reprise.torch.resident``): the same
+arithmetic as its torch operations, a draw in two launches instead of about thirty.
 
 * ``pick``: for each of n uniform numbers ``u`` in [0, 1), the slot (a random slot
   below ``size`` when the items fill slots ``0..size``; else a descent of the sum
@@ -113,7 +113,8 @@ if triton is not None:
 def apply_changes(sel, changes):
     """Writes ``changes`` (a device ``[7 + 2K, m]`` int64: slot, seq, key, priority
     bits, times sampled, length, weight bits, K range starts, K range lengths) into
-    the mirror ``sel``, and the weights into its sum tree: two launches."""
+    the mirror ``sel``, and the weights into its sum tree: two launches (more when
+    over ``SumTree.ONE_LAUNCH`` slots changed)."""
     m = changes.shape[1]
     _apply_kernel[(triton.cdiv(m, 256),)](changes, m, sel.ranges, sel.seq, sel.key, sel.priority, sel.base,
                                           sel.length, sel.delta, sel.starts, sel.lens, BLOCK=256)
