@@ -148,23 +148,31 @@ def test_rows_are_held_until_the_gather_finished_then_released(backend, make_sto
     t = rp.Table("t", store, max_size=60, seed=0, selection_device=selection_device)
     fill(store, [t], episodes=2)
     spans = item_steps(t, episodes=2)
-    gather = torch.index_select
+    from reprise.torch import gather_kernels
+    gathers = {"index_select": torch.index_select, "fused": gather_kernels.gather}
     late = {}
 
-    def late_gather(*args, **kwargs):
-        if not late:  # the first field's gather: the sample is drawn, none of its rows read yet
+    def delayed(kind):
+        def late_gather(*args, **kwargs):
+            run_late()
+            return gathers[kind](*args, **kwargs)
+        return late_gather
+
+    def run_late():
+        if not late:  # the first gather: the sample is drawn, none of its rows read yet
             t.reset()
             # The sample's epoch holds its blocks (in limbo), not a reference per item.
             late["held"] = store._native.limbo_blocks
             late["referenced"] = [b for b in range(store.num_blocks) if store._native.block_refcount(b) > 0]
             late["free"] = store.free_blocks
             late["written"] = overwrite_free_blocks(store, 10_000)
-        return gather(*args, **kwargs)
 
     with monkeypatch.context() as m:
-        m.setattr(torch, "index_select", late_gather)
+        # Both ways a GPU sample gathers (the fused kernel on CUDA, index_select elsewhere).
+        m.setattr(torch, "index_select", delayed("index_select"))
+        m.setattr(gather_kernels, "gather", delayed("fused"))
         s = t.sample(32, device="cuda")
-    assert late, "the gather did not go through torch.index_select: this test no longer delays it"
+    assert late, "the gather went through neither torch.index_select nor the fused kernel: this test no longer delays it"
     assert late["held"] > 0, "no block was held by the sample in flight"
     assert late["referenced"] == [], "the sample held references per block instead of an epoch"
     # Writers took every free block (blocks freed while the gather is pending are not reused).
