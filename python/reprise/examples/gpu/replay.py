@@ -41,7 +41,8 @@ def block_steps_for(envs: int) -> int:
 
 def make_replay(cfg: Config, store_device: str):
     """``(store, table)``: a device store for the transitions and the ``replay`` table
-    (Uniform or Prioritized sampler, FIFO remover, ``SampleToInsertRatio`` limiter)."""
+    (Uniform or Prioritized sampler, FIFO remover, ``SampleToInsertRatio`` limiter;
+    device-resident draws on a real GPU)."""
     block = block_steps_for(cfg.envs)
     store = rp.Store(SIGNATURE, capacity=cfg.replay_size + 2 * cfg.envs + 4 * block, block_steps=block,
                      device=store_device)
@@ -50,10 +51,15 @@ def make_replay(cfg: Config, store_device: str):
         # The buffer lets the actor insert a whole iteration and the learner draw a whole
         # batch while the other works: neither waits on every call.
         buffer = 2.0 * (cfg.samples_per_insert * cfg.envs + cfg.batch_size)
+        # On a GPU the draws are device-resident (no host work per drawn item). On the
+        # CPU, where the GPU path is emulated, the host draws: there the "kernels" would
+        # be CPU torch operations, slower than the host table's own selection.
+        from reprise.torch import emulated
+        selection = None if emulated() else store_device
         table = rp.Table("replay", store, sampler=sampler, remover=rp.selectors.Fifo(), max_size=cfg.replay_size,
                          rate_limiter=rp.rate_limiters.SampleToInsertRatio(cfg.samples_per_insert, cfg.min_replay,
                                                                            error_buffer=buffer),
-                         seed=cfg.seed)
+                         seed=cfg.seed, selection_device=selection)
     except BaseException:
         store.close()
         raise
