@@ -20,7 +20,7 @@ import threading
 import time
 
 from ..sample import Sample
-from ._device import current_stream, new_event, torch_module, use_stream
+from ._device import new_event, torch_module, use_stream
 
 log = logging.getLogger("reprise")
 
@@ -92,6 +92,15 @@ class _Releaser:
 
 
 RELEASER = _Releaser()
+
+
+def release_after(rows, event, device):
+    """Lets ``rows`` go once ``event`` has passed (at once on the CPU, where the
+    work that read them has already run)."""
+    if device.type == "cpu":
+        rows.release()
+    else:
+        RELEASER.hold(event, rows)
 
 
 def wait_released(timeout: float | None = None) -> bool:
@@ -207,11 +216,7 @@ def collect_rows(rows, columns, fields=None, stream=None) -> Sample:
             n, t, ragged = rows.fill_index(buf.numpy())
         context = use_stream(stream) if stream is not None else contextlib.nullcontext()
         with context:
-            wait = getattr(columns, "wait_for_writes", None)
-            if wait is not None and stream is None:
-                stream = current_stream(dev)
-            if wait is not None:
-                wait(stream)
+            columns.wait_for_writes(stream)
             idx = buf[: n * t]
             if dev.type != "cpu":
                 idx = idx.to(dev, non_blocking=True)
@@ -223,9 +228,6 @@ def collect_rows(rows, columns, fields=None, stream=None) -> Sample:
         staging.done(k, None)
         rows.release()
         raise
-    if dev.type == "cpu":
-        rows.release()
-    else:
-        RELEASER.hold(event, rows)
+    release_after(rows, event, dev)
     return Sample(keys=keys, probabilities=probabilities, priorities=priorities, times_sampled=times_sampled,
                   table_size=int(table_size), lengths=lengths, data=data)

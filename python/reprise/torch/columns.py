@@ -83,6 +83,11 @@ class ColumnViews:
         shape, dtype = self.field_shapes[name]
         return words.view(torch_dtype(dtype)).view(*leading, *shape)
 
+    def wait_for_writes(self, stream=None):
+        """Makes ``stream`` (None: the current one) wait until the rows written so
+        far can be read. Host columns are written by the CPU before an item is
+        published: nothing to wait for."""
+
 
 class HostColumns(ColumnViews):
     """A store's shared-memory columns, mapped for the device."""
@@ -207,10 +212,14 @@ class DeviceColumns(ColumnViews):
         with self._writes_lock:
             self._writes[stream] = event
 
-    def wait_for_writes(self, stream):
-        """Makes ``stream`` wait for every write recorded so far (items published
-        after their rows were written, so a reader that found an item sees its rows)."""
+    def wait_for_writes(self, stream=None):
+        """Makes ``stream`` (None: the current one) wait for every write recorded so
+        far (items published after their rows were written, so a reader that found
+        an item sees its rows)."""
+        from ._device import current_stream
         with self._writes_lock:
             events = list(self._writes.values())
+        if events and stream is None:
+            stream = current_stream(self.device)
         for e in events:
             stream.wait_event(e)

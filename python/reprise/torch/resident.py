@@ -32,18 +32,33 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import NamedTuple
 
 import numpy as np
 
 from ..sample import Sample
 from . import resident_kernels as kernels
 from ._device import current_stream, host_to_device, new_event, torch_module, use_stream
-from .collect import RELEASER, gather
+from .collect import gather, release_after
 from .selection import sampling_weights, seeded_generator
 from .sum_tree import SumTree
 
 
 log = logging.getLogger("reprise")
+
+
+class Admission(NamedTuple):
+    """What the native ``Table.admit`` returns (crates/core/src/table/resident.rs)."""
+    count: int
+    table_size: int
+    size: int
+    positive: int
+    dense: bool
+    shortest: int
+    longest: int
+    rows: object      # a SampleRows of no items holding the epoch
+    stopped: object   # the unraised error that cut the admission short, or None
+    changes: tuple
 
 
 class ResidentSelection:
@@ -52,7 +67,7 @@ class ResidentSelection:
     def __init__(self, native, kind: str, exponent: float, device, seed: int | None, max_size: int):
         torch = torch_module()
         self.native, self.kind, self.exponent, self.device = native, kind, float(exponent), device
-        # Two Triton launches per draw instead of about thirty torch operations.
+        # Four Triton launches per draw instead of about forty torch operations.
         self.use_triton = kernels.triton is not None and device.type == "cuda"
         self.lock = threading.Lock()
         self.capacity, self.ranges = 0, 1
@@ -145,73 +160,70 @@ class ResidentSelection:
 
     # ----- a draw -------------------------------------------------------------
 
+    def admit(self, n: int, timeout, longest_allowed: int | None = None) -> Admission:
+        """The native ``admit`` (under ``lock``)."""
+        return Admission(*self.native.admit(n, timeout, longest_allowed))
+
     def draw(self, n: int, timeout, columns, names, stream=None) -> Sample:
         """Draws n items and gathers ``names`` from ``columns`` on the mirror's
         device, on ``stream`` (default: the current stream). On a timeout or an
         interrupt after some draws, the error's ``partial`` is their Sample."""
         with self.lock:
-            count, table_size, size, positive, dense, shortest, longest, rows, stopped, changes = \
-                self.native.admit(n, timeout)
-            try:
-                sample = self.draw_admitted(count, table_size, size, positive, dense, shortest, longest, rows,
-                                            changes, columns, names, stream)
-            except BaseException:
-                rows.release()
-                raise
-        if stopped is not None:
-            stopped.partial = sample
-            raise stopped
+            a = self.admit(n, timeout)
+            sample = self.draw_admitted(a, columns, names, stream)
+        if a.stopped is not None:
+            a.stopped.partial = sample
+            raise a.stopped
         return sample
 
-    def draw_admitted(self, n, table_size, size, positive, dense, shortest, longest, rows, changes, columns, names,
-                      stream):
-        """Draws and gathers the n draws ``admit`` admitted (its other results as
-        arguments); returns their Sample."""
-        if stream is None:
-            stream = current_stream(self.device)
-        with use_stream(stream):
-            wait = getattr(columns, "wait_for_writes", None)
-            if wait is not None:
-                wait(stream)
-            slots, meta, idx = self.select(n, size, positive, dense, longest, changes)
-            # The metadata first, in one copy: waiting for it waits for the draw's
-            # small kernels only, not for the gathers queued after it. (So every
-            # kernel on the mirror has run when a draw returns, whatever stream
-            # the next one uses.)
-            meta = meta.cpu().numpy()
-            t = longest if shortest == longest else int(meta[4].max())
-            if idx is None:
-                idx = self.rows(slots, t)
-            elif t != longest:
-                idx = idx[:, :t]
-            data = gather(columns, names, idx.flatten().to(columns.device), n, t, shortest != longest)
-            event = new_event(columns.device)
-            event.record(stream)
-        if columns.device.type == "cpu":
-            rows.release()
-        else:
-            RELEASER.hold(event, rows)
+    def draw_admitted(self, a: Admission, columns, names, stream) -> Sample:
+        """Draws and gathers the ``a.count`` draws of the admission ``a`` (under
+        ``lock``); returns their Sample. Its rows are released in every case."""
+        try:
+            if stream is None:
+                stream = current_stream(self.device)
+            with use_stream(stream):
+                columns.wait_for_writes(stream)
+                slots, meta, idx = self.select(a, a.longest)
+                # The metadata first, in one copy: waiting for it waits for the draw's
+                # small kernels only, not for the gathers queued after it. (So every
+                # kernel on the mirror has run when a draw returns, whatever stream
+                # the next one uses.)
+                meta = meta.cpu().numpy()
+                t = a.longest if a.shortest == a.longest else int(meta[4].max())
+                if idx is None:
+                    idx = self.rows(slots, t)
+                elif t != a.longest:
+                    idx = idx[:, :t]
+                data = gather(columns, names, idx.flatten().to(columns.device), a.count, t, a.shortest != a.longest)
+                event = new_event(columns.device)
+                event.record(stream)
+        except BaseException:
+            a.rows.release()
+            raise
+        release_after(a.rows, event, columns.device)
         return Sample(keys=meta[0].view(np.uint64), probabilities=meta[1].view(np.float64),
-                      priorities=meta[2].view(np.float64), times_sampled=meta[3], table_size=int(table_size),
+                      priorities=meta[2].view(np.float64), times_sampled=meta[3], table_size=int(a.table_size),
                       lengths=meta[4], data=data)
 
-    def select(self, n: int, size: int, positive: int, dense: bool, t: int, changes):
-        """Applies ``admit``'s changes and draws n items on the current stream:
-        ``(slots, meta, idx)``, ``meta`` a device ``[5, n]`` int64 of keys,
+    def select(self, a: Admission, t: int):
+        """Applies the admission's changes and draws its ``a.count`` items on the
+        current stream: ``(slots, meta, idx)``, ``meta`` a device ``[5, n]`` int64 of keys,
         probability bits, priority bits, times sampled and lengths; ``idx`` the
         ``[n, t]`` row numbers (-1 past an item's end), or None when the torch
         operations drew or a window has several row ranges (``rows`` makes them).
         Runs under ``lock``, after ``admit``."""
         torch = torch_module()
-        self._apply(changes)
+        self._apply(a.changes)
+        n = a.count
         u = torch.rand(n, dtype=torch.float64, device=self.device, generator=self.generator)
-        uniform = self.kind == "Uniform" and dense  # the items fill slots 0..size
-        zero = self.kind == "Prioritized" and positive == 0 and self.exponent != 0.0
+        uniform = self.kind == "Uniform" and a.dense  # the items fill slots 0..size
+        zero = self.kind == "Prioritized" and a.positive == 0 and self.exponent != 0.0
         if kernels.available(self) and n <= kernels.MAX_BATCH and not zero:
-            ok, fused = self._kernels(kernels.fused_draw, self, u, n, size, uniform, t)
+            ok, fused = self._kernels(kernels.fused_draw, self, u, n, a.size, uniform, t)
             if ok:
                 return fused
-        slots, probabilities = self._pick(u, size, uniform, zero)
+        slots, probabilities = self._pick(u, a.size, uniform, zero)
         meta = torch.stack([self.key[slots], probabilities.view(torch.int64),
                             self.priority[slots].view(torch.int64), self._count(slots), self.length[slots]])
         return slots, meta, None

@@ -26,7 +26,7 @@ from __future__ import annotations
 from ..errors import InvalidArgument
 from ..sample import Sample
 from ._device import current_stream, new_event, torch_module, use_stream
-from .collect import RELEASER, gather
+from .collect import gather, release_after
 
 
 class StaticSample:
@@ -63,35 +63,26 @@ class StaticSample:
         of them and the buffers keep the previous admission."""
         if self._closed:
             raise InvalidArgument(f"static sample of table '{self.table_name}': admit() after close()")
-        sel, n, t = self._sel, self.batch_size, self.steps
+        sel, t = self._sel, self.steps
         with sel.lock:
-            count, table_size, size, positive, dense, shortest, longest, rows, stopped, changes = \
-                sel.native.admit(n, timeout, t)
-            if stopped is not None:  # fewer than n: an ordinary sample of them, the buffers untouched
-                try:
-                    partial = sel.draw_admitted(count, table_size, size, positive, dense, shortest, longest, rows,
-                                                changes, self._columns, self.fields, None)
-                except BaseException:
-                    rows.release()
-                    raise
-                stopped.partial = partial
-                raise stopped
+            a = sel.admit(self.batch_size, timeout, t)
+            if a.stopped is not None:  # fewer than batch_size: an ordinary sample of them, the buffers untouched
+                a.stopped.partial = sel.draw_admitted(a, self._columns, self.fields, None)
+                raise a.stopped
             try:
                 stream = current_stream(sel.device)
                 with use_stream(stream):
                     self._release(stream)
-                    wait = getattr(self._columns, "wait_for_writes", None)
-                    if wait is not None:
-                        wait(stream)
-                    slots, meta, idx = sel.select(n, size, positive, dense, t, changes)
+                    self._columns.wait_for_writes(stream)
+                    slots, meta, idx = sel.select(a, t)
                     if idx is None:
                         idx = sel.rows(slots, t)
                     self._meta.copy_(meta)
                     self._idx.copy_(idx.reshape(-1))
             except BaseException:
-                rows.release()
+                a.rows.release()
                 raise
-        self._held, self.table_size = rows, int(table_size)
+        self._held, self.table_size = a.rows, int(a.table_size)
         self._admissions += 1
         return self
 
@@ -113,7 +104,7 @@ class StaticSample:
         if self._held is not None:
             event = new_event(self._columns.device)
             event.record(stream)
-            RELEASER.hold(event, self._held)
+            release_after(self._held, event, self._columns.device)
             self._held = None
 
     def close(self):

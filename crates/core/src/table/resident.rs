@@ -100,7 +100,7 @@ impl Table {
         let mut count = 0usize;
         let mut too_long = None;
         let taken = self.under_limiter(&mut st, n, 0, &wait, |_, st, permits| {
-            let longest = longest_item(st);
+            let (_, longest) = item_lengths(st);
             if longest_allowed.is_some_and(|most| longest > most) {
                 too_long = Some(longest);
                 return (0, true);
@@ -157,9 +157,7 @@ impl Table {
                 item: c.item.and_then(|_| state.slots[c.slot as usize].item.clone()),
             })
             .collect();
-        let lengths = state.lengths.as_ref().expect("external selection counts lengths");
-        let shortest = lengths.keys().next().copied().unwrap_or(0);
-        let longest = longest_item(state);
+        let (shortest, longest) = item_lengths(state);
         let dense = state.free_slots.is_empty();
         Ok(Admitted { count, table_size, size: state.size, positive, dense, shortest, longest, changes, rows, stopped })
     }
@@ -191,7 +189,11 @@ impl Table {
     }
 }
 
-/// The number of steps of the longest item in a table with external selection.
-fn longest_item(st: &State) -> u32 {
-    st.lengths.as_ref().and_then(|l| l.keys().next_back().copied()).unwrap_or(0)
+/// The steps of the shortest and the longest item of a table with external
+/// selection (which counts its items' lengths); 0 when it is empty.
+fn item_lengths(st: &State) -> (u32, u32) {
+    let lengths = st.lengths.as_ref().expect("external selection counts lengths");
+    let shortest = lengths.keys().next().copied().unwrap_or(0);
+    let longest = lengths.keys().next_back().copied().unwrap_or(0);
+    (shortest, longest)
 }
