@@ -104,6 +104,14 @@ class Ctx:
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
 
+    def close_store(self, store):
+        """Closes ``store`` once the GPU has read every sample gathered from it,
+        then frees device memory (drop the tables over it first)."""
+        from reprise.torch.collect import wait_released
+        wait_released()
+        store.close()
+        self.free()
+
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0
 

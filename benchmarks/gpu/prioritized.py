@@ -131,10 +131,8 @@ def sec_table_prio(ctx: Ctx) -> dict:
                 guarded(ctx, res, f"b{b}", measure)
                 wait_released()
         finally:
-            wait_released()
             del table
-            store.close()
-            ctx.free()
+            ctx.close_store(store)
         return res
 
     guarded(ctx, out, "reprise_gpu_selection", run, "cuda")

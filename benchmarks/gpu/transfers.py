@@ -70,7 +70,6 @@ def sec_memcpy(ctx: Ctx) -> dict:
 
 def sec_collect(ctx: Ctx) -> dict:
     import reprise as rp
-    from reprise.torch.collect import wait_released
     cfg = ctx.cfg
     out = {"batches": cfg.batches, "rows": cfg.rows, "configs": {}}
     space = space_for_stores(ctx)
@@ -93,10 +92,8 @@ def sec_collect(ctx: Ctx) -> dict:
                 for b in cfg.batches:
                     guarded(ctx, res, f"b{b}", reprise_config, ctx, store, table, k, n, b)
             finally:
-                wait_released()
                 del table
-                store.close()
-                ctx.free()
+                ctx.close_store(store)
             return res
 
         guarded(ctx, cell, "reprise", reprise_row)
@@ -214,10 +211,8 @@ def sec_latency(ctx: Ctx) -> dict:
                     "gbps": m * b * 400 / el / GB}
         guarded(ctx, out, "iterate_prefetch2", iterate)
     finally:
-        wait_released()
         del table
-        store.close()
-        ctx.free()
+        ctx.close_store(store)
     guarded(ctx, out, "resident", latency_resident, ctx, k, n)
     return out
 
@@ -251,10 +246,8 @@ def latency_resident(ctx: Ctx, k: int, n: int) -> dict:
         guarded(ctx, res, "churn32", resident_churn, ctx, table, k)
         wait_released()
     finally:
-        wait_released()
         del table
-        store.close()
-        ctx.free()
+        ctx.close_store(store)
     guarded(ctx, res, "transition", resident_transition, ctx, n)
     return res
 
@@ -362,10 +355,8 @@ def resident_transition(ctx: Ctx, n: int) -> dict:
                 gather_kernels.ENABLED = None
             wait_released()
     finally:
-        wait_released()
         del table
-        store.close()
-        ctx.free()
+        ctx.close_store(store)
     return res
 
 
@@ -418,10 +409,8 @@ def sec_device(ctx: Ctx) -> dict:
                     guarded(ctx, res, f"b{b}", measure)
                     wait_released()
             finally:
-                wait_released()
                 del table
-                store.close()
-                ctx.free()
+                ctx.close_store(store)
             return res
 
         guarded(ctx, cell, "reprise", reprise_row)
