@@ -62,11 +62,11 @@ def measure_resident(table, batch: int, calls: int) -> dict:
     times = []
     for i in range(calls + 10):
         t0 = time.perf_counter()
-        admitted = table._native.admit(batch, 0)
-        admitted[7].release()
+        admitted = table._selection.admit(batch, 0)
+        admitted.rows.release()
         if i >= 10:
             times.append(time.perf_counter() - t0)
-        assert admitted[0] == batch and len(admitted[9][0]) == 0
+        assert admitted.count == batch and len(admitted.changes[0]) == 0
     t = np.array(times) * 1e6
     return {"us_median": float(np.median(t)), "us_p99": float(np.percentile(t, 99)),
             "ns_per_item": float(np.median(t)) * 1e3 / batch}
