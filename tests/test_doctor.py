@@ -30,6 +30,9 @@ def test_doctor_json_reports_versions_gpu_shared_memory_and_the_runtime_director
     assert report["packages"]["numpy"]
     assert set(report["torch"]) >= {"installed"}
     assert report["shared_memory"]["size_bytes"] == shutil.disk_usage("/dev/shm").total
+    kind, page, _ = rp._native.page_backing("/dev/shm")
+    assert report["shared_memory"]["pages"]["kind"] == kind in ("small", "transparent", "hugetlbfs")
+    assert report["shared_memory"]["pages"]["page_bytes"] == page
     runtime = report["runtime_directory"]
     assert os.path.isdir(runtime["path"]) and "doctor-test" in runtime["servers"]
 
@@ -37,7 +40,8 @@ def test_doctor_json_reports_versions_gpu_shared_memory_and_the_runtime_director
 def test_doctor_text_and_a_bad_flag():
     r = doctor()
     assert r.returncode == 0, r.stderr
-    for label in ("reprise ", "python ", "torch ", "/dev/shm ", "memlock limit ", "runtime dir "):
+    for label in ("reprise ", "python ", "torch ", "/dev/shm ", "/dev/shm page ", "memlock limit ",
+                  "runtime dir "):
         assert any(line.startswith(label) for line in r.stdout.splitlines()), (label, r.stdout)
     bad = doctor("--jsn")
     assert bad.returncode == 2 and "unrecognized arguments: --jsn" in bad.stderr

@@ -43,11 +43,25 @@ def _torch() -> dict:
 
 
 def _disk(path: str) -> dict:
+    from . import _native
     try:
         usage = shutil.disk_usage(path)
+        kind, page, detail = _native.page_backing(path)
     except OSError as e:
         return {"path": path, "error": e.strerror}
-    return {"path": path, "size_bytes": usage.total, "free_bytes": usage.free}
+    except Exception as e:
+        return {"path": path, "error": str(e)}
+    return {"path": path, "size_bytes": usage.total, "free_bytes": usage.free,
+            "pages": {"kind": kind, "page_bytes": page, "detail": detail}}
+
+
+def _pages_text(shm: dict) -> str:
+    p = shm["pages"]
+    if p["kind"] == "small":
+        return "4 KiB (huge pages need another directory: docs/sharp-edges.md)"
+    if p["kind"] == "hugetlbfs":
+        return f"hugetlbfs, {_bytes(p['page_bytes'])} pages"
+    return f"huge pages (tmpfs huge={p['detail']})"
 
 
 def _runtime() -> dict:
@@ -115,6 +129,7 @@ def _text(r: dict) -> str:
         f"packages      {packages}",
         f"not installed {missing}",
         f"/dev/shm      {shm_line} (stores live here; a store larger than the free space fails)",
+        *([f"/dev/shm page {_pages_text(shm)}"] if "pages" in shm else []),
         f"memlock limit {_bytes(r['memlock_limit_bytes'])} (GPU samples page-lock the store: see docs/gpu.md)",
         f"runtime dir   {run_line}",
     ]

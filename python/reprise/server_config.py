@@ -27,6 +27,7 @@ checkpoint directory::
     capacity = 1_000_000
     block_steps = 64
     directory = "/dev/shm"              # where the store's shared-memory file lives (the default)
+    huge_pages = false                  # true: 2 MiB pages; directory must be hugetlbfs or a huge= tmpfs
     fields = { obs = { shape = [4], dtype = "float32" }, action = { dtype = "int64" } }
 
     [[tables]]
@@ -81,7 +82,7 @@ _TOP = {"address": "string", "token": "string", "token_file": "string", "checkpo
         "keepalive_seconds": "number", "auth_failures_per_minute": "integer"}
 _TLS = {"cert": "string", "key": "string"}
 _STORE = {"name": "string", "capacity": "integer", "block_steps": "integer", "directory": "string",
-          "fields": "table"}
+          "huge_pages": "boolean", "fields": "table"}
 _FIELD = {"shape": "array of integers", "dtype": "string"}
 _TABLE = {"name": "string", "store": "string", "sampler": "string or table", "remover": "string or table",
           "rate_limiter": "string or table", "max_size": "integer", "max_times_sampled": "integer",
@@ -225,7 +226,7 @@ def build(config: dict, directory: str = ".") -> tuple[list[Store], list[Table]]
                 raise InvalidArgument(f"{where} ({name!r}): 'capacity' (steps) is required")
             store_dir = os.path.join(directory, s["directory"]) if "directory" in s else None
             stores[name] = Store(signature, capacity=s["capacity"], block_steps=s.get("block_steps", 64),
-                                 directory=store_dir)
+                                 directory=store_dir, huge_pages=s.get("huge_pages", False))
         if not config.get("tables"):
             raise InvalidArgument("no [[tables]]; a server needs at least one table")
         for i, t in enumerate(config["tables"]):

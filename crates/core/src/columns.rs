@@ -60,10 +60,17 @@ fn layout(signature: &Signature, capacity: u64) -> Result<(Vec<Column>, usize)> 
 }
 
 impl Columns {
-    /// Creates the region for `capacity` rows (a multiple of `block_steps`).
-    pub fn create(signature: Signature, capacity: u64, block_steps: u32, directory: &Path) -> Result<Columns> {
+    /// Creates the region for `capacity` rows (a multiple of `block_steps`), on
+    /// huge pages if asked (see [`crate::memory`]).
+    pub fn create(
+        signature: Signature,
+        capacity: u64,
+        block_steps: u32,
+        directory: &Path,
+        huge_pages: bool,
+    ) -> Result<Columns> {
         let (columns, len) = layout(&signature, capacity)?;
-        let region = Region::create(directory, len)?;
+        let region = Region::create(directory, len, huge_pages)?;
         Ok(Columns { signature, block_steps, capacity, columns, region })
     }
 
@@ -98,6 +105,11 @@ impl Columns {
     /// it with a GPU; rows are valid only under the ownership rules above).
     pub fn memory(&self) -> (*mut u8, usize) {
         (self.region.base(), self.region.len())
+    }
+
+    /// Bytes of the region this process reaches through huge pages now.
+    pub fn huge_page_bytes(&self) -> u64 {
+        self.region.huge_page_bytes()
     }
 
     /// Byte offset of column `col` in the region.

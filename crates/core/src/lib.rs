@@ -45,6 +45,7 @@ pub mod table;
 pub mod writer;
 pub mod checkpoint;
 
+pub use memory::{backing, Backing};
 pub use table::snapshot;
 pub use columns::Columns;
 pub use extensions::ExtensionSpec;

@@ -1,6 +1,12 @@
 //! Shared-memory regions: a file under /dev/shm (or a chosen directory), created
 //! with mode 0600, mapped read-write, and removed when its owner drops it.
 //!
+//! A region is backed by huge pages when its directory hands them out: a hugetlbfs
+//! mount (pages from the kernel's pool, `vm.nr_hugepages`) or a tmpfs mounted with
+//! `huge=always`, `within_size` or `advise` (every mapping is advised). /dev/shm is
+//! usually `huge=never`. [`backing`] says which a directory is; a region created
+//! with `huge_pages` refuses a directory that cannot give them.
+//!
 //! This module and [`crate::store`] are the only places that touch raw memory.
 
 use std::fs::OpenOptions;
@@ -12,9 +18,105 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use memmap2::MmapMut;
 
 use crate::error::{Error, Result};
+use crate::invalid;
 
 static REGION_COUNTER: AtomicU64 = AtomicU64::new(0);
 const GIB: f64 = (1u64 << 30) as f64;
+/// The transparent huge page size (x86-64 and most arm64 kernels).
+const HUGE: usize = 2 << 20;
+const HUGETLBFS_MAGIC: i64 = 0x9584_58f6;
+const TMPFS_MAGIC: i64 = 0x0102_1994;
+
+/// How the files of a directory are backed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Backing {
+    /// hugetlbfs: every page is a huge page of `page` bytes, reserved from the
+    /// kernel's pool when the file is mapped.
+    HugeTlb { page: usize },
+    /// tmpfs mounted with `huge=<mode>` (or `shmem_enabled` forcing it): huge pages
+    /// where the kernel can find them.
+    Transparent { mode: String },
+    /// Small pages only; `why` says what the directory is.
+    Small { why: String },
+}
+
+impl Backing {
+    pub fn is_huge(&self) -> bool {
+        !matches!(self, Backing::Small { .. })
+    }
+}
+
+/// The option value of `key` in a comma list (`rw,size=8g,huge=always`).
+fn mount_option<'a>(options: &'a str, key: &str) -> Option<&'a str> {
+    options.split(',').find_map(|o| o.strip_prefix(key)?.strip_prefix('='))
+}
+
+/// The super-block options of the mount that holds `dir` (the longest mount point
+/// that is a prefix of its canonical path), from /proc/self/mountinfo.
+fn mount_options(dir: &Path) -> Option<String> {
+    let dir = dir.canonicalize().ok()?;
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let mut best: Option<(usize, String)> = None;
+    for line in info.lines() {
+        // id parent major:minor root mount-point options [optional...] - fstype source super-options
+        let mut fields = line.split(' ');
+        let point = fields.nth(4)?.replace("\\040", " ");
+        let (_, after) = line.split_once(" - ")?;
+        let options = after.split(' ').nth(2).unwrap_or("").to_string();
+        let depth = point.len();
+        if dir.starts_with(&point) && best.as_ref().is_none_or(|(d, _)| depth >= *d) {
+            best = Some((depth, options));
+        }
+    }
+    best.map(|(_, o)| o)
+}
+
+/// The kernel's override for every tmpfs (`deny`, `force`) or None.
+fn shmem_override() -> Option<String> {
+    let s = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled").ok()?;
+    let mode = s.split_once('[')?.1.split_once(']')?.0.to_string();
+    matches!(mode.as_str(), "deny" | "force").then_some(mode)
+}
+
+/// How files created in `directory` are backed.
+pub fn backing(directory: &Path) -> Result<Backing> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(directory.as_os_str().as_bytes())
+        .map_err(|_| invalid!("directory {} holds a NUL byte", directory.display()))?;
+    // SAFETY: statfs is plain old data; all-zero bytes are a valid value.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid NUL-terminated path and `st` a writable statfs.
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(Error::Io(format!("cannot use {} for shared memory: {e}", directory.display())));
+    }
+    #[allow(clippy::unnecessary_cast)] // f_type's width differs between targets
+    let kind = st.f_type as i64;
+    if kind == HUGETLBFS_MAGIC {
+        return Ok(Backing::HugeTlb { page: st.f_bsize as usize });
+    }
+    if kind != TMPFS_MAGIC {
+        return Ok(Backing::Small { why: format!("{} is not on a tmpfs or hugetlbfs", directory.display()) });
+    }
+    let mode = mount_options(directory).and_then(|o| mount_option(&o, "huge").map(str::to_string));
+    let mode = mode.unwrap_or_else(|| "never".to_string());
+    match shmem_override().as_deref() {
+        Some("force") => Ok(Backing::Transparent { mode: "force".into() }),
+        Some(_) => Ok(Backing::Small {
+            why: format!("{} is on a tmpfs, and shmem_enabled is deny", directory.display()),
+        }),
+        None if mode == "never" => Ok(Backing::Small {
+            why: format!("{} is on a tmpfs mounted with huge=never", directory.display()),
+        }),
+        None => Ok(Backing::Transparent { mode }),
+    }
+}
+
+/// Huge pages free in the kernel's pool of the default size (HugePages_Free).
+fn free_huge_pages() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    info.lines().find_map(|l| l.strip_prefix("HugePages_Free:")?.trim().parse().ok())
+}
 
 /// Bytes an unprivileged user may still allocate in the file system of `dir`.
 fn free_bytes(dir: &Path) -> Option<u64> {
@@ -55,12 +157,28 @@ unsafe impl Send for Region {}
 unsafe impl Sync for Region {}
 
 impl Region {
-    /// Creates a new region of `len` bytes (at least one page) in `directory`.
-    pub fn create(directory: &Path, len: usize) -> Result<Region> {
-        let len = len.max(4096);
+    /// Creates a new region of `len` bytes (at least one page) in `directory`. With
+    /// `huge_pages`, a directory that cannot back it with huge pages is refused and
+    /// the length is rounded up to whole huge pages (hugetlbfs always rounds).
+    pub fn create(directory: &Path, len: usize, huge_pages: bool) -> Result<Region> {
+        let backing = backing(directory)?;
+        if let (true, Backing::Small { why }) = (huge_pages, &backing) {
+            return Err(invalid!(
+                "huge_pages=True needs a directory that hands out huge pages, but {why}: pass a \
+                 hugetlbfs mount (mount -t hugetlbfs none DIR, with vm.nr_hugepages set) or a \
+                 tmpfs mounted with huge=within_size (mount -t tmpfs -o huge=within_size,size=SIZE \
+                 none DIR) as directory"
+            ));
+        }
+        let len = match backing {
+            Backing::HugeTlb { page } => len.max(1).next_multiple_of(page),
+            _ if huge_pages => len.max(1).next_multiple_of(HUGE),
+            _ => len.max(4096),
+        };
         // tmpfs allocates on first touch and answers a full file system with SIGBUS,
-        // not an error: refuse up front what cannot fit.
-        if let Some(free) = free_bytes(directory) {
+        // not an error: refuse up front what cannot fit. (hugetlbfs reserves its
+        // pages when the file is mapped and answers there.)
+        if let (Some(free), false) = (free_bytes(directory), matches!(backing, Backing::HugeTlb { .. })) {
             if len as u64 > free {
                 return Err(Error::ResourceExhausted(format!(
                     "a store of {:.2} GiB does not fit in {} ({:.2} GiB free): lower the capacity or \
@@ -94,9 +212,25 @@ impl Region {
         })?;
         // SAFETY: the file was just created by us with O_EXCL and mode 0600; no other
         // process maps it yet, and we never truncate it while mapped.
-        let mut map = unsafe { MmapMut::map_mut(&file) }
-            .map_err(|e| cleanup(format!("cannot map {} ({len} bytes): {e}", path.display())))?;
+        let mut map = unsafe { MmapMut::map_mut(&file) }.map_err(|e| {
+            let _ = std::fs::remove_file(&path);
+            match backing {
+                Backing::HugeTlb { page } if e.raw_os_error() == Some(libc::ENOMEM) => {
+                    Error::ResourceExhausted(format!(
+                        "a store of {:.2} GiB needs {} huge pages of {} MiB in {}, and the kernel's pool \
+                         has {} free: raise vm.nr_hugepages or lower the capacity",
+                        len as f64 / GIB,
+                        len / page,
+                        page >> 20,
+                        directory.display(),
+                        free_huge_pages().map_or("an unknown number".to_string(), |n| n.to_string())
+                    ))
+                }
+                _ => Error::Io(format!("cannot map {} ({len} bytes): {e}", path.display())),
+            }
+        })?;
         let base = NonNull::new(map.as_mut_ptr()).expect("mmap never returns a null mapping");
+        advise_huge_pages_raw(base.as_ptr() as usize, len);
         Ok(Region { _map: map, base, path, owner: true })
     }
 
@@ -121,6 +255,9 @@ impl Region {
         let mut map = unsafe { memmap2::MmapOptions::new().len(len).map_mut(&file) }
             .map_err(|e| Error::Io(format!("cannot map {} ({len} bytes): {e}", path.display())))?;
         let base = NonNull::new(map.as_mut_ptr()).expect("mmap never returns a null mapping");
+        // On a huge=advise tmpfs, pages first touched through this mapping are huge
+        // too (a hint; nothing on other file systems).
+        advise_huge_pages_raw(base.as_ptr() as usize, len);
         Ok(Region { _map: map, base, path: path.to_path_buf(), owner: false })
     }
 
@@ -135,6 +272,31 @@ impl Region {
     /// Mapped length in bytes.
     pub fn len(&self) -> usize {
         self._map.len()
+    }
+
+    /// Bytes of this mapping that this process reaches through huge pages now
+    /// (hugetlbfs pages, or tmpfs huge pages mapped whole), from /proc/self/smaps.
+    /// Pages not yet touched count for nothing.
+    pub fn huge_page_bytes(&self) -> u64 {
+        let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else { return 0 };
+        let start = format!("{:x}-", self.base.as_ptr() as usize);
+        let mut kib = 0u64;
+        let mut inside = false;
+        for line in smaps.lines() {
+            let header = line.split(' ').next().is_some_and(|r| r.contains('-') && !r.ends_with(':'));
+            if header {
+                inside = line.starts_with(&start);
+                continue;
+            }
+            if !inside {
+                continue;
+            }
+            let Some((key, value)) = line.split_once(':') else { continue };
+            if matches!(key, "ShmemPmdMapped" | "FilePmdMapped" | "Shared_Hugetlb" | "Private_Hugetlb") {
+                kib += value.trim().trim_end_matches("kB").trim().parse::<u64>().unwrap_or(0);
+            }
+        }
+        kib * 1024
     }
 }
 
@@ -162,7 +324,6 @@ pub fn advise_huge_pages_vec<T>(v: &Vec<T>) {
 }
 
 fn advise_huge_pages_raw(at: usize, bytes: usize) {
-    const HUGE: usize = 2 << 20;
     if bytes < HUGE {
         return;
     }
@@ -203,7 +364,7 @@ mod tests {
 
     #[test]
     fn region_file_is_private_and_removed_on_drop() {
-        let r = Region::create(&default_directory(), 10_000).unwrap();
+        let r = Region::create(&default_directory(), 10_000, false).unwrap();
         let path = r.path().to_path_buf();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
@@ -214,13 +375,13 @@ mod tests {
 
     #[test]
     fn a_region_larger_than_the_file_system_is_refused() {
-        let e = Region::create(&default_directory(), usize::MAX / 4).err().unwrap().to_string();
+        let e = Region::create(&default_directory(), usize::MAX / 4, false).err().unwrap().to_string();
         assert!(e.contains("does not fit") && e.contains("GiB free"), "{e}");
     }
 
     #[test]
     fn an_attached_region_sees_the_owners_bytes_and_leaves_the_file() {
-        let owner = Region::create(&default_directory(), 8192).unwrap();
+        let owner = Region::create(&default_directory(), 8192, false).unwrap();
         // SAFETY: byte 100 is inside the 8192-byte mapping; nothing else touches it.
         unsafe { *owner.base().add(100) = 42 };
         let other = Region::open(owner.path(), 8192).unwrap();
@@ -233,8 +394,38 @@ mod tests {
     }
 
     #[test]
+    fn mount_options_are_read_by_key() {
+        assert_eq!(mount_option("rw,size=8g,huge=within_size", "huge"), Some("within_size"));
+        assert_eq!(mount_option("rw,nohuge=1,size=8g", "huge"), None);
+        assert_eq!(mount_option("rw,size=8g", "huge"), None);
+        // "/" is always mounted.
+        assert!(mount_options(Path::new("/")).is_some());
+    }
+
+    #[test]
+    fn huge_pages_on_small_pages_are_refused_and_leave_no_file() {
+        let dirs = [default_directory(), std::env::temp_dir()];
+        let Some(parent) = dirs.iter().find(|d| !backing(d).unwrap().is_huge()) else {
+            return; // every candidate directory hands out huge pages on this machine
+        };
+        // A directory of its own on the same file system: other tests create files
+        // in the shared ones meanwhile.
+        let dir = parent.join(format!("reprise-huge-test-{}", std::process::id()));
+        std::fs::create_dir(&dir).unwrap();
+        let e = Region::create(&dir, 10_000, true).err().unwrap().to_string();
+        assert!(e.contains("huge_pages=True needs") && e.contains(&dir.display().to_string()), "{e}");
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+        // Without huge pages the same directory works, at the asked length.
+        let r = Region::create(&dir, 10_000, false).unwrap();
+        assert_eq!(r.len(), 10_000);
+        assert_eq!(r.huge_page_bytes(), 0);
+        drop(r);
+        std::fs::remove_dir(&dir).unwrap();
+    }
+
+    #[test]
     fn missing_directory_is_a_clear_error() {
-        let e = Region::create(Path::new("/nonexistent-reprise-dir"), 100).err().unwrap();
+        let e = Region::create(Path::new("/nonexistent-reprise-dir"), 100, false).err().unwrap();
         assert!(e.to_string().contains("/nonexistent-reprise-dir"), "{e}");
     }
 }

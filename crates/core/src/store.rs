@@ -92,6 +92,18 @@ impl Store {
         block_steps: u32,
         directory: Option<&Path>,
     ) -> Result<Store> {
+        Store::create(signature, capacity, block_steps, directory, false)
+    }
+
+    /// [`Store::new`], and with `huge_pages` the columns must be backed by huge
+    /// pages: a `directory` that cannot give them is refused (see [`crate::memory`]).
+    pub fn create(
+        signature: Signature,
+        capacity: u64,
+        block_steps: u32,
+        directory: Option<&Path>,
+        huge_pages: bool,
+    ) -> Result<Store> {
         if capacity == 0 {
             return Err(invalid!("capacity must be >= 1 step, got 0"));
         }
@@ -108,7 +120,7 @@ impl Store {
         }
         let capacity = num_blocks * block_steps as u64;
         let dir: PathBuf = directory.map(Path::to_path_buf).unwrap_or_else(default_directory);
-        let columns = Columns::create(signature, capacity, block_steps, &dir)?;
+        let columns = Columns::create(signature, capacity, block_steps, &dir, huge_pages)?;
         Ok(Store {
             inner: Arc::new(StoreInner {
                 columns,

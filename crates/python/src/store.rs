@@ -20,8 +20,15 @@ pub struct PyStore {
 #[pymethods]
 impl PyStore {
     #[new]
-    #[pyo3(signature = (fields, capacity, block_steps, directory=None))]
-    fn new(py: Python<'_>, fields: Vec<(String, Vec<i64>, String)>, capacity: i64, block_steps: i64, directory: Option<PathBuf>) -> PyResult<Self> {
+    #[pyo3(signature = (fields, capacity, block_steps, directory=None, huge_pages=false))]
+    fn new(
+        py: Python<'_>,
+        fields: Vec<(String, Vec<i64>, String)>,
+        capacity: i64,
+        block_steps: i64,
+        directory: Option<PathBuf>,
+        huge_pages: bool,
+    ) -> PyResult<Self> {
         let err = py_err(py);
         let mut sig = Vec::with_capacity(fields.len());
         for (name, shape, dtype) in fields {
@@ -40,7 +47,7 @@ impl PyStore {
         }
         let fields = Arc::new(field_infos(py, &sig)?);
         let store = py
-            .detach(|| Store::new(sig, capacity as u64, block_steps as u32, directory.as_deref()))
+            .detach(|| Store::create(sig, capacity as u64, block_steps as u32, directory.as_deref(), huge_pages))
             .map_err(&err)?;
         Ok(PyStore { store, fields })
     }
@@ -74,6 +81,12 @@ impl PyStore {
     #[getter]
     fn path(&self) -> PathBuf {
         self.store.path().to_path_buf()
+    }
+
+    /// Bytes of the columns this process reaches through huge pages now.
+    #[getter]
+    fn huge_page_bytes(&self) -> u64 {
+        self.store.columns().huge_page_bytes()
     }
 
     fn table_names(&self) -> Vec<String> {
@@ -115,4 +128,17 @@ pub fn layout(columns: &reprise_core::Columns) -> Vec<(String, usize, usize)> {
         .enumerate()
         .map(|(c, f)| (f.name.clone(), columns.offset(c), columns.row_bytes(c)))
         .collect()
+}
+
+/// How files in `directory` are backed: ("hugetlbfs", page bytes, ""),
+/// ("transparent", 2 MiB, huge= mode) or ("small", 4096, why not huge).
+#[pyfunction]
+pub fn page_backing(py: Python<'_>, directory: PathBuf) -> PyResult<(String, usize, String)> {
+    use reprise_core::Backing;
+    let b = reprise_core::backing(&directory).map_err(py_err(py))?;
+    Ok(match b {
+        Backing::HugeTlb { page } => ("hugetlbfs".into(), page, String::new()),
+        Backing::Transparent { mode } => ("transparent".into(), 2 << 20, mode),
+        Backing::Small { why } => ("small".into(), 4096, why),
+    })
 }
