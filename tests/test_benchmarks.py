@@ -185,6 +185,60 @@ def test_gpu_quick_runs_every_section(tmp_path):
     assert "| workload | reprise | peer (TorchRL) |" in r.stdout
 
 
+def _private_huge_mount(tmp_path) -> list[str]:
+    """The command prefix that runs a command in a private mount namespace with a
+    ``huge=within_size`` tmpfs at ``tmp_path/huge`` (its path is the prefix's last
+    argument's neighbour); skips where that cannot be done (not root, no unshare)."""
+    if os.geteuid() != 0:
+        pytest.skip("a private huge-page tmpfs needs root")
+    mnt = tmp_path / "huge"
+    mnt.mkdir()
+    prefix = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+              'mount -t tmpfs -o huge=within_size,size=512m none "$1" && shift && exec "$@"', "sh", str(mnt)]
+    probe = subprocess.run([*prefix, "true"], capture_output=True, text=True, timeout=30)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot mount a private tmpfs here: {probe.stderr.strip()[-200:]}")
+    return prefix
+
+
+def test_huge_pages_quick_compares_small_and_huge_pages(tmp_path):
+    _private_huge_mount(tmp_path)  # the script mounts its own; this only checks that it can
+    out = tmp_path / "huge-pages.json"
+    r = run_module("benchmarks.core.huge_pages", "--quick", "--pairs", "1", "--out", str(out))
+    with open(out) as f:
+        report = json.load(f)
+    assert report["huge_backing"] == "transparent" and set(report["rows"]) == {"400B", "4000B"}
+    for row, cell in report["rows"].items():
+        assert cell["huge_page_bytes"] > 0, (row, cell)
+        for metric in ("fill_gbps", "sample_items_per_s"):
+            assert cell[metric]["small"] > 0 and cell[metric]["huge"] > 0 and cell[metric]["ratio_median"] > 0
+    assert report["rows"]["400B"]["prioritized_rounds_per_s"]["huge"] > 0
+    assert "huge/small" in r.stdout
+    assert not [m for m in os.listdir("/tmp") if m.startswith("reprise-huge-")]
+
+
+def test_gpu_quick_collects_from_a_store_on_huge_pages(tmp_path):
+    prefix = _private_huge_mount(tmp_path)
+    out = tmp_path / "gpu.json"
+    r = subprocess.run([*prefix, sys.executable, "-m", "benchmarks.gpu.compare", "--quick", "--only", "collect",
+                        "--no-peers", "--huge-dir", str(tmp_path / "huge"), "--out", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert r.returncode == 0, r.stderr[-3000:]
+    with open(out) as f:
+        results = json.load(f)
+    errors = [e for e in errors_in(results) if not e.startswith("/header/torchrl:")]  # --no-peers
+    assert not errors, errors
+    assert results["header"]["huge_dir"][1] == "transparent"
+    for rk, cell in results["collect"]["configs"].items():
+        if cell["row_bytes"] < 4000:
+            assert "reprise_huge" not in cell
+            continue
+        huge = cell["reprise_huge"]
+        assert huge["huge_page_bytes_after_fill"] > 0, huge
+        assert all(huge[f"b{b}"]["sample"]["gbps"] > 0 for b in results["collect"]["batches"])
+    assert "store on 2 MiB pages" in r.stdout
+
+
 def test_host_draw_quick_measures_both_ways_of_holding_rows(tmp_path):
     out = tmp_path / "host-draw.json"
     r = run_module("benchmarks.gpu.host_draw", "--quick", "--out", str(out))

@@ -157,3 +157,51 @@ def test_a_store_on_hugetlbfs_uses_the_pool_or_says_it_is_empty(tmp_path):
         assert kind == "ResourceExhausted", out
         assert f"needs {needed} huge pages of 2 MiB" in msg and "raise vm.nr_hugepages" in msg, msg
     assert out["left"] == [], out
+
+
+# --- Where restored stores go -----------------------------------------------------------
+
+def test_a_checkpoint_loads_into_the_directory_asked_for_and_refuses_huge_pages_there(tmp_path):
+    where = tmp_path / "stores"
+    where.mkdir()
+    rows = np.arange(32 * 100, dtype=np.float32).reshape(32, 1, 100)
+    with rp.Store(SIG, capacity=256, block_steps=16) as store:
+        t = rp.Table("t", store, sampler=rp.selectors.Fifo())
+        t.insert({"x": rows}, priorities=np.ones(32))
+        saved = rp.checkpoint.save(tmp_path / "ck", [t])
+        items = t.items()
+        del t
+    loaded = rp.checkpoint.load(saved, directory=where)
+    got = loaded["t"]
+    assert os.path.dirname(got.store.path) == str(where) and not got.store.huge_pages
+    assert got.items() == items
+    x = np.asarray(got.sample(64).data["x"])  # Fifo draws the oldest item each time
+    np.testing.assert_array_equal(x, np.repeat(rows[:1], 64, axis=0))
+    got.store.close()
+    del got, loaded
+    assert os.listdir(where) == []
+    if _native.page_backing(str(where))[0] == "small":
+        with pytest.raises(rp.errors.InvalidArgument, match="huge_pages=True needs"):
+            rp.checkpoint.load(saved, directory=where, huge_pages=True)
+        assert os.listdir(where) == []
+
+
+def test_a_server_restores_into_the_directory_of_the_stores_it_was_given(tmp_path):
+    where = tmp_path / "stores"
+    where.mkdir()
+    with rp.Store(SIG, capacity=256, block_steps=16) as store:
+        t = rp.Table("t", store)
+        t.insert({"x": np.ones((4, 1, 100), np.float32)}, priorities=np.ones(4))
+        rp.checkpoint.save(tmp_path / "ck", [t])
+        del t
+    fresh_store = rp.Store(SIG, capacity=256, block_steps=16, directory=where)
+    server = rp.Server([rp.Table("t", fresh_store)], checkpoint_dir=tmp_path / "ck")
+    try:
+        served = server.tables[0]
+        assert server.restored_from is not None and len(served) == 4
+        assert os.path.dirname(served.store.path) == str(where)
+        assert served.store.huge_pages == fresh_store.huge_pages is False
+    finally:
+        server.stop()
+        served.store.close()
+        fresh_store.close()

@@ -21,7 +21,10 @@ Sections (``--only`` takes a comma list of these names):
   gather from registered shared memory + synchronize) for b in 256/1024/4096; GB/s,
   ratio to pinned memcpy; the gather kernel alone; ``table.iterate(prefetch=2)``.
   Peer: TorchRL ``collect_host`` (CPU storage, pinned staging, async copy) at the same
-  N, row and batch.
+  N, row and batch. With ``--huge-dir DIR`` (a hugetlbfs, or a tmpfs mounted
+  ``huge=within_size``, big enough for one store), rows of 4 KB and up run again on a
+  store there with ``huge_pages=True`` (``reprise_huge``): the same table on 2 MiB pages,
+  which tests whether the GPU's TLB reach over 4 KiB host pages holds the gather back.
 - ``latency``: ``sample(256, device="cuda")`` of 400 B items, 2000 calls: median, p99;
   the host-only sample for reference; ``iterate(prefetch=2)`` batches/s. Then
   ``resident``: the same items in a table with ``selection_device="cuda"`` (device-resident
@@ -92,6 +95,9 @@ def main():
     ap.add_argument("--budget", type=float, default=540.0,
                     help="seconds; measurements that would start later are skipped (default 540)")
     ap.add_argument("--store-dir", default=None, help="directory of the host stores' files (default /dev/shm)")
+    ap.add_argument("--huge-dir", default=None,
+                    help="a hugetlbfs or huge=within_size tmpfs: collect also runs rows >= 4 KB on a "
+                         "store there with huge_pages=True (the TLB-reach test of the 4 KB gather)")
     ap.add_argument("--rows", default=None, help="override the collect row sizes in bytes, e.g. 400,400000")
     ap.add_argument("--batches", default=None, help="override the collect batch sizes, e.g. 256,4096")
     args = ap.parse_args()

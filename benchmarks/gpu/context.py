@@ -184,6 +184,9 @@ def header(ctx: Ctx) -> dict:
         h["store_dir_free_gb"] = st.f_bavail * st.f_frsize / GB
     except OSError as e:
         h["store_dir"] = f"{store_dir}: {e}"
+    if ctx.args.huge_dir:
+        import reprise as rp
+        h["huge_dir"] = [ctx.args.huge_dir, *rp._native.page_backing(ctx.args.huge_dir)]
     soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
     h["memlock_limit"] = {"soft": soft, "hard": hard}
     if ctx.on_cuda:
@@ -268,7 +271,9 @@ def check_sample(s, b: int, k: int, dev: torch.device):
     assert float(x.abs().sum()) > 0, "sampled rows are all zero"
 
 
-def host_store(ctx: Ctx, k: int, n: int):
+def host_store(ctx: Ctx, k: int, n: int, huge: bool = False):
+    """A one-field host store of n + 64 rows of float32[k]; with ``huge``, on 2 MiB
+    pages in ``--huge-dir``."""
     import reprise as rp
     return rp.Store({"x": rp.Field((k,), "float32")}, capacity=n + 64, block_steps=64,
-                    directory=ctx.args.store_dir)
+                    directory=ctx.args.huge_dir if huge else ctx.args.store_dir, huge_pages=huge)

@@ -62,6 +62,16 @@ def summary_rows(results: dict) -> list[list[str]]:
             add(f"collect host->GPU {size_name(row)} x {b} (N={cell['n_items']:,})", ours,
                 fmt(pg, "GB/s") if pg else (cell_err(p) or ("-" if not peer else cell_err(peer) or "-")),
                 f"{ratio:.2f}x" if ratio else "-", ">= 3x", verdict(None if ratio is None else ratio >= 3))
+            huge = cell.get("reprise_huge")
+            if isinstance(huge, dict) and huge:
+                h = huge.get(f"b{b}", {})
+                hg, hm = h.get("sample", {}).get("gbps"), h.get("ratio_to_pinned_memcpy")
+                add(f"collect host->GPU {size_name(row)} x {b}, store on 2 MiB pages",
+                    (fmt(hg, "GB/s") + (f" ({hm:.2f}x memcpy)" if hm else "")) if hg
+                    else (cell_err(h) or cell_err(huge) or "-"),
+                    fmt(pg, "GB/s") if pg else "-", f"{hg / pg:.2f}x" if hg and pg else "-",
+                    ">= 0.90x memcpy" if b >= 1024 else "-",
+                    verdict(None if not hm or b < 1024 else hm >= 0.9))
 
     if "latency" in results:
         lat = results.get("latency", {})

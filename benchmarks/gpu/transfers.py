@@ -81,14 +81,18 @@ def sec_collect(ctx: Ctx) -> dict:
         cell = out["configs"][rk] = {"row_bytes": row, "n_items": n, "store_bytes": n * row}
         log(f"  row {row} B: N = {n:,} items ({n * row / GB:.2f} GB)")
 
-        def reprise_row():
+        def reprise_row(huge=False):
             res = {}
-            store = host_store(ctx, k, n)
+            store = host_store(ctx, k, n, huge=huge)
+            if huge:
+                res["huge_page_bytes_after_fill"] = None
             table = rp.Table("t", store, sampler=rp.selectors.Uniform(), remover=rp.selectors.Fifo(),
                              max_size=n, seed=0)
             try:
                 res["fill_s"] = fill_host_table(ctx, table, k, n, rng)
                 res["fill_gbps"] = n * row / res["fill_s"] / GB
+                if huge:
+                    res["huge_page_bytes_after_fill"] = store.huge_page_bytes
                 for b in cfg.batches:
                     guarded(ctx, res, f"b{b}", reprise_config, ctx, store, table, k, n, b)
             finally:
@@ -98,6 +102,10 @@ def sec_collect(ctx: Ctx) -> dict:
 
         guarded(ctx, cell, "reprise", reprise_row)
         ctx.save()
+        if ctx.args.huge_dir and row >= 4000:
+            # The same store on 2 MiB pages: does the GPU's TLB reach hold the 4 KB gather back?
+            guarded(ctx, cell, "reprise_huge", reprise_row, True)
+            ctx.save()
         if ctx.trl is not None and not ctx.args.no_peers:
             peer = cell["torchrl"] = {}
             for b in cfg.batches:

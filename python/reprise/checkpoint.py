@@ -124,10 +124,13 @@ def latest(path) -> str | None:
     return _native.checkpoint.latest(os.fspath(path))
 
 
-def load(path, progress: bool | None = None, device=None) -> dict:
+def load(path, progress: bool | None = None, device=None, directory=None,
+         huge_pages: bool = False) -> dict:
     """Loads a checkpoint (a directory ``save`` returned, or the newest valid one
     under ``path``) into new stores and tables: ``{name: Table}``. Device stores
-    come back on the device they were saved from, or on ``device`` when given.
+    come back on the device they were saved from, or on ``device`` when given;
+    host stores go to ``directory`` (default /dev/shm), on huge pages with
+    ``huge_pages=True`` (as ``Store`` takes them).
 
     Every file is checked (size, CRC-32, consistency) as it is read; on any
     damage the new stores are closed and ``Corrupt`` names the file: nothing is
@@ -139,7 +142,9 @@ def load(path, progress: bool | None = None, device=None) -> dict:
     def make_store(index, signature, capacity, block_steps, saved_on):
         sig = {n: Field(tuple(shape), dtype) for n, shape, dtype in signature}
         on = None if saved_on == "cpu" else (saved_on if device is None else device)
-        store = Store(sig, capacity=capacity, block_steps=block_steps, device=on)
+        host = on is None
+        store = Store(sig, capacity=capacity, block_steps=block_steps, device=on,
+                      directory=directory if host else None, huge_pages=huge_pages and host)
         made.append(store)
         return store, None if store._device_columns is None else _device_writer(store)
 

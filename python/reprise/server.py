@@ -97,7 +97,7 @@ class Server:
                             f"checkpoint_dir {self._checkpoint_dir!r} holds a checkpoint to restore, but table "
                             f"'{t.name}' is not empty: pass empty tables (or another directory)"
                         )
-                loaded = checkpoint.load(found)
+                loaded = checkpoint.load(found, **_placement(tables))
                 try:
                     for t in tables:
                         got = loaded.get(t.name)
@@ -235,3 +235,20 @@ class Server:
     def __repr__(self):
         remote = "" if self._remote is None else f", address={self.address!r}"
         return f"Server({self.name!r}, local_address={self.local_address!r}{remote}, tables={[t.name for t in self._tables]})"
+
+
+def _placement(tables) -> dict:
+    """Where a restored checkpoint's host stores go: the directory and huge pages of
+    the given tables' stores, when they all agree (the usual one store); otherwise
+    the defaults, said on the ``reprise`` logger."""
+    places = {(os.path.dirname(t.store.path), t.store.huge_pages)
+              for t in tables if t.store._device_columns is None}
+    if len(places) == 1:
+        directory, huge = places.pop()
+        return {"directory": directory, "huge_pages": huge}
+    if places:
+        import logging
+        logging.getLogger("reprise").warning(
+            "the served tables' stores differ in directory or huge pages (%s): the checkpoint's stores "
+            "are restored to /dev/shm on small pages", sorted(places))
+    return {}

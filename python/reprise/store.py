@@ -59,6 +59,7 @@ class Store:
         else:
             index_signature = [(name, list(f.shape), f.dtype) for name, f in signature.items()]
         self._signature = dict(signature)
+        self._huge_pages = huge_pages
         self._native = _native.Store(
             index_signature, capacity, block_steps, None if directory is None else os.fspath(directory),
             huge_pages,
@@ -101,6 +102,11 @@ class Store:
     def path(self) -> str:
         """The shared-memory file behind the columns."""
         return os.fspath(self._native.path)
+
+    @property
+    def huge_pages(self) -> bool:
+        """Whether the store was made with ``huge_pages=True``."""
+        return self._huge_pages
 
     @property
     def huge_page_bytes(self) -> int:
