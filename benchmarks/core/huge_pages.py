@@ -92,13 +92,14 @@ def one_backing(row: int, gib: float, directory: str | None, huge: bool, seconds
     return out
 
 
-def in_private_mount(argv: list[str]) -> int:
-    """Re-runs this script under ``unshare --mount`` with a private huge tmpfs."""
+def in_private_mount(argv: list[str], gib: float) -> int:
+    """Re-runs this script (``argv``) under ``unshare --mount`` with a private huge
+    tmpfs room for a store of ``gib``."""
     if os.geteuid() != 0:
         raise SystemExit("without --huge-dir this script mounts a private tmpfs, which needs root; "
                          "pass --huge-dir DIR (a hugetlbfs, or a tmpfs mounted with huge=within_size)")
     mnt = tempfile.mkdtemp(prefix="reprise-huge-")
-    size = f"{int(float(_arg(argv, '--gib', '3')) + 1)}g"
+    size = f"{int(gib) + 1}g"
     cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
            f'mount -t tmpfs -o huge=within_size,size={size} none "$1" && shift && exec "$@"', "sh", mnt,
            sys.executable, "-m", "benchmarks.core.huge_pages", "--huge-dir", mnt, *argv]
@@ -106,10 +107,6 @@ def in_private_mount(argv: list[str]) -> int:
         return subprocess.call(cmd)
     finally:
         os.rmdir(mnt)
-
-
-def _arg(argv: list[str], name: str, default: str) -> str:
-    return argv[argv.index(name) + 1] if name in argv else default
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="also write the JSON here")
     a = ap.parse_args(argv)
     if a.huge_dir is None:
-        return in_private_mount(argv)
+        return in_private_mount(argv, a.gib)
     kind, _, why = rp._native.page_backing(a.huge_dir)
     if kind == "small":
         raise SystemExit(f"--huge-dir gives no huge pages: {why}")

@@ -78,8 +78,8 @@ fn shmem_override() -> Option<String> {
     matches!(mode.as_str(), "deny" | "force").then_some(mode)
 }
 
-/// How files created in `directory` are backed.
-pub fn backing(directory: &Path) -> Result<Backing> {
+/// statfs(2) of `directory`: its kind, page size and free space.
+fn file_system(directory: &Path) -> Result<libc::statfs> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(directory.as_os_str().as_bytes())
         .map_err(|_| invalid!("directory {} holds a NUL byte", directory.display()))?;
@@ -90,25 +90,38 @@ pub fn backing(directory: &Path) -> Result<Backing> {
         let e = std::io::Error::last_os_error();
         return Err(Error::Io(format!("cannot use {} for shared memory: {e}", directory.display())));
     }
+    Ok(st)
+}
+
+/// Bytes an unprivileged user may still allocate in a file system.
+#[allow(clippy::unnecessary_cast)] // the fields' widths differ between targets
+fn free_bytes(st: &libc::statfs) -> u64 {
+    st.f_bavail as u64 * st.f_frsize as u64
+}
+
+/// How files created in `directory` are backed.
+pub fn backing(directory: &Path) -> Result<Backing> {
+    Ok(backing_of(directory, &file_system(directory)?))
+}
+
+fn backing_of(directory: &Path, st: &libc::statfs) -> Backing {
     #[allow(clippy::unnecessary_cast)] // f_type's width differs between targets
     let kind = st.f_type as i64;
     if kind == HUGETLBFS_MAGIC {
-        return Ok(Backing::HugeTlb { page: st.f_bsize as usize });
+        return Backing::HugeTlb { page: st.f_bsize as usize };
     }
     if kind != TMPFS_MAGIC {
-        return Ok(Backing::Small { why: format!("{} is not on a tmpfs or hugetlbfs", directory.display()) });
+        return Backing::Small { why: format!("{} is not on a tmpfs or hugetlbfs", directory.display()) };
     }
     let mode = mount_options(directory).and_then(|o| mount_option(&o, "huge").map(str::to_string));
     let mode = mode.unwrap_or_else(|| "never".to_string());
     match shmem_override().as_deref() {
-        Some("force") => Ok(Backing::Transparent { mode: "force".into() }),
-        Some(_) => Ok(Backing::Small {
-            why: format!("{} is on a tmpfs, and shmem_enabled is deny", directory.display()),
-        }),
-        None if mode == "never" => Ok(Backing::Small {
-            why: format!("{} is on a tmpfs mounted with huge=never", directory.display()),
-        }),
-        None => Ok(Backing::Transparent { mode }),
+        Some("force") => Backing::Transparent { mode: "force".into() },
+        Some(_) => Backing::Small { why: format!("{} is on a tmpfs, and shmem_enabled is deny", directory.display()) },
+        None if mode == "never" => {
+            Backing::Small { why: format!("{} is on a tmpfs mounted with huge=never", directory.display()) }
+        }
+        None => Backing::Transparent { mode },
     }
 }
 
@@ -116,17 +129,6 @@ pub fn backing(directory: &Path) -> Result<Backing> {
 fn free_huge_pages() -> Option<u64> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
     info.lines().find_map(|l| l.strip_prefix("HugePages_Free:")?.trim().parse().ok())
-}
-
-/// Bytes an unprivileged user may still allocate in the file system of `dir`.
-fn free_bytes(dir: &Path) -> Option<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
-    // SAFETY: statvfs is plain old data; all-zero bytes are a valid value.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `c` is a valid NUL-terminated path and `st` a writable statvfs.
-    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
-    (rc == 0).then(|| st.f_bavail as u64 * st.f_frsize as u64)
 }
 
 /// The directory new regions go to: /dev/shm where it exists, else the temp dir.
@@ -161,7 +163,8 @@ impl Region {
     /// `huge_pages`, a directory that cannot back it with huge pages is refused and
     /// the length is rounded up to whole huge pages (hugetlbfs always rounds).
     pub fn create(directory: &Path, len: usize, huge_pages: bool) -> Result<Region> {
-        let backing = backing(directory)?;
+        let st = file_system(directory)?;
+        let backing = backing_of(directory, &st);
         if let (true, Backing::Small { why }) = (huge_pages, &backing) {
             return Err(invalid!(
                 "huge_pages=True needs a directory that hands out huge pages, but {why}: pass a \
@@ -178,7 +181,8 @@ impl Region {
         // tmpfs allocates on first touch and answers a full file system with SIGBUS,
         // not an error: refuse up front what cannot fit. (hugetlbfs reserves its
         // pages when the file is mapped and answers there.)
-        if let (Some(free), false) = (free_bytes(directory), matches!(backing, Backing::HugeTlb { .. })) {
+        if !matches!(backing, Backing::HugeTlb { .. }) {
+            let free = free_bytes(&st);
             if len as u64 > free {
                 return Err(Error::ResourceExhausted(format!(
                     "a store of {:.2} GiB does not fit in {} ({:.2} GiB free): lower the capacity or \
@@ -203,18 +207,17 @@ impl Region {
             .mode(0o600)
             .open(&path)
             .map_err(|e| Error::Io(format!("cannot create shared memory file {}: {e}", path.display())))?;
-        let cleanup = |e: String| {
+        let cleanup = |e: Error| {
             let _ = std::fs::remove_file(&path);
-            Error::Io(e)
+            e
         };
         file.set_len(len as u64).map_err(|e| {
-            cleanup(format!("cannot size shared memory file {} to {len} bytes: {e}", path.display()))
+            cleanup(Error::Io(format!("cannot size shared memory file {} to {len} bytes: {e}", path.display())))
         })?;
         // SAFETY: the file was just created by us with O_EXCL and mode 0600; no other
         // process maps it yet, and we never truncate it while mapped.
         let mut map = unsafe { MmapMut::map_mut(&file) }.map_err(|e| {
-            let _ = std::fs::remove_file(&path);
-            match backing {
+            cleanup(match backing {
                 Backing::HugeTlb { page } if e.raw_os_error() == Some(libc::ENOMEM) => {
                     Error::ResourceExhausted(format!(
                         "a store of {:.2} GiB needs {} huge pages of {} MiB in {}, and the kernel's pool \
@@ -227,7 +230,7 @@ impl Region {
                     ))
                 }
                 _ => Error::Io(format!("cannot map {} ({len} bytes): {e}", path.display())),
-            }
+            })
         })?;
         let base = NonNull::new(map.as_mut_ptr()).expect("mmap never returns a null mapping");
         advise_huge_pages_raw(base.as_ptr() as usize, len);
