@@ -140,9 +140,9 @@ def test_nftables_random_drops_in_the_namespaces(star):
     input: the protocol recovers and sums stay exact."""
     net = star(4)
     if not net.namespaced:
-        pytest.skip("nftables drops need network namespaces (not root, or no `ip`)")
+        pytest.skip(f"nftables drops need network namespaces ({net.reason})")
     if not all(net.drop(h, 1.0) for h in ["switch", "w0", "w1", "w2", "w3"]):
-        pytest.skip("nftables is not available (`nft` missing)")
+        pytest.skip("no `nft` command (apt-get install nftables): cannot drop")
     daemon, address = start_daemon(net, "switch")
     results = run_workers(net, address, 4, extra=["--bytes", "3000000,158000", "--rounds", "2"])
     assert sum(r["retransmits"] for r in results) > 0
@@ -296,6 +296,51 @@ def test_worker_returns_the_input_type_and_averages():
             w.close()
 
 
+def _sum_in_threads(workers, values):
+    out = [None] * len(workers)
+    ts = [threading.Thread(target=lambda r=r: out.__setitem__(r, workers[r].allreduce(values[r])))
+          for r in range(len(workers))]
+    [t.start() for t in ts]
+    [t.join(30) for t in ts]
+    return out
+
+
+def test_world_size_is_the_member_count_and_size_an_alias_of_it():
+    """torch.distributed's name (``world_size``, also positional) and the old one
+    (``size``) make the same member: one job may mix them."""
+    with rp.aggregate.Daemon("127.0.0.1:0") as d:
+        ws = [rp.aggregate.Worker(d.address, job=1, rank=0, world_size=3),
+              rp.aggregate.Worker(d.address, 1, 1, 3),
+              rp.aggregate.Worker(d.address, job=1, rank=2, size=3)]
+        assert [(w.world_size, w.size) for w in ws] == [(3, 3)] * 3
+        assert "world_size=3" in repr(ws[2])
+        for y in _sum_in_threads(ws, [np.full(4, r + 1, np.float32) for r in range(3)]):
+            np.testing.assert_array_equal(y, np.full(4, 6, np.float32))
+        both = rp.aggregate.Worker(d.address, job=2, rank=0, world_size=1, size=1)  # equal: accepted
+        np.testing.assert_array_equal(both.allreduce(np.ones(2, np.float32)), np.ones(2, np.float32))
+        for w in [*ws, both]:
+            w.close()
+
+
+def test_world_size_and_size_that_disagree_are_refused_before_joining():
+    with rp.aggregate.Daemon("127.0.0.1:0") as d:
+        before = d.stats()
+        with pytest.raises(InvalidArgument, match="world_size=2 and size=3 disagree; size is an alias of "
+                                                  "world_size: pass one of them"):
+            rp.aggregate.Worker(d.address, job=1, rank=0, world_size=2, size=3)
+        with pytest.raises(InvalidArgument, match="Worker needs world_size .*got neither world_size nor size"):
+            rp.aggregate.Worker(d.address, job=1, rank=0)
+        with pytest.raises(InvalidArgument, match="world_size must be an integer in \\[1, 4096\\], got 0"):
+            rp.aggregate.Worker(d.address, job=1, rank=0, world_size=0)
+        assert d.stats()["control_received"] == before["control_received"] == 0, "no Join was sent"
+        # The job was never made: its first real member still sets its size.
+        ws = [rp.aggregate.Worker(d.address, job=1, rank=r, world_size=2) for r in range(2)]
+        for y in _sum_in_threads(ws, [np.ones(3, np.float32)] * 2):
+            np.testing.assert_array_equal(y, np.full(3, 2, np.float32))
+        for w in ws:
+            w.close()
+
+
 def test_fixed_point_mode_is_exact_and_order_independent():
     with rp.aggregate.Daemon("127.0.0.1:0") as d:
         ws = [rp.aggregate.Worker(d.address, job=2, rank=r, size=3, dtype="int32", scale=2**10) for r in range(3)]
@@ -340,7 +385,7 @@ def test_bad_input_is_refused_with_a_message_and_changes_nothing():
         w = rp.aggregate.Worker(d.address, job=1, rank=0, size=2, token="right")
         with pytest.raises(RepriseError, match="job's size is 2"):
             rp.aggregate.Worker(d.address, job=1, rank=1, size=3, token="right", timeout=5)
-        with pytest.raises(InvalidArgument, match="rank 2 must be below size 2"):
+        with pytest.raises(InvalidArgument, match="rank 2 must be below world_size 2"):
             rp.aggregate.Worker(d.address, job=1, rank=2, size=2, token="right")
         with pytest.raises(InvalidArgument, match="segment_values must be an integer in"):
             rp.aggregate.Worker(d.address, job=1, rank=1, size=2, segment_values=9000, token="right")
@@ -441,8 +486,10 @@ while True:
 def test_on_path_daemon_takes_marked_packets_and_forwards_everything_else(star):
     import shutil
     net = star(2, extra=["target"])
-    if not net.namespaced or shutil.which("nft") is None:
-        pytest.skip("on-path mode needs network namespaces and nftables (root, `ip`, `nft`)")
+    if not net.namespaced:
+        pytest.skip(f"on-path mode needs network namespaces ({net.reason})")
+    if shutil.which("nft") is None:
+        pytest.skip("on-path mode needs nftables: no `nft` command (apt-get install nftables)")
     port = 7199
     router = ["switch"]
     # DSCP 0x0f is the ToS byte 0x3C the workers mark their packets with.

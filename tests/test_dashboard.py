@@ -1,10 +1,13 @@
 """The server's monitor and dashboard endpoints (issue 16): snapshots through a
 server, local and remote clients with their per-client counts, the HTTP API
 (page files, /api/snapshot, /api/events), its token rule, and `reprise serve
---dashboard`. The page itself is tested in a browser by test_dashboard_browser.py."""
+--dashboard`. The page's script is run under node on a DOM stub (tests/dashboard_dom.js) to
+check that names stay text; the page itself is tested in a browser by test_dashboard_browser.py."""
 
 import json
 import os
+import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -13,6 +16,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -183,16 +187,58 @@ def test_off_loopback_needs_a_token_and_nothing_is_left_running(store):
         rp.Server([t], dashboard_address=8080)
 
 
-def test_names_travel_as_data(store):
-    """A table name with markup is JSON text in the snapshot, never interpreted."""
-    name = "<img src=x onerror=alert(1)>"
+APP_JS = Path(rp.__file__).parent / "dashboard" / "app.js"
+NODE = shutil.which("node")
+# Assignments that parse HTML: user-chosen text (table and server names, client peers) must
+# reach the page through textContent, title or dataset only.
+HTML_SINKS = re.compile(r"\.(?:inner|outer)HTML\s*\+?=|insertAdjacentHTML\s*\(|document\.write(?:ln)?\s*\("
+                        r"|createContextualFragment|DOMParser|\.srcdoc\s*=|setAttribute\(\s*['\"]on")
+MARKUP = "<img src=x onerror=alert(1)>"
+
+
+def render(snapshot: dict, tmp_path) -> dict:
+    """The page's script run under node on a DOM stub (tests/dashboard_dom.js), given
+    ``snapshot`` as the server's answer: what it drew, and any HTML sink it used."""
+    path = tmp_path / "snapshot.json"
+    path.write_text(json.dumps(snapshot))
+    r = subprocess.run([NODE, str(Path(__file__).with_name("dashboard_dom.js")), str(APP_JS), str(path)],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout)
+
+
+def test_the_page_script_parses_no_html():
+    """app.js builds every element with createElement and sets text with textContent, so a
+    name with markup stays text; none of the calls that parse HTML appears in it."""
+    code = "\n".join("" if line.lstrip().startswith("//") else line for line in APP_JS.read_text().splitlines())
+    found = [f"app.js:{code[:m.start()].count(chr(10)) + 1}: {m.group(0)}" for m in HTML_SINKS.finditer(code)]
+    assert not found, f"app.js parses HTML (use textContent / element()): {found}"
+
+
+def test_names_travel_as_data(store, tmp_path):
+    """A table name with markup is JSON text in the snapshot, and the page shows it as
+    text: in its row, the detail heading, a client's per-table title and the dataset,
+    never through an HTML sink."""
+    name = MARKUP
     t = rp.Table(name, store, max_size=10)
-    server = rp.Server([t], dashboard_address="127.0.0.1:0")
+    server = rp.Server([t], address="127.0.0.1:0", dashboard_address="127.0.0.1:0")
     try:
-        snap = json.loads(get(server.dashboard_address, "/api/snapshot")[2])
+        with rp.Client(server.address) as client:
+            write(client, name, 3)
+            snap = json.loads(get(server.dashboard_address, "/api/snapshot")[2])
         assert snap["tables"][0]["name"] == name
     finally:
         server.stop()
+    if NODE is None:
+        pytest.skip("needs node (apt-get install nodejs) to run the page's script without a browser; "
+                    "test_the_page_script_parses_no_html still checks it")
+    page = render(snap, tmp_path)
+    assert page["sinks"] == [], page["sinks"]
+    assert all(re.fullmatch(r"[a-z]+", tag) for tag in page["created"]), page["created"]
+    (row,) = page["tables"]
+    assert row["dataset"]["table"] == name and row["cells"]["name"] == name and row["cells"]["size"] == "3"
+    assert page["ids"]["detail-name"]["text"] == name and page["ids"]["detail"]["dataset"]["table"] == name
+    assert any(c["cells"]["inserts"]["title"] == f"{name}: 3" for c in page["clients"]), page["clients"]
 
 
 def serve_config(tmp_path, extensions):
@@ -233,7 +279,7 @@ def test_serve_refuses_a_misspelled_extension(tmp_path):
     r = subprocess.run([sys.executable, "-m", "reprise.cli", "serve", "--config", str(config)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
-    assert "tables[0].extensions[0]: unknown kind 'UniqueSample'; did you mean 'UniqueSamples'?" in r.stderr
+    assert "tables[0] ('replay').extensions[0]: unknown kind 'UniqueSample'; did you mean 'UniqueSamples'?" in r.stderr
 
 
 def test_a_dashboard_without_the_remote_service_takes_a_token(store):

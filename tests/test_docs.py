@@ -7,6 +7,18 @@ runs in a fresh subprocess with a timeout, in a temporary directory that also ho
 fails if the block leaves a store file in /dev/shm or anything in the runtime
 directory. Test ids name the file and line of the fence: ``docs/remote.md:42``.
 
+A snippet fails when it exits non-zero (an exception, ``TypeError: 'int' object is not
+callable`` from a property called as a method included) and when a Python snippet's
+stderr shows a traceback although it exited 0 (an exception in a thread). A Python
+snippet (not under torchrun, with no other language in its chain) runs twice in the same
+directories, as a reader who runs it again would: the second run must print what the
+first printed, unless the output is not deterministic anyway (a third run, in fresh
+directories, prints something else too: ports, pids, unseeded draws). So a snippet that
+keeps state outside its run (a checkpoint directory at a fixed path) fails.
+
+Prose is checked too: no ``x.name(`` anywhere in the docs where ``name`` is a property
+of Reprise's classes (and a method of none).
+
 A block can be marked by an HTML comment on the line right before its fence,
 ``<!-- snippet: DIRECTIVE; DIRECTIVE -->``:
 
@@ -36,8 +48,13 @@ must exit 0.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
+import importlib
+import importlib.util
+import inspect
 import os
+import pkgutil
 import re
 import shutil
 import signal
@@ -59,6 +76,11 @@ MARKER = re.compile(r"^<!--\s*snippet:(.*?)-->\s*$")
 TIMEOUT = 60.0            # seconds per process
 TORCHRUN_TIMEOUT = 120.0
 CASE_ENV = "REPRISE_DOCS_CASE"   # marks the processes of one test case
+# Commands a shell block may call that a fresh machine may lack: the block is then skipped,
+# naming them, rather than failed (`reprise`, python and coreutils are always there).
+OPTIONAL_TOOLS = {"openssl": "openssl", "curl": "curl", "jq": "jq", "tmux": "tmux", "nft": "nftables",
+                  "tc": "iproute2", "ip": "iproute2", "ping": "iputils-ping", "redis-server": "redis-server",
+                  "chromium": "chromium", "node": "nodejs"}
 
 
 @dataclasses.dataclass
@@ -239,10 +261,13 @@ def _cuda() -> bool | None:
     return bool(torch.cuda.is_available())
 
 
-def _run(argv, where: str, cwd: Path, env: dict, timeout: float, stdin: str | None = None):
+def _run(argv, where: str, cwd: Path, env: dict, timeout: float, stdin: str | None = None,
+         traceback_fails: bool = False) -> str:
     """Runs ``argv`` in a session of its own and fails the test, with its output, on a
-    non-zero exit. A process still running after ``timeout`` (or still holding the
-    pipes: a child left behind) is killed with its whole session."""
+    non-zero exit (or, with ``traceback_fails``, on a traceback in its stderr: an
+    exception in a thread does not change the exit status); returns its stdout. A
+    process still running after ``timeout`` (or still holding the pipes: a child left
+    behind) is killed with its whole session."""
     proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -257,6 +282,9 @@ def _run(argv, where: str, cwd: Path, env: dict, timeout: float, stdin: str | No
             proc.wait()
     if proc.returncode != 0:
         pytest.fail(f"{where}: exit status {proc.returncode}\n{_output(out, err)}", pytrace=False)
+    if traceback_fails and "Traceback (most recent call last)" in err:
+        pytest.fail(f"{where}: exited 0, but raised (in a thread?)\n{_output(out, err)}", pytrace=False)
+    return out
 
 
 def _output(out: str, err: str) -> str:
@@ -275,21 +303,54 @@ def _script(blocks: list[Block], prelude: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _run_python(blocks: list[Block], dirs: dict, env: dict, gpu: bool):
+def _run_python(blocks: list[Block], dirs: dict, env: dict, gpu: bool, run: str = "") -> str:
+    """Runs the blocks as one script; returns its stdout. ``run`` names the run in messages."""
     prelude = "import reprise.torch; reprise.torch.emulate_cuda(True)" if gpu and not _cuda() else ""
     # Named like the doc, so that a traceback reads 'File ".../docs/remote.md", line 57'.
     script = dirs["scripts"] / blocks[0].doc
     script.parent.mkdir(parents=True, exist_ok=True)
     script.write_text(_script(blocks, prelude))
-    where = ", ".join(b.where for b in blocks)
+    where = ", ".join(b.where for b in blocks) + run
     if blocks[0].torchrun:
         torchrun = shutil.which("torchrun")
         if torchrun is None:
             pytest.skip("needs torchrun (pip install torch)")
         argv = [torchrun, "--standalone", "--nproc-per-node", str(blocks[0].torchrun), str(script)]
-        _run(argv, where, dirs["work"], env, TORCHRUN_TIMEOUT)
-    else:
-        _run([sys.executable, str(script)], where, dirs["work"], env, TIMEOUT)
+        return _run(argv, where, dirs["work"], env, TORCHRUN_TIMEOUT)
+    return _run([sys.executable, str(script)], where, dirs["work"], env, TIMEOUT, traceback_fails=True)
+
+
+def _missing_tools(case: Case) -> list[str]:
+    """The optional commands (``OPTIONAL_TOOLS``) the case's shell blocks start that are
+    not on PATH: the first word of each command, after a line start, ``;``, ``&``, ``|``
+    or ``(``."""
+    used = {m.group(1) for b in case.blocks if b.language == "bash"
+            for m in re.finditer(r"(?:^|[;&|(])\s*([\w.-]+)", b.code, re.M)}
+    return sorted(t for t in used & set(OPTIONAL_TOOLS) if shutil.which(t) is None)
+
+
+def _reruns(case: Case) -> bool:
+    """Whether the case is run twice: Python alone, not under torchrun."""
+    return all(b.language == "python" and not b.torchrun for b in case.blocks)
+
+
+def _run_python_twice(blocks: list[Block], dirs: dict, gpu: bool) -> None:
+    """Runs the blocks, then again in the same directories: the second run must print
+    what the first did. Where it does not, a third run in fresh directories decides: if
+    it prints what the first did, the second run saw what the first left behind and the
+    test fails; if not, the output is not deterministic and is not compared."""
+    first = _run_python(blocks, dirs, dirs["env"], gpu)
+    again = _run_python(blocks, dirs, dirs["env"], gpu, run=" (run again in the same directory)")
+    if again == first:
+        return
+    fresh = dirs["fresh"]
+    if _run_python(blocks, fresh, fresh["env"], gpu, run=" (run in fresh directories)") == first:
+        diff = "".join(difflib.unified_diff(first.splitlines(True), again.splitlines(True), "first run",
+                                            "run again in the same directory", n=1))
+        pytest.fail(f"{blocks[0].where}: prints something else when run again, though a run in fresh "
+                    f"directories prints the same: it keeps state outside its run (a fixed path in "
+                    f"$TMPDIR or the working directory?); use a fresh temporary directory\n{diff[-3000:]}",
+                    pytrace=False)
 
 
 def _serve_toml(block: Block, dirs: dict, env: dict):
@@ -385,20 +446,27 @@ def _store_files() -> set[str]:
     return {f for f in os.listdir("/dev/shm") if re.match(r"reprise-\d+-", f)} if os.path.isdir("/dev/shm") else set()
 
 
+def _make_dirs(base: Path, token: str) -> dict:
+    made = {name: base / name for name in ("work", "tmp", "run", "scripts")}
+    for d in made.values():
+        d.mkdir(mode=0o700, parents=True)
+    made["env"] = dict(os.environ, TMPDIR=str(made["tmp"]), XDG_RUNTIME_DIR=str(made["run"]), PYTHONUNBUFFERED="1",
+                       OMP_NUM_THREADS="1", **{CASE_ENV: token})
+    made["env"].pop("REPRISE_TOKEN", None)
+    return made
+
+
 @pytest.fixture
 def dirs():
     """A short-named temporary directory (socket paths are limited to 107 bytes) with
     work/ (the working directory), tmp/ ($TMPDIR), run/ ($XDG_RUNTIME_DIR) and scripts/,
-    and the token that marks the case's processes (``env``). Fails the test if the case
-    left a store file in /dev/shm or a file in its runtime directory."""
+    the environment with the token that marks the case's processes (``env``), and
+    ``fresh``: the same again, for a run from scratch. Fails the test if the case left a
+    store file in /dev/shm or a file in a runtime directory."""
     base = Path(tempfile.mkdtemp(prefix="reprise-docs-"))
-    made = {name: base / name for name in ("work", "tmp", "run", "scripts")}
-    for d in made.values():
-        d.mkdir(mode=0o700)
     token = uuid.uuid4().hex
-    made["env"] = dict(os.environ, TMPDIR=str(made["tmp"]), XDG_RUNTIME_DIR=str(made["run"]), PYTHONUNBUFFERED="1",
-                       OMP_NUM_THREADS="1", **{CASE_ENV: token})
-    made["env"].pop("REPRISE_TOKEN", None)
+    made = _make_dirs(base, token)
+    made["fresh"] = _make_dirs(base / "fresh", token)   # a second set, for a run from scratch
     before = _store_files()
     processes = _Processes(token)
     yield made
@@ -409,7 +477,8 @@ def dirs():
             if not Path(f"/proc/{f.split('-')[1]}").exists():
                 os.unlink(f"/dev/shm/{f}")
         assert not left, f"store files left in /dev/shm: {left}"
-        left = [str(p.relative_to(made["run"])) for p in made["run"].rglob("*") if not p.is_dir()]
+        left = [str(p.relative_to(d)) for d in (made["run"], made["fresh"]["run"]) for p in d.rglob("*")
+                if not p.is_dir()]
         assert not left, f"left in $XDG_RUNTIME_DIR: {left}"
     finally:
         shutil.rmtree(base, ignore_errors=True)
@@ -427,6 +496,12 @@ def test_snippet(case: Case, dirs):
         pytest.skip(f"{case.id}: needs a CUDA GPU")
     if gpu and _cuda() is None:
         pytest.skip(f"{case.id}: the GPU path needs torch")
+    missing = _missing_tools(case)
+    if missing:
+        pytest.skip(f"{case.id}: needs " + ", ".join(f"`{t}` (apt-get install {OPTIONAL_TOOLS[t]})" for t in missing))
+    if _reruns(case):
+        _run_python_twice(case.blocks, dirs, gpu)
+        return
     env = dirs["env"]
     pending: list[Block] = []   # consecutive Python blocks: one process
     for block in case.blocks + [None]:
@@ -442,3 +517,119 @@ def test_snippet(case: Case, dirs):
             _run(["bash", "-euo", "pipefail"], block.where, dirs["work"], env, TIMEOUT, stdin=block.code)
         else:
             _serve_toml(block, dirs, env)
+
+
+# -- the harness catches what it should -------------------------------------------------
+
+def _snippet(code: str) -> list[Block]:
+    return [Block("t.md", 3, "python", code)]
+
+
+@pytest.mark.parametrize("code, message", [
+    # A property called as a method (docs/observability.md once had `t.local_table().stats()`).
+    ("import reprise as rp\n"
+     "store = rp.Store({'x': rp.Field((), 'int64')}, capacity=16)\n"
+     "print(rp.Table('t', store).size())\n", "TypeError: 'int' object is not callable"),
+    ("raise SystemExit('a snippet that gives up')\n", "exit status 1"),
+    # An exception in a thread leaves the exit status 0.
+    ("import threading\n"
+     "t = threading.Thread(target=lambda: 1 / 0)\n"
+     "t.start(); t.join()\n", "ZeroDivisionError"),
+], ids=["a-property-called", "an-exit", "a-thread-raises"])
+def test_a_snippet_that_raises_fails(code, message, dirs):
+    with pytest.raises(pytest.fail.Exception) as e:
+        _run_python_twice(_snippet(code), dirs, gpu=False)
+    assert message in str(e.value), str(e.value)
+    assert "SystemExit" in code or 't.md", line ' in str(e.value), str(e.value)   # the traceback names the doc
+
+
+def test_a_snippet_that_keeps_state_outside_its_run_fails(dirs):
+    """As docs/checkpoints.md's server example once did, with a checkpoint directory at
+    a fixed path in $TMPDIR: its second run restored the first one's checkpoint."""
+    code = ("import os, tempfile\n"
+            "path = os.path.join(tempfile.gettempdir(), 'runs')\n"
+            "runs = int(open(path).read()) if os.path.exists(path) else 0\n"
+            "open(path, 'w').write(str(runs + 1))\n"
+            "print('earlier runs:', runs)\n")
+    with pytest.raises(pytest.fail.Exception, match="prints something else when run again"):
+        _run_python_twice(_snippet(code), dirs, gpu=False)
+
+
+def test_a_snippet_whose_output_is_not_deterministic_passes(dirs):
+    _run_python_twice(_snippet("import os\nprint(os.getpid())\n"), dirs, gpu=False)
+
+
+# -- prose: properties are not called ----------------------------------------------------
+
+MODULE_ALIASES = {"rp": "reprise", "np": "numpy", "dist": "torch.distributed"}
+
+
+@functools.cache
+def _properties() -> frozenset[str]:
+    """Names that are properties (or native getters) of a class of ``reprise`` and
+    methods of none: ``x.name(...)`` is a ``TypeError`` wherever it is written."""
+    import reprise
+    props, methods, seen = set(), set(), set()
+    for info in pkgutil.walk_packages(reprise.__path__, "reprise."):
+        if info.name.startswith(("reprise.examples", "reprise.__main__")):
+            continue
+        try:
+            module = importlib.import_module(info.name)
+        except Exception:  # noqa: BLE001 - an optional dependency missing: its classes are not checked
+            continue
+        for cls in vars(module).values():
+            if not inspect.isclass(cls) or cls in seen:
+                continue
+            seen.add(cls)
+            for klass in cls.__mro__:
+                if not (getattr(klass, "__module__", "") or "").startswith("reprise"):
+                    continue
+                for name, value in vars(klass).items():
+                    if name.startswith("_"):
+                        continue
+                    if isinstance(value, property) or inspect.isgetsetdescriptor(value):
+                        props.add(name)
+                    elif callable(value) or isinstance(value, (staticmethod, classmethod)):
+                        methods.add(name)
+    # Methods of the types the docs' code also handles: `optimizer.step()` and `tensor.size(0)`
+    # are right, whatever a Reprise class calls `step` or `size`.
+    others = [np.ndarray, Path, str, dict, list, threading.Thread, subprocess.Popen]
+    if _cuda() is not None:
+        import torch
+        others += [torch.Tensor, torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]
+    methods |= {name for kind in others for name in dir(kind) if callable(getattr(kind, name, None))}
+    return frozenset(props - methods)
+
+
+def _is_module(dotted: str) -> bool:
+    head, _, rest = dotted.partition(".")
+    name = ".".join(filter(None, [MODULE_ALIASES.get(head, head), rest]))
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _called_properties(text: str, doc: str) -> list[str]:
+    pattern = re.compile(r"([A-Za-z_][\w.]*)\.(" + "|".join(sorted(_properties())) + r")\(")
+    found = []
+    for number, line in enumerate(text.split("\n"), 1):
+        for m in pattern.finditer(line):
+            if not _is_module(m.group(1)):   # torch.device(...), rp.distributed.consumers(...)
+                found.append(f"{doc}:{number}: {m.group(0)} ('{m.group(2)}' is a property: no parentheses)")
+    return found
+
+
+def test_the_docs_call_no_property_as_a_method():
+    assert {"local_table", "tables", "signature", "free_blocks"} <= _properties()
+    assert _called_properties("a `t.local_table().stats()` and `torch.device('cpu')`", "t.md") == [
+        "t.md:1: t.local_table( ('local_table' is a property: no parentheses)"]
+    found = [f for path in DOCS for f in _called_properties(path.read_text(), path.relative_to(ROOT).as_posix())]
+    assert not found, "\n".join(found)
+
+
+def test_a_shell_block_needing_a_missing_tool_is_skipped_naming_it(monkeypatch):
+    blocks, _ = parse("# t\n\n```bash\nreprise serve --config x.toml & pid=$!\nopenssl req -x509 | tee ca.pem\n"
+                      "sleep 1 && curl -s http://x/ | jq .\n```\n", "t.md")
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    assert _missing_tools(Case("t.md:3", blocks)) == ["curl", "jq", "openssl"]

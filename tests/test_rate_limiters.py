@@ -100,7 +100,7 @@ def test_timeout_zero_fails_at_once(scalar_store):
     start = time.monotonic()
     with pytest.raises(rp.errors.Timeout):
         t.sample(1, timeout=0)
-    assert time.monotonic() - start < 0.1
+    assert time.monotonic() - start < 1.0   # no wait: far below any timeout, and a loaded machine's pauses
 
 
 def test_a_finite_timeout_waits_about_that_long(scalar_store):

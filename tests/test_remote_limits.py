@@ -153,23 +153,46 @@ def test_idle_connections_are_closed_and_clients_reconnect(big):
 
 
 def test_a_stalled_reader_is_cut_off_without_stalling_others(big):
-    server = serve(big, stall_timeout=1)
+    """While the server waits to send to a reader that reads nothing, another client's
+    draws go on at their usual pace: the same number of draws as an unloaded baseline
+    measured first, done while the stalled connection is still open (before
+    stall_timeout cuts it), in a time comparable to the baseline's. A server that let
+    the stalled reader hold others up would finish them only after the cut."""
+    stall_timeout, draws = 6, 10
+    server = serve(big, stall_timeout=stall_timeout)
     try:
+        other = rp.Client(server.address)
+
+        def draw_all() -> float:
+            start = time.monotonic()
+            for _ in range(draws):
+                assert len(other.sample("t", 8, timeout=30).keys) == 8
+            return time.monotonic() - start
+
+        baseline = draw_all()
         stalled = rp.Client(server.address)
         batches = stalled.iterate("t", 60, max_in_flight=32)
         # Asks for 32 batches of 6 MB, then reads none: past its flow-control window and
         # the server's queue, the server waits to send, and after stall_timeout gives up.
         next(batches)
-        other = rp.Client(server.address)
-        deadline = time.monotonic() + 3
-        drawn = 0
-        while time.monotonic() < deadline:
-            drawn += len(other.sample("t", 8).keys)
-        assert drawn > 0
+        sent = [-1, server.snapshot()["bytes"]["sent"]]
+        while sent[-1] != sent[-2]:   # until the server stops sending: it waits on the reader
+            time.sleep(0.3)
+            sent.append(server.snapshot()["bytes"]["sent"])
+        started = time.monotonic()
+        during = draw_all()
+        assert len(server.snapshot()["clients"]) == 2, (
+            f"the stalled reader was cut off before the other client's {draws} draws ended "
+            f"({time.monotonic() - started:.1f} s): they waited for it")
+        assert during < 10 * baseline + 2.0, (during, baseline)
+        assert wait_until(lambda: len(server.snapshot()["clients"]) == 1, stall_timeout + 10)
+        # The cut comes stall_timeout (+ up to the reaper's 1 s tick) after the server began to
+        # wait: it was already waiting when the draws started, or this test exercised nothing.
+        assert started >= time.monotonic() - stall_timeout - 1.1, "the draws ran before the server waited"
         with pytest.raises(rp.errors.RepriseError):
             for _ in range(32):
                 next(batches)
-        assert wait_until(lambda: len(server.snapshot()["clients"]) == 1, 10)
+        assert draw_all() < 10 * baseline + 2.0   # and after the cut, as before it
     finally:
         server.stop()
 

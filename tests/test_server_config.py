@@ -43,19 +43,19 @@ MISTAKES = [
      'fields = { obs = { shap = [3], dtype = "float32" }, action = { dtype = "int64" } }',
      "stores[0] ('main').fields.obs: unknown key 'shap'; did you mean 'shape'? field keys are shape, dtype"),
     ("error_buffer = 40.0", "eror_buffer = 40.0",
-     "tables[0].rate_limiter: unknown key 'eror_buffer'; did you mean 'error_buffer'? SampleToInsertRatio keys are "
+     "tables[0] ('replay').rate_limiter: unknown key 'eror_buffer'; did you mean 'error_buffer'? SampleToInsertRatio keys are "
      "samples_per_insert, min_size_to_sample, error_buffer"),
     ("samples_per_insert = 4.0, ", "",
-     "tables[0].rate_limiter: SampleToInsertRatio needs 'samples_per_insert'"),
+     "tables[0] ('replay').rate_limiter: SampleToInsertRatio needs 'samples_per_insert'"),
     ("priority_exponent = 0.6", "priority_exponant = 0.6",
-     "tables[0].sampler: unknown key 'priority_exponant'; did you mean 'priority_exponent'?"),
+     "tables[0] ('replay').sampler: unknown key 'priority_exponant'; did you mean 'priority_exponent'?"),
     ('remover = "Fifo"', 'remover = { kind = "Fifo", size = 3 }',
-     "tables[0].remover: unknown key 'size'; Fifo takes no keys"),
-    ('remover = "Fifo"', 'remover = "Fifi"', "tables[0].remover: unknown kind 'Fifi'; did you mean 'Fifo'?"),
+     "tables[0] ('replay').remover: unknown key 'size'; Fifo takes no keys"),
+    ('remover = "Fifo"', 'remover = "Fifi"', "tables[0] ('replay').remover: unknown kind 'Fifi'; did you mean 'Fifo'?"),
     ("max_size = 100", 'max_size = "100"', "tables[0] ('replay').max_size: expected integer, got a string ('100')"),
     ("max_size = 100", "max_size = true", "tables[0] ('replay').max_size: expected integer, got a boolean (True)"),
     ("min_size_to_sample = 10", "min_size_to_sample = 10.5",
-     "tables[0].rate_limiter.min_size_to_sample: expected integer, got a number (10.5)"),
+     "tables[0] ('replay').rate_limiter.min_size_to_sample: expected integer, got a number (10.5)"),
     ("capacity = 256", 'capacity = "big"', "stores[0] ('main').capacity: expected integer, got a string ('big')"),
     ('address = "127.0.0.1:0"', 'address = "127.0.0.1:0"\nadress = "x"',
      "top level: unknown key 'adress'; did you mean 'address'? top-level keys are address, token,"),
@@ -63,7 +63,17 @@ MISTAKES = [
      "top level.checkpoint_on_exit: expected boolean, got a string ('yes')"),
     ('address = "127.0.0.1:0"', 'address = "127.0.0.1:0"\n[tls]\ncertificate = "a.pem"',
      "tls: unknown key 'certificate'; [tls] keys are cert, key"),
-    ('store = "main"', 'store = "mian"', "tables[0].store: 'mian' is not one of the [[stores]] ['main']; did you mean 'main'?"),
+    ('store = "main"', 'store = "mian"',
+     "tables[0] ('replay').store: 'mian' is not one of the [[stores]] ['main']; did you mean 'main'?"),
+    # Values of the right kind that the store, a field or the table refuses: named the same way.
+    ('action = { dtype = "int64" }', 'action = { dtype = "i64" }',
+     "stores[0] ('main').fields.action: unknown dtype 'i64': expected one of bool, int8,"),
+    ('obs = { shape = [3], dtype = "float32" }', 'obs = { shape = [3, 0], dtype = "float32" }',
+     "stores[0] ('main').fields.obs: Field shape (3, 0): every dimension must be an int >= 1"),
+    ("block_steps = 16", "block_steps = 0", "stores[0] ('main'): block_steps must be >= 1, got 0"),
+    ("max_size = 100", "max_size = 0", "tables[0] ('replay'): table 'replay': max_size must be >= 1, got 0"),
+    ('name = "main"', 'name = "main"\nfields = { x = {} }\ncapacity = 8\n[[stores]]\nname = "main"',
+     "stores[1] ('main'): a store named 'main' is already configured; expected every [[stores]] name once"),
 ]
 
 
@@ -90,8 +100,8 @@ def test_a_mistake_at_any_level_names_the_key_its_section_and_the_closest_valid_
     path = _write(tmp_path, GOOD.replace(old, new, 1))
     before = set(os.listdir("/dev/shm"))
     with pytest.raises(rp.errors.InvalidArgument) as e:
-        server_config.build(server_config.load_config(path))
-    assert message in str(e.value), str(e.value)
+        server_config.build(server_config.load_config(path), path=path)
+    assert str(e.value).startswith(f"config {path!r}: {message}"), str(e.value)
     assert set(os.listdir("/dev/shm")) <= before          # no store was left behind
 
 
@@ -102,6 +112,25 @@ def test_reprise_serve_exits_2_with_the_message_and_no_traceback(tmp_path):
     assert r.returncode == 2, r.stderr
     assert "unknown key 'max_sise'; did you mean 'max_size'?" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_reprise_serve_names_the_file_store_and_field_of_an_unknown_dtype(tmp_path):
+    path = _write(tmp_path, GOOD.replace('dtype = "float32"', 'dtype = "f32"'))
+    r = subprocess.run([sys.executable, "-m", "reprise.cli", "serve", "--config", "reprise.toml"],
+                       capture_output=True, text=True, timeout=60, cwd=os.path.dirname(path))
+    assert r.returncode == 2, r.stderr
+    assert ("reprise serve: config 'reprise.toml': stores[0] ('main').fields.obs: unknown dtype 'f32': "
+            "expected one of bool, int8, int16, int32, int64, uint8, uint16, uint32, uint64, float16, float32, "
+            "float64\n") in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_a_config_not_read_from_a_file_names_the_place_alone():
+    config = {"stores": [{"name": "s", "capacity": 8, "fields": {"x": {"dtype": "f32"}}}],
+              "tables": [{"name": "t", "store": "s"}]}
+    with pytest.raises(rp.errors.InvalidArgument) as e:
+        server_config.build(config)
+    assert str(e.value).startswith("stores[0] ('s').fields.x: unknown dtype 'f32': expected one of bool,")
 
 
 def test_a_store_directory_is_taken_relative_to_the_config(tmp_path):

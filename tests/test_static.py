@@ -82,16 +82,21 @@ def test_uniform_draws_are_uniform(backend, make_store):
 def test_rows_stay_reserved_until_the_next_admission(backend, make_store):
     """Between admit() and the gather the items are evicted and writers overwrite
     every free block: the gather still reads the admitted items. After the next
-    admission (work on the stream done) the blocks are free again."""
+    admission (work on the stream done) the blocks are free again.
+
+    16 blocks of 4 steps; two episodes of 7 steps fill 2 blocks each. The admission
+    holds those 4 (in limbo once the reset frees them), so writers take exactly the
+    other 12: 48 one-step episodes, then ``ResourceExhausted``."""
     store = make_store(SIG, capacity=64, block_steps=4)
     t = table(store, max_size=60)
     fill(store, [t], episodes=2)
     spans = item_steps(t, episodes=2)
+    assert (store.num_blocks, store.free_blocks) == (16, 12)
     s = t.static_sample(32, steps=3)
     s.admit()
     t.reset()
-    assert store._native.limbo_blocks > 0
-    assert overwrite_free_blocks(store, 10_000) >= 0
+    assert store._native.limbo_blocks == 4 and store.free_blocks == 12
+    assert overwrite_free_blocks(store, 10_000) == 12 * 4
     assert_holds_items(s.draw(), spans)
     with pytest.raises(rp.errors.Timeout):  # the table is empty now
         s.admit(timeout=0.05)

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 from . import _native
 from ._convert import as_int
-from .errors import InvalidArgument, NotFound, Timeout
+from .errors import InvalidArgument, NotFound
 from .sample import Sample
 from .signature import Field
-from .torch._device import is_host_device
+from .torch._device import host_tensors, is_host_device, on_device, torch_module
 
 
 # compression= -> whether messages are zstd-compressed ("auto": only off loopback).
@@ -75,15 +76,17 @@ class Client:
 
     def sample(self, table: str, n: int, timeout: float | None = None, fields: list[str] | None = None,
                device: str | None = None) -> Sample:
-        """Draws n items from ``table`` (as ``Table.sample``)."""
+        """Draws n items from ``table`` (as ``Table.sample``: ``device`` None gives
+        numpy arrays, ``"cpu"`` torch CPU tensors, ``"cuda"`` tensors on the GPU)."""
         n = as_int("n", n)
         fields = None if fields is None else list(fields)
         if is_host_device(device):
-            return self._native.sample(table, n, timeout, fields)
+            draw = functools.partial(self._native.sample, table, n, timeout, fields)
+            return draw() if device is None else host_tensors(draw)
         from .torch import resolve
         dev = resolve(device)
         if not self._local:
-            return _on_device(lambda: self._native.sample(table, n, timeout, fields), dev)
+            return on_device(functools.partial(self._native.sample, table, n, timeout, fields), dev)
         # Local: the GPU gathers the rows straight from the shared-memory store.
         from .torch.collect import collect_rows
         columns = self._columns_for(table, dev)
@@ -112,19 +115,23 @@ class Client:
         if num_batches is not None:
             num_batches = as_int("num_batches", num_batches, 0)
         fields = None if fields is None else list(fields)
-        dev = None
-        if not is_host_device(device):
+        host = is_host_device(device)
+        if device is None:
+            dev = None
+        elif host:
+            dev = torch_module().device("cpu")
+        else:
             from .torch import resolve
             dev = resolve(device)
         count = 0
-        if self._local and dev is not None:   # the zero-copy GPU path, batch by batch
+        if self._local and not host:   # the zero-copy GPU path, batch by batch
             while num_batches is None or count < num_batches:
                 yield self.sample(table, batch_size, timeout, fields, device)
                 count += 1
             return
         sampler = self._native.sampler(table, batch_size, timeout, fields, max_in_flight)
         while num_batches is None or count < num_batches:
-            yield sampler.next() if dev is None else _on_device(sampler.next, dev)
+            yield sampler.next() if dev is None else on_device(sampler.next, dev)
             count += 1
 
     def _columns_for(self, table: str, device):
@@ -191,23 +198,6 @@ class Client:
 
     def __repr__(self):
         return f"Client({self._address!r}, tables={self.tables})"
-
-
-def _on_device(draw, dev) -> Sample:
-    """A remote draw moved onto ``dev`` (a cut-short draw's partial too): remote rows
-    arrive in host memory."""
-    import torch
-
-    def move(s):
-        s.data = {k: torch.from_numpy(v).to(dev) for k, v in s.data.items()}
-        return s
-
-    try:
-        return move(draw())
-    except Timeout as e:
-        if e.partial is not None:
-            move(e.partial)
-        raise
 
 
 def _parse_snapshot(text: str) -> dict:

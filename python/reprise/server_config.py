@@ -41,8 +41,10 @@ checkpoint directory::
     extensions = ["PriorityHistogram", { kind = "UniqueSamples", window = 1000 }]   # default: every built-in
 
 Every key at every level is checked: a misspelled or unknown key, or a value of the wrong
-kind, stops ``reprise serve`` with exit code 2 and a message naming the key, its section and
-the closest valid key.
+kind, stops ``reprise serve`` with exit code 2 and a message naming the file, the key, its
+section and the closest valid key. A value the key's kind allows but its store, field or
+table refuses is named the same way: ``config 'reprise.toml': stores[0] ('replay').fields.obs:
+unknown dtype 'f32': expected one of bool, ...``.
 
 On SIGTERM or SIGINT the server stops accepting calls, lets calls in progress finish
 (``--grace`` seconds), writes a checkpoint when ``checkpoint_on_exit`` is set, and exits 0.
@@ -51,6 +53,7 @@ On SIGTERM or SIGINT the server stops accepting calls, lets calls in progress fi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import inspect
 import os
@@ -136,6 +139,31 @@ def _check(where: str, section: dict, schema: dict, what: str) -> None:
             raise InvalidArgument(f"{where}.{key}: expected {schema[key]}, got {_describe(value)}")
 
 
+def _where(section: str, i: int, entry: dict) -> str:
+    """Where an entry of an array of tables is, as every message names it:
+    ``stores[0] ('main')`` (the index alone while it has no string name)."""
+    name = entry.get("name")
+    return f"{section}[{i}]" + (f" ({name!r})" if isinstance(name, str) else "")
+
+
+@contextlib.contextmanager
+def _at(where: str):
+    """A Reprise error raised inside names ``where`` first (a file, a store, a
+    field), keeping its type: ``config 'reprise.toml': stores[0] ('main').fields.obs:
+    unknown dtype 'f32': expected one of ...``. Without ``where``, as raised."""
+    try:
+        yield
+    except RepriseError as e:
+        if not where:
+            raise
+        raise type(e)(f"{where}: {e}") from None
+
+
+def _in_file(path: str | None):
+    """``_at`` the config file ``path`` (None: a config not read from a file)."""
+    return _at(None if path is None else f"config {path!r}")
+
+
 def _parameters(cls) -> dict:
     """A selector's or rate limiter's keyword arguments -> (kind, required), from its signature."""
     target = cls.__new__ if "__new__" in vars(cls) else cls.__init__
@@ -182,10 +210,8 @@ def load_config(path: str, check_config=None) -> dict:
         raise InvalidArgument(f"config {path!r}: cannot read it ({e.strerror})") from None
     except tomllib.TOMLDecodeError as e:
         raise InvalidArgument(f"config {path!r}: not valid TOML ({e})") from None
-    try:
+    with _in_file(path):
         (check_config or check)(config)
-    except InvalidArgument as e:
-        raise InvalidArgument(f"config {path!r}: {e}") from None
     return config
 
 
@@ -196,7 +222,7 @@ def check(config: dict) -> None:
     _check("top level", config, _TOP, "top-level")
     _check("tls", config.get("tls", {}), _TLS, "[tls]")
     for i, s in enumerate(config.get("stores", [])):
-        where = f"stores[{i}]" + (f" ({s['name']!r})" if isinstance(s.get("name"), str) else "")
+        where = _where("stores", i, s)
         _check(where, s, _STORE, "[[stores]]")
         for fname, f in s.get("fields", {}).items():
             if not isinstance(f, dict):
@@ -204,58 +230,74 @@ def check(config: dict) -> None:
                                       f"got {_describe(f)}")
             _check(f"{where}.fields.{fname}", f, _FIELD, "field")
     for i, t in enumerate(config.get("tables", [])):
-        where = f"tables[{i}]" + (f" ({t['name']!r})" if isinstance(t.get("name"), str) else "")
-        _check(where, t, _TABLE, "[[tables]]")
+        _check(_where("tables", i, t), t, _TABLE, "[[tables]]")
 
 
-def build(config: dict, directory: str = ".") -> tuple[list[Store], list[Table]]:
-    """The stores and tables a config describes (relative paths are from ``directory``)."""
-    check(config)
-    stores: dict[str, Store] = {}
-    tables: list[Table] = []
-    try:
-        for i, s in enumerate(config.get("stores") or []):
-            where = f"stores[{i}]"
-            name = s.get("name", f"store{i}")
-            fields = s.get("fields")
-            if not fields:
-                raise InvalidArgument(f"{where} ({name!r}): 'fields' must be a non-empty table of name = {{shape, dtype}}")
-            signature = {fname: Field(tuple(f.get("shape", ())), f.get("dtype", "float32"))
-                         for fname, f in fields.items()}
-            if "capacity" not in s:
-                raise InvalidArgument(f"{where} ({name!r}): 'capacity' (steps) is required")
-            store_dir = os.path.join(directory, s["directory"]) if "directory" in s else None
-            stores[name] = Store(signature, capacity=s["capacity"], block_steps=s.get("block_steps", 64),
-                                 directory=store_dir, huge_pages=s.get("huge_pages", False))
-        if not config.get("tables"):
-            raise InvalidArgument("no [[tables]]; a server needs at least one table")
-        for i, t in enumerate(config["tables"]):
-            where = f"tables[{i}]"
-            store = stores.get(t.get("store"))
-            if store is None:
-                close = difflib.get_close_matches(str(t.get("store")), list(stores), n=1, cutoff=0.6)
-                hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise InvalidArgument(f"{where}.store: {t.get('store')!r} is not one of the [[stores]] "
-                                      f"{sorted(stores)}{hint}")
-            kwargs = {}
-            if "sampler" in t:
-                kwargs["sampler"] = _kind(f"{where}.sampler", t["sampler"], _SELECTORS)
-            if "remover" in t:
-                kwargs["remover"] = _kind(f"{where}.remover", t["remover"], _SELECTORS)
-            if "rate_limiter" in t:
-                kwargs["rate_limiter"] = _kind(f"{where}.rate_limiter", t["rate_limiter"], _LIMITERS)
-            if "extensions" in t:
-                kwargs["extensions"] = [_kind(f"{where}.extensions[{k}]", e, _EXTENSIONS)
-                                        for k, e in enumerate(t["extensions"])]
-            for key in ("max_size", "max_times_sampled", "seed", "evict_when_store_full"):
-                if key in t:
-                    kwargs[key] = t[key]
-            tables.append(Table(t.get("name", f"table{i}"), store, **kwargs))
-    except BaseException:
-        for s in stores.values():
-            s.close()
-        raise
+def build(config: dict, directory: str = ".", path: str | None = None) -> tuple[list[Store], list[Table]]:
+    """The stores and tables a config describes (relative paths are from ``directory``).
+    Every error names where in the config it is (``stores[0] ('main').fields.obs``),
+    after ``path``, the file the config was read from, when given. A config that fails
+    leaves no store behind."""
+    with _in_file(path):
+        check(config)
+        stores: dict[str, Store] = {}
+        try:
+            for i, s in enumerate(config.get("stores") or []):
+                name = s.get("name", f"store{i}")
+                if name in stores:
+                    raise InvalidArgument(f"{_where('stores', i, s)}: a store named {name!r} is already "
+                                          f"configured; expected every [[stores]] name once")
+                stores[name] = _store(_where("stores", i, s), s, directory)
+            if not config.get("tables"):
+                raise InvalidArgument("no [[tables]]; a server needs at least one table")
+            tables = [_table(_where("tables", i, t), t, i, stores) for i, t in enumerate(config["tables"])]
+        except BaseException:
+            for s in stores.values():
+                s.close()
+            raise
     return list(stores.values()), tables
+
+
+def _store(where: str, s: dict, directory: str) -> Store:
+    """The store of a checked ``[[stores]]`` entry; errors name ``where`` and the field."""
+    fields = s.get("fields")
+    if not fields:
+        raise InvalidArgument(f"{where}: 'fields' must be a non-empty table of name = {{shape, dtype}}")
+    signature = {}
+    for fname, f in fields.items():
+        with _at(f"{where}.fields.{fname}"):
+            signature[fname] = Field(tuple(f.get("shape", ())), f.get("dtype", "float32"))
+    if "capacity" not in s:
+        raise InvalidArgument(f"{where}: 'capacity' (steps) is required")
+    store_dir = os.path.join(directory, s["directory"]) if "directory" in s else None
+    with _at(where):
+        return Store(signature, capacity=s["capacity"], block_steps=s.get("block_steps", 64),
+                     directory=store_dir, huge_pages=s.get("huge_pages", False))
+
+
+def _table(where: str, t: dict, i: int, stores: dict) -> Table:
+    """The table of a checked ``[[tables]]`` entry over one of ``stores``; errors name ``where``."""
+    store = stores.get(t.get("store"))
+    if store is None:
+        close = difflib.get_close_matches(str(t.get("store")), list(stores), n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise InvalidArgument(f"{where}.store: {t.get('store')!r} is not one of the [[stores]] "
+                              f"{sorted(stores)}{hint}")
+    kwargs = {}
+    if "sampler" in t:
+        kwargs["sampler"] = _kind(f"{where}.sampler", t["sampler"], _SELECTORS)
+    if "remover" in t:
+        kwargs["remover"] = _kind(f"{where}.remover", t["remover"], _SELECTORS)
+    if "rate_limiter" in t:
+        kwargs["rate_limiter"] = _kind(f"{where}.rate_limiter", t["rate_limiter"], _LIMITERS)
+    if "extensions" in t:
+        kwargs["extensions"] = [_kind(f"{where}.extensions[{k}]", e, _EXTENSIONS)
+                                for k, e in enumerate(t["extensions"])]
+    for key in ("max_size", "max_times_sampled", "seed", "evict_when_store_full"):
+        if key in t:
+            kwargs[key] = t[key]
+    with _at(where):
+        return Table(t.get("name", f"table{i}"), store, **kwargs)
 
 
 def _token(config: dict, directory: str) -> str | None:
@@ -299,7 +341,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(a.config)
         directory = os.path.dirname(os.path.abspath(a.config))
-        stores, tables = build(config, directory)
+        stores, tables = build(config, directory, a.config)
+        with _in_file(a.config):
+            limits = _limits(config)
         tls = config.get("tls") or {}
         path = lambda v: None if v is None else os.path.join(directory, v)  # noqa: E731
         ckpt = path(config.get("checkpoint_dir"))
@@ -309,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
                         max_batch_items=config.get("max_batch_items", 1 << 16),
                         metrics_address=config.get("metrics_address"),
                         dashboard_address=a.dashboard or config.get("dashboard_address"),
-                        **_limits(config))
+                        **limits)
     except RepriseError as e:
         for s in stores:
             s.close()

@@ -3,6 +3,7 @@ a rate limiter."""
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 
@@ -14,7 +15,7 @@ from .rate_limiters import MinSize, Queue, RateLimiter, Stack
 from .sample import Sample
 from .selectors import Fifo, Lifo, Selector, Uniform
 from .store import Store
-from .torch._device import is_host_device
+from .torch._device import host_tensors, is_host_device, torch_module
 
 
 def _collect(rows, columns, fields, to_host=False, stream=None) -> Sample:
@@ -172,19 +173,23 @@ class Table:
         fields are collected. On ``Timeout`` the exception's ``partial`` is a Sample
         of the items drawn before the deadline (they count as sampled).
 
-        ``device="cuda"``: ``data`` holds torch tensors on that GPU, gathered straight
-        from the store's memory by the GPU (no staging copy on the host); the other
-        fields stay numpy. The tensors are ready on the current CUDA stream."""
+        ``device=None``: ``data`` holds numpy arrays. ``device="cuda"``: torch tensors
+        on that GPU, gathered straight from the store's memory by the GPU (no staging
+        copy on the host), ready on the current CUDA stream. ``device="cpu"``: torch
+        CPU tensors (sharing the drawn arrays' memory), so that code written for
+        ``"cuda"`` runs unchanged without a GPU. The other fields stay numpy."""
         n = as_int("n", n)
-        if is_host_device(device) and self._selection is None and self._store._device_columns is None:
-            return self._native.sample(n, timeout, fields)
-        self._check_fields(fields)
         if is_host_device(device):
-            columns = self._store._device_columns  # None: copied on the host
-        else:
-            from .torch import resolve
-            columns = self._store._columns_for(resolve(device))  # before drawing: bad devices change nothing
-        return self._draw(n, timeout, fields, columns, to_host=is_host_device(device))
+            if self._selection is None and self._store._device_columns is None:
+                draw = functools.partial(self._native.sample, n, timeout, fields)
+            else:
+                self._check_fields(fields)
+                draw = functools.partial(self._draw, n, timeout, fields, self._store._device_columns, to_host=True)
+            return draw() if device is None else host_tensors(draw)
+        self._check_fields(fields)
+        from .torch import resolve
+        columns = self._store._columns_for(resolve(device))  # before drawing: bad devices change nothing
+        return self._draw(n, timeout, fields, columns)
 
     def _draw(self, n, timeout, fields, columns, to_host=False, stream=None) -> Sample:
         """Draws n items and collects them from ``columns`` (None: on the host). A
@@ -218,19 +223,23 @@ class Table:
 
     def iterate(self, batch_size: int, device=None, prefetch: int = 2, timeout: float | None = None,
                 fields: list[str] | None = None, num_batches: int | None = None):
-        """Yields samples of ``batch_size`` for ever (or ``num_batches`` times).
+        """Yields samples of ``batch_size`` for ever (or ``num_batches`` times), with
+        ``data`` as ``sample(..., device=device)`` gives it.
 
         With ``device="cuda"`` the next ``prefetch`` batches are gathered on a side
         CUDA stream while the caller uses the current one; each batch is ready on the
         caller's current stream when it is yielded. ``update_priorities`` for a batch
-        applies at once; batches already in flight were drawn before it."""
+        applies at once; batches already in flight were drawn before it. On the host
+        (``device`` None or ``"cpu"``) each batch is drawn when it is asked for."""
         batch_size = as_int("batch_size", batch_size, 1)
         prefetch = as_int("prefetch", prefetch, 0)
         if num_batches is not None:
             num_batches = as_int("num_batches", num_batches, 0)
         self._check_fields(fields)
         if is_host_device(device):
-            return self._iterate_host(batch_size, timeout, fields, num_batches)
+            if device is not None:
+                torch_module()  # now, not at the first batch: without torch the call fails here
+            return self._iterate_host(batch_size, timeout, fields, num_batches, device)
         from .torch import iterate, resolve
         dev = resolve(device)
         columns = self._store._columns_for(dev)
@@ -262,10 +271,14 @@ class Table:
         names = columns.fields if fields is None else list(fields)
         return StaticSample(self.name, sel, columns, names, batch_size, steps)
 
-    def _iterate_host(self, batch_size, timeout, fields, num_batches):
+    def _iterate_host(self, batch_size, timeout, fields, num_batches, device):
+        """Draws each batch when it is asked for: on the host a draw is a copy by
+        the calling thread, with no side stream to overlap it with, so drawing ahead
+        would gain nothing and would only make batches older than the priority
+        updates made since (``prefetch`` is checked, and otherwise unused)."""
         produced = 0
         while num_batches is None or produced < num_batches:
-            yield self.sample(batch_size, timeout, fields)
+            yield self.sample(batch_size, timeout, fields, device)
             produced += 1
 
     def _check_fields(self, fields):

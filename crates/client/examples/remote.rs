@@ -7,6 +7,7 @@
 //! (`RemoteClient::row_bytes`); here every field is filled with the step number's bytes.
 
 use reprise_client::{RemoteClient, RemoteOptions, ReplayClient, StepWriter};
+use reprise_core::Wait;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
@@ -22,14 +23,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for t in 0..50u8 {
         let columns: Vec<Vec<u8>> = rows.iter().map(|&n| vec![t; n]).collect();
         let refs: Vec<&[u8]> = columns.iter().map(Vec::as_slice).collect();
-        writer.append(&refs)?;
+        writer.append(&refs, Wait::default())?;
         if t >= 1 {
-            writer.create_item(&table, 2, 1.0 + f64::from(t))?;
+            writer.create_item(&table, 2, 1.0 + f64::from(t), Wait::default())?;
         }
     }
-    writer.end_episode()?;
-    let keys = writer.flush(None, None)?;
-    writer.close()?;
+    writer.end_episode(Wait::default())?;
+    let keys = writer.flush(Wait::default())?;
+    writer.close(Wait::default())?;
     println!("inserted {} items", keys.len());
 
     // A learner: sample, then update the sampled items' priorities.

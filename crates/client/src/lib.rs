@@ -16,7 +16,7 @@ pub mod remote;
 use std::time::Duration;
 
 use reprise_core::error::{Error, Result};
-use reprise_core::{Signature, TableInfo};
+use reprise_core::{Signature, TableInfo, Wait};
 
 pub use local::{LocalClient, LocalSample, LocalWriter};
 pub use remote::{RemoteClient, RemoteOptions, RemoteSample, RemoteSampler, RemoteWriter};
@@ -116,42 +116,59 @@ pub trait ReplayClient: Send + Sync {
 /// `create_item(s)` queue; [`StepWriter::flush`] returns once every queued item is
 /// in its table. A writer that is dropped or whose client dies commits nothing
 /// partial: an item is in its table whole or not at all.
+///
+/// Every call that may wait for the server takes a [`Wait`]: it gives up at its
+/// deadline with `Error::Timeout` and, when its interrupt check fires (checked
+/// every [`POLL`]), with `Error::Interrupted`. A call that gives up that way
+/// before it sent anything changed nothing and the writer goes on; one that gave up
+/// with a request on the wire closes the writer (its reply would confuse the next
+/// call), and its later calls say so. [`StepWriter::abort`] never waits.
 pub trait StepWriter: Send {
     /// Appends one step: `columns[i]` holds one row of field i.
-    fn append(&mut self, columns: &[&[u8]]) -> Result<()> {
-        self.extend(columns, 1)
+    fn append(&mut self, columns: &[&[u8]], wait: Wait<'_>) -> Result<()> {
+        self.extend(columns, 1, wait)
     }
 
     /// Appends `steps` steps: `columns[i]` holds `steps` rows of field i.
-    fn extend(&mut self, columns: &[&[u8]], steps: usize) -> Result<()>;
+    fn extend(&mut self, columns: &[&[u8]], steps: usize, wait: Wait<'_>) -> Result<()>;
 
-    /// Whether appending `steps` steps may wait for the server (a remote writer's
-    /// full send queue), so a caller holding a lock others need (Python's GIL)
-    /// lets go of it first. A local writer's appends wait at most one short round
-    /// trip for a block.
-    fn may_wait(&self, _steps: usize) -> bool {
-        false
-    }
+    /// Whether appending `steps` steps may wait for the server (for a new block, or
+    /// for room to send), so a caller holding a lock others need (Python's GIL)
+    /// lets go of it first.
+    fn may_wait(&self, steps: usize) -> bool;
+
+    /// Whether queueing `items` more items (or ending the episode, `items` 0) may
+    /// wait for the server (for replies to earlier commits, or for room to send).
+    fn items_may_wait(&self, items: usize) -> bool;
 
     /// Queues an item over the last `num_steps` steps for `table`.
-    fn create_item(&mut self, table: &str, num_steps: u64, priority: f64) -> Result<()>;
+    fn create_item(&mut self, table: &str, num_steps: u64, priority: f64, wait: Wait<'_>) -> Result<()>;
 
     /// Queues one item per priority over `num_steps` steps ending at each of the last
     /// `priorities.len()` steps, oldest first (one item per step of an `extend`).
-    fn create_items(&mut self, table: &str, num_steps: u64, priorities: &[f64]) -> Result<()>;
+    fn create_items(&mut self, table: &str, num_steps: u64, priorities: &[f64], wait: Wait<'_>) -> Result<()>;
 
     /// Ends the episode: items never span episodes.
-    fn end_episode(&mut self) -> Result<()>;
+    fn end_episode(&mut self, wait: Wait<'_>) -> Result<()>;
 
     /// Steps appended since the episode began.
     fn episode_steps(&self) -> u64;
 
     /// Sends what is queued and waits until the server has put every item in its
-    /// table; returns the keys of the items committed since the last flush.
-    fn flush(&mut self, timeout: Option<Duration>, interrupt: Interrupt<'_>) -> Result<Vec<u64>>;
+    /// table; returns the keys of the items committed since the last flush. A flush
+    /// that times out leaves the writer usable (flush again to keep waiting); an
+    /// interrupted one closes it, and the server drops what it had not committed.
+    fn flush(&mut self, wait: Wait<'_>) -> Result<Vec<u64>>;
 
-    /// Flushes, ends the episode and gives back the writer's blocks. Idempotent.
-    fn close(&mut self) -> Result<()>;
+    /// Flushes, ends the episode and gives back the writer's blocks. Idempotent. A
+    /// close whose flush gives up (timeout or interrupt) aborts: the writer is closed
+    /// either way, and what was not committed is dropped.
+    fn close(&mut self, wait: Wait<'_>) -> Result<()>;
+
+    /// Closes at once without waiting for anything: items not yet committed are
+    /// dropped (the server stops waiting for them when the connection goes), items
+    /// already committed stay, the writer's blocks return to the store. Idempotent.
+    fn abort(&mut self);
 }
 
 /// Batches drawn one after another with the same arguments.

@@ -23,7 +23,7 @@ use reprise_core::blocks::BlockSource;
 use reprise_core::error::{Error, Result};
 use reprise_core::item::check_priority;
 use reprise_core::signature::{DType, Field, Signature};
-use reprise_core::{Collect, Columns, SampledItem, TableInfo, Window, Writer};
+use reprise_core::{Collect, Columns, SampledItem, TableInfo, Wait, Window, Writer};
 use reprise_wire::codes::from_local_code;
 use reprise_wire::local::{self as p, Frame, Reader};
 
@@ -328,6 +328,7 @@ impl ReplayClient for LocalClient {
             inflight: VecDeque::new(),
             keys: Vec::new(),
             failed: None,
+            closed: None,
         };
         Ok(LocalWriter { writer: Writer::new(blocks, max_sequence_length)?, info: Arc::new(info) })
     }
@@ -518,11 +519,34 @@ pub struct LeasedBlocks {
     keys: Vec<u64>,
     /// The first error a pipelined message came back with, raised at the next call.
     failed: Option<Error>,
+    /// Why the connection was shut (an abort, or a wait given up with a reply due):
+    /// every later call says so.
+    closed: Option<&'static str>,
 }
 
 impl LeasedBlocks {
     fn fail(&mut self, e: Error) {
         self.failed.get_or_insert(e);
+    }
+
+    /// Shuts the connection without waiting: the server stops waiting for this
+    /// writer's commits, drops what it had not committed and releases its blocks.
+    /// Queued items are dropped.
+    fn shut(&mut self, why: &'static str) {
+        if self.closed.is_none() {
+            self.closed = Some(why);
+            self.pending = None;
+            self.pending_items = 0;
+            self.inflight.clear();
+            let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    fn check_open(&self) -> Result<()> {
+        match self.closed {
+            Some(why) => Err(Error::InvalidArgument(format!("this writer is closed ({why})"))),
+            None => Ok(()),
+        }
     }
 
     /// Sends the pending commit message, if any.
@@ -536,10 +560,30 @@ impl LeasedBlocks {
         Ok(())
     }
 
-    /// Reads the reply to the oldest commit message.
-    fn read_commit_reply(&mut self) -> Result<()> {
-        let slow = Slow { path: &self.path, what: "a writer's commit", table: None, want: 1 };
-        wait_readable(&self.stream, None, None, Some(&slow))?;
+    /// Waits, within `wait`, until a reply can be read. A timeout leaves the writer
+    /// as it was; an interrupt shuts it (Ctrl-C means stop, not wait later).
+    fn wait_reply(&mut self, wait: Wait<'_>, what: &'static str) -> Result<()> {
+        let slow = Slow { path: &self.path, what, table: None, want: 1 };
+        match wait_readable(&self.stream, wait.deadline(), wait.interrupt, Some(&slow)) {
+            Err(e @ Error::Interrupted { .. }) => {
+                self.shut("interrupted while waiting for the server; items it had not committed were dropped");
+                Err(e)
+            }
+            Err(Error::Timeout { partial, .. }) => Err(Error::Timeout {
+                message: format!(
+                    "{what}: the replay server did not answer within {:.3} s (its rate limiter may be holding this writer's \
+                     earlier items back; nothing was sent for this call)",
+                    wait.timeout.unwrap_or_default().as_secs_f64()
+                ),
+                partial,
+            }),
+            r => r,
+        }
+    }
+
+    /// Reads the reply to the oldest commit message, waiting within `wait`.
+    fn read_commit_reply(&mut self, wait: Wait<'_>) -> Result<()> {
+        self.wait_reply(wait, "a writer's commit")?;
         let items = self.inflight.pop_front().expect("a commit is in flight");
         match reply(&mut self.stream) {
             Ok((p::CREATED, body)) => {
@@ -559,14 +603,29 @@ impl LeasedBlocks {
         }
     }
 
-    fn drain(&mut self, keep: usize) -> Result<()> {
+    /// Reads commit replies until at most `keep` messages are in flight.
+    fn drain(&mut self, keep: usize, wait: Wait<'_>) -> Result<()> {
+        let deadline = wait.deadline();
         while self.inflight.len() > keep {
-            self.read_commit_reply()?;
+            self.read_commit_reply(wait.until(deadline))?;
         }
         Ok(())
     }
 
-    fn push_item(&mut self, table: u32, priority: f64, window: &Window) -> Result<()> {
+    /// Commit messages that queueing `items` more items completes (and sends).
+    fn sends_for(&self, items: usize) -> usize {
+        (self.pending_items as usize + items) / BATCH as usize
+    }
+
+    /// Messages that may stay in flight before `items` more items are queued, so
+    /// that queueing them waits for nothing.
+    fn room_for(&self, items: usize) -> usize {
+        MAX_INFLIGHT.saturating_sub(self.sends_for(items))
+    }
+
+    /// Adds an item to the pending message, sending it when full. Waits (within
+    /// `wait`) only when more than [`MAX_INFLIGHT`] messages would be in flight.
+    fn push_item(&mut self, table: u32, priority: f64, window: &Window, wait: Wait<'_>) -> Result<()> {
         // Payload: timeout (none: the writer waits in `flush`), item count, items.
         let f = self.pending.get_or_insert_with(|| {
             let mut f = Frame::new(p::CREATE);
@@ -577,7 +636,7 @@ impl LeasedBlocks {
         self.pending_items += 1;
         if self.pending_items >= BATCH || f.payload_len() > p::MAX_FRAME / 2 {
             self.send_pending()?;
-            self.drain(MAX_INFLIGHT)?;
+            self.drain(MAX_INFLIGHT, wait)?;
         }
         Ok(())
     }
@@ -592,12 +651,30 @@ unsafe impl BlockSource for LeasedBlocks {
         &self.columns
     }
 
-    fn lease(&mut self) -> Result<u32> {
+    /// Replies come in order, so the commits in flight are answered first: that
+    /// wait (the server's rate limiter may hold them) gives up within `wait` with
+    /// nothing sent for the lease. The lease itself is answered at once (or within
+    /// the store's limbo wait); giving up on it closes the writer.
+    fn lease(&mut self, wait: Wait<'_>) -> Result<u32> {
+        self.check_open()?;
+        let deadline = wait.deadline();
         self.send_pending()?;
+        self.drain(0, wait.until(deadline))?;
         let mut f = Frame::new(p::LEASE);
         f.u32(self.store);
         f.send(&mut self.stream)?;
-        self.drain(0)?;
+        if let Err(e) = self.wait_reply(wait.until(deadline), "a writer's lease") {
+            self.shut("gave up waiting for a block; items it had not committed were dropped");
+            return Err(match e {
+                Error::Timeout { partial, .. } => Error::Timeout {
+                    message: "a writer's lease: the replay server did not hand out a block in time; the writer is closed \
+                              (the reply was due) and the items it had not committed were dropped"
+                        .into(),
+                    partial,
+                },
+                e => e,
+            });
+        }
         let (kind, body) = reply(&mut self.stream)?;
         if kind != p::LEASED {
             return Err(unexpected(kind));
@@ -621,6 +698,9 @@ unsafe impl BlockSource for LeasedBlocks {
             return;
         }
         self.counts.remove(&block);
+        if self.closed.is_some() {
+            return; // the server released everything when the connection shut
+        }
         // Commits that reference the block go first; the server handles messages in order.
         let sent = self.send_pending().and_then(|_| {
             let mut f = Frame::new(p::RELEASE);
@@ -642,7 +722,9 @@ pub struct LocalWriter {
 
 impl LocalWriter {
     fn check(&mut self) -> Result<()> {
-        match self.writer.source_mut().failed.take() {
+        let blocks = self.writer.source_mut();
+        blocks.check_open()?;
+        match blocks.failed.take() {
             Some(e) => Err(e),
             None => Ok(()),
         }
@@ -660,42 +742,74 @@ impl LocalWriter {
         }
         Ok(t)
     }
+
+    /// Queues one item per window. The wait for room comes first, so a call that
+    /// gives up then has queued nothing; only a call of more items than
+    /// [`MAX_INFLIGHT`] messages hold may wait again midway, and then says how many
+    /// it queued.
+    fn queue(&mut self, table: &str, t: u32, windows: &[Window], priorities: &[f64], wait: Wait<'_>) -> Result<()> {
+        let deadline = wait.deadline();
+        let blocks = self.writer.source_mut();
+        let room = blocks.room_for(windows.len());
+        blocks.drain(room, wait)?;
+        for (i, (window, &p)) in windows.iter().zip(priorities).enumerate() {
+            if let Err(e) = blocks.push_item(t, p, window, wait.until(deadline)) {
+                let n = windows.len();
+                return Err(match e {
+                    Error::Timeout { message, partial } => Error::Timeout {
+                        message: format!("{message}: {} of {n} items for table '{table}' were queued (they commit with the next flush), the rest were not", i + 1),
+                        partial,
+                    },
+                    e => e,
+                });
+            }
+        }
+        Ok(())
+    }
 }
 
 impl StepWriter for LocalWriter {
-    fn append(&mut self, columns: &[&[u8]]) -> Result<()> {
+    fn append(&mut self, columns: &[&[u8]], wait: Wait<'_>) -> Result<()> {
         self.check()?;
-        self.writer.append(columns)
+        self.writer.append(columns, wait)
     }
 
-    fn extend(&mut self, columns: &[&[u8]], steps: usize) -> Result<()> {
+    fn extend(&mut self, columns: &[&[u8]], steps: usize, wait: Wait<'_>) -> Result<()> {
         self.check()?;
-        self.writer.extend(columns, steps)
+        self.writer.extend(columns, steps, wait)
+    }
+
+    /// A new block is one round trip, after the commits in flight are answered.
+    fn may_wait(&self, steps: usize) -> bool {
+        self.writer.needs_block(steps)
+    }
+
+    fn items_may_wait(&self, items: usize) -> bool {
+        let blocks = self.writer.source();
+        blocks.inflight.len() > blocks.room_for(items) || blocks.sends_for(items) > MAX_INFLIGHT
     }
 
     /// The item is sent with the next batch of commits.
-    fn create_item(&mut self, table: &str, num_steps: u64, priority: f64) -> Result<()> {
+    fn create_item(&mut self, table: &str, num_steps: u64, priority: f64, wait: Wait<'_>) -> Result<()> {
         self.check()?;
         let t = self.table_of_store(table)?;
         check_priority(priority, || format!("table '{table}' new item"))?;
         let window = self.writer.window(table, num_steps)?;
-        self.writer.source_mut().push_item(t, priority, &window)
+        self.queue(table, t, std::slice::from_ref(&window), &[priority], wait)
     }
 
-    fn create_items(&mut self, table: &str, num_steps: u64, priorities: &[f64]) -> Result<()> {
+    fn create_items(&mut self, table: &str, num_steps: u64, priorities: &[f64], wait: Wait<'_>) -> Result<()> {
         self.check()?;
         let t = self.table_of_store(table)?;
         for (i, &p) in priorities.iter().enumerate() {
             check_priority(p, || format!("table '{table}' item {i}"))?;
         }
         let windows = self.writer.windows(table, num_steps, priorities.len() as u64)?;
-        for (window, &p) in windows.iter().zip(priorities) {
-            self.writer.source_mut().push_item(t, p, window)?;
-        }
-        Ok(())
+        self.queue(table, t, &windows, priorities, wait)
     }
 
-    fn end_episode(&mut self) -> Result<()> {
+    /// Sends the episode's releases; waits for nothing.
+    fn end_episode(&mut self, _wait: Wait<'_>) -> Result<()> {
         self.check()?;
         self.writer.end_episode();
         self.check()
@@ -705,37 +819,40 @@ impl StepWriter for LocalWriter {
         self.writer.episode_steps()
     }
 
-    /// `interrupt` is checked every [`POLL`] while the server has not answered.
-    fn flush(&mut self, timeout: Option<Duration>, interrupt: Interrupt<'_>) -> Result<Vec<u64>> {
+    /// `wait`'s interrupt is checked every [`POLL`] while the server has not answered.
+    fn flush(&mut self, wait: Wait<'_>) -> Result<Vec<u64>> {
         self.check()?;
-        let deadline = timeout.map(|t| Instant::now() + t);
         let blocks = self.writer.source_mut();
         blocks.send_pending()?;
-        let path = blocks.path.clone();
-        let slow = Slow { path: &path, what: "flush", table: None, want: 1 };
-        while !blocks.inflight.is_empty() {
-            wait_readable(&blocks.stream, deadline, interrupt, Some(&slow)).map_err(|e| match e {
-                Error::Timeout { .. } => Error::Timeout {
-                    message: format!("items were not all committed within {:.3} s", timeout.unwrap_or_default().as_secs_f64()),
-                    partial: Default::default(),
-                },
-                other => {
-                    // Interrupted: the replies still due would confuse the next call.
-                    // The server, seeing the writer go, stops waiting and drops what
-                    // it had not committed.
-                    let _ = blocks.stream.shutdown(std::net::Shutdown::Both);
-                    other
-                }
-            })?;
-            blocks.read_commit_reply()?;
-        }
+        blocks.drain(0, wait).map_err(|e| match e {
+            Error::Timeout { partial, .. } => Error::Timeout {
+                message: format!(
+                    "items were not all committed within {:.3} s (the writer goes on: flush again to keep waiting)",
+                    wait.timeout.unwrap_or_default().as_secs_f64()
+                ),
+                partial,
+            },
+            e => e,
+        })?;
         self.check()?;
         Ok(std::mem::take(&mut self.writer.source_mut().keys))
     }
 
-    fn close(&mut self) -> Result<()> {
-        let flushed = self.flush(None, None);
+    fn close(&mut self, wait: Wait<'_>) -> Result<()> {
+        if self.writer.source().closed.is_some() {
+            return Ok(());
+        }
+        let flushed = self.flush(wait);
+        if flushed.is_err() {
+            self.abort();
+        }
         self.writer.close();
+        self.writer.source_mut().shut("closed");
         flushed.map(|_| ())
+    }
+
+    fn abort(&mut self) {
+        self.writer.source_mut().shut("aborted; items it had not committed were dropped");
+        self.writer.close();
     }
 }

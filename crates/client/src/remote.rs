@@ -26,6 +26,7 @@ use crate::pb::{self, replay_client::ReplayClient as GrpcStub};
 use reprise_core::wait::SlowWait;
 
 use crate::{check_priority_pairs, check_sample_size, explain_wait, Drawn, Interrupt, ReplayClient, Sampler, StepWriter, POLL};
+use reprise_core::Wait;
 
 /// Bytes of queued operations that make a writer send a message.
 const SEND_BYTES: usize = 1 << 20;
@@ -357,7 +358,8 @@ impl ReplayClient for RemoteClient {
             stub: self.stub.clone(),
             server: self.address.clone(),
             tx: Some(tx),
-            responses,
+            responses: Some(responses),
+            keys: Vec::new(),
             rows,
             pending: vec![Vec::new(); store.fields.len()],
             pending_steps: 0,
@@ -536,7 +538,11 @@ pub struct RemoteWriter {
     stub: Stub,
     server: String,
     tx: Option<mpsc::Sender<pb::InsertRequest>>,
-    responses: Streaming<pb::InsertResponse>,
+    /// None once aborted: dropping it cancels the call, so the server stops
+    /// waiting for this writer's items.
+    responses: Option<Streaming<pb::InsertResponse>>,
+    /// Keys of the items applied since the last flush returned.
+    keys: Vec<u64>,
     rows: Vec<usize>,
     pending: Vec<Vec<u8>>,
     pending_steps: u32,
@@ -548,6 +554,8 @@ pub struct RemoteWriter {
     failed: Option<String>,
     max_message: usize,
 }
+
+type Permit = mpsc::OwnedPermit<pb::InsertRequest>;
 
 impl RemoteWriter {
     fn check(&self) -> Result<()> {
@@ -569,48 +577,90 @@ impl RemoteWriter {
         self.pending_steps = 0;
     }
 
-    fn push(&mut self, op: pb::insert_op::Op, bytes: usize) -> Result<()> {
-        self.seal_steps();
-        self.ops.push(pb::InsertOp { op: Some(op) });
-        self.op_bytes += bytes;
-        if self.op_bytes >= SEND_BYTES || self.ops.len() >= SEND_OPS {
-            self.send(false)?;
+    /// Room for one message on the stream, waiting within `wait` (the stream is
+    /// full while the server's rate limiter holds earlier items back). Giving up
+    /// sends nothing; an interrupt aborts the writer.
+    fn room(&mut self, wait: Wait<'_>) -> Result<Permit> {
+        let tx = self.tx.clone().ok_or_else(|| Error::InvalidArgument("this writer is closed".into()))?;
+        if let Ok(permit) = tx.clone().try_reserve_owned() {
+            return Ok(permit);
         }
-        Ok(())
+        let slow = Slow { stub: &self.stub, server: &self.server, table: None, want: 1 };
+        let got = wait_for(&self.rt, async { tx.reserve_owned().await.map_err(|_| lost("the insert stream closed")) }, wait.deadline(), wait.interrupt, "a writer's send", Some(slow));
+        match got {
+            Ok(permit) => Ok(permit),
+            Err(e @ Error::Interrupted { .. }) => {
+                self.abort();
+                Err(e)
+            }
+            Err(Error::Io(_)) => {
+                // The server ended the stream: its status says why.
+                let why = self.drain_error();
+                self.failed = Some(why.to_string());
+                Err(why)
+            }
+            Err(Error::Timeout { partial, .. }) => Err(Error::Timeout {
+                message: format!(
+                    "a writer's send: the insert stream to the replay server at {} had no room within {:.3} s (its rate \
+                     limiter may be holding this writer's earlier items back); nothing was queued for this call",
+                    self.server,
+                    wait.timeout.unwrap_or_default().as_secs_f64()
+                ),
+                partial,
+            }),
+            Err(e) => Err(e),
+        }
     }
 
-    /// Sends the queued operations (and, first, the stream's header).
-    fn send(&mut self, _force: bool) -> Result<()> {
-        if self.ops.is_empty() && self.first.is_none() {
-            return Ok(());
-        }
+    /// Sends the queued operations (and, first, the stream's header) in `permit`'s slot.
+    fn send_in(&mut self, permit: Permit) {
         let (table, msl) = self.first.take().unwrap_or_default();
         let req = pb::InsertRequest { table, max_sequence_length: msl, timeout_seconds: -1.0, ops: std::mem::take(&mut self.ops) };
         self.op_bytes = 0;
-        let tx = self.tx.as_ref().ok_or_else(|| Error::InvalidArgument("this writer is closed".into()))?;
-        if self.rt.block_on(tx.send(req)).is_err() {
-            // The server ended the stream: its status says why.
-            let why = self.drain_error();
-            self.failed = Some(why.to_string());
-            return Err(why);
+        permit.send(req);
+    }
+
+    /// Sends the queued operations, waiting for room within `wait`.
+    fn send(&mut self, wait: Wait<'_>) -> Result<()> {
+        if self.ops.is_empty() && self.first.is_none() {
+            return Ok(());
+        }
+        let permit = self.room(wait)?;
+        self.send_in(permit);
+        Ok(())
+    }
+
+    /// Queues `op`. When that fills a message, room to send it is waited for first,
+    /// so a call that gives up has queued nothing.
+    fn push(&mut self, op: pb::insert_op::Op, bytes: usize, wait: Wait<'_>) -> Result<()> {
+        self.seal_steps();
+        let full = self.op_bytes + bytes >= SEND_BYTES || self.ops.len() + 1 >= SEND_OPS;
+        let permit = if full { Some(self.room(wait)?) } else { None };
+        self.ops.push(pb::InsertOp { op: Some(op) });
+        self.op_bytes += bytes;
+        if let Some(permit) = permit {
+            self.send_in(permit);
         }
         Ok(())
     }
 
     fn drain_error(&mut self) -> Error {
-        let responses = &mut self.responses;
+        let Some(responses) = self.responses.as_mut() else { return lost("the insert stream closed") };
         match self.rt.block_on(async { tokio::time::timeout(Duration::from_secs(5), responses.message()).await }) {
             Ok(Err(s)) => from_status(s),
             _ => lost("the insert stream closed"),
         }
     }
-}
 
-impl RemoteWriter {
     /// Whether `steps` more steps make the queued message too large, so it is sent first.
     fn must_send(&self, steps: usize) -> bool {
         let step_bytes: usize = self.rows.iter().sum();
         (self.pending_steps as usize + steps) * step_bytes + self.op_bytes + 1024 > self.max_message.min(4 * SEND_BYTES)
+    }
+
+    /// Whether the stream has no room for another message now.
+    fn stream_full(&self) -> bool {
+        self.tx.as_ref().is_some_and(|tx| tx.capacity() == 0)
     }
 }
 
@@ -619,12 +669,12 @@ impl StepWriter for RemoteWriter {
         self.must_send(steps)
     }
 
-    fn append(&mut self, columns: &[&[u8]]) -> Result<()> {
-        self.extend(columns, 1)
+    fn items_may_wait(&self, _items: usize) -> bool {
+        self.stream_full()
     }
 
     /// Queues `steps` steps (`columns[i]`: steps * row bytes of field i).
-    fn extend(&mut self, columns: &[&[u8]], steps: usize) -> Result<()> {
+    fn extend(&mut self, columns: &[&[u8]], steps: usize, wait: Wait<'_>) -> Result<()> {
         self.check()?;
         if columns.len() != self.rows.len() {
             return Err(Error::InvalidArgument(format!("{} columns, expected {}", columns.len(), self.rows.len())));
@@ -644,17 +694,23 @@ impl StepWriter for RemoteWriter {
         }
         if step_bytes * steps + 1024 > self.max_message {
             // More than one message: in runs of steps that fit, applied in order.
+            let deadline = wait.deadline();
             let per = (self.max_message - 1024) / step_bytes.max(1);
             for start in (0..steps).step_by(per) {
                 let n = per.min(steps - start);
                 let part: Vec<&[u8]> = columns.iter().zip(&self.rows).map(|(c, &row)| &c[start * row..(start + n) * row]).collect();
-                self.extend(&part, n)?;
+                self.extend(&part, n, wait.until(deadline)).map_err(|e| match e {
+                    Error::Timeout { message, partial } => {
+                        Error::Timeout { message: format!("{message}: {start} of {steps} steps were queued, the rest were not"), partial }
+                    }
+                    e => e,
+                })?;
             }
             return Ok(());
         }
         if self.must_send(steps) {
             self.seal_steps();
-            self.send(false)?;
+            self.send(wait)?;
         }
         for (p, c) in self.pending.iter_mut().zip(columns) {
             p.extend_from_slice(c);
@@ -664,23 +720,24 @@ impl StepWriter for RemoteWriter {
         Ok(())
     }
 
-    fn create_item(&mut self, table: &str, num_steps: u64, priority: f64) -> Result<()> {
+    fn create_item(&mut self, table: &str, num_steps: u64, priority: f64, wait: Wait<'_>) -> Result<()> {
         self.check()?;
         let num_steps = u32::try_from(num_steps).map_err(|_| Error::InvalidArgument(format!("num_steps must be < 2^32, got {num_steps}")))?;
-        self.push(pb::insert_op::Op::CreateItem(pb::CreateItem { table: table.into(), num_steps, priority }), 32 + table.len())
+        self.push(pb::insert_op::Op::CreateItem(pb::CreateItem { table: table.into(), num_steps, priority }), 32 + table.len(), wait)
     }
 
-    fn create_items(&mut self, table: &str, num_steps: u64, priorities: &[f64]) -> Result<()> {
+    fn create_items(&mut self, table: &str, num_steps: u64, priorities: &[f64], wait: Wait<'_>) -> Result<()> {
         self.check()?;
         let num_steps = u32::try_from(num_steps).map_err(|_| Error::InvalidArgument(format!("num_steps must be < 2^32, got {num_steps}")))?;
         let op = pb::CreateItems { table: table.into(), num_steps, priorities: priorities.to_vec() };
-        self.push(pb::insert_op::Op::CreateItems(op), 32 + table.len() + 8 * priorities.len())
+        self.push(pb::insert_op::Op::CreateItems(op), 32 + table.len() + 8 * priorities.len(), wait)
     }
 
-    fn end_episode(&mut self) -> Result<()> {
+    fn end_episode(&mut self, wait: Wait<'_>) -> Result<()> {
         self.check()?;
+        self.push(pb::insert_op::Op::EndEpisode(pb::EndEpisode {}), 4, wait)?;
         self.episode_steps = 0;
-        self.push(pb::insert_op::Op::EndEpisode(pb::EndEpisode {}), 4)
+        Ok(())
     }
 
     fn episode_steps(&self) -> u64 {
@@ -689,25 +746,27 @@ impl StepWriter for RemoteWriter {
 
     /// Sends everything queued and waits until the server has applied it; returns the
     /// keys of the items created since the last flush.
-    fn flush(&mut self, timeout: Option<Duration>, interrupt: Interrupt<'_>) -> Result<Vec<u64>> {
+    fn flush(&mut self, wait: Wait<'_>) -> Result<Vec<u64>> {
         self.check()?;
+        let deadline = wait.deadline();
+        self.seal_steps();
+        let permit = self.room(wait)?;
         let id = self.next_flush;
         self.next_flush += 1;
-        self.seal_steps();
         self.ops.push(pb::InsertOp { op: Some(pb::insert_op::Op::Flush(pb::Flush { id })) });
-        self.send(true)?;
-        let deadline = timeout.map(|t| Instant::now() + t);
-        let responses = &mut self.responses;
+        self.send_in(permit);
+        let (Some(responses), keys) = (self.responses.as_mut(), &mut self.keys) else {
+            return Err(Error::InvalidArgument("this writer is closed".into()));
+        };
         let result = wait_for(
             &self.rt,
             async {
-                let mut keys = Vec::new();
                 loop {
                     match responses.message().await {
                         Ok(Some(r)) => {
                             keys.extend(r.keys);
                             if r.flush_id == id {
-                                return Ok(keys);
+                                return Ok(());
                             }
                         }
                         Ok(None) => return Err(lost("the insert stream ended")),
@@ -716,35 +775,66 @@ impl StepWriter for RemoteWriter {
                 }
             },
             deadline,
-            interrupt,
+            wait.interrupt,
             "flush",
             Some(Slow { stub: &self.stub, server: &self.server, table: None, want: 1 }),
         );
-        if let Err(e) = &result {
-            if !matches!(e, Error::Timeout { .. }) {
+        match result {
+            Ok(()) => Ok(std::mem::take(&mut self.keys)),
+            Err(Error::Timeout { partial, .. }) => Err(Error::Timeout {
+                message: format!(
+                    "items were not all committed within {:.3} s (the writer goes on: flush again to keep waiting)",
+                    wait.timeout.unwrap_or_default().as_secs_f64()
+                ),
+                partial,
+            }),
+            Err(e @ Error::Interrupted { .. }) => {
+                self.abort();
+                Err(e)
+            }
+            Err(e) => {
                 self.failed = Some(e.to_string());
+                Err(e)
             }
         }
-        result
     }
 
-    /// Flushes, then ends the stream (the server releases the writer's blocks). Idempotent.
-    fn close(&mut self) -> Result<()> {
+    /// Flushes, then ends the stream (the server releases the writer's blocks). A
+    /// flush that gives up aborts. Idempotent.
+    fn close(&mut self, wait: Wait<'_>) -> Result<()> {
         if self.tx.is_none() {
             return Ok(());
         }
-        let flushed = if self.failed.is_none() { self.flush(None, None).map(|_| ()) } else { Ok(()) };
+        let flushed = if self.failed.is_none() { self.flush(wait).map(|_| ()) } else { Ok(()) };
+        if flushed.is_err() {
+            self.abort();
+        }
         self.tx = None;
         flushed
+    }
+
+    /// Ends the call without sending what is queued: the server stops waiting for
+    /// this writer's items and releases its blocks.
+    fn abort(&mut self) {
+        self.ops.clear();
+        self.pending_steps = 0;
+        self.pending.iter_mut().for_each(Vec::clear);
+        self.tx = None;
+        self.responses = None;
     }
 }
 
 impl Drop for RemoteWriter {
-    /// Sends what is queued (the server applies it) without waiting, and ends the stream.
+    /// Sends what is queued (the server applies it) if the stream has room for it,
+    /// waiting for nothing, and ends the stream.
     fn drop(&mut self) {
         if self.tx.is_some() && self.failed.is_none() {
             self.seal_steps();
-            let _ = self.send(true);
+            if let Some(Ok(permit)) = self.tx.clone().map(|tx| tx.try_reserve_owned()) {
+                if !self.ops.is_empty() || self.first.is_some() {
+                    self.send_in(permit);
+                }
+            }
         }
         self.tx = None;
     }

@@ -26,6 +26,7 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex};
 
 use crate::error::{Error, Result};
+use crate::wait::Wait;
 
 pub struct BlockAllocator {
     block_steps: u32,
@@ -271,8 +272,9 @@ impl BlockAllocator {
 /// reference taken by `lease` or `retain` has not been given back by `release`.
 pub unsafe trait BlockSource {
     fn columns(&self) -> &crate::columns::Columns;
-    /// A fresh block with one reference owned by the caller.
-    fn lease(&mut self) -> Result<u32>;
+    /// A fresh block with one reference owned by the caller. Waits (for blocks
+    /// in limbo, or for the server that owns the store) within `wait`.
+    fn lease(&mut self, wait: Wait<'_>) -> Result<u32>;
     fn retain(&mut self, block: u32);
     fn release(&mut self, block: u32);
     /// A count that grows each time the store was found full (see
@@ -301,13 +303,13 @@ impl Cursor {
     /// The next run of at most `rows` rows, in the current block or in a block
     /// newly leased from `source`. The caller gets no reference of its own on the
     /// run's block.
-    pub fn take(&mut self, source: &mut impl BlockSource, rows: u32) -> Result<Run> {
+    pub fn take(&mut self, source: &mut impl BlockSource, rows: u32, wait: Wait<'_>) -> Result<Run> {
         debug_assert!(rows > 0);
         let bs = source.columns().block_steps();
         let (block, used) = match self.current {
             Some((b, used)) if used < bs => (b, used),
             other => {
-                let fresh = source.lease()?;
+                let fresh = source.lease(wait)?;
                 if let Some((old, _)) = other {
                     source.release(old);
                 }
@@ -317,6 +319,11 @@ impl Cursor {
         let len = rows.min(bs - used);
         self.current = Some((block, used + len));
         Ok(Run { block, start: block as u64 * bs as u64 + used as u64, len })
+    }
+
+    /// Rows left in the current block (0 when the next `take` leases one).
+    pub fn room(&self, block_steps: u32) -> u32 {
+        self.current.map_or(0, |(_, used)| block_steps - used)
     }
 
     /// Gives up the current block.
@@ -434,9 +441,9 @@ mod tests {
         let sig = Signature::new(vec![Field::new("x", DType::Int8, vec![]).unwrap()]).unwrap();
         let mut s = crate::Store::new(sig, 12, 4, None).unwrap();
         let mut c = Cursor::default();
-        let r1 = c.take(&mut s, 3).unwrap();
-        let r2 = c.take(&mut s, 3).unwrap();
-        let r3 = c.take(&mut s, 3).unwrap();
+        let r1 = c.take(&mut s, 3, Wait::default()).unwrap();
+        let r2 = c.take(&mut s, 3, Wait::default()).unwrap();
+        let r3 = c.take(&mut s, 3, Wait::default()).unwrap();
         assert_eq!((r1.block, r1.start, r1.len), (0, 0, 3));
         assert_eq!((r2.block, r2.start, r2.len), (0, 3, 1));
         assert_eq!((r3.block, r3.start, r3.len), (1, 4, 3));

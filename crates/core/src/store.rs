@@ -29,6 +29,7 @@ use crate::item::RowRange;
 use crate::columns::Columns;
 use crate::memory::default_directory;
 use crate::signature::Signature;
+use crate::wait::Wait;
 
 /// What the store asks of each table over it when it must make room (see
 /// [`Store::lease_block`]). The table module implements it; the store holds its
@@ -215,7 +216,7 @@ impl Store {
         let mut cursor = self.inner.bulk.lock();
         let mut left = rows;
         while left > 0 {
-            let run = cursor.take(&mut source, left.min(u32::MAX as u64) as u32)?;
+            let run = cursor.take(&mut source, left.min(u32::MAX as u64) as u32, Wait::default())?;
             alloc.retain(run.block);
             claim.blocks.push(run.block);
             left -= run.len as u64;
@@ -241,17 +242,49 @@ impl Store {
     /// evicts one block at a time while they are pending, so no item is evicted
     /// for a block that only had to wait. When the wait runs out it fails rather
     /// than evict more (every block it freed would wait as well).
-    pub(crate) fn lease_block(&self) -> Result<u32> {
+    ///
+    /// Those waits end early at `wait`'s deadline (`Timeout`) or when its interrupt
+    /// check fires (`Interrupted`, checked every [`Wait::POLL`]); either way nothing
+    /// was evicted for the block not leased.
+    pub(crate) fn lease_block(&self, wait: Wait<'_>) -> Result<u32> {
         let alloc = &self.inner.allocator;
         if let Ok(b) = alloc.lease() {
             return Ok(b);
         }
-        let deadline = std::time::Instant::now() + LIMBO_WAIT;
-        let wait_for_limbo = || {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            !left.is_zero() && alloc.wait_for_limbo(left)
+        let limbo_end = std::time::Instant::now() + LIMBO_WAIT;
+        let caller_end = wait.deadline();
+        // True when a block came free, false when the limbo wait ran out.
+        let wait_for_limbo = || -> Result<bool> {
+            loop {
+                let now = std::time::Instant::now();
+                let end = caller_end.map_or(limbo_end, |d| d.min(limbo_end));
+                let left = end.saturating_duration_since(now);
+                if left.is_zero() {
+                    if caller_end.is_some_and(|d| d <= now) && alloc.limbo_blocks() > 0 {
+                        return Err(Error::Timeout {
+                            message: format!(
+                                "no block came free within {}: {} blocks wait for device reads of samples in flight",
+                                wait.describe(),
+                                alloc.limbo_blocks()
+                            ),
+                            partial: Default::default(),
+                        });
+                    }
+                    return Ok(false);
+                }
+                let slice = if wait.interrupt.is_some() { left.min(Wait::POLL) } else { left };
+                if alloc.wait_for_limbo(slice) {
+                    return Ok(true);
+                }
+                if alloc.limbo_blocks() == 0 {
+                    return Ok(false);
+                }
+                if wait.interrupted() {
+                    return Err(Error::Interrupted { partial: Default::default() });
+                }
+            }
         };
-        if wait_for_limbo() {
+        if wait_for_limbo()? {
             if let Ok(b) = alloc.lease() {
                 return Ok(b);
             }
@@ -281,7 +314,7 @@ impl Store {
             }
             if alloc.limbo_blocks() > 0 {
                 // Blocks are waiting for epochs: evicting more would only add to them.
-                if !wait_for_limbo() {
+                if !wait_for_limbo()? {
                     break;
                 }
                 if let Ok(b) = alloc.lease() {
@@ -382,8 +415,8 @@ unsafe impl BlockSource for Store {
         &self.inner.columns
     }
 
-    fn lease(&mut self) -> Result<u32> {
-        self.lease_block()
+    fn lease(&mut self, wait: Wait<'_>) -> Result<u32> {
+        self.lease_block(wait)
     }
 
     fn retain(&mut self, block: u32) {

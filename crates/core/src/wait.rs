@@ -14,11 +14,24 @@ pub struct Wait<'a> {
     pub interrupt: Option<&'a (dyn Fn() -> bool + Sync)>,
 }
 
-impl Wait<'_> {
+impl<'a> Wait<'a> {
     pub const POLL: Duration = Duration::from_millis(50);
 
-    pub(crate) fn deadline(&self) -> Option<Instant> {
+    /// When this wait's time runs out, counted from now.
+    pub fn deadline(&self) -> Option<Instant> {
         self.timeout.map(|t| Instant::now() + t)
+    }
+
+    /// The same interrupt check with what is left until `deadline`: a call that
+    /// waits several times takes its deadline once, at its start, and gives each
+    /// wait what is left of it.
+    pub fn until(self, deadline: Option<Instant>) -> Wait<'a> {
+        Wait { timeout: deadline.map(|d| d.saturating_duration_since(Instant::now())), interrupt: self.interrupt }
+    }
+
+    /// True when the interrupt check says stop.
+    pub fn interrupted(&self) -> bool {
+        self.interrupt.is_some_and(|stop| stop())
     }
 
     pub(crate) fn describe(&self) -> String {

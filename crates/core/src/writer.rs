@@ -77,6 +77,12 @@ impl<B: BlockSource> Writer<B> {
         self.episode_steps
     }
 
+    /// Whether appending `steps` steps leases a block (the one thing an append
+    /// may wait for).
+    pub fn needs_block(&self, steps: usize) -> bool {
+        steps as u64 > self.cursor.room(self.source.columns().block_steps()) as u64
+    }
+
     fn check_columns(&self, columns: &[&[u8]], steps: usize) -> Result<()> {
         let fields = self.source.columns().signature().fields();
         if columns.len() != fields.len() {
@@ -96,17 +102,21 @@ impl<B: BlockSource> Writer<B> {
         Ok(())
     }
 
-    /// Appends one step: one row per field, in signature order.
-    pub fn append(&mut self, columns: &[&[u8]]) -> Result<()> {
+    /// Appends one step: one row per field, in signature order. A step that needs
+    /// a new block waits for it within `wait` (see [`BlockSource::lease`]); a wait
+    /// that times out or is interrupted appends nothing.
+    pub fn append<'w>(&mut self, columns: &[&[u8]], wait: impl Into<Wait<'w>>) -> Result<()> {
         self.check_columns(columns, 1)?;
-        match self.append_checked(columns) {
-            Err(Error::ResourceExhausted(_)) if self.relieve() => self.append_checked(columns).map_err(|e| self.explain(e)),
+        let wait = wait.into();
+        let deadline = wait.deadline();
+        match self.append_checked(columns, wait) {
+            Err(Error::ResourceExhausted(_)) if self.relieve() => self.append_checked(columns, wait.until(deadline)).map_err(|e| self.explain(e)),
             r => r.map_err(|e| self.explain(e)),
         }
     }
 
-    fn append_checked(&mut self, columns: &[&[u8]]) -> Result<()> {
-        let run = self.cursor.take(&mut self.source, 1)?;
+    fn append_checked(&mut self, columns: &[&[u8]], wait: Wait<'_>) -> Result<()> {
+        let run = self.cursor.take(&mut self.source, 1, wait)?;
         for (col, src) in columns.iter().enumerate() {
             // SAFETY: `run` was just taken by this writer's cursor from a block its
             // source leased to it (`BlockSource`'s contract); no item covers it yet.
@@ -117,14 +127,19 @@ impl<B: BlockSource> Writer<B> {
     }
 
     /// Appends `steps` steps; column `c` holds `steps` rows back to back. Either
-    /// every step is appended or (when the store is full) none is.
-    pub fn extend(&mut self, columns: &[&[u8]], steps: usize) -> Result<()> {
+    /// every step is appended or (when the store is full, or a wait for a block
+    /// within `wait` ends early) none is.
+    pub fn extend<'w>(&mut self, columns: &[&[u8]], steps: usize, wait: impl Into<Wait<'w>>) -> Result<()> {
         if steps == 0 {
             return Ok(());
         }
         self.check_columns(columns, steps)?;
-        match self.extend_checked(columns, steps) {
-            Err(Error::ResourceExhausted(_)) if self.relieve() => self.extend_checked(columns, steps).map_err(|e| self.explain(e)),
+        let wait = wait.into();
+        let deadline = wait.deadline();
+        match self.extend_checked(columns, steps, wait) {
+            Err(Error::ResourceExhausted(_)) if self.relieve() => {
+                self.extend_checked(columns, steps, wait.until(deadline)).map_err(|e| self.explain(e))
+            }
             r => r.map_err(|e| self.explain(e)),
         }
     }
@@ -158,11 +173,12 @@ impl<B: BlockSource> Writer<B> {
         }
     }
 
-    fn extend_checked(&mut self, columns: &[&[u8]], steps: usize) -> Result<()> {
+    fn extend_checked(&mut self, columns: &[&[u8]], steps: usize, wait: Wait<'_>) -> Result<()> {
+        let deadline = wait.deadline();
         let mut runs: Vec<Run> = Vec::new();
         let mut left = steps as u64;
         while left > 0 {
-            match self.cursor.take(&mut self.source, left.min(u32::MAX as u64) as u32) {
+            match self.cursor.take(&mut self.source, left.min(u32::MAX as u64) as u32, wait.until(deadline)) {
                 Ok(run) => {
                     // Hold the block before the next take may let the cursor drop it.
                     self.source.retain(run.block);

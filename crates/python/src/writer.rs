@@ -41,12 +41,12 @@ fn maybe_detach<T: Send>(py: Python<'_>, release: bool, f: impl FnOnce() -> T + 
 }
 
 impl AnyWriter {
-    fn write(&mut self, columns: &[&[u8]], steps: Option<usize>) -> reprise_core::Result<()> {
+    fn write(&mut self, columns: &[&[u8]], steps: Option<usize>, wait: Wait<'_>) -> reprise_core::Result<()> {
         match (self, steps) {
-            (AnyWriter::InProcess(w), None) => w.append(columns),
-            (AnyWriter::InProcess(w), Some(t)) => w.extend(columns, t),
-            (AnyWriter::Client { writer, .. }, None) => writer.append(columns),
-            (AnyWriter::Client { writer, .. }, Some(t)) => writer.extend(columns, t),
+            (AnyWriter::InProcess(w), None) => w.append(columns, wait),
+            (AnyWriter::InProcess(w), Some(t)) => w.extend(columns, t, wait),
+            (AnyWriter::Client { writer, .. }, None) => writer.append(columns, wait),
+            (AnyWriter::Client { writer, .. }, Some(t)) => writer.extend(columns, t, wait),
         }
     }
 }
@@ -115,7 +115,8 @@ impl PyWriter {
         }
     }
 
-    fn write(&self, py: Python<'_>, data: &Bound<'_, PyAny>, lead: usize) -> PyResult<()> {
+    fn write(&self, py: Python<'_>, data: &Bound<'_, PyAny>, lead: usize, timeout: Option<f64>) -> PyResult<()> {
+        let timeout = timeout::parse(py, timeout)?;
         let vs = views(py, data, &self.fields, lead, if lead == 0 { "append: " } else { "extend: " })?;
         let steps = if lead == 0 {
             1
@@ -131,16 +132,19 @@ impl PyWriter {
         let slices: Vec<&[u8]> = vs.iter().map(|v| v.bytes()).collect();
         let bytes: usize = slices.iter().map(|s| s.len()).sum();
         let steps = (lead > 0).then_some(steps);
+        let signals = Signals::default();
+        let check = || signals.check();
+        let wait = Wait { timeout, interrupt: Some(&check) };
         self.with(py, |w| {
-            // Large copies, appends that may wait for a remote server, and appends into a
-            // store whose samples pin epochs (a lease may wait for the thread that unpins,
-            // which needs the GIL) run without the GIL.
+            // Large copies, appends that may wait for the server (a new block, room to
+            // send), and appends into a store whose samples pin epochs (a lease may wait
+            // for the thread that unpins, which needs the GIL) run without the GIL.
             let waits = match w {
                 AnyWriter::Client { writer, .. } => writer.may_wait(steps.unwrap_or(1)),
                 AnyWriter::InProcess(writer) => writer.store().pinned_ever(),
             };
-            let r = if bytes >= BULK_BYTES || waits { py.detach(|| w.write(&slices, steps)) } else { w.write(&slices, steps) };
-            r.map_err(py_err(py))
+            let r = if bytes >= BULK_BYTES || waits { py.detach(|| w.write(&slices, steps, wait)) } else { w.write(&slices, steps, wait) };
+            r.map_err(|e| to_py(py, e, None, signals.take()))
         })
     }
 }
@@ -158,20 +162,24 @@ impl PyWriter {
         Ok(PyWriter::new(AnyWriter::InProcess(w), store.fields.clone()))
     }
 
-    /// Appends one step: `{field: value}` with each value of the field's shape.
-    fn append(&self, py: Python<'_>, step: &Bound<'_, PyAny>) -> PyResult<()> {
-        self.write(py, step, 0)
+    /// Appends one step: `{field: value}` with each value of the field's shape. A
+    /// step that needs a new block may wait for the server up to `timeout`.
+    #[pyo3(signature = (step, timeout=None))]
+    fn append(&self, py: Python<'_>, step: &Bound<'_, PyAny>, timeout: Option<f64>) -> PyResult<()> {
+        self.write(py, step, 0, timeout)
     }
 
-    /// Appends T steps: `{field: array[T, ...]}`.
-    fn extend(&self, py: Python<'_>, steps: &Bound<'_, PyAny>) -> PyResult<()> {
-        self.write(py, steps, 1)
+    /// Appends T steps: `{field: array[T, ...]}`, waiting up to `timeout` as `append` does.
+    #[pyo3(signature = (steps, timeout=None))]
+    fn extend(&self, py: Python<'_>, steps: &Bound<'_, PyAny>, timeout: Option<f64>) -> PyResult<()> {
+        self.write(py, steps, 1, timeout)
     }
 
     /// Creates an item over the last `num_steps` steps in `table` (a Table or a
     /// table name). In process it waits for the table's rate limiter up to
     /// `timeout` and returns the item's key; a client's writer queues the item,
-    /// sends it with the next batch and returns None (`flush` waits for it).
+    /// sends it with the next batch and returns None (`flush` waits for it); it
+    /// waits up to `timeout` only when too many batches are in flight.
     #[pyo3(signature = (table, num_steps, priority, timeout=None))]
     fn create_item(&self, py: Python<'_>, table: &Bound<'_, PyAny>, num_steps: i64, priority: f64, timeout: Option<f64>) -> PyResult<Option<u64>> {
         let timeout = timeout::parse(py, timeout)?;
@@ -181,7 +189,11 @@ impl PyWriter {
         self.with(py, |w| match w {
             // May wait for room in the send queue: without the GIL.
             AnyWriter::Client { writer, release_gil } => {
-                maybe_detach(py, *release_gil, || writer.create_item(target.name(), n, priority)).map(|_| None).map_err(py_err(py))
+                let release = *release_gil || writer.items_may_wait(1);
+                let wait = Wait { timeout, interrupt: Some(&check) };
+                maybe_detach(py, release, || writer.create_item(target.name(), n, priority, wait))
+                    .map(|_| None)
+                    .map_err(|e| to_py(py, e, None, signals.take()))
             }
             AnyWriter::InProcess(w) => {
                 let call = |w: &mut Writer, wait: Wait<'_>| match &target {
@@ -213,7 +225,11 @@ impl PyWriter {
         let check = || signals.check();
         self.with(py, |w| match w {
             AnyWriter::Client { writer, release_gil } => {
-                maybe_detach(py, *release_gil, || writer.create_items(target.name(), n, p)).map(|_| None).map_err(py_err(py))
+                let release = *release_gil || writer.items_may_wait(p.len());
+                let wait = Wait { timeout, interrupt: Some(&check) };
+                maybe_detach(py, release, || writer.create_items(target.name(), n, p, wait))
+                    .map(|_| None)
+                    .map_err(|e| to_py(py, e, None, signals.take()))
             }
             AnyWriter::InProcess(w) => {
                 let table = target.resolve(py, w)?;
@@ -259,14 +275,23 @@ impl PyWriter {
         })
     }
 
-    /// Ends the episode: items never span episodes.
-    fn end_episode(&self, py: Python<'_>) -> PyResult<()> {
+    /// Ends the episode: items never span episodes. A client's writer may wait up
+    /// to `timeout` for room to send.
+    #[pyo3(signature = (timeout=None))]
+    fn end_episode(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
+        let timeout = timeout::parse(py, timeout)?;
+        let signals = Signals::default();
+        let check = || signals.check();
         self.with(py, |w| match w {
             AnyWriter::InProcess(w) => {
                 w.end_episode();
                 Ok(())
             }
-            AnyWriter::Client { writer, release_gil } => maybe_detach(py, *release_gil, || writer.end_episode()).map_err(py_err(py)),
+            AnyWriter::Client { writer, release_gil } => {
+                let release = *release_gil || writer.items_may_wait(0);
+                let wait = Wait { timeout, interrupt: Some(&check) };
+                maybe_detach(py, release, || writer.end_episode(wait)).map_err(|e| to_py(py, e, None, signals.take()))
+            }
         })
     }
 
@@ -280,7 +305,7 @@ impl PyWriter {
             AnyWriter::Client { writer: w, .. } => {
                 let signals = Signals::default();
                 let check = || signals.check();
-                py.detach(|| w.flush(timeout, Some(&check))).map(|_| ()).map_err(|e| to_py(py, e, None, signals.take()))
+                py.detach(|| w.flush(Wait { timeout, interrupt: Some(&check) })).map(|_| ()).map_err(|e| to_py(py, e, None, signals.take()))
             }
         })
     }
@@ -295,25 +320,52 @@ impl PyWriter {
         })
     }
 
-    /// Commits what a client's writer has queued, ends the episode and releases
-    /// the writer's blocks. Idempotent.
-    fn close(&self, py: Python<'_>) -> PyResult<()> {
+    /// Commits what a client's writer has queued (waiting up to `timeout`), ends
+    /// the episode and releases the writer's blocks. Idempotent. A close whose wait
+    /// times out or is interrupted (Ctrl-C) aborts instead: the writer is closed
+    /// either way, and what the server had not committed is dropped.
+    #[pyo3(signature = (timeout=None))]
+    fn close(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
+        let timeout = timeout::parse(py, timeout)?;
         let Some(mut guard) = self.inner.try_lock() else {
             return Err(new_error(py, "RepriseError", "this writer is in use by another thread".into()));
         };
         match guard.take() {
-            Some(AnyWriter::Client { writer: mut w, .. }) => py.detach(|| w.close()).map_err(py_err(py)),
+            Some(AnyWriter::Client { writer: mut w, .. }) => {
+                let signals = Signals::default();
+                let check = || signals.check();
+                py.detach(|| w.close(Wait { timeout, interrupt: Some(&check) })).map_err(|e| to_py(py, e, None, signals.take()))
+            }
             _ => Ok(()),
         }
+    }
+
+    /// Closes at once, waiting for nothing: a client's items that the server has
+    /// not committed are dropped (committed ones stay); the writer's blocks return
+    /// to the store. Idempotent.
+    fn abort(&self, py: Python<'_>) -> PyResult<()> {
+        let Some(mut guard) = self.inner.try_lock() else {
+            return Err(new_error(py, "RepriseError", "this writer is in use by another thread".into()));
+        };
+        if let Some(AnyWriter::Client { writer: mut w, .. }) = guard.take() {
+            w.abort();
+        }
+        Ok(())
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {
         slf
     }
 
-    #[pyo3(signature = (*_args))]
-    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
-        self.close(py)?;
+    /// Leaving a `with` block closes the writer; leaving it on an exception aborts
+    /// it (waits for nothing) and lets the exception through.
+    #[pyo3(signature = (exc_type, _exc_value, _traceback))]
+    fn __exit__(&self, py: Python<'_>, exc_type: &Bound<'_, PyAny>, _exc_value: &Bound<'_, PyAny>, _traceback: &Bound<'_, PyAny>) -> PyResult<bool> {
+        if exc_type.is_none() {
+            self.close(py, None)?;
+        } else {
+            self.abort(py)?;
+        }
         Ok(false)
     }
 }

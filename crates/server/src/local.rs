@@ -260,7 +260,10 @@ impl Connection {
                 let store = r.u32()?;
                 r.done()?;
                 let mut s = self.shared.stores.get(store as usize).ok_or_else(|| Error::NotFound(format!("no store number {store}")))?.clone();
-                let block = s.lease()?;
+                let block = {
+                    let stop = self.wait_stop();
+                    s.lease(Wait { timeout: None, interrupt: Some(&stop) })?
+                };
                 *self.held.entry((store, block)).or_insert(0) += 1;
                 let mut f = Frame::new(p::LEASED);
                 f.u32(block);

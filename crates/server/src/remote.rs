@@ -432,7 +432,7 @@ impl InsertSession {
                         }
                     }
                     let cols: Vec<&[u8]> = steps.columns.iter().map(|c| c.as_ref()).collect();
-                    self.writer.extend(&cols, n).map_err(to_status)?;
+                    self.writer.extend(&cols, n, Wait { timeout: self.timeout, interrupt: Some(closed) }).map_err(to_status)?;
                 }
                 Some(pb::insert_op::Op::CreateItem(item)) => {
                     let table = shared.table(&item.table)?;

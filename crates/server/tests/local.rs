@@ -15,7 +15,7 @@ use reprise_client::{LocalClient, ReplayClient, StepWriter};
 use reprise_core::rate_limiter::RateLimiterConfig;
 use reprise_core::selectors::SelectorSpec;
 use reprise_core::signature::{DType, Field, Signature};
-use reprise_core::{Collect, Error, RowRange, Store, Table, TableConfig, Writer};
+use reprise_core::{Collect, Error, RowRange, Store, Table, TableConfig, Wait, Writer};
 use reprise_server::LocalServer;
 use reprise_wire::local::{self as p, Frame};
 use support::{wait_until, PATIENCE};
@@ -61,14 +61,14 @@ fn samples_stay_held_after_their_client_closes_and_flush_returns_keys() {
     let client = LocalClient::connect(server.path()).unwrap();
     let mut w = client.writer(None, None).unwrap();
     for v in 0..4i64 {
-        w.append(&[&v.to_ne_bytes()]).unwrap();
-        w.create_item("replay", 1, 1.0).unwrap();
+        w.append(&[&v.to_ne_bytes()], Wait::default()).unwrap();
+        w.create_item("replay", 1, 1.0, Wait::default()).unwrap();
     }
-    let keys = w.flush(None, None).unwrap();
+    let keys = w.flush(Wait::default()).unwrap();
     assert_eq!(keys.len(), 4);
     assert_eq!(keys, table.items().iter().map(|i| i.key).collect::<Vec<_>>());
-    assert!(w.flush(None, None).unwrap().is_empty(), "keys are those committed since the last flush");
-    w.close().unwrap();
+    assert!(w.flush(Wait::default()).unwrap().is_empty(), "keys are those committed since the last flush");
+    w.close(Wait::default()).unwrap();
     drop(w);
     let s = client.sample("replay", 2, &[], None, None).unwrap().sample;
     client.close();
@@ -89,19 +89,19 @@ fn client_writes_in_place_and_samples_read_in_place() {
     let client = LocalClient::connect(server.path()).unwrap();
     let mut w = client.writer(None, None).unwrap();
     for v in 0..10i64 {
-        w.append(&[&v.to_ne_bytes()]).unwrap();
+        w.append(&[&v.to_ne_bytes()], Wait::default()).unwrap();
         if v >= 2 {
-            w.create_item("replay", 3, 1.0).unwrap();
+            w.create_item("replay", 3, 1.0, Wait::default()).unwrap();
         }
     }
-    w.flush(None, None).unwrap();
+    w.flush(Wait::default()).unwrap();
     assert_eq!(table.size(), 8);
     let drawn = client.sample("replay", 2, &[], Some(Duration::ZERO), None).unwrap();
     assert!(drawn.cut_short.is_none());
     let s = drawn.sample;
     assert_eq!(values(&s), vec![0, 1, 2, 0, 1, 2]);
     drop(s);
-    w.close().unwrap();
+    w.close(Wait::default()).unwrap();
     drop(w);
     // Once the server has handled the close and the finished sample, only items hold
     // blocks: 10 steps in blocks 0 and 1, all 8 items reach into block 0, the last 2 into block 1.
@@ -130,20 +130,20 @@ fn killed_writer_child() {
     let mut w = client.writer(None, None).unwrap();
     // Three one-step items in block 0 fill the queue's three places.
     for v in 0..3i64 {
-        w.append(&[&v.to_ne_bytes()]).unwrap();
-        w.create_item("replay", 1, 1.0).unwrap();
+        w.append(&[&v.to_ne_bytes()], Wait::default()).unwrap();
+        w.create_item("replay", 1, 1.0, Wait::default()).unwrap();
     }
-    w.flush(None, None).unwrap();
+    w.flush(Wait::default()).unwrap();
     say("committed 3");
     // Steps 3..24 reach into blocks 1 and 2; one item over the last 8 (block 2).
     for v in 3..24i64 {
-        w.append(&[&v.to_ne_bytes()]).unwrap();
+        w.append(&[&v.to_ne_bytes()], Wait::default()).unwrap();
     }
-    w.create_item("replay", 8, 1.0).unwrap();
+    w.create_item("replay", 8, 1.0, Wait::default()).unwrap();
     say("sending the 4th");
     // The queue is full: the server holds the commit until a sample makes room, and
     // this flush waits for its answer until the test kills the process.
-    let result = w.flush(None, None);
+    let result = w.flush(Wait::default());
     say(&format!("flush returned {result:?}"));
     loop {
         std::thread::park();
@@ -219,7 +219,7 @@ fn a_client_killed_while_its_commit_waits_leaves_no_item_and_returns_its_blocks(
     let mut other = Writer::new(store.clone(), None).unwrap();
     let steps = store.free_blocks() * 8;
     let fill: Vec<u8> = (0..steps as i64).flat_map(|v| (1000 + v).to_ne_bytes()).collect();
-    other.extend(&[&fill], steps).unwrap();
+    other.extend(&[&fill], steps, Wait::default()).unwrap();
     assert_eq!(store.free_blocks(), 0);
     let rest = table.sample(2, Some(Duration::ZERO)).unwrap();
     assert_eq!(values(&rest), vec![1, 2]);
@@ -307,8 +307,8 @@ fn unknown_tables_are_not_found() {
     let client = LocalClient::connect(server.path()).unwrap();
     assert!(matches!(client.sample("nope", 1, &[], None, None), Err(Error::NotFound(_))));
     let mut w = client.writer(None, None).unwrap();
-    w.append(&[&1i64.to_ne_bytes()]).unwrap();
-    assert!(matches!(w.create_item("nope", 1, 1.0), Err(Error::NotFound(_))));
-    assert!(matches!(w.create_item("replay", 1, f64::NAN), Err(Error::InvalidArgument(_))));
-    assert!(matches!(w.create_item("replay", 2, 1.0), Err(Error::InvalidArgument(_))));
+    w.append(&[&1i64.to_ne_bytes()], Wait::default()).unwrap();
+    assert!(matches!(w.create_item("nope", 1, 1.0, Wait::default()), Err(Error::NotFound(_))));
+    assert!(matches!(w.create_item("replay", 1, f64::NAN, Wait::default()), Err(Error::InvalidArgument(_))));
+    assert!(matches!(w.create_item("replay", 2, 1.0, Wait::default()), Err(Error::InvalidArgument(_))));
 }

@@ -14,7 +14,7 @@ use bytes::{Buf, BufMut, Bytes};
 use prost::Message;
 use reprise_client::pb::{self, replay_client::ReplayClient};
 use reprise_client::StepWriter;
-use reprise_core::{DType, Field, RateLimiterConfig, SelectorSpec, Signature, Store, Table, TableConfig};
+use reprise_core::{DType, Field, RateLimiterConfig, SelectorSpec, Signature, Store, Table, TableConfig, Wait};
 use reprise_server::{RemoteServerOptions, RemoteServer};
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::transport::Channel;
@@ -428,15 +428,15 @@ fn rust_client_writes_samples_and_updates() {
     assert_eq!(client.row_bytes("t").unwrap(), vec![16]);
     let mut w = client.writer(Some("t"), Some(4)).unwrap();
     for i in 0..10u8 {
-        w.append(&[&[i; 16]]).unwrap();
+        w.append(&[&[i; 16]], Wait::default()).unwrap();
         if i >= 2 {
-            w.create_item("t", 3, 1.0).unwrap();
+            w.create_item("t", 3, 1.0, Wait::default()).unwrap();
         }
     }
-    w.end_episode().unwrap();
-    let keys = w.flush(None, None).unwrap();
+    w.end_episode(Wait::default()).unwrap();
+    let keys = w.flush(Wait::default()).unwrap();
     assert_eq!(keys.len(), 8);
-    w.close().unwrap();
+    w.close(Wait::default()).unwrap();
     assert_eq!(table.size(), 8);
     let drawn = client.sample("t", 5, &[], None, None).unwrap();
     assert!(drawn.cut_short.is_none());

@@ -35,7 +35,7 @@ fn table_with(lengths: &[u32]) -> Table {
             let a = [v, v.wrapping_add(1), v.wrapping_add(2)];
             let b = [i64::from(v), -i64::from(v)];
             let b: Vec<u8> = b.iter().flat_map(|x| x.to_ne_bytes()).collect();
-            w.append(&[&a, &b]).unwrap();
+            w.append(&[&a, &b], None).unwrap();
             v = v.wrapping_add(3);
         }
         w.create_item(&table, u64::from(len), 1.0, None).unwrap();

@@ -1,7 +1,7 @@
 """In-network gradient aggregation (iSwitch): workers sum tensors through a UDP daemon.
 
     daemon = rp.aggregate.Daemon("127.0.0.1:0")          # or `reprise aggregate --config FILE`
-    worker = rp.aggregate.Worker(daemon.address, job=1, rank=rank, size=world)
+    worker = rp.aggregate.Worker(daemon.address, job=1, rank=rank, world_size=world)
     total = worker.allreduce(gradient)                   # numpy array or torch tensor
     model.register_comm_hook(worker, rp.aggregate.ddp_hook)   # DDP through the daemon
 
@@ -112,9 +112,10 @@ def _torch():
 
 
 class Worker:
-    """A member of aggregation job ``job`` at the daemon ``address``, with id ``rank`` of ``size``.
+    """A member of aggregation job ``job`` at the daemon ``address``, with id ``rank`` of
+    ``world_size`` members (torch.distributed's names; ``size=`` is an alias of ``world_size``).
 
-    Every member of a job must pass the same ``size``, ``mode``, ``dtype``, ``segment_values``
+    Every member of a job must pass the same ``world_size``, ``mode``, ``dtype``, ``segment_values``
     (values per packet: 256 = 1 KiB fits a 1500-byte MTU; up to 8192 on loopback or jumbo
     frames), ``window`` (segments in flight) and ``staleness``. ``threshold`` (async) sets H,
     the contributions that finish a segment. ``timeout`` bounds how long a call may go
@@ -123,22 +124,25 @@ class Worker:
     force-broadcast) raises ``RepriseError`` unless ``allow_partial=True``.
     """
 
-    def __init__(self, address: str, job: int, rank: int, size: int, *, mode: str = "sync", dtype: str = "float32",
+    def __init__(self, address: str, job: int, rank: int, world_size: int | None = None, *, size: int | None = None,
+                 mode: str = "sync", dtype: str = "float32",
                  scale: float = 65536.0, segment_values: int = 256, window: int = 128, staleness: int = 0,
                  threshold: int | None = None, token: str | None = None, timeout: float = 30.0, rto: float = 0.01,
                  drop_rate: float = 0.0, seed: int = 0, on_path: bool = False, allow_partial: bool = False):
-        for name, value, low, high in (("job", job, 0, 2**32 - 1), ("rank", rank, 0, 65535), ("size", size, 1, 4096),
+        size = _world_size(world_size, size)
+        for name, value, low, high in (("job", job, 0, 2**32 - 1), ("rank", rank, 0, 65535),
+                                       ("world_size", size, 1, 4096),
                                        ("segment_values", segment_values, 1, 8192), ("window", window, 1, 4096),
                                        ("staleness", staleness, 0, 64)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not low <= value <= high:
                 raise InvalidArgument(f"{name} must be an integer in [{low}, {high}], got {value!r}")
         if rank >= size:
-            raise InvalidArgument(f"rank {rank} must be below size {size}")
+            raise InvalidArgument(f"rank {rank} must be below world_size {size}")
         if not (np.isfinite(scale) and scale > 0):
             raise InvalidArgument(f"scale must be a positive finite number, got {scale!r}")
         if threshold is not None and mode != "async":
             raise InvalidArgument(f"threshold={threshold} is for mode=\"async\"; sync mode waits for every member")
-        self.job, self.rank, self.size, self.mode, self.dtype = int(job), int(rank), int(size), mode, dtype
+        self.job, self.rank, self.world_size, self.mode, self.dtype = int(job), int(rank), int(size), mode, dtype
         self.scale = float(scale)
         self.segment_values = int(segment_values)
         self._native = _native.AggregateWorker(address, int(job), int(rank), int(size), mode=mode, dtype=dtype,
@@ -172,7 +176,7 @@ class Worker:
         if self.dtype == "int32":
             if integer and dtype != np.int32:
                 raise InvalidArgument(f"int32 mode sums int32 or float arrays, got {dtype}")
-            words = (flat if integer else quantize(flat, self.scale, self.size)).view(np.uint32)
+            words = (flat if integer else quantize(flat, self.scale, self.world_size)).view(np.uint32)
         else:
             if integer:
                 raise InvalidArgument(f"float32 mode sums float arrays, got {dtype}; use dtype=\"int32\" for integers")
@@ -184,7 +188,7 @@ class Worker:
             counts = report["counts"]
             raise RepriseError(
                 f"job {self.job}: {report['partial']} of {len(counts)} segments were summed over fewer than the "
-                f"{self.size} members (as few as {int(counts.min())}): members were dropped after the daemon's "
+                f"{self.world_size} members (as few as {int(counts.min())}): members were dropped after the daemon's "
                 f"member_timeout, or a segment was force-broadcast. Pass allow_partial=True to take partial sums "
                 f"(average=True divides each segment by its count); last_report['counts'] has them")
         if self.dtype == "int32":
@@ -200,6 +204,11 @@ class Worker:
         if tensor:
             return torch.from_numpy(np.ascontiguousarray(result)).to(device=x.device)
         return result
+
+    @property
+    def size(self) -> int:
+        """``world_size``, by the name ``Worker(size=...)`` also accepts."""
+        return self.world_size
 
     def allreduce_async(self, x, *, average: bool = False) -> concurrent.futures.Future:
         """``allreduce`` on this worker's background thread (calls run in order, one at a time)."""
@@ -241,7 +250,17 @@ class Worker:
         self.close()
 
     def __repr__(self) -> str:
-        return f"Worker({self.address!r}, job={self.job}, rank={self.rank}, size={self.size}, mode={self.mode!r}, dtype={self.dtype!r})"
+        return f"Worker({self.address!r}, job={self.job}, rank={self.rank}, world_size={self.world_size}, mode={self.mode!r}, dtype={self.dtype!r})"
+
+
+def _world_size(world_size, size):
+    """The member count from ``world_size=`` or its alias ``size=``: one of them, or both equal."""
+    if world_size is None and size is None:
+        raise InvalidArgument("Worker needs world_size (the members of the job), got neither world_size nor size")
+    if world_size is not None and size is not None and world_size != size:
+        raise InvalidArgument(f"world_size={world_size!r} and size={size!r} disagree; size is an alias of "
+                              f"world_size: pass one of them")
+    return size if world_size is None else world_size
 
 
 def ddp_hook(worker: Worker, bucket):

@@ -26,7 +26,7 @@ from ..selectors import Fifo, Prioritized, Selector, Uniform
 from ..signature import Field
 from ..store import Store
 from ..table import Table
-from ..torch._device import is_host_device
+from ..torch._device import is_host_device, torch_module
 from . import _rows
 from ._group import Group
 from .topology import consumers as topology_consumers
@@ -275,7 +275,8 @@ class ShardedTable:
         Consumers get a ``Sample`` of ``batch_size`` items of the draw of
         ``batch_size * len(consumers)`` (global ``probabilities`` and
         ``table_size``, so importance weights are right), other ranks None.
-        ``device="cuda"``: ``data`` holds tensors there. Waits (every rank together)
+        ``device="cuda"``: ``data`` holds tensors there (``"cpu"``: torch CPU
+        tensors; None: numpy arrays). Waits (every rank together)
         while the rate limiter, on counters summed over the shards, forbids the
         step; past ``timeout`` every rank raises ``Timeout``."""
         err = None
@@ -283,9 +284,9 @@ class ShardedTable:
             batch_size = as_int("batch_size", batch_size, 1)
             if timeout is not None and not (isinstance(timeout, (int, float)) and timeout >= 0):
                 raise InvalidArgument(f"{self._what}: timeout must be None or seconds >= 0, got {timeout!r}")
-            if not is_host_device(device):
+            if device is not None:   # the torch.device the rows go to; None: numpy
                 from ..torch import resolve
-                device = resolve(device)
+                device = torch_module().device("cpu") if is_host_device(device) else resolve(device)
         except InvalidArgument as e:
             err, batch_size = e, -1
         total = max(batch_size, 0) * len(self._consumers)  # the global draw
@@ -453,8 +454,8 @@ class ShardedTable:
                                   for s, n in enumerate(recv_rows)]).reshape(-1, stride)
         rows[order] = arrived
         header, data = _rows.unpack(rows, self._signature, plan["steps"], self._verify, self._what)
-        if not is_host_device(device):
-            import torch
+        if device is not None:   # on the CPU the tensors share the arrays' memory
+            torch = torch_module()
             data = {k: torch.from_numpy(v).to(device, non_blocking=False) for k, v in data.items()}
         return Sample(
             keys=header["key"].copy(), probabilities=header["probability"].copy(),

@@ -1,10 +1,15 @@
-"""Devices, streams and events for the GPU path, with a CPU emulation for CI."""
+"""Devices, streams and events for the GPU path, with a CPU emulation for CI.
+
+A sample's ``device`` is one of three: None (numpy arrays, the host path), "cpu"
+or a CPU ``torch.device`` (the host path, its ``data`` as torch CPU tensors that
+share the drawn arrays' memory) or a CUDA device (the GPU path, ``resolve``)."""
 
 from __future__ import annotations
 
 import contextlib
 
 from ..errors import InvalidArgument
+from ..sample import Sample
 
 _EMULATE = False
 
@@ -24,7 +29,8 @@ def torch_module():
         import torch
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise InvalidArgument(
-            "the GPU path needs PyTorch: pip install 'reprise[gpu]' (torch, triton)"
+            "the GPU path and samples as torch tensors (device='cpu' or 'cuda') need PyTorch: "
+            "pip install 'reprise[gpu]' (torch, triton)"
         ) from e
     return torch
 
@@ -74,6 +80,32 @@ def is_host_device(device) -> bool:
     if isinstance(device, str):
         return device == "cpu"
     return getattr(device, "type", None) == "cpu"
+
+
+def host_tensors(draw):
+    """``draw()``'s Sample with its numpy ``data`` as torch CPU tensors, as a sample
+    for ``device="cpu"`` returns them (a cut-short draw's ``partial`` too). The
+    arrays are the draw's own, so the tensors share their memory: no copy. Torch is
+    imported before drawing, so that without it the call changes nothing."""
+    return on_device(draw, torch_module().device("cpu"))
+
+
+def on_device(draw, dev):
+    """``draw()``'s Sample with its numpy ``data`` as tensors on ``dev`` (on the CPU
+    without a copy), and a cut-short draw's ``partial`` moved the same way."""
+    torch = torch_module()
+
+    def move(s):
+        s.data = {k: torch.from_numpy(v).to(dev) for k, v in s.data.items()}
+        return s
+
+    try:
+        return move(draw())
+    except BaseException as e:
+        partial = getattr(e, "partial", None)
+        if isinstance(partial, Sample):
+            move(partial)
+        raise
 
 
 class _CpuEvent:

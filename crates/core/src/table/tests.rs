@@ -119,7 +119,7 @@ fn blocks_return_when_items_leave_every_table() {
     let b = Table::new(config("b", SelectorSpec::Uniform, SelectorSpec::Fifo, 16), &s).unwrap();
     let mut w = Writer::new(s.clone(), None).unwrap();
     for v in 0..4i64 {
-        w.append(&[&v.to_ne_bytes()]).unwrap();
+        w.append(&[&v.to_ne_bytes()], None).unwrap();
     }
     let ka = w.create_item(&a, 4, 1.0, None).unwrap();
     let kb = w.create_item(&b, 2, 1.0, None).unwrap();
@@ -286,17 +286,17 @@ fn store_pressure_never_evicts_blocks_a_writer_still_holds() {
     // Asked to keep 8 steps, the writer holds both blocks whatever the pressure.
     let mut w = Writer::new(s.clone(), Some(8)).unwrap();
     for v in 0..8i64 {
-        w.append(&[&v.to_ne_bytes()]).unwrap();
+        w.append(&[&v.to_ne_bytes()], None).unwrap();
         w.create_item(&t, 1, 1.0, None).unwrap();
     }
     // The episode still holds both blocks: evicting their items would free nothing.
-    let e = w.append(&[&8i64.to_ne_bytes()]).unwrap_err();
+    let e = w.append(&[&8i64.to_ne_bytes()], None).unwrap_err();
     assert!(matches!(e, Error::ResourceExhausted(_)), "{e}");
     let m = e.to_string();
     assert!(m.contains("2 by writers' episode history") && m.contains("This writer holds 8 steps") && m.contains("max_sequence_length is 8"), "{m}");
     assert_eq!(t.size(), 8);
     w.end_episode();
-    w.append(&[&8i64.to_ne_bytes()]).unwrap();
+    w.append(&[&8i64.to_ne_bytes()], None).unwrap();
     assert_eq!(t.size(), 4);
     assert_eq!(t.info().num_store_evictions, 4);
 }
@@ -602,7 +602,7 @@ fn a_default_writer_keeps_only_its_longest_item_once_the_store_is_full() {
     let mut w = Writer::new(s.clone(), None).unwrap();
     // A continuing task: one episode, one-step items, for ten times the store.
     for v in 0..80i64 {
-        w.append(&[&v.to_ne_bytes()]).unwrap();
+        w.append(&[&v.to_ne_bytes()], None).unwrap();
         w.create_item(&t, 1, 1.0, None).unwrap();
     }
     let mut got = Vec::new();
@@ -618,7 +618,7 @@ fn a_default_writer_keeps_only_its_longest_item_once_the_store_is_full() {
     // A new episode keeps everything again until the store fills.
     w.end_episode();
     for v in 0..4i64 {
-        w.append(&[&v.to_ne_bytes()]).unwrap();
+        w.append(&[&v.to_ne_bytes()], None).unwrap();
     }
     w.create_item(&t, 4, 1.0, None).unwrap();
 }

@@ -43,7 +43,7 @@ fn step(v: i64) -> (Vec<u8>, Vec<u8>) {
 
 fn append(w: &mut Writer, v: i64) {
     let (a, b) = step(v);
-    w.append(&[&a, &b]).unwrap();
+    w.append(&[&a, &b], None).unwrap();
 }
 
 /// Reads back the `v` values of every item in `t`, oldest first, by sampling
@@ -109,7 +109,7 @@ proptest! {
                     let vs: Vec<i64> = (next..next + n as i64).collect();
                     let a: Vec<u8> = vs.iter().flat_map(|v| v.to_ne_bytes()).collect();
                     let b: Vec<u8> = vs.iter().flat_map(|&v| [v as u8; 3]).collect();
-                    w.extend(&[&a, &b], n).unwrap();
+                    w.extend(&[&a, &b], n, None).unwrap();
                     episode.extend(&vs);
                     next += n as i64;
                 }
@@ -175,7 +175,7 @@ fn create_item_by_name_finds_tables_on_the_store() {
 fn wrong_row_size_names_the_field_and_changes_nothing() {
     let s = store(64, 4);
     let mut w = Writer::new(s.clone(), None).unwrap();
-    let e = w.append(&[&[0u8; 8], &[0u8; 2]]).unwrap_err().to_string();
+    let e = w.append(&[&[0u8; 8], &[0u8; 2]], None).unwrap_err().to_string();
     assert!(e.contains("field 'w'") && e.contains("uint8[3]"), "{e}");
     assert_eq!(w.episode_steps(), 0);
     assert_eq!(s.free_blocks(), 16);
@@ -189,9 +189,9 @@ fn extend_into_a_full_store_appends_nothing() {
     let vs: Vec<i64> = (0..6).collect();
     let a: Vec<u8> = vs.iter().flat_map(|v| v.to_ne_bytes()).collect();
     let b: Vec<u8> = vs.iter().flat_map(|&v| [v as u8; 3]).collect();
-    w.extend(&[&a[..48], &b[..18]], 6).unwrap();
+    w.extend(&[&a[..48], &b[..18]], 6, None).unwrap();
     w.create_item(&t, 6, 1.0, None).unwrap();
-    let e = w.extend(&[&a[..24], &b[..9]], 3).unwrap_err();
+    let e = w.extend(&[&a[..24], &b[..9]], 3, None).unwrap_err();
     assert!(matches!(e, Error::ResourceExhausted(_)), "{e}");
     assert_eq!(w.episode_steps(), 6);
     w.close();
@@ -217,7 +217,7 @@ fn create_items_makes_one_item_per_step_of_an_extend() {
     let vs: Vec<i64> = (0..6).collect();
     let a: Vec<u8> = vs.iter().flat_map(|v| v.to_ne_bytes()).collect();
     let b: Vec<u8> = vs.iter().flat_map(|&v| [v as u8; 3]).collect();
-    w.extend(&[&a, &b], 6).unwrap();
+    w.extend(&[&a, &b], 6, None).unwrap();
     let keys = w.create_items(&t, 2, &[1.0, 2.0, 3.0], None).unwrap();
     assert_eq!(keys.len(), 3);
     let e = w.create_items(&t, 2, &[1.0; 6], None).unwrap_err().to_string();
