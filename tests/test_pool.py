@@ -137,3 +137,33 @@ def test_a_server_lost_with_unflushed_writes_is_reported_not_swallowed(servers):
         w.flush()
         w.close()
     assert t0.size == 2 * STEPS
+
+
+def test_a_pool_writer_left_on_an_error_waits_for_nothing_and_its_timeouts_hold():
+    """Queues of 2 items: the third item waits on the server's limiter. A flush with a
+    timeout gives up, and leaving the block on that error aborts at once."""
+    import time
+
+    stores, made = [], []
+    try:
+        for _ in range(2):
+            store = rp.Store({"x": rp.Field((), "int64")}, capacity=64, block_steps=8)
+            stores.append(store)
+            t = rp.Table.queue("replay", store, max_size=2)
+            made.append((t, rp.Server([t], address="127.0.0.1:0")))
+        t0 = time.monotonic()
+        with rp.ClientPool([s.address for _, s in made]) as pool:
+            with pytest.raises(rp.errors.Timeout):
+                with pool.writer("replay") as w:
+                    for t in range(4):
+                        w.append({"x": t})
+                        w.create_item("replay", 1, 1.0)
+                    w.end_episode(timeout=0.3)
+        assert time.monotonic() - t0 < 10, "leaving the block waited for the limiter"
+        time.sleep(0.3)
+        assert sorted(t.size for t, _ in made) == [0, 2], "the committed items of the episode were lost"
+    finally:
+        for _, s in made:
+            s.stop()
+        for store in stores:
+            store.close()

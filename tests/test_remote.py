@@ -591,3 +591,16 @@ def test_iterate_pipelines_batches_on_one_stream(served):
             assert [len(b) for b in got] == [2, 2, 2]
     finally:
         store.close()
+
+
+def test_a_client_pointed_at_the_dashboard_or_metrics_port_is_told_so():
+    store = rp.Store({"x": rp.Field((), "int64")}, capacity=64, block_steps=8)
+    server = rp.Server([rp.Table("t", store)], address="127.0.0.1:0", dashboard_address="127.0.0.1:0",
+                       metrics_address="127.0.0.1:0")
+    try:
+        for wrong in (server.dashboard_address, server.metrics_address):
+            with pytest.raises(rp.errors.InvalidArgument, match=rf"{re.escape(wrong)} answers HTTP .*not the replay service.*server\.address"):
+                rp.Client(wrong)
+        assert rp.Client(server.address).tables == ["t"]
+    finally:
+        server.stop()

@@ -201,11 +201,25 @@ class ClientPool:
             if c is not None:
                 c.close()
 
+    def abort(self):
+        """Closes every server's writer at once, waiting for nothing: what the servers
+        have not committed is dropped, committed items stay."""
+        self._server, self._w = None, None
+        for w in self._writers.values():
+            w.abort()
+        self._writers.clear()
+        self._unflushed.clear()
+
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, exc, tb):
+        """Closes on leaving the block; aborts (waits for nothing) when an exception
+        leaves it, and lets the exception go on."""
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
         return False
 
 
@@ -301,11 +315,11 @@ class PoolWriter:
         self._unflushed.add(self._server)
         return w
 
-    def append(self, step):
-        self._writing().append(step)
+    def append(self, step, timeout=None):
+        self._writing().append(step, timeout)
 
-    def extend(self, steps):
-        self._writing().extend(steps)
+    def extend(self, steps, timeout=None):
+        self._writing().extend(steps, timeout)
 
     def create_item(self, table, num_steps, priority, timeout=None):
         return self._writing().create_item(table, num_steps, priority, timeout)
@@ -328,16 +342,19 @@ class PoolWriter:
             )
         return None
 
-    def end_episode(self):
-        """Ends the episode here; the next one takes the pool's next live server. A
-        server that died during the episode is marked down and skipped, and this raises:
-        the episode's items it had not committed may be lost with it."""
+    def end_episode(self, timeout=None):
+        """Ends the episode here (flushing it, within ``timeout`` in all); the next one
+        takes the pool's next live server. A server that died during the episode is
+        marked down and skipped, and this raises: the episode's items it had not
+        committed may be lost with it."""
         if self._w is None:
             return
         i = self._server
+        deadline = None if timeout is None else time.monotonic() + timeout
+        left = lambda: None if deadline is None else max(0.0, deadline - time.monotonic())  # noqa: E731
         try:
-            self._w.end_episode()
-            self._w.flush()
+            self._w.end_episode(left())
+            self._w.flush(left())
             self._unflushed.discard(i)
         except RepriseError as e:
             if not _unreachable(e):
@@ -363,14 +380,14 @@ class PoolWriter:
         if lost is not None:
             raise lost
 
-    def close(self):
-        """Flushes and closes every server's writer; raises as ``flush`` does when a
-        server was lost with writes not yet flushed."""
+    def close(self, timeout=None):
+        """Flushes and closes every server's writer (each within ``timeout``); raises as
+        ``flush`` does when a server was lost with writes not yet flushed."""
         self._server, self._w = None, None
         lost = None
         for i, w in list(self._writers.items()):
             try:
-                w.close()
+                w.close(timeout)
                 self._unflushed.discard(i)
             except RepriseError as e:
                 if not _unreachable(e):
@@ -380,9 +397,23 @@ class PoolWriter:
         if lost is not None:
             raise lost
 
+    def abort(self):
+        """Closes every server's writer at once, waiting for nothing: what the servers
+        have not committed is dropped, committed items stay."""
+        self._server, self._w = None, None
+        for w in self._writers.values():
+            w.abort()
+        self._writers.clear()
+        self._unflushed.clear()
+
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, exc, tb):
+        """Closes on leaving the block; aborts (waits for nothing) when an exception
+        leaves it, and lets the exception go on."""
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
         return False

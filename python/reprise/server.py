@@ -9,6 +9,7 @@ samples over gRPC."""
 from __future__ import annotations
 
 import os
+import urllib.parse
 import weakref
 
 from collections.abc import Sequence
@@ -44,8 +45,9 @@ class Server:
     ``http://<dashboard_address>/``: tables, rates, rate-limiter blocking, priority and
     sampled-age histograms, bytes, connected clients (``server.dashboard_url``). Its
     data endpoints (``/api/snapshot``, ``/api/events``) follow the metrics rule: with a
-    ``token`` they need it (the page asks for it), and off loopback a token is required.
-    It works with or without ``address``: local clients are shown too.
+    ``token`` they need it (the page asks for it, or takes it from the link
+    ``server.dashboard_link``), and off loopback a token is required. It works with or
+    without ``address``: local clients are shown too.
 
     Limits of the remote service (docs/remote.md, "Limits"): at most ``max_connections``
     open connections, ``max_connections_per_peer`` from one IP address (more are closed
@@ -150,6 +152,7 @@ class Server:
         self._native = _native.LocalServer([t._native for t in tables], name, checkpoint, self._monitor)
         self._remote = None
         self._dashboard = None
+        self._dashboard_token = token   # for dashboard_link
         try:
             if address is not None:
                 self._remote = _native.RemoteServer([t._native for t in tables], address, token,
@@ -190,9 +193,22 @@ class Server:
 
     @property
     def dashboard_url(self) -> str | None:
-        """``http://host:port/``: the dashboard page to open in a browser, or None."""
+        """``http://host:port/``: the dashboard page, or None. It holds no secret (safe to
+        log); on a server with a token the page asks for it: ``dashboard_link`` carries it."""
         a = self.dashboard_address
         return None if a is None else f"http://{a}/"
+
+    @property
+    def dashboard_link(self) -> str | None:
+        """``dashboard_url`` with the token in its fragment (``http://host:port/#token=...``)
+        when the server has one, so that the page opens without asking; else
+        ``dashboard_url``. The fragment stays in the browser (it is not sent to the server,
+        so no access log holds it, and the page removes it from the address bar), but the link
+        is the token: show it only where the token may be seen."""
+        url = self.dashboard_url
+        if url is None or self._dashboard_token is None:
+            return url
+        return f"{url}#token={urllib.parse.quote(self._dashboard_token, safe='')}"
 
     def snapshot(self) -> dict:
         """What the dashboard shows, read now (``Client.snapshot`` has the format)."""

@@ -364,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda *_: stop.set())
     restored = f" (restored {server.restored_from})" if server.restored_from else ""
     metrics = f", metrics at http://{server.metrics_address}/metrics" if server.metrics_address else ""
-    metrics += f", dashboard at {server.dashboard_url}" if server.dashboard_url else ""
+    metrics += f", dashboard at {server.dashboard_link}" if server.dashboard_link else ""
     print(f"reprise serve: tables {[t.name for t in server.tables]} at {server.address} "
           f"(local: {server.local_address}{metrics}){restored}", flush=True)
     while not stop.wait(0.5):

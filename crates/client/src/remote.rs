@@ -203,6 +203,31 @@ fn wait_for<T>(
     })
 }
 
+/// When `address` answers plain HTTP (a dashboard or metrics port, not the replay
+/// service), the error that says so; None when it does not (or cannot be asked:
+/// a TLS address, nothing listening). Asked only after a connection failed.
+fn not_the_replay_service(address: &str, tls: bool) -> Option<Error> {
+    use std::io::{Read, Write};
+    use std::net::ToSocketAddrs;
+    if tls {
+        return None;
+    }
+    let to = address.to_socket_addrs().ok()?.next()?;
+    let mut stream = std::net::TcpStream::connect_timeout(&to, Duration::from_secs(2)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    stream.set_write_timeout(Some(Duration::from_secs(2))).ok()?;
+    stream.write_all(format!("GET / HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n").as_bytes()).ok()?;
+    let mut head = [0u8; 64];
+    let n = stream.read(&mut head).ok()?;
+    let head = String::from_utf8_lossy(&head[..n]);
+    let status = head.lines().next().filter(|l| l.starts_with("HTTP/1."))?.trim().to_string();
+    Some(Error::InvalidArgument(format!(
+        "{address} answers HTTP ('{status}'), not the replay service: it looks like a server's dashboard or metrics \
+         port (dashboard_address / metrics_address). Connect to the replay address instead: `server.address` in \
+         Python, or the 'at host:port' that `reprise serve` prints first"
+    )))
+}
+
 fn lost(e: impl std::fmt::Display) -> Error {
     Error::Io(format!("connection to the replay server lost: {e}"))
 }
@@ -241,9 +266,10 @@ impl RemoteClient {
             }
             endpoint = endpoint.tls_config(tls).map_err(|e| Error::InvalidArgument(format!("TLS settings: {e}")))?;
         }
-        let channel = rt
-            .block_on(endpoint.connect())
-            .map_err(|e| Error::Io(format!("cannot connect to the replay server at {address}: {e}{}", source_chain(&e))))?;
+        let channel = rt.block_on(endpoint.connect()).map_err(|e| {
+            let plain = Error::Io(format!("cannot connect to the replay server at {address}: {e}{}", source_chain(&e)));
+            not_the_replay_service(address, options.tls).unwrap_or(plain)
+        })?;
         let token = match options.token {
             Some(t) => Some(
                 format!("Bearer {t}")
@@ -258,7 +284,17 @@ impl RemoteClient {
             stub = stub.send_compressed(Zstd).accept_compressed(Zstd);
         }
         let mut s = stub.clone();
-        let layout = rt.block_on(s.get_layout(pb::GetLayoutRequest {})).map_err(from_status)?.into_inner();
+        let layout = rt
+            .block_on(s.get_layout(pb::GetLayoutRequest {}))
+            .map_err(|status| match status.code() {
+                // A server that answers but not with gRPC (an HTTP page, a metrics
+                // endpoint) shows up as one of these.
+                tonic::Code::Unimplemented | tonic::Code::Unknown | tonic::Code::Internal | tonic::Code::Unavailable => {
+                    not_the_replay_service(address, options.tls).unwrap_or_else(|| from_status(status))
+                }
+                _ => from_status(status),
+            })?
+            .into_inner();
         if layout.protocol_version != pb::PROTOCOL_VERSION {
             return Err(Error::InvalidArgument(format!(
                 "the server speaks protocol version {}, this client {}",

@@ -55,6 +55,17 @@ impl Default for Limits {
 }
 
 /// Milliseconds since `epoch`, never 0 (0 means "not set").
+/// How long a write has been blocked at `now`, from when it blocked (`blocked`, 0:
+/// not blocked). `now` is read once per reap, so a write that blocked after that read
+/// is later than `now`: it has been blocked for 0 ms, not for ever.
+fn blocked_for(now: u64, blocked: u64) -> u64 {
+    if blocked == 0 {
+        0
+    } else {
+        now.saturating_sub(blocked)
+    }
+}
+
 fn millis(epoch: Instant) -> u64 {
     epoch.elapsed().as_millis() as u64 + 1
 }
@@ -208,7 +219,7 @@ impl Connections {
         let mut ended = 0;
         for a in open {
             let blocked = a.write_blocked.load(Ordering::Relaxed);
-            let stalled = self.limits.stall_timeout.filter(|t| blocked != 0 && now - blocked >= t.as_millis() as u64);
+            let stalled = self.limits.stall_timeout.filter(|t| blocked_for(now, blocked) >= t.as_millis() as u64);
             let idle = self
                 .limits
                 .idle_timeout
@@ -357,7 +368,9 @@ impl Connection {
     fn wrote<T>(&self, r: Poll<std::io::Result<T>>) -> Poll<std::io::Result<T>> {
         match &r {
             Poll::Pending => {
-                let _ = self.activity.write_blocked.compare_exchange(0, millis(self.connections.epoch), Ordering::Relaxed, Ordering::Relaxed);
+                // Never 0 (which means "not blocked"), even in the first millisecond.
+                let at = millis(self.connections.epoch).max(1);
+                let _ = self.activity.write_blocked.compare_exchange(0, at, Ordering::Relaxed, Ordering::Relaxed);
             }
             Poll::Ready(_) => self.activity.write_blocked.store(0, Ordering::Relaxed),
         }
@@ -392,5 +405,17 @@ impl AsyncWrite for Connection {
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::blocked_for;
+
+    #[test]
+    fn a_write_that_blocks_after_the_reap_read_its_clock_is_not_stalled() {
+        assert_eq!(blocked_for(1000, 1001), 0, "blocked 1 ms after `now` was read: no wrap to u64::MAX");
+        assert_eq!(blocked_for(1000, 0), 0, "0 means not blocked");
+        assert_eq!(blocked_for(5000, 1000), 4000);
     }
 }

@@ -297,14 +297,22 @@ function drawDetail(snapshot) {
     ? `${Math.round(100 * unique.fraction)}% unique in the last ${formatCount(unique.window)} draws` : "";
 }
 
-// [times, inserts/s, samples/s]: from the table's `rates` extension (per-second counts, the last
-// second still filling and left out), else from what this page saw between snapshots.
+// [times, inserts/s, samples/s]: from the table's `rates` extension, else from what this page saw
+// between snapshots. The extension's per-second counts end with the second still filling (left out)
+// and always span its whole window, zeros where nothing was counted: the seconds before the server
+// started are left out too, so that the chart starts with the server instead of drawing a window of
+// zeros that never happened. Count i of n is the second `end - n + i`; it is kept when it ends after
+// the start (the second the server started in is kept).
 function rateSeries(table, snapshot) {
   const r = table.stats && table.stats.rates;
   if (r) {
     const n = r.inserts.length - 1;
     const end = Math.floor(snapshot.time);
-    return [r.inserts.slice(0, n).map((_, i) => end - n + i), r.inserts.slice(0, n), r.samples.slice(0, n)];
+    const started = snapshot.time - (snapshot.uptime_seconds ?? Infinity);
+    const first = Math.max(0, n + Math.floor(started - end));
+    const times = [];
+    for (let i = first; i < n; i++) times.push(end - n + i);
+    return [times, r.inserts.slice(first, n), r.samples.slice(first, n)];
   }
   const h = state.history.get(table.name);
   return h ? [h.t.slice(), h.inserts.slice(), h.samples.slice()] : [[], [], []];
@@ -313,6 +321,7 @@ function rateSeries(table, snapshot) {
 function drawRateChart(data) {
   const box = $("rate-chart");
   box.dataset.points = data[0].length;
+  box.dataset.firstTime = data[0].length ? data[0][0] : "";
   box.dataset.lastTime = data[0].length ? data[0].at(-1) : "";
   box.dataset.inserts = Math.round(data[1].reduce((a, b) => a + b, 0));
   box.dataset.samples = Math.round(data[2].reduce((a, b) => a + b, 0));
