@@ -5,6 +5,7 @@ server, local and remote clients with their per-client counts, the HTTP API
 check that names stay text; the page itself is tested in a browser by test_dashboard_browser.py."""
 
 import json
+import math
 import os
 import re
 import shutil
@@ -15,6 +16,7 @@ import textwrap
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -257,14 +259,29 @@ def serve_config(tmp_path, extensions):
     return config
 
 
+def serve_with_dashboard(config, token=None):
+    """`reprise serve --config CONFIG --dashboard 127.0.0.1:0`, its token from REPRISE_TOKEN
+    (unset when None): the process and the dashboard link its first line prints."""
+    env = {k: v for k, v in os.environ.items() if k != "REPRISE_TOKEN"}
+    if token is not None:
+        env["REPRISE_TOKEN"] = token
+    proc = subprocess.Popen([sys.executable, "-m", "reprise.cli", "serve", "--config", str(config),
+                             "--dashboard", "127.0.0.1:0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    line = proc.stdout.readline()
+    m = re.search(r"dashboard at (\S+?)\)", line)
+    if m is None:
+        proc.kill()
+        pytest.fail(f"no dashboard link in {line!r}: {proc.communicate(timeout=30)[1]}")
+    return proc, m.group(1)
+
+
 def test_serve_dashboard_flag(tmp_path):
     config = serve_config(tmp_path, '["PriorityHistogram", { kind = "UniqueSamples", window = 50 }]')
-    proc = subprocess.Popen([sys.executable, "-m", "reprise.cli", "serve", "--config", str(config),
-                             "--dashboard", "127.0.0.1:0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc, link = serve_with_dashboard(config)
     try:
-        line = proc.stdout.readline()
-        assert "dashboard at http://127.0.0.1:" in line, line + proc.stderr.read()
-        url = line.split("dashboard at ")[1].split("/")[2]
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/", link), link   # no token: no fragment
+        url = link.split("/")[2]
         snap = json.loads(get(url, "/api/snapshot")[2])
         assert set(snap["tables"][0]["stats"]) == {"priority_histogram", "unique_samples"}
         assert snap["tables"][0]["stats"]["unique_samples"]["window"] == 50
@@ -272,6 +289,65 @@ def test_serve_dashboard_flag(tmp_path):
         proc.terminate()
         proc.wait(timeout=30)
     assert proc.returncode == 0
+
+
+def test_serve_prints_the_dashboard_link_with_the_token(tmp_path):
+    """With a token, the printed link carries it in the fragment (percent-encoded, read back as
+    the page's URLSearchParams does), so the page opens without asking for it."""
+    token = TOKEN + "+/ &="
+    proc, link = serve_with_dashboard(serve_config(tmp_path, '["Rates"]'), token=token)
+    try:
+        parts = urllib.parse.urlsplit(link)
+        assert (parts.scheme, parts.path, parts.query) == ("http", "/", ""), link
+        assert urllib.parse.parse_qs(parts.fragment) == {"token": [token]}, link
+        assert status_of(parts.netloc, "/api/snapshot") == 401
+        assert status_of(parts.netloc, "/api/snapshot", token=token) == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert proc.returncode == 0
+
+
+def test_dashboard_link_carries_the_token_and_dashboard_url_never_does(store):
+    t = rp.Table("replay", store, max_size=10)
+    for token, address in ((TOKEN + "+/", "127.0.0.1:0"), (None, "127.0.0.1:0"), (TOKEN, None)):
+        server = rp.Server([t], address=address, token=token, dashboard_address="127.0.0.1:0")
+        try:
+            url = f"http://{server.dashboard_address}/"
+            assert server.dashboard_url == url
+            fragment = "" if token is None else "#token=" + urllib.parse.quote(token, safe="")
+            assert server.dashboard_link == url + fragment
+        finally:
+            server.stop()
+    server = rp.Server([t], address="127.0.0.1:0", token=TOKEN)
+    try:
+        assert server.dashboard_url is None and server.dashboard_link is None
+    finally:
+        server.stop()
+
+
+def test_rate_chart_starts_when_the_server_started(store, tmp_path):
+    """The `rates` extension reports its whole window, zeros before the server started: the
+    page charts from the second before the server's start (the extension's clock may be a
+    second off the page's), not a minute of zeros; a server up longer than the window fills it."""
+    if NODE is None:
+        pytest.skip("needs node (apt-get install nodejs) to run the page's script without a browser")
+    t = rp.Table("replay", store, max_size=100)
+    server = rp.Server([t], dashboard_address="127.0.0.1:0")
+    try:
+        write(rp.Client(server.local_address), "replay", 5)
+        time.sleep(1.5)   # the inserts' second is complete: the page charts only complete seconds
+        snap = json.loads(get(server.dashboard_address, "/api/snapshot")[2])
+    finally:
+        server.stop()
+    window = len(snap["tables"][0]["stats"]["rates"]["inserts"]) - 1   # the current second is left out
+    assert snap["uptime_seconds"] < window / 2, snap["uptime_seconds"]
+    last = math.floor(snap["time"]) - 1
+    for uptime, first in ((snap["uptime_seconds"], math.floor(snap["time"] - snap["uptime_seconds"]) - 1),
+                          (10 * window, last - window + 1)):
+        chart = render({**snap, "uptime_seconds": uptime}, tmp_path)["ids"]["rate-chart"]["dataset"]
+        assert (int(chart["firstTime"]), int(chart["lastTime"])) == (first, last), (uptime, chart)
+        assert int(chart["points"]) == last - first + 1 and int(chart["inserts"]) == 5, chart
 
 
 def test_serve_refuses_a_misspelled_extension(tmp_path):

@@ -256,6 +256,16 @@ def test_missing_or_wrong_token_shows_an_error_and_asks_again(browser, serve):
     assert not browser.find_element(By.ID, "token-form").is_displayed()
 
 
+def test_dashboard_link_opens_the_page_without_asking_and_leaves_no_token_in_the_address(browser, serve):
+    server = serve(["replay"])
+    assert server.dashboard_link.endswith(f"/#token={TOKEN}")
+    browser.get(server.dashboard_link)
+    wait_for(browser, lambda d: "replay" in table_rows(d), "the tables, the token taken from the link")
+    assert not browser.find_element(By.ID, "token-form").is_displayed()
+    assert error_text(browser) is None
+    assert browser.current_url == server.dashboard_url   # the fragment is gone from the address bar
+
+
 def test_page_without_a_server_token_needs_none_on_loopback(browser, serve):
     server = serve(["replay"], token=None)
     browser.get(f"http://{server.dashboard_address}/")

@@ -93,14 +93,21 @@ def test_leaving_a_with_block_on_an_error_waits_for_nothing_and_reraises(served)
     assert table.size == 1
 
 
-def test_a_flush_that_times_out_leaves_the_writer_usable(served):
-    store, table, client = served
+def writer_past_the_limit(client):
+    """A writer of twice what the queue takes, flushed with a timeout: QUEUE items
+    committed, the rest waiting on the server's limiter."""
     w = client.writer("q")
     for _ in range(2 * QUEUE):
         w.append(STEP)
         w.create_item("q", 1, 1.0)
     with pytest.raises(Timeout):
         w.flush(timeout=0.2)
+    return w
+
+
+def test_a_flush_that_times_out_leaves_the_writer_usable(served):
+    store, table, client = served
+    w = writer_past_the_limit(client)
     assert table.size == QUEUE
     table.sample(QUEUE, timeout=5)  # room for the rest
     w.flush(timeout=10)
@@ -110,12 +117,7 @@ def test_a_flush_that_times_out_leaves_the_writer_usable(served):
 
 def test_abort_drops_what_is_not_committed_and_returns_the_writers_blocks(served):
     store, table, client = served
-    w = client.writer("q")
-    for _ in range(2 * QUEUE):
-        w.append(STEP)
-        w.create_item("q", 1, 1.0)
-    with pytest.raises(Timeout):
-        w.flush(timeout=0.2)  # sent: QUEUE committed, the rest wait on the limiter
+    w = writer_past_the_limit(client)  # sent: QUEUE committed, the rest wait on the limiter
     free = store.free_blocks
     w.abort()
     w.abort()  # idempotent

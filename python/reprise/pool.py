@@ -201,25 +201,11 @@ class ClientPool:
             if c is not None:
                 c.close()
 
-    def abort(self):
-        """Closes every server's writer at once, waiting for nothing: what the servers
-        have not committed is dropped, committed items stay."""
-        self._server, self._w = None, None
-        for w in self._writers.values():
-            w.abort()
-        self._writers.clear()
-        self._unflushed.clear()
-
     def __enter__(self):
         return self
 
-    def __exit__(self, exc_type, exc, tb):
-        """Closes on leaving the block; aborts (waits for nothing) when an exception
-        leaves it, and lets the exception go on."""
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
+    def __exit__(self, *exc):
+        self.close()
         return False
 
 

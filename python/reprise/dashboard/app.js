@@ -301,15 +301,17 @@ function drawDetail(snapshot) {
 // between snapshots. The extension's per-second counts end with the second still filling (left out)
 // and always span its whole window, zeros where nothing was counted: the seconds before the server
 // started are left out too, so that the chart starts with the server instead of drawing a window of
-// zeros that never happened. Count i of n is the second `end - n + i`; it is kept when it ends after
-// the start (the second the server started in is kept).
+// zeros that never happened. Count i of n is charted at the second `end - n + i` of this clock, but
+// was counted on the table's extension clock, whose seconds begin up to a second apart: so that no
+// count of the server's first second is dropped, counts are kept from the second before the one the
+// server started in (the chart may open on one zero).
 function rateSeries(table, snapshot) {
   const r = table.stats && table.stats.rates;
   if (r) {
     const n = r.inserts.length - 1;
     const end = Math.floor(snapshot.time);
     const started = snapshot.time - (snapshot.uptime_seconds ?? Infinity);
-    const first = Math.max(0, n + Math.floor(started - end));
+    const first = Math.max(0, n + Math.floor(started - end) - 1);
     const times = [];
     for (let i = first; i < n; i++) times.push(end - n + i);
     return [times, r.inserts.slice(first, n), r.samples.slice(first, n)];

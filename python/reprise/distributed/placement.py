@@ -11,6 +11,8 @@ import numpy as np
 
 from ..errors import InvalidArgument
 from . import _rows
+from ._header import W_MASS, W_MAXLEN, W_SIZE, bits_f64
+
 
 def _expected_excess(batch: int, p: float, quota: int) -> float:
     """E[max(0, X - quota)] for X ~ Binomial(batch, p)."""
@@ -28,9 +30,8 @@ def _expected_excess(batch: int, p: float, quota: int) -> float:
 
 def report(table, owners: np.ndarray, batch: int) -> dict:
     """``ShardedTable.placement_report``'s figures from the gathered headers."""
-    from .table import W_MASS, W_MAXLEN, W_SIZE, _bits_f64
     kind = table._sampler._spec()[0]
-    weights = _bits_f64(owners[:, W_MASS]) if kind == "Prioritized" else owners[:, W_SIZE].astype(np.float64)
+    weights = bits_f64(owners[:, W_MASS]) if kind == "Prioritized" else owners[:, W_SIZE].astype(np.float64)
     total = float(weights.sum())
     names = table._g.host_names
     n_consumers = len(table._consumers)

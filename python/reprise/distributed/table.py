@@ -27,28 +27,16 @@ from ..signature import Field
 from ..store import Store
 from ..table import Table
 from ..torch._device import is_host_device, torch_module
-from . import _rows
+from . import _rows, placement
 from ._group import Group
+from ._header import (OP, OPS, W_ARG, W_ERROR, W_EXPIRED, W_INSERTS, W_MASS, W_MAXLEN, W_NEXT_SEQ, W_OP, W_OWNER,
+                      W_SAMPLES, W_SIZE, W_STEP, W_TABLE, WORDS, bits_f64, f64_bits)
 from .topology import consumers as topology_consumers
 
 C = _native.cluster
 
-# The words of the header every collective call starts with (int64 each).
-(W_TABLE, W_STEP, W_OP, W_ARG, W_ERROR, W_EXPIRED, W_OWNER, W_SIZE, W_MASS, W_NEXT_SEQ, W_INSERTS,
- W_SAMPLES, W_MAXLEN) = range(13)
-WORDS = 16
-OPS = {1: "sample", 2: "update_priorities", 3: "delete", 4: "info", 5: "save", 6: "placement_report"}
-OP = {v: k for k, v in OPS.items()}
 RANDOM = ("Uniform", "Prioritized")
 POLL_MAX = 0.05
-
-
-def _f64_bits(x: float) -> int:
-    return int(np.array([x], dtype=np.float64).view(np.int64)[0])
-
-
-def _bits_f64(words) -> np.ndarray:
-    return np.ascontiguousarray(words, dtype=np.int64).view(np.float64)
 
 
 class ShardedTable:
@@ -226,7 +214,7 @@ class ShardedTable:
         h[W_STEP], h[W_OP], h[W_ARG], h[W_ERROR], h[W_EXPIRED] = self._step, op, arg, error, expired
         if self._table is not None:
             size, mass, next_seq, inserts, samples, maxlen = self._table._native.shard_summary()
-            h[W_OWNER], h[W_SIZE], h[W_MASS], h[W_NEXT_SEQ] = 1, size, _f64_bits(mass), next_seq
+            h[W_OWNER], h[W_SIZE], h[W_MASS], h[W_NEXT_SEQ] = 1, size, f64_bits(mass), next_seq
             h[W_INSERTS], h[W_SAMPLES], h[W_MAXLEN] = inserts, samples, maxlen
         return h
 
@@ -332,7 +320,7 @@ class ShardedTable:
         table_size = int(owners[:, W_SIZE].sum())
         if kind[0] in RANDOM:
             shard, index, mass, by_mass, divisor, table_size = C.plan(
-                kind[0] == "Prioritized", owners[:, W_SIZE].astype(np.uint64), _bits_f64(owners[:, W_MASS]),
+                kind[0] == "Prioritized", owners[:, W_SIZE].astype(np.uint64), bits_f64(owners[:, W_MASS]),
                 batch, self._seed, self._table_id, self._step)
             plan = {"shard": shard, "index": index, "mass": mass, "by_mass": by_mass, "divisor": divisor}
         else:
@@ -394,7 +382,7 @@ class ShardedTable:
                     rows, filled = native.draw_planned(
                         plan["by_mass"], np.ascontiguousarray(plan["index"][here]),
                         np.ascontiguousarray(plan["mass"][here]), plan["divisor"], plan["table_size"],
-                        int(owners[self.shard, W_SIZE]), float(_bits_f64(owners[self.shard:self.shard + 1, W_MASS])[0]))
+                        int(owners[self.shard, W_SIZE]), float(bits_f64(owners[self.shard:self.shard + 1, W_MASS])[0]))
                 rise = int(owners[self.shard, W_NEXT_SEQ])
                 if not self._boundaries or rise > self._boundaries[-1][0]:
                     self._boundaries.append((rise, self._step))
@@ -540,14 +528,13 @@ class ShardedTable:
         the rows (and bytes) per step expected to cross hosts under this table's
         assignment, for steps of ``batch_size`` per consumer (default: the last
         ``sample``'s). A collective."""
-        from .placement import report
         if batch_size is None:
             if self._last_batch is None:
                 raise InvalidArgument(f"{self._what}: placement_report needs batch_size (no sample step yet)")
             batch_size = self._last_batch
         batch_size = as_int("batch_size", batch_size, 1)
         heads = self._begin(OP["placement_report"], batch_size, None)
-        return report(self, heads[self._owner], batch_size * len(self._consumers))
+        return placement.report(self, heads[self._owner], batch_size * len(self._consumers))
 
     # ------------------------------------------------------------ checkpoints
 

@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass
 
 from ..helpformat import default_note, demo_parser, parsed_values
-from .envs import is_atari
+from .atari import is_atari
 
 DESCRIPTION = "Distributed Ape-X DQN on Reprise."
 

@@ -1,31 +1,16 @@
-"""Environments: gymnasium ids, the usual DQN preprocessing for Atari, and greedy evaluation."""
+"""Environments: gymnasium ids (Atari ones through ``atari``), the check of ``--env``, and greedy evaluation."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-if TYPE_CHECKING:
-    from .config import Config
-
-
-def is_atari(env_id: str) -> bool:
-    return env_id.startswith("ALE/")
+from .atari import ATARI_MODULES, is_atari, make_atari_env
+from .config import Config
 
 
 def make_env(env_id: str, seed: int):
     import gymnasium as gym
-    if is_atari(env_id):
-        import ale_py
-        gym.register_envs(ale_py)
-        # The usual DQN preprocessing: no-op starts, frame skip 4 (max-pooled), 84x84 grey, 4 stacked frames.
-        env = gym.make(env_id, frameskip=1, repeat_action_probability=0.0)
-        env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84,
-                                              terminal_on_life_loss=False, grayscale_obs=True, scale_obs=False)
-        env = gym.wrappers.FrameStackObservation(env, 4)
-    else:
-        env = gym.make(env_id)
+    env = make_atari_env(env_id) if is_atari(env_id) else gym.make(env_id)
     env.reset(seed=seed)
     env.action_space.seed(seed)
     return env
@@ -38,7 +23,6 @@ class UnsupportedEnv(ValueError):
 SUPPORTED = ("supported: gymnasium environments with a Discrete action space and vector observations (a 1-D "
              "Box), such as CartPole-v1, Acrobot-v1, MountainCar-v0 or LunarLander-v3 (box2d), and Atari games "
              "as ALE/<Game>-v5 (pip install 'reprise[atari]')")
-ATARI_MODULES = {"ale_py": "ale-py", "cv2": "opencv-python-headless"}
 
 
 def _missing_modules(names) -> list[str]:
