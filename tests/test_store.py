@@ -273,3 +273,36 @@ def test_store_repr_names_fields_capacity_and_block_steps(make_store):
     assert "84" in r
     assert "capacity=112" in r
     assert "block_steps=16" in r
+
+
+def test_store_files_of_a_killed_owner_are_listed_then_removed_and_a_live_owners_are_not():
+    """SIGKILL leaves a store's file behind; `reprise doctor` lists it and the next
+    process that creates a store there removes it. A live owner's file is untouched."""
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    make = ("import reprise as rp, sys, time; s = rp.Store({'x': rp.Field((), 'int64')}, capacity=64, block_steps=8); "
+            "print(s._native.path, flush=True); time.sleep(120)")
+    killed = subprocess.Popen([sys.executable, "-c", make], stdout=subprocess.PIPE, text=True)
+    live = subprocess.Popen([sys.executable, "-c", make], stdout=subprocess.PIPE, text=True)
+    try:
+        dead_path, live_path = killed.stdout.readline().strip(), live.stdout.readline().strip()
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(timeout=30)
+        assert os.path.exists(dead_path), "SIGKILL should have left the store file"
+        doctor = subprocess.run([sys.executable, "-m", "reprise.cli", "doctor", "--json"], capture_output=True, text=True, timeout=120)
+        listed = [f["path"] for f in json.loads(doctor.stdout)["shared_memory"]["stale_stores"]]
+        assert dead_path in listed and live_path not in listed, listed
+        text = subprocess.run([sys.executable, "-m", "reprise.cli", "doctor"], capture_output=True, text=True, timeout=120).stdout
+        assert "stale stores" in text and os.path.basename(dead_path) in text
+        subprocess.run([sys.executable, "-c", "import reprise as rp; rp.Store({'x': rp.Field((), 'int64')}, capacity=64, block_steps=8)"],
+                       check=True, timeout=120)
+        assert not os.path.exists(dead_path), "the next store created there did not remove the stale file"
+        assert os.path.exists(live_path), "a live owner's store file was removed"
+    finally:
+        for p in (killed, live):
+            if p.poll() is None:
+                p.kill()
+                p.wait()

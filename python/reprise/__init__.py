@@ -15,11 +15,13 @@ from .server import Server
 from .signature import Field
 from .store import Store
 from .table import Table
+from .transitions import TransitionBatch, TransitionBuffer
 
 __all__ = [
     "Field",
     "Store",
     "Table",
+    "TransitionBuffer", "TransitionBatch",
     "Writer",
     "Server",
     "Client",

@@ -51,8 +51,9 @@ def _disk(path: str) -> dict:
         return {"path": path, "error": e.strerror}
     except Exception as e:
         return {"path": path, "error": str(e)}
+    stale = [{"path": os.fspath(p), "bytes": n} for p, n in _native.stale_stores(path)]
     return {"path": path, "size_bytes": usage.total, "free_bytes": usage.free,
-            "pages": {"kind": kind, "page_bytes": page, "detail": detail}}
+            "pages": {"kind": kind, "page_bytes": page, "detail": detail}, "stale_stores": stale}
 
 
 def _pages_text(shm: dict) -> str:
@@ -103,6 +104,13 @@ def _bytes(n: int | None) -> str:
     return f"{n} B"
 
 
+def _stale_text(stale: list) -> str:
+    total = sum(f["bytes"] for f in stale)
+    names = ", ".join(os.path.basename(f["path"]) for f in stale[:5]) + (", ..." if len(stale) > 5 else "")
+    return (f"stale stores  {len(stale)} file(s), {_bytes(total)}, of processes that are gone ({names}): "
+            "the next store created there removes them")
+
+
 def _text(r: dict) -> str:
     t = r["torch"]
     if not t["installed"]:
@@ -130,6 +138,7 @@ def _text(r: dict) -> str:
         f"not installed {missing}",
         f"/dev/shm      {shm_line} (stores live here; a store larger than the free space fails)",
         *([f"/dev/shm page {_pages_text(shm)}"] if "pages" in shm else []),
+        *([_stale_text(shm["stale_stores"])] if shm.get("stale_stores") else []),
         f"memlock limit {_bytes(r['memlock_limit_bytes'])} (GPU samples page-lock the store: see docs/gpu.md)",
         f"runtime dir   {run_line}",
     ]

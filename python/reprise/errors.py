@@ -67,3 +67,9 @@ __all__ = [
     "CollectiveError",
     "CollectiveMismatch",
 ]
+
+
+class CapacityWarning(UserWarning):
+    """A table's ``max_size`` that its store cannot hold: the store will evict items
+    (or refuse writes) before the table is full. The rule: ``capacity >= (max_size + 1)
+    x steps per item + 2 x block_steps``."""

@@ -6,10 +6,11 @@ from __future__ import annotations
 import functools
 import json
 import time
+import warnings
 
 from . import _native
 from ._convert import as_int
-from .errors import InvalidArgument, NotFound
+from .errors import CapacityWarning, InvalidArgument, NotFound
 from .extensions import Extension, _from_spec, _specs_json
 from .rate_limiters import MinSize, Queue, RateLimiter, Stack
 from .sample import Sample
@@ -38,6 +39,25 @@ def _resident_kind(sampler, max_times_sampled) -> bool:
     """Whether a table with GPU selection draws on the device from its mirror
     (given no extension that looks at each draw): see ``reprise.torch.resident``."""
     return sampler._spec()[0] in ("Uniform", "Prioritized") and max_times_sampled == 0
+
+
+def _warn_if_the_store_cannot_hold(name: str, store: Store, max_size: int, evicts: bool) -> None:
+    """Warns when even one-step items cannot fill ``max_size``. A new item's steps are
+    written before the remover drops the oldest item, a writer holds the block it is
+    filling, and a block comes free only when its last item goes: a store holds
+    ``max_size`` items of ``k`` steps with ``(max_size + 1) x k + 2 x block_steps``
+    steps (exactly, with a Fifo or Lifo remover and one writer; other removers free
+    rows out of order and need more, and so does each further writer)."""
+    need = max_size + 1 + 2 * store.block_steps
+    if store.capacity >= need:
+        return
+    then = "evict items (ring semantics)" if evicts else "refuse writes (ResourceExhausted)"
+    warnings.warn(
+        f"table '{name}': max_size={max_size} needs a store of at least {need} steps even for one-step items "
+        f"((max_size + 1) x 1 + 2 x block_steps: the next item's step, the block a writer is filling and the oldest, partly freed one); "
+        f"the store has {store.capacity}, so it will {then} before the table holds max_size. Give the store "
+        f"capacity >= (max_size + 1) x steps per item + 2 x block_steps.",
+        CapacityWarning, stacklevel=3)
 
 
 class Table:
@@ -83,7 +103,11 @@ class Table:
                 selection = resolve(selection_device)
             except InvalidArgument as e:
                 raise InvalidArgument(f"table '{name}': selection_device: {e}") from None
-        max_size = store.capacity if max_size is None else as_int(f"table '{name}': max_size", max_size)
+        if max_size is None:
+            max_size = store.capacity
+        else:
+            max_size = as_int(f"table '{name}': max_size", max_size)
+            _warn_if_the_store_cannot_hold(name, store, max_size, evict_when_store_full)
         max_times_sampled = as_int(f"table '{name}': max_times_sampled", max_times_sampled)
         if seed is not None:
             seed = as_int(f"table '{name}': seed", seed, minimum=0)

@@ -45,7 +45,7 @@ pub mod table;
 pub mod writer;
 pub mod checkpoint;
 
-pub use memory::{backing, Backing};
+pub use memory::{backing, remove_stale_regions, stale_regions, Backing};
 pub use table::snapshot;
 pub use columns::Columns;
 pub use extensions::ExtensionSpec;

@@ -141,6 +141,56 @@ pub fn default_directory() -> PathBuf {
     }
 }
 
+/// Whether process `pid` exists (one of another user counts too).
+fn alive(pid: i32) -> bool {
+    // SAFETY: kill with signal 0 only checks whether the process exists.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// This user's region files in `dir` (`reprise-<pid>-*`) whose creating process is
+/// gone: stores of an owner killed before it could remove them (SIGKILL, or a
+/// SIGTERM nobody handled). With their sizes in bytes. A file of a live process,
+/// or of another user, is never listed.
+pub fn stale_regions(dir: &Path) -> Vec<(PathBuf, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: getuid has no preconditions.
+    let me = unsafe { libc::getuid() };
+    let mut stale = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else { return stale };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix("reprise-")) else { continue };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<i32>().ok()) else { continue };
+        let Ok(meta) = entry.metadata() else { continue };
+        if meta.is_file() && meta.uid() == me && pid > 0 && pid != std::process::id() as i32 && !alive(pid) {
+            stale.push((entry.path(), meta.len()));
+        }
+    }
+    stale.sort();
+    stale
+}
+
+/// Removes [`stale_regions`] of `dir`; returns what it removed.
+pub fn remove_stale_regions(dir: &Path) -> Vec<PathBuf> {
+    stale_regions(dir).into_iter().filter(|(p, _)| std::fs::remove_file(p).is_ok()).map(|(p, _)| p).collect()
+}
+
+/// [`remove_stale_regions`] once per directory per process: the first store a
+/// process creates in a directory sweeps it, as a local server's start does.
+fn sweep_once(dir: &Path) {
+    use std::collections::HashSet;
+    use std::sync::{Mutex, OnceLock};
+    static SWEPT: OnceLock<Mutex<HashSet<PathBuf>>> = OnceLock::new();
+    let first = SWEPT.get_or_init(Default::default).lock().map(|mut s| s.insert(dir.to_path_buf())).unwrap_or(false);
+    if first {
+        let removed = remove_stale_regions(dir);
+        if !removed.is_empty() {
+            tracing::info!(target: "reprise", "removed {} store files of processes that are gone: {:?}", removed.len(), removed);
+        }
+    }
+}
+
 /// A mapped file that only this user can open.
 pub struct Region {
     // Kept alive for the mapping; all access goes through `base`.
@@ -164,6 +214,7 @@ impl Region {
     /// the length is rounded up to whole huge pages (hugetlbfs always rounds).
     pub fn create(directory: &Path, len: usize, huge_pages: bool) -> Result<Region> {
         let st = file_system(directory)?;
+        sweep_once(directory);
         let backing = backing_of(directory, &st);
         if let (true, Backing::Small { why }) = (huge_pages, &backing) {
             return Err(invalid!(
@@ -424,6 +475,28 @@ mod tests {
         assert_eq!(r.huge_page_bytes(), 0);
         drop(r);
         std::fs::remove_dir(&dir).unwrap();
+    }
+
+    #[test]
+    fn only_files_of_processes_that_are_gone_are_stale() {
+        let dir = std::env::temp_dir().join(format!("reprise-stale-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        // SAFETY: getppid has no preconditions.
+        let parent = unsafe { libc::getppid() };
+        for (pid, tag) in [(dead, "dead"), (std::process::id(), "mine"), (parent as u32, "live")] {
+            std::fs::write(dir.join(format!("reprise-{pid}-0-{tag}")), b"x").unwrap();
+        }
+        std::fs::write(dir.join("unrelated-file"), b"x").unwrap();
+        let stale: Vec<String> = stale_regions(&dir).iter().map(|(p, _)| p.file_name().unwrap().to_string_lossy().into_owned()).collect();
+        assert_eq!(stale, [format!("reprise-{dead}-0-dead")]);
+        assert_eq!(remove_stale_regions(&dir).len(), 1);
+        assert!(stale_regions(&dir).is_empty());
+        let left = std::fs::read_dir(&dir).unwrap().count();
+        assert_eq!(left, 3, "the live, own and unrelated files stay");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -36,6 +36,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(table::rate_limiter_preset, m)?)?;
     m.add_function(wrap_pyfunction!(server::socket_dir, m)?)?;
     m.add_function(wrap_pyfunction!(store::page_backing, m)?)?;
+    m.add_function(wrap_pyfunction!(store::stale_stores, m)?)?;
     checkpoint::register(m)?;
     cluster::register(m)?;
     aggregate::register(m)?;

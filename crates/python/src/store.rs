@@ -142,3 +142,10 @@ pub fn page_backing(py: Python<'_>, directory: PathBuf) -> PyResult<(String, usi
         Backing::Small { why } => ("small".into(), 4096, why),
     })
 }
+
+/// Store files in `directory` left by processes that are gone (this user's only):
+/// `[(path, bytes)]`. The next store created there removes them.
+#[pyfunction]
+pub fn stale_stores(directory: PathBuf) -> Vec<(PathBuf, u64)> {
+    reprise_core::stale_regions(&directory)
+}

@@ -147,27 +147,10 @@ pub fn remove_stale_names(dir: &Path) -> Vec<String> {
     names
 }
 
-fn alive(pid: i32) -> bool {
-    // SAFETY: kill with signal 0 only checks whether the process exists.
-    let rc = unsafe { libc::kill(pid, 0) };
-    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
-}
-
 /// Removes this user's `reprise-<pid>-*` shared-memory files whose process is
 /// gone (a server or store owner killed before it could clean up). Returns them.
 pub fn remove_stale_stores(dir: &Path) -> Vec<PathBuf> {
-    let mut removed = Vec::new();
-    let Ok(entries) = std::fs::read_dir(dir) else { return removed };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix("reprise-")) else { continue };
-        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<i32>().ok()) else { continue };
-        let mine = entry.metadata().map(|m| m.uid() == uid() && m.is_file()).unwrap_or(false);
-        if mine && pid > 0 && pid != std::process::id() as i32 && !alive(pid) && std::fs::remove_file(entry.path()).is_ok() {
-            removed.push(entry.path());
-        }
-    }
-    removed
+    reprise_core::remove_stale_regions(dir)
 }
 
 /// The user id and process id of the process at the other end of `stream`.

@@ -27,9 +27,9 @@ in-network replay papers):
 Episode returns and evaluations travel back to the supervisor through two more Reprise tables
 (``episodes`` and ``evals``, both queues).
 
-Modules, each using only those before it: ``envs`` (environments, the check of ``--env``,
-Atari preprocessing, greedy evaluation), ``config`` (``Config``, the Atari and smoke presets,
-the command line), ``model`` (the dueling Q network and its flat parameters), ``nstep`` (n-step
+Modules, each using only those before it: ``atari`` (telling an Atari id, its preprocessing),
+``config`` (``Config``, the Atari and smoke presets, the command line), ``envs`` (environments,
+the check of ``--env``, greedy evaluation), ``model`` (the dueling Q network and its flat parameters), ``nstep`` (n-step
 items and their targets), ``tables`` (the four tables), ``actor``, ``learner``, ``processes``
 (starting, restarting and stopping them), ``plots``, ``supervisor`` (the run, progress, the
 final evaluation and summary, how a run ends; ``run`` and ``main``). From ``reprise.examples``

@@ -13,7 +13,7 @@ demo started by ``torchrun``.
    ``rp.distributed.load_dataset`` places the episodes over the shards, each
    owner inserting every K-step window of its episodes (an episode shorter
    than K as one item of its own length, as the single-process demo does).
-4. The Decision Transformer of ``offline.py`` trains under
+4. The Decision Transformer (``model``) trains under
    ``DistributedDataParallel``: each step every rank calls
    ``table.sample(batch_size)``, one global draw of ``batch_size * N``, and
    trains on its own ``batch_size`` windows; DDP averages the gradients.
@@ -35,9 +35,13 @@ import numpy as np
 
 import reprise as rp
 
-from . import offline as demo
-from . import rundirs, stopping
-from .stopping import Interrupted, StopSignals, block_sigint
+from .. import rundirs, stopping
+from ..stopping import Interrupted, StopSignals, block_sigint
+from .config import Config
+from .dataset import check_signature, dataset_file, is_checkpoint, open_dataset
+from .model import make_model
+from .summary import Record, finish, write_interrupted
+from .training import PROBE, device_of, normalisation, to_torch, train, valid_states
 
 TABLE_TIMEOUT_S = 60.0    # every collective of the sharded table
 GROUP_TIMEOUT_S = 300.0   # the process group's (DDP's all-reduces; under torchrun the wait for rank 0's dataset)
@@ -53,7 +57,7 @@ def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def run(cfg: demo.Config, stop: StopSignals | None = None) -> dict | None:
+def run(cfg: Config, stop: StopSignals | None = None) -> dict | None:
     """The demo on ``cfg.nproc`` spawned ranks, or on torchrun's ranks. Returns
     the summary (None on the ranks other than 0 under torchrun). ``stop``: the
     parent's signal handlers (spawned ranks); a signal stops the ranks and
@@ -82,27 +86,27 @@ def read_episodes(source: str, format: str, fields) -> list[dict]:
     return [{f: a[starts[i]:starts[i + 1]] for f, a in data.items()} for i in range(len(lengths))]
 
 
-def check_dataset(cfg: demo.Config) -> None:
-    if cfg.dataset and demo.is_checkpoint(Path(cfg.dataset)):
+def check_dataset(cfg: Config) -> None:
+    if cfg.dataset and is_checkpoint(Path(cfg.dataset)):
         raise rp.errors.InvalidArgument(
             f"--nproc: {cfg.dataset} is a checkpoint; cluster mode reads the episodes from a dataset file "
             "(D4RL/Minari/npz, the input of reprise import), not from a checkpoint's tables")
 
 
-def prepare(cfg: demo.Config, started: float, out: Path, rec: demo.Record | None = None) -> dict:
+def prepare(cfg: Config, started: float, out: Path, rec: Record | None = None) -> dict:
     """What every rank needs: the dataset made or read into ``out`` as the
     single-process demo does (its description printed), its episodes,
     statistics and signature. ``rec`` follows the phases."""
     check_dataset(cfg)
-    rec = rec or demo.Record(started)
+    rec = rec or Record(started)
     rec.phase = "making the dataset" if not cfg.dataset else "importing the dataset"
-    path = demo.dataset_file(cfg, out)
+    path = dataset_file(cfg, out)
     rec.phase = "importing the dataset"
-    windows, stats, close = demo.open_dataset(cfg, path)
+    windows, stats, close = open_dataset(cfg, path)
     rec.stats = stats
     try:
         signature = windows.store.signature
-        demo.check_signature(signature, state_dim=4)
+        check_signature(signature, state_dim=4)
     finally:
         close()
     episodes = read_episodes(stats["source"], stats["format"], list(signature))
@@ -123,12 +127,12 @@ def shard_capacity(lengths: np.ndarray, k: int, shards: int) -> int:
 
 # ---------------------------------------------------------------- launchers
 
-def _spawn(cfg: demo.Config, stop: StopSignals) -> dict:
+def _spawn(cfg: Config, stop: StopSignals) -> dict:
     import torch
     import torch.distributed as dist
     import torch.multiprocessing as tmp
-    rec = demo.Record(time.time())
-    demo.device_of(cfg, torch)  # an unusable --device fails here, not in every rank
+    rec = Record(time.time())
+    device_of(cfg, torch)  # an unusable --device fails here, not in every rank
     check_dataset(cfg)
     run_dir, ranks, pids = None, None, []
     try:
@@ -170,7 +174,7 @@ def _spawn(cfg: demo.Config, stop: StopSignals) -> dict:
                 raise  # before the run directory: main says that nothing was written
             stop.stopping()
             _stop_ranks(ranks)
-            return demo.write_interrupted(cfg, stop, rec, cfg.device, run_dir.path,
+            return write_interrupted(cfg, stop, rec, cfg.device, run_dir.path,
                                           extra={"cluster": {"launcher": "spawn", "ranks": cfg.nproc}})
     finally:
         stop.stopping()
@@ -196,7 +200,7 @@ def _stop_ranks(ranks, grace: float = 5.0) -> None:
             p.join()
 
 
-def _spawned(rank: int, world: int, port: int, cfg: demo.Config, payload: dict):
+def _spawned(rank: int, world: int, port: int, cfg: Config, payload: dict):
     stopping.child_setup(payload["parent"])
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
@@ -211,7 +215,7 @@ def _spawned(rank: int, world: int, port: int, cfg: demo.Config, payload: dict):
         dist.destroy_process_group()
 
 
-def _torchrun(cfg: demo.Config) -> dict | None:
+def _torchrun(cfg: Config) -> dict | None:
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
@@ -238,7 +242,7 @@ def _torchrun(cfg: demo.Config) -> dict | None:
 
 # --------------------------------------------------------------- one rank
 
-def train_rank(cfg: demo.Config, payload: dict, launcher: str, local_rank: int) -> dict | None:
+def train_rank(cfg: Config, payload: dict, launcher: str, local_rank: int) -> dict | None:
     """One rank's part: the sharded table, its share of the dataset, DDP training
     on its sub-batch of every global draw; rank 0 then evaluates and writes the
     summary (returned; None on other ranks)."""
@@ -248,7 +252,7 @@ def train_rank(cfg: demo.Config, payload: dict, launcher: str, local_rank: int) 
 
     rank, world = dist.get_rank(), dist.get_world_size()
     cfg = dataclasses.replace(cfg, nproc=world)
-    dev = demo.device_of(cfg, torch, local_rank)
+    dev = device_of(cfg, torch, local_rank)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     torch.manual_seed(cfg.seed)
@@ -277,20 +281,20 @@ def train_rank(cfg: demo.Config, payload: dict, launcher: str, local_rank: int) 
         sample_device = None if dev.type == "cpu" else dev
 
         def batch(per_rank: int):
-            return demo.to_torch(table.sample(per_rank, device=sample_device), torch, dev)
+            return to_torch(table.sample(per_rank, device=sample_device), torch, dev)
 
         # The state normalisation from one global draw of about PROBE windows,
         # every rank's share gathered so that every rank normalises alike.
-        states, top = demo.valid_states(*batch(-(-demo.PROBE // world)), torch, dev)
+        states, top = valid_states(*batch(-(-PROBE // world)), torch, dev)
         shares = [None] * world
         dist.all_gather_object(shares, (states.cpu().numpy(), top))
         states = torch.from_numpy(np.concatenate([s for s, _ in shares])).to(dev)
-        state_mean, state_std, max_timestep = demo.normalisation(states, max(t for _, t in shares), cfg)
+        state_mean, state_std, max_timestep = normalisation(states, max(t for _, t in shares), cfg)
 
-        model = demo.make_model(4, 2, max_timestep, cfg).to(dev)
+        model = make_model(4, 2, max_timestep, cfg).to(dev)
         ddp = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None)
         setup_s = time.time() - t0
-        losses, train_s, sample_s = demo.train(cfg, ddp, lambda: batch(cfg.batch_size), state_mean, state_std,
+        losses, train_s, sample_s = train(cfg, ddp, lambda: batch(cfg.batch_size), state_mean, state_std,
                                                torch, dev, show=rank == 0, unit="samples/s per rank")
         samples = cfg.steps * cfg.batch_size
         mine = {"rank": rank, "shard": table.shard, "device": str(dev), "windows": inserted, "samples": samples,
@@ -314,5 +318,5 @@ def train_rank(cfg: demo.Config, payload: dict, launcher: str, local_rank: int) 
         "table": {key: info[key] for key in ("num_shards", "step", "size", "num_inserts", "num_samples")},
         "shard_sizes": [s["size"] for s in info["shards"]],
         "collective_timeout_s": TABLE_TIMEOUT_S}}
-    return demo.finish(cfg, dev, Path(payload["out"]), payload["stats"], model, state_mean, state_std, max_timestep,
+    return finish(cfg, dev, Path(payload["out"]), payload["stats"], model, state_mean, state_std, max_timestep,
                        losses, times, payload["started"], train_extra, extra, where=f"{world} ranks ({dev})")

@@ -1,0 +1,374 @@
+"""Transitions: a replay buffer of (obs, action, reward, next_obs, done) for the classic
+single-process loop, over one store and one table.
+
+Layout. Every environment has its own writer, and every observation is stored once. Row i
+of an episode holds the observation s_i and what led to it: the action a_{i-1}, the reward
+r_{i-1} and whether s_i is terminal (row 0, the episode's first observation, holds a zero
+action and reward). An episode of L steps is L + 1 rows. Transition t with an n-step window
+is an item over rows t .. t + m, m = min(n, L - t): neighbouring transitions share rows, and
+the final observation of an episode is its last row, whether the episode terminated or was
+truncated. So ``add`` writes one row per environment (two at an episode's first step).
+
+Targets. For an item of m + 1 rows: ``reward`` = sum_{k<m} gamma^k r_{t+k} (the n-step
+return), ``next_obs`` = s_{t+m}, ``done`` = s_{t+m} is terminal, ``discount`` = gamma^m, or 0
+when ``done``. Truncation is not termination: the window stops at the episode's last row and
+bootstrapping goes on from it. These equal Stable-Baselines3's ``NStepReplayBuffer`` (whose
+``discounts`` is gamma^m with ``dones`` separate).
+
+When items appear. Transition t becomes an item once its window is known: when s_{t+n} is
+written, or when the episode ends. So ``len`` lags the number of steps added by n - 1 per
+environment in a running episode (none for ``n_step=1``); nothing is sampled from a window
+that is not complete yet.
+
+Capacity. The table holds ``capacity`` items, FIFO beyond. Items of one environment share
+rows, but each episode takes one row more than it has transitions, and writers lease whole
+blocks; the store is sized for that (``_store_steps``), so that it never has to evict an
+item itself and the buffer holds exactly ``capacity`` transitions once full. With
+``min_episode_length=1`` (no assumption) that is up to 2 rows per transition; a larger value
+sizes it for episodes at least that long (about ``1 + 1/min_episode_length`` rows per
+transition), and if shorter episodes come anyway the store evicts whole blocks and the buffer
+holds fewer than ``capacity`` for a while.
+
+Cost. ``add``: per environment one or two row copies and one table insert per completed
+transition (O(log N) prioritized). ``sample``: the table's draw, then every row of each item
+is gathered (n + 1 observations for an n-step item, of which two are returned).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from . import selectors
+from ._convert import as_int
+from .errors import InvalidArgument
+from .signature import Field
+from .store import Store
+from .table import Table
+
+_OBS, _ACTION, _REWARD, _TERMINATED = "obs", "action", "reward", "terminated"
+
+
+class TransitionBatch(NamedTuple):
+    """A sampled batch of B transitions, torch tensors on the sample's device except ``keys``.
+
+    ``obs``, ``next_obs``: [B, *obs_shape] in the stored dtype. ``action``: [B, *action_shape]
+    in its dtype. ``reward`` (the n-step return), ``done``, ``discount``, ``weights``:
+    float32 [B]. ``keys``: int64 [B] on the CPU (the table's uint64 keys, bit for bit), for
+    ``update_priorities``."""
+
+    obs: object
+    action: object
+    reward: object
+    next_obs: object
+    done: object
+    discount: object
+    weights: object
+    keys: object
+
+
+def _store_steps(capacity: int, n_envs: int, n_step: int, block_steps: int, min_episode_length: int) -> int:
+    """Rows a store needs so that ``capacity`` items never need a store eviction.
+
+    Per environment the live rows run from its oldest item's first row to its newest row:
+    its items, one extra row per episode among them (at most items / min_episode_length, plus
+    a partial episode at each end), and up to n - 1 rows of transitions not complete yet.
+    Rounding to blocks adds one block per environment at each end of that span, and one more
+    for the block being leased while the table is full."""
+    rows = capacity + -(-capacity // min_episode_length) + n_envs * (n_step + 2)
+    blocks = -(-rows // block_steps) + 3 * n_envs
+    return blocks * block_steps
+
+
+def _shape_text(dtype, shape) -> str:
+    return f"{np.dtype(dtype).name}[{','.join(str(d) for d in shape)}]"
+
+
+def _to_array(name: str, value, field: Field, expected: str) -> np.ndarray:
+    """``value`` as a numpy array of ``field``'s dtype, refusing conversions that lose
+    information: floats never go into integer or bool fields; integers and bools go into
+    any field whose dtype keeps their values; floats are rounded into narrower floats, unless
+    a value overflows."""
+    if hasattr(value, "detach") and hasattr(value, "cpu"):  # a torch tensor, on any device
+        value = value.detach().cpu().numpy()
+    try:
+        src = np.asarray(value)
+    except Exception as e:  # ragged lists and the like
+        raise InvalidArgument(f"add: {name} expects {expected}, got {type(value).__name__} ({e})") from None
+    target = np.dtype(field.dtype)
+    if src.dtype == target:
+        return src
+    got = _shape_text(src.dtype, src.shape) if src.dtype.kind in "biufc" else type(value).__name__
+    if src.dtype.kind not in "biuf" or (src.dtype.kind == "f" and target.kind != "f"):
+        raise InvalidArgument(f"add: {name} expects {expected}, got {got}: converting {src.dtype} to {target} "
+                              f"would lose information")
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = src.astype(target)
+    if src.dtype.kind == "f":
+        lost = np.isinf(out) & ~np.isinf(src)
+    else:
+        lost = out.astype(src.dtype) != src
+    if np.any(lost):
+        bad = src[lost].flat[0]
+        raise InvalidArgument(f"add: {name} expects {expected}, got {got} holding {bad!r}, which {target} cannot hold")
+    return out
+
+
+class TransitionBuffer:
+    """A replay buffer of transitions with n-step returns, uniform or prioritized.
+
+    ``capacity``: transitions held once full (FIFO beyond). ``obs_shape``/``obs_dtype`` and
+    ``action_shape``/``action_dtype``: one step's observation and action. ``n_envs``:
+    environments written side by side (``add`` takes a leading dimension of ``n_envs``; one
+    writer each). ``n_step``, ``gamma``: n-step returns and discounts. ``alpha``: None for
+    uniform sampling, else prioritized with P(i) = p_i^alpha / sum_k p_k^alpha; new
+    transitions get the largest priority set so far (1.0 at first). ``epsilon``: added to
+    |TD error| by ``update_priorities``. ``seed``: the table's seed (None: from the OS).
+    ``block_steps``, ``min_episode_length``: the store's block size and the episode length its
+    size assumes (see the module doc). ``directory``: where the store's file goes."""
+
+    def __init__(self, capacity: int, obs_shape, obs_dtype="float32", action_shape=(), action_dtype="int64", *,
+                 n_envs: int = 1, n_step: int = 1, gamma: float = 0.99, alpha: float | None = None,
+                 epsilon: float = 1e-6, seed: int | None = None, block_steps: int = 64,
+                 min_episode_length: int = 1, directory: str | None = None, name: str = "transitions"):
+        capacity = as_int("capacity", capacity, 1)
+        n_envs = as_int("n_envs", n_envs, 1)
+        n_step = as_int("n_step", n_step, 1)
+        block_steps = as_int("block_steps", block_steps, 1)
+        min_episode_length = as_int("min_episode_length", min_episode_length, 1)
+        gamma = _number("gamma", gamma, "a number in [0, 1]", lambda g: 0.0 <= g <= 1.0)
+        epsilon = _number("epsilon", epsilon, "a finite number >= 0", lambda e: 0.0 <= e < math.inf)
+        if alpha is not None:
+            alpha = _number("alpha", alpha, "None (uniform) or a finite number >= 0", lambda a: 0.0 <= a < math.inf)
+        try:
+            obs_field, action_field = Field(obs_shape, obs_dtype), Field(action_shape, action_dtype)
+        except InvalidArgument as e:
+            raise InvalidArgument(f"observation or action: {e}") from None
+        signature = {_OBS: obs_field, _ACTION: action_field,
+                     _REWARD: Field((), "float32"), _TERMINATED: Field((), "bool")}
+        steps = _store_steps(capacity, n_envs, n_step, block_steps, min_episode_length)
+        self._store = Store(signature, capacity=steps, block_steps=block_steps, directory=directory)
+        try:
+            sampler = selectors.Uniform() if alpha is None else selectors.Prioritized(alpha)
+            self._table = Table(name, self._store, sampler=sampler, remover=selectors.Fifo(), max_size=capacity,
+                                seed=seed)
+            self._writers = [self._store.writer(max_sequence_length=n_step + 1) for _ in range(n_envs)]
+        except BaseException:
+            self._store.close()
+            raise
+        self._signature = signature
+        self._capacity, self._n_envs, self._n_step = capacity, n_envs, n_step
+        self._gamma, self._alpha, self._epsilon = gamma, alpha, epsilon
+        self._max_priority = 1.0
+        self._episode_steps = [0] * n_envs  # steps of each environment's current episode
+        self._zero_action = np.zeros(action_field.shape, action_field.dtype)
+
+    # --- writing --------------------------------------------------------------------------------
+
+    def add(self, obs, action, reward, next_obs, terminated, truncated) -> None:
+        """Adds one step of each environment: arrays with a leading dimension of ``n_envs``,
+        or (with ``n_envs=1``) of one environment without it.
+
+        ``obs`` is stored only at an episode's first step (the first ``add``, and the first
+        after one that ended the episode); later it must be the previous step's ``next_obs``.
+        ``next_obs`` is the observation the step led to: on the step that ends an episode,
+        the final observation (not the next episode's first). ``terminated`` and
+        ``truncated`` end the episode; both true counts as terminated. Every argument is
+        checked before anything is written: a rejected call changes nothing."""
+        n, single = self._n_envs, None
+        o = _to_array("obs", obs, self._signature[_OBS], self._expected(_OBS))
+        shape = self._signature[_OBS].shape
+        if n == 1 and o.shape == shape:
+            single = True
+        elif o.shape == (n, *shape):
+            single = False
+        else:
+            raise InvalidArgument(f"add: obs expects {self._expected(_OBS)}, got {_shape_text(o.dtype, o.shape)}")
+        o = o.reshape(n, *shape)
+        no = self._checked("next_obs", next_obs, _OBS, single)
+        a = self._checked("action", action, _ACTION, single)
+        r = self._checked("reward", reward, _REWARD, single)
+        term = self._checked("terminated", terminated, _TERMINATED, single)
+        trunc = self._checked("truncated", truncated, _TERMINATED, single)
+        if not np.isfinite(r).all():
+            raise InvalidArgument(f"add: reward must be finite, got {r.tolist()}")
+        table, priority = self._table, self._max_priority
+        for i, w in enumerate(self._writers):
+            steps = self._episode_steps[i]
+            if steps == 0:
+                w.append({_OBS: o[i], _ACTION: self._zero_action, _REWARD: 0.0, _TERMINATED: False})
+            w.append({_OBS: no[i], _ACTION: a[i], _REWARD: r[i], _TERMINATED: term[i]})
+            steps += 1
+            if term[i] or trunc[i]:
+                for t in range(max(0, steps - self._n_step), steps):  # oldest first: FIFO order
+                    w.create_item(table, steps - t + 1, priority)
+                w.end_episode()
+                steps = 0
+            elif steps >= self._n_step:
+                w.create_item(table, self._n_step + 1, priority)
+            self._episode_steps[i] = steps
+
+    def _expected(self, field: str) -> str:
+        f = self._signature[field]
+        one, many = _shape_text(f.dtype, f.shape), _shape_text(f.dtype, (self._n_envs, *f.shape))
+        return f"{one} or {many}" if self._n_envs == 1 else f"{many} (n_envs={self._n_envs})"
+
+    def _checked(self, name: str, value, field: str, single: bool) -> np.ndarray:
+        f = self._signature[field]
+        expected = self._expected(field)
+        arr = _to_array(name, value, f, expected)
+        want = f.shape if single else (self._n_envs, *f.shape)
+        if arr.shape != want:
+            given = "one environment's obs" if single else f"obs of {self._n_envs} environments"
+            raise InvalidArgument(f"add: {name} expects {_shape_text(f.dtype, want)} (as for {given}), "
+                                  f"got {_shape_text(arr.dtype, arr.shape)}")
+        return arr.reshape(self._n_envs, *f.shape)
+
+    # --- reading --------------------------------------------------------------------------------
+
+    def sample(self, batch_size: int, device=None, beta: float = 1.0) -> TransitionBatch:
+        """Draws ``batch_size`` transitions (with replacement) into a ``TransitionBatch`` of
+        torch tensors: ``device`` None or "cpu" on the host, a CUDA device gathered there
+        by the GPU. ``weights``: prioritized replay's importance weights
+        ``(N * P(i)) ** -beta`` divided by the batch's largest, as float32; all ones when
+        sampling is uniform. Raises ``InvalidArgument`` when the buffer is empty (nothing
+        else could fill it while this thread waits)."""
+        batch_size = as_int("batch_size", batch_size, 1)
+        beta = _number("beta", beta, "a finite number >= 0", lambda b: 0.0 <= b < math.inf)
+        if len(self._table) == 0:
+            raise InvalidArgument(f"cannot sample from an empty TransitionBuffer: add transitions first "
+                                  f"(n_step={self._n_step}: a transition is held once its window is complete)")
+        s = self._table.sample(batch_size, timeout=0, device="cpu" if device is None else device)
+        import torch
+        data = s.data
+        frames = data[_OBS]
+        dev = frames.device
+        last = torch.from_numpy(s.lengths - 1).to(dev)  # m: steps in each window
+        rows = torch.arange(batch_size, device=dev)
+        done = data[_TERMINATED][rows, last]
+        rewards = data[_REWARD][:, 1:].double()  # r_t .. r_{t+m-1}, zeros past the item
+        powers = self._gamma ** torch.arange(rewards.shape[1] + 1, device=dev, dtype=torch.float64)
+        discount = torch.where(done, 0.0, powers[last])
+        if self._alpha is None:
+            weights = torch.ones(batch_size, dtype=torch.float32, device=dev)
+        else:
+            weights = torch.from_numpy(s.importance_weights(beta).astype(np.float32)).to(dev)
+        return TransitionBatch(
+            obs=frames[:, 0].contiguous(),
+            action=data[_ACTION][:, 1].contiguous(),
+            reward=(rewards * powers[:-1]).sum(dim=1).float(),
+            next_obs=frames[rows, last],
+            done=done.float(),
+            discount=discount.float(),
+            weights=weights,
+            keys=torch.from_numpy(s.keys.view(np.int64)),
+        )
+
+    def update_priorities(self, keys, td_errors) -> int:
+        """Sets the priorities of sampled transitions to ``|td_error| + epsilon``. ``keys``:
+        ``batch.keys`` (or the same values as any integer array); ``td_errors``: one number per
+        key (numpy, a list, or a torch tensor on any device). Keys of transitions evicted since
+        are skipped; returns how many were applied. The largest priority set so far is what new
+        transitions get. Checked before anything changes."""
+        keys = _numpy(keys)
+        td = _numpy(td_errors)
+        if keys.ndim != 1 or keys.dtype.kind not in "iu":
+            raise InvalidArgument(f"update_priorities: keys must be a 1-D integer array (batch.keys), "
+                                  f"got {keys.dtype}{list(keys.shape)}")
+        if td.shape != keys.shape or td.dtype.kind not in "biuf":
+            raise InvalidArgument(f"update_priorities: td_errors must be {keys.shape[0]} numbers (one per key), "
+                                  f"got {td.dtype}{list(td.shape)}")
+        td = td.astype(np.float64)
+        bad = ~np.isfinite(td)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise InvalidArgument(f"update_priorities: td_errors must be finite, got {td[i]} for key {keys[i]}")
+        if keys.dtype == np.int64:
+            keys = keys.view(np.uint64)
+        priorities = np.abs(td) + self._epsilon
+        applied = self._table.update_priorities(keys.astype(np.uint64), priorities)
+        if len(priorities):
+            self._max_priority = max(self._max_priority, float(priorities.max()))
+        return applied
+
+    # --- state ----------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    @property
+    def size(self) -> int:
+        """Transitions held now."""
+        return len(self._table)
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def n_envs(self) -> int:
+        return self._n_envs
+
+    @property
+    def n_step(self) -> int:
+        return self._n_step
+
+    @property
+    def gamma(self) -> float:
+        return self._gamma
+
+    @property
+    def alpha(self) -> float | None:
+        return self._alpha
+
+    @property
+    def max_priority(self) -> float:
+        """The priority new transitions get: the largest set so far, 1.0 at first."""
+        return self._max_priority
+
+    @property
+    def store(self) -> Store:
+        return self._store
+
+    @property
+    def table(self) -> Table:
+        return self._table
+
+    def close(self) -> None:
+        """Drops the transitions of unfinished windows, closes the writers and the store
+        (removing its file). Idempotent."""
+        for w in self._writers:
+            w.close()
+        self._store.close()
+
+    def __enter__(self) -> "TransitionBuffer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self):
+        sampling = "uniform" if self._alpha is None else f"prioritized(alpha={self._alpha})"
+        return (f"TransitionBuffer(size={len(self)}, capacity={self._capacity}, n_envs={self._n_envs}, "
+                f"n_step={self._n_step}, gamma={self._gamma}, {sampling})")
+
+
+def _number(name: str, value, expected: str, ok) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise InvalidArgument(f"{name} must be {expected}, got {value!r}")
+    x = float(value)
+    if math.isnan(x) or not ok(x):
+        raise InvalidArgument(f"{name} must be {expected}, got {value!r}")
+    return x
+
+
+def _numpy(value) -> np.ndarray:
+    if hasattr(value, "detach") and hasattr(value, "cpu"):
+        value = value.detach().cpu().numpy()
+    try:
+        return np.asarray(value)
+    except Exception as e:
+        raise InvalidArgument(f"update_priorities: expected arrays of numbers, got {type(value).__name__} ({e})") \
+            from None
