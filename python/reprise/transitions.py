@@ -47,8 +47,10 @@ from .errors import InvalidArgument
 from .signature import Field
 from .store import Store
 from .table import Table
+from .torch._device import is_host_device, torch_module
 
 _OBS, _ACTION, _REWARD, _TERMINATED = "obs", "action", "reward", "terminated"
+_FLOAT32 = ("reward", "done", "discount")  # batch fields returned as float32
 
 
 class TransitionBatch(NamedTuple):
@@ -86,23 +88,26 @@ def _shape_text(dtype, shape) -> str:
     return f"{np.dtype(dtype).name}[{','.join(str(d) for d in shape)}]"
 
 
-def _to_array(name: str, value, field: Field, expected: str) -> np.ndarray:
-    """``value`` as a numpy array of ``field``'s dtype, refusing conversions that lose
-    information: floats never go into integer or bool fields; integers and bools go into
-    any field whose dtype keeps their values; floats are rounded into narrower floats, unless
-    a value overflows."""
+def _to_array(name: str, value, field: Field, expected) -> tuple[np.ndarray, np.dtype]:
+    """``value`` as a numpy array of ``field``'s dtype (and the dtype it came in), refusing
+    conversions that lose information: floats never go into integer or bool fields; integers
+    and bools go into any field whose dtype keeps their values; floats are rounded into
+    narrower floats, unless a value overflows. ``expected()`` describes what was expected."""
     if hasattr(value, "detach") and hasattr(value, "cpu"):  # a torch tensor, on any device
         value = value.detach().cpu().numpy()
     try:
         src = np.asarray(value)
     except Exception as e:  # ragged lists and the like
-        raise InvalidArgument(f"add: {name} expects {expected}, got {type(value).__name__} ({e})") from None
+        raise InvalidArgument(f"add: {name} expects {expected()}, got {type(value).__name__} ({e})") from None
     target = np.dtype(field.dtype)
     if src.dtype == target:
-        return src
-    got = _shape_text(src.dtype, src.shape) if src.dtype.kind in "biufc" else type(value).__name__
-    if src.dtype.kind not in "biuf" or (src.dtype.kind == "f" and target.kind != "f"):
-        raise InvalidArgument(f"add: {name} expects {expected}, got {got}: converting {src.dtype} to {target} "
+        return src, src.dtype
+    if src.dtype.kind not in "biuf":
+        raise InvalidArgument(f"add: {name} expects {expected()}, got {type(value).__name__} of {src.dtype} "
+                              f"(not numbers)")
+    if src.dtype.kind == "f" and target.kind != "f":
+        got = _shape_text(src.dtype, src.shape)
+        raise InvalidArgument(f"add: {name} expects {expected()}, got {got}: converting {src.dtype} to {target} "
                               f"would lose information")
     with np.errstate(over="ignore", invalid="ignore"):
         out = src.astype(target)
@@ -111,9 +116,10 @@ def _to_array(name: str, value, field: Field, expected: str) -> np.ndarray:
     else:
         lost = out.astype(src.dtype) != src
     if np.any(lost):
-        bad = src[lost].flat[0]
-        raise InvalidArgument(f"add: {name} expects {expected}, got {got} holding {bad!r}, which {target} cannot hold")
-    return out
+        bad, got = src[lost].flat[0].item(), _shape_text(src.dtype, src.shape)
+        raise InvalidArgument(f"add: {name} expects {expected()}, got {got} holding {bad!r}, "
+                              f"which {target} cannot hold")
+    return out, src.dtype
 
 
 class TransitionBuffer:
@@ -178,14 +184,14 @@ class TransitionBuffer:
         ``truncated`` end the episode; both true counts as terminated. Every argument is
         checked before anything is written: a rejected call changes nothing."""
         n, single = self._n_envs, None
-        o = _to_array("obs", obs, self._signature[_OBS], self._expected(_OBS))
+        o, given = _to_array("obs", obs, self._signature[_OBS], lambda: self._expected(_OBS))
         shape = self._signature[_OBS].shape
         if n == 1 and o.shape == shape:
             single = True
         elif o.shape == (n, *shape):
             single = False
         else:
-            raise InvalidArgument(f"add: obs expects {self._expected(_OBS)}, got {_shape_text(o.dtype, o.shape)}")
+            raise InvalidArgument(f"add: obs expects {self._expected(_OBS)}, got {_shape_text(given, o.shape)}")
         o = o.reshape(n, *shape)
         no = self._checked("next_obs", next_obs, _OBS, single)
         a = self._checked("action", action, _ACTION, single)
@@ -217,13 +223,12 @@ class TransitionBuffer:
 
     def _checked(self, name: str, value, field: str, single: bool) -> np.ndarray:
         f = self._signature[field]
-        expected = self._expected(field)
-        arr = _to_array(name, value, f, expected)
+        arr, given = _to_array(name, value, f, lambda: self._expected(field))
         want = f.shape if single else (self._n_envs, *f.shape)
         if arr.shape != want:
-            given = "one environment's obs" if single else f"obs of {self._n_envs} environments"
-            raise InvalidArgument(f"add: {name} expects {_shape_text(f.dtype, want)} (as for {given}), "
-                                  f"got {_shape_text(arr.dtype, arr.shape)}")
+            like = "one environment's obs" if single else f"obs of {self._n_envs} environments"
+            raise InvalidArgument(f"add: {name} expects {_shape_text(f.dtype, want)} (as for {like}), "
+                                  f"got {_shape_text(given, arr.shape)}")
         return arr.reshape(self._n_envs, *f.shape)
 
     # --- reading --------------------------------------------------------------------------------
@@ -240,31 +245,27 @@ class TransitionBuffer:
         if len(self._table) == 0:
             raise InvalidArgument(f"cannot sample from an empty TransitionBuffer: add transitions first "
                                   f"(n_step={self._n_step}: a transition is held once its window is complete)")
-        s = self._table.sample(batch_size, timeout=0, device="cpu" if device is None else device)
-        import torch
-        data = s.data
-        frames = data[_OBS]
-        dev = frames.device
-        last = torch.from_numpy(s.lengths - 1).to(dev)  # m: steps in each window
-        rows = torch.arange(batch_size, device=dev)
-        done = data[_TERMINATED][rows, last]
-        rewards = data[_REWARD][:, 1:].double()  # r_t .. r_{t+m-1}, zeros past the item
-        powers = self._gamma ** torch.arange(rewards.shape[1] + 1, device=dev, dtype=torch.float64)
-        discount = torch.where(done, 0.0, powers[last])
+        torch = torch_module()
+        if is_host_device(device):  # numpy: the arithmetic below is cheaper there than in torch
+            s = self._table.sample(batch_size, timeout=0)
+            powers = self._gamma ** np.arange(s.data[_REWARD].shape[1], dtype=np.float64)
+            found = _targets(s.data, s.lengths - 1, np.arange(batch_size), powers, np.where,
+                             lambda x: x.astype(np.float64))
+            fields = {k: torch.from_numpy(np.ascontiguousarray(v.astype(np.float32) if k in _FLOAT32 else v))
+                      for k, v in found.items()}
+            dev = torch.device("cpu")
+        else:
+            s = self._table.sample(batch_size, timeout=0, device=device)
+            dev = s.data[_OBS].device
+            powers = self._gamma ** torch.arange(s.data[_REWARD].shape[1], device=dev, dtype=torch.float64)
+            found = _targets(s.data, torch.from_numpy(s.lengths - 1).to(dev), torch.arange(batch_size, device=dev),
+                             powers, torch.where, lambda x: x.double())
+            fields = {k: (v.float() if k in _FLOAT32 else v).contiguous() for k, v in found.items()}
         if self._alpha is None:
             weights = torch.ones(batch_size, dtype=torch.float32, device=dev)
         else:
             weights = torch.from_numpy(s.importance_weights(beta).astype(np.float32)).to(dev)
-        return TransitionBatch(
-            obs=frames[:, 0].contiguous(),
-            action=data[_ACTION][:, 1].contiguous(),
-            reward=(rewards * powers[:-1]).sum(dim=1).float(),
-            next_obs=frames[rows, last],
-            done=done.float(),
-            discount=discount.float(),
-            weights=weights,
-            keys=torch.from_numpy(s.keys.view(np.int64)),
-        )
+        return TransitionBatch(weights=weights, keys=torch.from_numpy(s.keys.view(np.int64)), **fields)
 
     def update_priorities(self, keys, td_errors) -> int:
         """Sets the priorities of sampled transitions to ``|td_error| + epsilon``. ``keys``:
@@ -274,6 +275,8 @@ class TransitionBuffer:
         transitions get. Checked before anything changes."""
         keys = _numpy(keys)
         td = _numpy(td_errors)
+        if keys.shape == (0,):  # [] is float64 to numpy
+            keys = keys.astype(np.uint64)
         if keys.ndim != 1 or keys.dtype.kind not in "iu":
             raise InvalidArgument(f"update_priorities: keys must be a 1-D integer array (batch.keys), "
                                   f"got {keys.dtype}{list(keys.shape)}")
@@ -353,6 +356,16 @@ class TransitionBuffer:
         sampling = "uniform" if self._alpha is None else f"prioritized(alpha={self._alpha})"
         return (f"TransitionBuffer(size={len(self)}, capacity={self._capacity}, n_envs={self._n_envs}, "
                 f"n_step={self._n_step}, gamma={self._gamma}, {sampling})")
+
+
+def _targets(data: dict, last, rows, powers, where, as_f64) -> dict:
+    """The transitions of sampled items ``data[field][B, T, ...]`` (numpy arrays or torch
+    tensors alike): an item of m + 1 rows (``last`` = m) starts at s_t and ends at s_{t+m};
+    its rewards are in rows 1 .. m (rows past the item are zeros, so they add nothing).
+    ``powers`` = gamma^0 .. gamma^(T-1)."""
+    frames, done = data[_OBS], data[_TERMINATED][rows, last]
+    return dict(obs=frames[:, 0], action=data[_ACTION][:, 1], next_obs=frames[rows, last], done=done,
+                reward=(as_f64(data[_REWARD][:, 1:]) * powers[:-1]).sum(1), discount=where(done, 0.0, powers[last]))
 
 
 def _number(name: str, value, expected: str, ok) -> float:

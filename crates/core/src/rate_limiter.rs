@@ -126,40 +126,59 @@ impl RateLimiter {
     /// Why inserting one item (`inserting`) or sampling `want` items cannot proceed
     /// with `size` items in the table, in words a user can act on: what the limiter
     /// needs (items before the first sample, or how many more samples or inserts)
-    /// and the counts it has. Said once by a call that waits long (see `wait.rs`).
+    /// and the counts it has, with a question about who should be doing that. Said
+    /// once by a call that waits long (see `wait.rs`).
     pub fn explain(&self, inserting: bool, size: u64, want: u64) -> String {
+        match self.reason(inserting, size, want) {
+            (why, Some(ask)) => format!("{why}; {ask}"),
+            (why, None) => why,
+        }
+    }
+
+    /// [`RateLimiter::explain`] in two parts: the reason, and the question it asks
+    /// of whoever should end the wait (None when nothing blocks).
+    pub fn reason(&self, inserting: bool, size: u64, want: u64) -> (String, Option<&'static str>) {
         let c = &self.config;
         let (inserts, samples, spi) = (self.inserts, self.samples, c.samples_per_insert);
         let counts = format!("{inserts} inserts and {samples} samples so far, {size} items in the table");
         if inserting {
             if self.can_insert(1, size) {
-                return format!("the rate limiter allows an insert now ({counts})");
+                return (format!("the rate limiter allows an insert now ({counts})"), None);
             }
             // (inserts + 1) * spi - samples' <= max_diff
             let more = clamp_count(((inserts + 1) as f64 * spi - c.max_diff - samples as f64).ceil()).max(1);
-            return format!(
-                "inserts wait for samples: with samples_per_insert = {spi} the next insert needs {more} more \
-                 sample{} ({counts}); is a learner sampling this table?",
-                if more == 1 { "" } else { "s" }
+            return (
+                format!(
+                    "inserts wait for samples: with samples_per_insert = {spi} the next insert needs {more} more \
+                     sample{} ({counts})",
+                    if more == 1 { "" } else { "s" }
+                ),
+                Some("is a learner sampling this table?"),
             );
         }
         if size < c.min_size_to_sample {
-            return format!(
-                "sampling waits until the table holds min_size_to_sample = {} items; it holds {size} \
-                 ({inserts} inserted so far); are the writers flushing items into this table?",
-                c.min_size_to_sample
+            return (
+                format!(
+                    "sampling waits until the table holds min_size_to_sample = {} items; it holds {size} \
+                     ({inserts} inserted so far)",
+                    c.min_size_to_sample
+                ),
+                Some("are the writers flushing items into this table?"),
             );
         }
         if self.can_sample(want.max(1), size) {
-            return format!("the rate limiter allows {want} samples now ({counts})");
+            return (format!("the rate limiter allows {want} samples now ({counts})"), None);
         }
         // inserts' * spi - samples - want >= min_diff
         let more = clamp_count(((c.min_diff + samples as f64 + want as f64) / spi - inserts as f64).ceil()).max(1);
-        format!(
-            "sampling waits for inserts: with samples_per_insert = {spi}, {want} more sample{} need {more} more \
-             insert{} ({counts}); are the writers running?",
-            if want == 1 { "" } else { "s" },
-            if more == 1 { "" } else { "s" }
+        (
+            format!(
+                "sampling waits for inserts: with samples_per_insert = {spi}, {want} more sample{} need {more} more \
+                 insert{} ({counts})",
+                if want == 1 { "" } else { "s" },
+                if more == 1 { "" } else { "s" }
+            ),
+            Some("are the writers running?"),
         )
     }
 }

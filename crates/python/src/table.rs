@@ -15,7 +15,7 @@ use crate::errors::invalid;
 use crate::raise::{py_err, to_py};
 use crate::sample::sample_object;
 use crate::store::PyStore;
-use crate::timeout::{self, Signals};
+use crate::timeout::{self, Alone, Signals};
 
 #[pyclass(name = "Table", module = "reprise._native", frozen)]
 pub struct PyTable {
@@ -149,11 +149,12 @@ impl PyTable {
         let p = priorities.as_slice();
         let slices: Vec<&[u8]> = vs.iter().map(|v| v.bytes()).collect();
         let signals = Signals::default();
-        let check = || signals.check();
+        let alone = Alone::new(&self.table, true, timeout);
+        let check = || signals.check() || alone.check();
         let wait = Wait { timeout, interrupt: Some(&check) };
         let keys = py
             .detach(|| self.table.insert_batch(&slices, n, steps, p, wait))
-            .map_err(|e| to_py(py, e, None, signals.take()))?;
+            .map_err(|e| to_py(py, alone.explain(e, n as u64), None, signals.take()))?;
         Ok(PyArray1::from_vec(py, keys))
     }
 
@@ -164,11 +165,12 @@ impl PyTable {
         let n = non_negative(py, &format!("table '{}': sample size", self.table.name()), n, 1)? as usize;
         let select = crate::arrays::select_fields(py, self.table.store().signature(), fields)?;
         let signals = Signals::default();
-        let check = || signals.check();
+        let alone = Alone::new(&self.table, false, timeout);
+        let check = || signals.check() || alone.check();
         let wait = Wait { timeout, interrupt: Some(&check) };
         let batch = py
             .detach(|| self.table.sample(n, wait))
-            .map_err(|e| to_py(py, e, select.as_deref(), signals.take()))?;
+            .map_err(|e| to_py(py, alone.explain(e, n as u64), select.as_deref(), signals.take()))?;
         sample_object(py, batch, select.as_deref())
     }
 
@@ -181,10 +183,11 @@ impl PyTable {
         let timeout = timeout::parse(py, timeout)?;
         let n = non_negative(py, &format!("table '{}': sample size", self.table.name()), n, 1)? as usize;
         let signals = Signals::default();
-        let check = || signals.check();
+        let alone = Alone::new(&self.table, false, timeout);
+        let check = || signals.check() || alone.check();
         let wait = Wait { timeout, interrupt: Some(&check) };
         let draw = || if pinned { self.table.sample_pinned(n, wait) } else { self.table.sample(n, wait) };
-        let batch = py.detach(draw).map_err(|e| rows_error(py, e, signals.take()))?;
+        let batch = py.detach(draw).map_err(|e| rows_error(py, alone.explain(e, n as u64), signals.take()))?;
         Ok(PySampleRows::new(HeldRows::InProcess(batch)))
     }
 

@@ -18,7 +18,7 @@ use crate::errors::{invalid, new_error};
 use crate::raise::{py_err, to_py};
 use crate::store::PyStore;
 use crate::table::PyTable;
-use crate::timeout::{self, Signals};
+use crate::timeout::{self, Alone, Signals};
 
 /// Copies at least this large run with the GIL released.
 const BULK_BYTES: usize = 64 * 1024;
@@ -196,14 +196,14 @@ impl PyWriter {
                     .map_err(|e| to_py(py, e, None, signals.take()))
             }
             AnyWriter::InProcess(w) => {
-                let call = |w: &mut Writer, wait: Wait<'_>| match &target {
-                    Target::Name(name) => w.create_item_in(name, n, priority, wait),
-                    Target::Table(table) => w.create_item(table, n, priority, wait),
-                };
+                let table = target.resolve(py, w)?;
                 // Try without waiting while holding the GIL; wait only with it released.
-                let r = match call(w, Some(Duration::ZERO).into()) {
+                let r = match w.create_item(&table, n, priority, Some(Duration::ZERO)) {
                     Err(Error::Timeout { .. }) if timeout != Some(Duration::ZERO) => {
-                        py.detach(|| call(w, Wait { timeout, interrupt: Some(&check) }))
+                        let alone = Alone::cloned(&table, timeout);
+                        let check = || check() || alone.check();
+                        py.detach(|| w.create_item(&table, n, priority, Wait { timeout, interrupt: Some(&check) }))
+                            .map_err(|e| alone.explain(e, 1))
                     }
                     other => other,
                 };
@@ -233,9 +233,11 @@ impl PyWriter {
             }
             AnyWriter::InProcess(w) => {
                 let table = target.resolve(py, w)?;
+                let alone = Alone::cloned(&table, timeout);
+                let check = || check() || alone.check();
                 let keys = py
                     .detach(|| w.create_items(&table, n, p, Wait { timeout, interrupt: Some(&check) }))
-                    .map_err(|e| to_py(py, e, None, signals.take()))?;
+                    .map_err(|e| to_py(py, alone.explain(e, p.len() as u64), None, signals.take()))?;
                 Ok(Some(numpy::PyArray1::from_vec(py, keys)))
             }
         })
@@ -267,9 +269,11 @@ impl PyWriter {
             AnyWriter::Client { .. } => Err(invalid(py, "create_tiled_items is for in-process writers".into())),
             AnyWriter::InProcess(w) => {
                 let table = target.resolve(py, w)?;
+                let alone = Alone::cloned(&table, timeout);
+                let check = || check() || alone.check();
                 let keys = py
                     .detach(|| w.create_tiled_items(&table, n, p, Wait { timeout, interrupt: Some(&check) }))
-                    .map_err(|e| to_py(py, e, None, signals.take()))?;
+                    .map_err(|e| to_py(py, alone.explain(e, p.len() as u64), None, signals.take()))?;
                 Ok(numpy::PyArray1::from_vec(py, keys))
             }
         })

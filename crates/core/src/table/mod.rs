@@ -338,6 +338,23 @@ impl Table {
         Some(Table { shared })
     }
 
+    /// How many handles to this table exist (this one included): 1 means nothing
+    /// else — no server, no other client of this process — holds it.
+    pub fn handles(&self) -> usize {
+        Arc::strong_count(&self.shared)
+    }
+
+    /// Why inserting one item (`inserting`) or sampling `want` cannot proceed now, in
+    /// the rate limiter's words without its question (see `RateLimiter::reason`);
+    /// None when the limiter lets it proceed.
+    pub fn blocked_because(&self, inserting: bool, want: u64) -> Option<String> {
+        let st = self.shared.state.lock();
+        match st.limiter.reason(inserting, st.size, want) {
+            (why, Some(_)) => Some(why),
+            (_, None) => None,
+        }
+    }
+
     pub fn name(&self) -> &str {
         &self.shared.config.name
     }
