@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import Mapping
 
 from . import _native
@@ -71,6 +72,8 @@ class Store:
         self._insert_writer = None  # device stores: the writer of Table.insert
         self._insert_lock = threading.Lock()
         self._closed = False
+        # The tables over this store, by name (weakly): what pickling it carries.
+        self._tables = weakref.WeakValueDictionary()
 
     @property
     def signature(self) -> dict:
@@ -169,6 +172,11 @@ class Store:
     def __exit__(self, *exc):
         self.close()
         return False
+
+    def __reduce__(self):
+        """Pickles a copy, through a checkpoint of the tables over it (``reprise.pickling``)."""
+        from .pickling import reduce_store
+        return reduce_store(self)
 
     def __repr__(self):
         fields = ", ".join(f"{k}: {v.dtype}{list(v.shape)}" for k, v in self._signature.items())

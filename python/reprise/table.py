@@ -117,6 +117,7 @@ class Table:
             extensions = [PriorityHistogram(), Rates()]
         extensions = _specs_json(name, extensions)
         self._store = store
+        store._tables[name] = self
         self._sampler, self._remover, self._rate_limiter = sampler, remover, rate_limiter
         self._native = _native.Table(
             name, store._native, sampler._spec(), remover._spec(), max_size, rate_limiter._spec(),
@@ -140,6 +141,7 @@ class Table:
         from .rate_limiters import RateLimiter
         t = cls.__new__(cls)
         t._store = store
+        store._tables[native.name] = t
 
         def selector(spec):
             kind, exponent = spec
@@ -163,6 +165,12 @@ class Table:
         """Like ``queue`` but the newest item comes out first."""
         return cls(name, store, sampler=Lifo(), remover=Lifo(), max_size=max_size,
                    rate_limiter=Stack(max_size), max_times_sampled=1, seed=seed, evict_when_store_full=False)
+
+    def __reduce__(self):
+        """Pickles a copy, with its store (``reprise.pickling``): the unpickled table
+        is over the unpickled store, with the same items and state."""
+        from .pickling import reduce_table
+        return reduce_table(self)
 
     @property
     def name(self) -> str:
