@@ -37,14 +37,14 @@ import http.client
 import json
 import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
 
 from benchmarks.common.config import Config
-from benchmarks.common.driver import OUT, machine_lines, start_report, write_outputs
-from benchmarks.common.processes import ROOT, ServerProcess, module_command
+from benchmarks.common.driver import OUT, command_line, start_report, write_outputs
+from benchmarks.common.processes import ModuleChild, ServerProcess, ready_until_stdin_closes, serve_if_asked
+from benchmarks.common.report import machine_lines
 
 GOAL_PCT = 1.0  # extra CPU of 10 dashboard clients, % of one core
 PHASES = ["idle", "events", "poll"]
@@ -74,14 +74,10 @@ def serve(spec_json: str) -> None:
         table.insert({"x": src[:m]}, priorities=np.ones(m))
     server = rp.Server([table], dashboard_address="127.0.0.1:0")
 
-    def stop() -> None:
-        server.stop()
-        table.reset()
-        store.close()
-
-    print(f"READY {server.dashboard_address} {server.local_address}", flush=True)
-    sys.stdin.read()
-    stop()
+    ready_until_stdin_closes(server.dashboard_address, server.local_address)
+    server.stop()
+    table.reset()
+    store.close()
 
 
 # --- the load (child) ------------------------------------------------------------------------
@@ -123,8 +119,7 @@ def load(address: str, spec_json: str) -> None:
     threads = [threading.Thread(target=f, daemon=True) for f in (writer, sampler)]
     for t in threads:
         t.start()
-    print("READY", flush=True)
-    sys.stdin.read()
+    ready_until_stdin_closes()
     stop.set()
     for t in threads:
         t.join(timeout=10)
@@ -178,8 +173,7 @@ def clients(mode: str, n: int, address: str) -> None:
     threads = [threading.Thread(target=target, args=(i,), daemon=True) for i in range(n)]
     for t in threads:
         t.start()
-    print("READY", flush=True)
-    sys.stdin.read()
+    ready_until_stdin_closes()
     stop.set()
     total = {k: sum(g[k] for g in got) for k in got[0]}
     print(json.dumps(total), flush=True)
@@ -187,27 +181,10 @@ def clients(mode: str, n: int, address: str) -> None:
 
 
 # --- the driver ------------------------------------------------------------------------------
-class Child:
-    """``python -m benchmarks.dashboard_cost ARGS`` that prints READY, runs until its stdin
-    closes, then prints one JSON line."""
-
-    def __init__(self, *args: str) -> None:
-        self.proc = subprocess.Popen(module_command(sys.executable, __spec__.name, *args),
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
-        line = self.proc.stdout.readline()
-        if line.strip() != "READY":
-            self.proc.kill()
-            raise RuntimeError(f"{args[0]} child did not start: {line!r}")
-
-    def finish(self, timeout: float = 30.0) -> dict:
-        try:
-            out, _ = self.proc.communicate(timeout=timeout)  # closes stdin: the signal to stop
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.communicate()
-            return {"error": "did not stop"}
-        lines = out.strip().splitlines()
-        return json.loads(lines[-1]) if lines else {"error": f"exit {self.proc.returncode}, no output"}
+def child(*args: str) -> ModuleChild:
+    """This module with ``ARGS`` (``--load``, ``--clients``): READY, then its counts as one
+    JSON line once its stdin closes."""
+    return ModuleChild(__spec__.name, *args, stop_timeout=30.0)
 
 
 def cpu_seconds(stat_path: str) -> tuple[str, float]:
@@ -238,7 +215,7 @@ def dashboard_share(threads: dict) -> float:
 
 def run_phase(cfg: Config, server: ServerProcess, phase: str) -> dict:
     pid = server.proc.pid
-    kids = None if phase == "idle" else Child("--clients", phase, str(cfg.clients), server.address)
+    kids = None if phase == "idle" else child("--clients", phase, str(cfg.clients), server.address)
     time.sleep(cfg.settle)
     load_before = os.getloadavg()[0]
     a, t0 = cpu_snapshot(pid), time.monotonic()
@@ -297,8 +274,7 @@ def build_markdown(report: dict) -> str:
 
 
 def main() -> None:
-    if len(sys.argv) > 2 and sys.argv[1] == "--serve":
-        serve(sys.argv[2])
+    if serve_if_asked(serve):
         return
     if len(sys.argv) > 3 and sys.argv[1] == "--load":
         load(sys.argv[2], sys.argv[3])
@@ -312,11 +288,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=None, help="rounds of the three phases (default 3)")
     ap.add_argument("--out-dir", default=OUT, help="where the .json and .md go (default benchmarks/out)")
     args = ap.parse_args()
-    cfg = Config.choose(args.quick, None, FULL, QUICK)
-    cfg.seconds = args.seconds or cfg.seconds
-    cfg.rounds = args.rounds or cfg.rounds
+    cfg = Config.choose(args.quick, None, FULL, QUICK).override(args, "seconds", "rounds")
     stem, report = start_report("dashboard", args.quick, args.out_dir,
-                                command=" ".join(["python -m benchmarks.dashboard_cost", *sys.argv[1:]]))
+                                command=command_line(__spec__.name))
     report["config"] = cfg.as_dict()
     report["goal"] = {"extra_pct_of_a_core_max": GOAL_PCT}
     spec = json.dumps({k: getattr(cfg, k)
@@ -326,7 +300,7 @@ def main() -> None:
     local_address = server.extra[0]
     rounds = []
     try:
-        load_proc = Child("--load", local_address, spec)
+        load_proc = child("--load", local_address, spec)
         try:
             for r in range(cfg.rounds):
                 order = PHASES[r % 3:] + PHASES[:r % 3]

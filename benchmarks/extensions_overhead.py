@@ -44,8 +44,9 @@ import numpy as np
 from reprise import extensions as ext
 
 from benchmarks.common.config import Config
-from benchmarks.common.driver import OUT, machine_lines, run_system, si, start_report, write_outputs
+from benchmarks.common.driver import OUT, command_line, run_system, start_report, write_outputs
 from benchmarks.common.payload import floats_for, step_payload
+from benchmarks.common.report import machine_lines, si
 from benchmarks.common.timing import now
 from benchmarks.core import reprise_core as rc
 from benchmarks.core.workloads import BATCH, PRIO_ITEM_BYTES, PRIORITY_EXPONENT, Workload
@@ -284,17 +285,13 @@ def main() -> None:
                     help="the served runs' --only (default apex: apex and apex-paced; apex-paced: that one)")
     ap.add_argument("--out-dir", default=OUT, help="where the .json and .md go (default benchmarks/out)")
     args = ap.parse_args()
-    cfg = Config.choose(args.quick, None, FULL, QUICK)
-    if args.pairs is not None:
-        cfg.pairs = args.pairs
-    if args.apex_pairs is not None:
-        cfg.apex_pairs = args.apex_pairs
+    cfg = Config.choose(args.quick, None, FULL, QUICK).override(args, "pairs", "apex_pairs")
     core = core_config(args.quick, None)
     cfg.insert_capacity_items = core.insert_capacity_items
     cfg.sample_table_items_by_size = core.sample_table_items_by_size
     cfg.prio_table_items = core.prio_table_items
     stem, report = start_report("extensions", args.quick, args.out_dir,
-                                command=" ".join(["python -m benchmarks.extensions_overhead", *sys.argv[1:]]))
+                                command=command_line(__spec__.name))
     report["config"] = cfg.as_dict()
     report["goal"] = {"ratio_min": GOAL}
     report["core"] = {}

@@ -116,7 +116,11 @@ def test_every_round_completes_right_under_seeded_loss(star, workers, loss):
                           extra=["--bytes", ",".join(str(SIZES[s]) for s in sizes), "--rounds", "1",
                                  "--drop-rate", str(loss), "--seed", "11"])
     slowest = max(max(r["seconds"]) for r in results)
-    assert slowest < 20, f"a round took {slowest:.1f} s"
+    # A drop that is never recovered stalls its round until the run's timeout (240 s);
+    # recovered drops cost a few retransmit timeouts. 60 s tells the two apart on a
+    # loaded 2-core machine (8 workers and the daemon share the cores) without timing
+    # the machine's speed.
+    assert slowest < 60, f"a round took {slowest:.1f} s: a dropped packet was not recovered"
     if loss == 0:
         assert all(r["min_count"] == workers for r in results)
     if loss >= 0.01:

@@ -39,12 +39,9 @@ table on stdout.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import os
 import resource
 import shutil
-import subprocess
 import sys
 import time
 
@@ -52,8 +49,8 @@ from benchmarks.checkpoint.measure import (BATCH, CHUNK, ITEM_BYTES, bench_durin
                                            bench_save, close, disk_baseline, log, make_table)
 from benchmarks.checkpoint.report import build_markdown
 from benchmarks.common.config import Config
-from benchmarks.common.driver import OUT, VENVS, host_info
-from benchmarks.common.processes import ROOT, module_command
+from benchmarks.common.driver import (OUT, command_line, interpreter_for, new_report, run_system,
+                                      write_outputs)
 
 # The run's sizes; each can be overridden by its option (--steps, --rounds, ...).
 FULL = dict(steps=1_000_000, rounds=3, window=4.0, warmup=1.0, reverb_items=100_000,
@@ -63,23 +60,15 @@ QUICK = dict(steps=16_384, rounds=1, window=0.3, warmup=0.2, reverb_items=5_000,
 
 
 # --- 3. Reverb ------------------------------------------------------------------------------
-def run_reverb(items: int, directory: str, window: float, timeout: float) -> dict:
-    py = os.path.join(VENVS, "reverb", "bin", "python")
-    if not os.access(py, os.X_OK):
-        why = f"{py} missing: run bash benchmarks/setup_peers.sh reverb"
+def run_reverb(items: int, directory: str, window: float, timeout: float, log_path: str) -> dict:
+    py, why = interpreter_for("reverb", sys.executable)
+    if py is None:
         log(f"reverb: SKIPPED: {why}")
         return {"skipped": why}
-    cmd = module_command(py, "benchmarks.peers.reverb_checkpoint", "--items", str(items),
-                         "--dir", os.path.join(directory, "reverb"), "--window", str(window))
-    log(" ".join(cmd))
-    try:
-        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=None, text=True, timeout=timeout,
-                           cwd=ROOT)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout:.0f}s"}
-    if r.returncode:
-        return {"error": f"exit {r.returncode}"}
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return run_system("reverb", py, "benchmarks.peers.reverb_checkpoint",
+                      ["--items", str(items), "--dir", os.path.join(directory, "reverb"),
+                       "--window", str(window)],
+                      timeout=timeout, log_path=log_path, echo=lambda line: True)
 
 
 # --- main -----------------------------------------------------------------------------------
@@ -99,11 +88,8 @@ def main() -> None:
                     help="where the .json and .md files go (default benchmarks/out)")
     args = ap.parse_args()
     q = args.quick
-    cfg = Config.choose(q, None, FULL, QUICK)
-    steps = args.steps or cfg.steps
-    rounds = args.rounds or cfg.rounds
-    window = args.window or cfg.window
-    reverb_items = args.reverb_items or cfg.reverb_items
+    cfg = Config.choose(q, None, FULL, QUICK).override(args, "steps", "rounds", "window", "reverb_items")
+    steps, rounds, window, reverb_items = cfg.steps, cfg.rounds, cfg.window, cfg.reverb_items
     small = max(steps // 4, 1)
     zr = args.zstd_rounds
     try:
@@ -112,15 +98,12 @@ def main() -> None:
     except ImportError:
         zstd = None
 
-    now = dt.datetime.now()
-    stem = f"checkpoint-{now:%Y%m%d-%H%M%S}" + ("-quick" if q else "")
-    rep = {"date": now.isoformat(timespec="seconds"), "quick": q, "host": host_info(),
-           "command": "python3.11 -m benchmarks.checkpoint.compare " + " ".join(sys.argv[1:]),
-           "config": {"steps": steps, "item_bytes": ITEM_BYTES, "rounds": rounds, "zstd_rounds": zr, "window": window,
-                      "reverb_items": reverb_items, "dir": args.dir, "compressible_steps": small,
-                      "zstandard": zstd, "fill_chunk_items": CHUNK, "batch": BATCH,
-                      "warmup": cfg.warmup},
-           "save_load": {}, "during": {}}
+    stem, rep = new_report(
+        "checkpoint", q, args.out_dir, command=command_line(__spec__.name),
+        config={"steps": steps, "item_bytes": ITEM_BYTES, "rounds": rounds, "zstd_rounds": zr, "window": window,
+                "reverb_items": reverb_items, "dir": args.dir, "compressible_steps": small,
+                "zstandard": zstd, "fill_chunk_items": CHUNK, "batch": BATCH, "warmup": cfg.warmup},
+        save_load={}, during={})
     rep["loadavg_1m"] = {"start": os.getloadavg()[0]}
     if rep["loadavg_1m"]["start"] > 0.5:
         log(f"WARNING: load average {rep['loadavg_1m']['start']:.2f} at the start: the machine is busy")
@@ -186,21 +169,15 @@ def main() -> None:
         else:
             rep["loadavg_1m"]["before_reverb"] = os.getloadavg()[0]
             t0 = time.perf_counter()
-            rep["reverb"] = run_reverb(reverb_items, args.dir, window, timeout=900)
+            rep["reverb"] = run_reverb(reverb_items, args.dir, window, timeout=900,
+                                       log_path=os.path.join(args.out_dir, f"{stem}-reverb.log"))
             rep["reverb_wall_s"] = time.perf_counter() - t0
     finally:
         shutil.rmtree(args.dir, ignore_errors=True)
     rep["wall_s"] = time.perf_counter() - t_start
     rep["loadavg_1m"]["end"] = os.getloadavg()[0]
 
-    md = build_markdown(rep)
-    os.makedirs(args.out_dir, exist_ok=True)
-    with open(os.path.join(args.out_dir, stem + ".json"), "w") as f:
-        json.dump(rep, f, indent=1)
-    with open(os.path.join(args.out_dir, stem + ".md"), "w") as f:
-        f.write(md)
-    print(md)
-    log(f"wrote {os.path.join(args.out_dir, stem)}.json and .md ({rep['wall_s']:.0f} s)")
+    write_outputs(args.out_dir, stem, rep, build_markdown(rep))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@
    ``load`` of the last checkpoint with its files dropped from the page cache first
    (cold) and with them cached (warm): :func:`bench_save`, :func:`bench_load`.
 2. Throughput during a save: a writer thread (``insert`` of 256 x 4 KB items) and a
-   sampler thread (``sample(256)``) run continuously (:class:`Load`); items/s of each
+   sampler thread (``sample(256)``) run continuously (:class:`SaveLoad`); items/s of each
    over a window without a save, then over one ``save`` from the main thread:
    :func:`bench_during`.
 
@@ -26,7 +26,8 @@ import time
 import numpy as np
 import reprise as rp
 
-from benchmarks.common.page_cache import evict, files_of, resident
+from benchmarks.checkpoint.load import Load, compare_windows
+from benchmarks.common.page_cache import du, evict, resident
 
 FLOATS = 1024
 ITEM_BYTES = FLOATS * 4
@@ -39,10 +40,6 @@ def log(msg: str) -> None:
 
 
 # --- files and the page cache ----------------------------------------------------------
-def du(path: str) -> int:
-    return sum(os.path.getsize(f) for f in files_of(path))
-
-
 def disk_baseline(directory: str, nbytes: int) -> dict:
     """Sequential write (64 MiB os.write calls + fsync) and cold read of one file."""
     path = os.path.join(directory, "disk-baseline")
@@ -131,78 +128,42 @@ def bench_load(path: str, rounds: int, items: int, warm_rounds: int) -> dict:
 
 
 # --- 2. throughput during a save ------------------------------------------------------------
-class Load:
-    """A writer thread (insert 256 x 4 KB) and a sampler thread (sample 256); each
-    appends (time, cumulative items) after every call."""
+class SaveLoad(Load):
+    """The :class:`~benchmarks.checkpoint.load.Load` of a save: a writer (insert 256 x 4 KB;
+    the times it met ResourceExhausted in ``full``; the keys it inserted while ``recording``
+    in ``keys``; it waits while ``pause`` is set, saying so in ``paused``) and a sampler
+    (sample 256)."""
 
     def __init__(self, table: rp.Table) -> None:
         self.table = table
-        self.stop_flag = threading.Event()
-        self.w_marks: list[tuple[float, int]] = [(time.perf_counter(), 0)]
-        self.s_marks: list[tuple[float, int]] = [(time.perf_counter(), 0)]
-        self.full: list[float] = []  # times of ResourceExhausted
-        self.recording = threading.Event()  # keep the keys of inserts while set
+        self.full: list[float] = []
+        self.recording = threading.Event()
         self.keys: list = []
-        self.pause = threading.Event()  # the writer waits while set
+        self.pause = threading.Event()
         self.paused = threading.Event()
-        self.errors: list[str] = []
         self.batch = {"x": np.random.default_rng(1).random((BATCH, 1, FLOATS), dtype=np.float32)}
-        self.threads = [threading.Thread(target=self._write, daemon=True),
-                        threading.Thread(target=self._sample, daemon=True)]
-        for t in self.threads:
-            t.start()
+        super().__init__(self._write, self._sample)
 
-    def _write(self) -> None:
-        n = 0
+    def _write(self) -> int:
+        if self.pause.is_set():
+            self.paused.set()
+            while self.pause.is_set() and not self.stop_flag.is_set():
+                time.sleep(0.001)
+            self.paused.clear()
+            return 0
         try:
-            while not self.stop_flag.is_set():
-                if self.pause.is_set():
-                    self.paused.set()
-                    while self.pause.is_set() and not self.stop_flag.is_set():
-                        time.sleep(0.001)
-                    self.paused.clear()
-                    continue
-                try:
-                    keys = self.table.insert(self.batch, 1.0)
-                except rp.errors.ResourceExhausted:
-                    self.full.append(time.perf_counter())
-                    time.sleep(0.001)
-                    continue
-                n += BATCH
-                self.w_marks.append((time.perf_counter(), n))
-                if self.recording.is_set():
-                    self.keys.append(keys)
-        except Exception as e:  # noqa: BLE001
-            self.errors.append(f"writer: {type(e).__name__}: {e}")
+            keys = self.table.insert(self.batch, 1.0)
+        except rp.errors.ResourceExhausted:
+            self.full.append(time.perf_counter())
+            time.sleep(0.001)
+            return 0
+        if self.recording.is_set():
+            self.keys.append(keys)
+        return BATCH
 
-    def _sample(self) -> None:
-        n = 0
-        try:
-            while not self.stop_flag.is_set():
-                self.table.sample(BATCH)
-                n += BATCH
-                self.s_marks.append((time.perf_counter(), n))
-        except Exception as e:  # noqa: BLE001
-            self.errors.append(f"sampler: {type(e).__name__}: {e}")
-
-    def stop(self) -> None:
-        self.stop_flag.set()
-        for t in self.threads:
-            t.join(timeout=60)
-
-
-def count_at(marks, t: float) -> int:
-    i = np.searchsorted(np.fromiter((m[0] for m in marks), float, len(marks)), t, side="right")
-    return marks[i - 1][1] if i else 0
-
-
-def rate(marks, t0: float, t1: float) -> float:
-    return (count_at(marks, t1) - count_at(marks, t0)) / (t1 - t0)
-
-
-def max_gap(marks, t0: float, t1: float) -> float:
-    ts = [t0] + [t for t, _ in marks if t0 < t < t1] + [t1]
-    return max(b - a for a, b in zip(ts, ts[1:]))
+    def _sample(self) -> int:
+        self.table.sample(BATCH)
+        return BATCH
 
 
 def cpu_s() -> float:
@@ -211,7 +172,7 @@ def cpu_s() -> float:
 
 
 def bench_during(table: rp.Table, directory: str, rounds: int, window: float, warmup: float) -> dict:
-    load = Load(table)
+    load = SaveLoad(table)
     time.sleep(warmup)
     per = []
     for r in range(rounds):
@@ -241,12 +202,7 @@ def bench_during(table: rp.Table, directory: str, rounds: int, window: float, wa
              "table_size_after": i1["size"], "inserted_during": int(new.size),
              "new_items_kept": kept, "new_items_fifo_would_keep": fifo,
              "new_items_kept_ratio": kept / fifo if fifo else None}
-        for k, marks in (("writer", load.w_marks), ("sampler", load.s_marks)):
-            wo, du_ = rate(marks, w0, w1), rate(marks, t0, t1)
-            e[f"{k}_items_per_s_without"] = wo
-            e[f"{k}_items_per_s_during"] = du_
-            e[f"{k}_ratio"] = du_ / wo if wo else None
-            e[f"{k}_longest_gap_during_s"] = max_gap(marks, t0, t1)
+        e.update(compare_windows(load, (w0, w1), (t0, t1)))
         full = [t for t in load.full if t0 <= t <= t1]
         e["writer_store_full_errors_during"] = len(full)
         e["writer_first_store_full_after_s"] = (full[0] - t0) if full else None

@@ -48,7 +48,8 @@ from benchmarks.cluster import model
 from benchmarks.cluster.measure import rank_main, variants
 from reprise.distributed.local_ranks import run_ranks
 from benchmarks.common.config import Config
-from benchmarks.common.driver import OUT, busy_lines, machine_lines, start_report, write_outputs
+from benchmarks.common.driver import OUT, command_line, start_report, write_outputs
+from benchmarks.common.report import busy_lines, machine_lines, md_row, md_table
 
 FULL = dict(worlds=[1, 2, 4], row_floats=1024, items_per_shard=4096, batches=[256, 1024], local_batches=[1024],
             warmup_steps=20, rounds=5, steps_per_round=40, tiny_items=1024, tiny_steps_per_round=60,
@@ -210,38 +211,40 @@ def goal_cell(name: str, ok: bool) -> str:
     return "(reference)" if name == "world1" else met(ok)
 
 
+def variant_label(e: dict) -> str:
+    return (("iid" if e["assignment"] == "iid" else "local, 1 host/rank") +
+            ("" if e["verify_rows"] else ", no CRC"))
+
+
 def bandwidth_table(report: dict) -> list[str]:
     head = ["world", "variant", "batch", "sample p50 ms", "sample GB/s", "bare all_to_all p50 ms",
             "bare GB/s (same bytes)", "sample / bare", "goal >= 70%", "all_to_all share of sample",
             "host work ms", "rows crossing ranks / step (expected)"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = md_table(head)
     for name, s in report["systems"].items():
         for key, e in s.get("results", {}).get("bandwidth", {}).items():
-            what = ("iid" if e["assignment"] == "iid" else "local, 1 host/rank") + \
-                ("" if e["verify_rows"] else ", no CRC")
-            lines.append("| " + " | ".join([
-                world_label(name), what, str(e["batch"]), f"{e['sample_ms']['p50']:.2f}",
+            lines.append(md_row([
+                world_label(name), variant_label(e), str(e["batch"]), f"{e['sample_ms']['p50']:.2f}",
                 f"{e['sample_gb_per_s']:.2f}", f"{e['bare_ms']['p50']:.2f}",
                 f"{e['bare_gb_per_s_same_payload']:.2f}", f"**{e['ratio']:.0%}**",
                 goal_cell(name, e["ratio"] >= GOAL_BANDWIDTH),
                 f"{e['a2a_share']:.0%}", f"{e['host_work_ms']:.2f}",
-                f"{e['remote_rows_per_step']['mean']:.1f} ({e['remote_rows_per_step']['expected']:.1f})"]) + " |")
+                f"{e['remote_rows_per_step']['mean']:.1f} ({e['remote_rows_per_step']['expected']:.1f})"]))
     return lines
 
 
 def parts_table(report: dict) -> list[str]:
     head = ["world", "variant", "batch"] + [label + " ms" for _, label in PARTS] + ["minor page faults / step (mean)"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = md_table(head)
     for name, s in report["systems"].items():
         res = s.get("results", {})
-        rows = [(("iid" if e["assignment"] == "iid" else "local, 1 host/rank") +
-                 ("" if e["verify_rows"] else ", no CRC"), e) for e in res.get("bandwidth", {}).values()]
+        rows = [(variant_label(e), e) for e in res.get("bandwidth", {}).values()]
         if "latency" in res:
             rows.append(("int64 scalars", res["latency"]))
         for what, e in rows:
-            lines.append("| " + " | ".join([world_label(name), what, str(e["batch"])] +
-                                           [f"{e['parts_ms'][k]:.3f}" for k, _ in PARTS] +
-                                           [f"{e['parts_ms']['faults']:.0f}"]) + " |")
+            lines.append(md_row([world_label(name), what, str(e["batch"])] +
+                                [f"{e['parts_ms'][k]:.3f}" for k, _ in PARTS] +
+                                [f"{e['parts_ms']['faults']:.0f}"]))
     return lines
 
 
@@ -249,17 +252,17 @@ def latency_table(report: dict) -> list[str]:
     head = ["world", "batch", "sample p50 us", "bare all_gather 64 B p50 us", "sample / all_gather",
             "goal <= 3x", "all_gather 128 B us", "all_gather 128 B + tiny all_to_all us",
             "sample / two collectives", "all_to_all share", "all_gather share"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = md_table(head)
     for name, s in report["systems"].items():
         e = s.get("results", {}).get("latency")
         if not e:
             continue
-        lines.append("| " + " | ".join([
+        lines.append(md_row([
             world_label(name), str(e["batch"]), f"{e['sample_us']['p50']:.0f}",
             f"{e['gather64_us']['p50']:.0f}", f"**{e['ratio_vs_gather64']:.2f}x**",
             goal_cell(name, e["ratio_vs_gather64"] <= GOAL_LATENCY), f"{e['gather128_us']['p50']:.0f}",
             f"{e['pair_us']['p50']:.0f}", f"{e['ratio_vs_pair']:.2f}x", f"{e['a2a_share']:.0%}",
-            f"{e['gather_share']:.0%}"]) + " |")
+            f"{e['gather_share']:.0%}"]))
     return lines
 
 
@@ -368,7 +371,7 @@ def main() -> None:
     if args.worlds:
         cfg.worlds = [int(w) for w in args.worlds.split(",") if w]
     stem, report = start_report("cluster", args.quick, args.out_dir,
-                                command=" ".join(["python -m benchmarks.cluster.compare", *sys.argv[1:]]))
+                                command=command_line(__spec__.name))
     report["config"] = cfg.as_dict()
     report["goals"] = {"bandwidth_ratio_min": GOAL_BANDWIDTH, "latency_ratio_max": GOAL_LATENCY}
     t0 = time.perf_counter()

@@ -108,6 +108,20 @@ class Bench:
         sys.stdout.flush()
 
 
+def package_versions(*names: str) -> dict:
+    """The installed version of each distribution (``dm-reverb``, ``torch``, ...); one that is
+    not installed is left out."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in names:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
 def summarize(e: dict) -> str:
     """One progress line's worth of an entry."""
     parts = []

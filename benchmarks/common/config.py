@@ -3,7 +3,8 @@
 A suite writes its numbers down twice, as two dicts: the full run's (``FULL``) and the
 values ``--quick`` replaces (``QUICK``: tiny tables and short rounds, a smoke test of the
 scripts whose numbers are noise). :meth:`Config.choose` picks one set; the result is a
-plain namespace (``cfg.rounds``), and :meth:`Config.as_dict` is what goes into the JSON.
+plain namespace (``cfg.rounds``) that a driver's options may override
+(:meth:`Config.override`), and :meth:`Config.as_dict` is what goes into the JSON.
 Values derived from the chosen ones (capacities per item size, ...) are computed once by
 the suite's ``make_config`` and stored beside them, so the JSON records them too.
 """
@@ -29,6 +30,15 @@ class Config(SimpleNamespace):
         if budget:
             values["budget_seconds"] = budget
         return cls(quick=quick, **values)
+
+    def override(self, args, *names: str) -> "Config":
+        """Each value of ``names`` that the parsed options ``args`` give (not None) replaces
+        the chosen one (``--rounds 5`` over ``rounds``); returns this config."""
+        for name in names:
+            value = getattr(args, name)
+            if value is not None:
+                setattr(self, name, value)
+        return self
 
     def as_dict(self) -> dict:
         return dict(vars(self))

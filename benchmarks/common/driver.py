@@ -1,7 +1,8 @@
 """What the ``compare.py`` drivers share: the machine description, the single-core
 memcpy baseline, finding each system's interpreter, running one system's module as a
-subprocess and collecting its JSON object, the loop over the systems, and writing the
-``.json`` / ``.md`` files.
+subprocess and collecting its JSON object, the loop over the systems, the report's
+file stem and header, and writing the ``.json`` / ``.md`` files (the markdown's pieces
+are in :mod:`benchmarks.common.report`).
 
 Standard library only at import time (numpy is imported inside
 :func:`measure_memcpy`), so any venv's python can run this module:
@@ -207,26 +208,46 @@ def wanted_systems(ap, args, systems: list) -> list[str]:
     return wanted
 
 
-def start_report(prefix: str, quick: bool, out_dir: str, **extra) -> tuple[str, dict]:
-    """(file stem, report with date, host and the memcpy baseline)."""
+def command_line(module: str) -> str:
+    """How this run was started (``python -m MODULE ARGS``), for the report."""
+    return " ".join(["python -m " + module, *sys.argv[1:]])
+
+
+def new_report(prefix: str, quick: bool, out_dir: str, suffix: str = "", **extra) -> tuple[str, dict]:
+    """(file stem ``PREFIX-DATE[SUFFIX][-quick]``, report with date, quick, host and
+    ``extra``); creates ``out_dir``."""
     os.makedirs(out_dir, exist_ok=True)
     now = dt.datetime.now()
-    stem = f"{prefix}-{now:%Y%m%d-%H%M%S}" + ("-quick" if quick else "")
-    report = {"date": now.isoformat(timespec="seconds"), "quick": quick,
-              "host": host_info(), "systems": {}, "config": {}, **extra}
+    stem = f"{prefix}-{now:%Y%m%d-%H%M%S}{suffix}" + ("-quick" if quick else "")
+    return stem, {"date": now.isoformat(timespec="seconds"), "quick": quick, "host": host_info(),
+                  **extra}
 
+
+def start_report(prefix: str, quick: bool, out_dir: str, **extra) -> tuple[str, dict]:
+    """:func:`new_report` with empty ``systems`` and ``config`` and the memcpy baseline."""
+    stem, report = new_report(prefix, quick, out_dir, systems={}, config={}, **extra)
     print("measuring single-core memcpy ...", file=sys.stderr, flush=True)
     report["memcpy"] = memcpy_in_subprocess(2**26 if quick else 2**30, 3 if quick else 7)
     print(f"memcpy: {report['memcpy']['gb_per_s']:.2f} GB/s", file=sys.stderr, flush=True)
     return stem, report
 
 
+def own_progress(name: str, line: str) -> bool:
+    """Whether a system's stderr line is its own progress line or a traceback."""
+    return line.startswith(f"[{name} ") or "Traceback" in line
+
+
 def run_systems(report: dict, stem: str, systems: list, wanted: list[str], args, *,
-                quick_budget: float, extra_args: list[str],
-                load_limit: float, load_warning: Callable[[str, float], str],
-                timeout: Callable[[float], float], echo: Callable[[str, str], bool],
-                process_group: bool) -> None:
-    """Run every selected system in turn, one subprocess each, into report["systems"]."""
+                quick_budget: float, extra_args: list[str] = (), load_limit: float = 1.0,
+                load_warning: Callable[[str, float], str] = (
+                    lambda name, load: f"WARNING: load average {load:.2f} before {name}"),
+                timeout: Callable[[float], float] = lambda b: b + 240,
+                echo: Callable[[str, str], bool] = own_progress,
+                process_group: bool = True) -> None:
+    """Run every selected system in turn, one subprocess each, into report["systems"]:
+    ``--budget`` its budget (``quick_budget`` with ``--quick``) times ``--budget-scale``,
+    then ``extra_args``; killed past ``timeout(budget)`` s (with ``process_group``, its
+    whole process group); its stderr lines for which ``echo(name, line)`` holds shown."""
     for name, module, venv, budget in systems:
         if name not in wanted:
             report["systems"][name] = {"skipped": "not selected (--systems)"}
@@ -237,7 +258,7 @@ def run_systems(report: dict, stem: str, systems: list, wanted: list[str], args,
             report["systems"][name] = {"skipped": why}
             continue
         b = (quick_budget if args.quick else budget) * args.budget_scale
-        sys_args = ["--budget", str(b)] + (["--quick"] if args.quick else []) + extra_args
+        sys_args = ["--budget", str(b)] + (["--quick"] if args.quick else []) + list(extra_args)
         load = os.getloadavg()[0]
         if load > load_limit:
             print(load_warning(name, load), file=sys.stderr, flush=True)
@@ -251,9 +272,11 @@ def run_systems(report: dict, stem: str, systems: list, wanted: list[str], args,
             report["config"] = result["config"]
 
 
-def write_outputs(out_dir: str, stem: str, report: dict, md: str) -> None:
+def write_outputs(out_dir: str, stem: str, report: dict, md: str, json_default=None) -> None:
+    """``STEM.json`` (``json_default`` as ``json.dump``'s ``default``) and ``STEM.md``; the
+    markdown on stdout too."""
     with open(os.path.join(out_dir, stem + ".json"), "w") as f:
-        json.dump(report, f, indent=1)
+        json.dump(report, f, indent=1, default=json_default)
     with open(os.path.join(out_dir, stem + ".md"), "w") as f:
         f.write(md)
     print()
@@ -261,37 +284,7 @@ def write_outputs(out_dir: str, stem: str, report: dict, md: str) -> None:
     print(f"wrote {os.path.join(out_dir, stem + '.json')} and .md", file=sys.stderr)
 
 
-# --- tables -----------------------------------------------------------------------------
-def si(x: float) -> str:
-    for div, suf in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if x >= div:
-            return f"{x / div:.3g}{suf}"
-    return f"{x:.3g}"
-
-
-def machine_lines(report: dict) -> list[str]:
-    """The markdown lines describing the machine and its memcpy baseline."""
-    h = report["host"]
-    m = report["memcpy"]
-    return [f"Machine: {h.get('cpu_model', '?')}, {h['cpus']} cores, {h.get('mem_gib', '?')} GiB, "
-            f"GPU: {h['gpu'] or 'none'}; {h['platform']}.",
-            f"Single-core memcpy (numpy, {m['bytes'] / 2**30:.3g} GiB buffer, median): "
-            f"assign {m['numpy_assign']['gb_per_s']:.2f} GB/s, "
-            f"np.copyto {m['np_copyto']['gb_per_s']:.2f} GB/s."]
-
-
 if __name__ == "__main__":
     if not memcpy_only_main():
         raise SystemExit(f"usage: python -m {__spec__.name} --memcpy-only NBYTES ROUNDS")
 
-
-def busy_lines(report: dict, threshold: float, names: dict | None = None, note: str = "") -> list[str]:
-    """A markdown warning naming each system whose 1-minute load average before it started
-    was above ``threshold`` (``names`` maps keys to display names), or nothing."""
-    busy = {n: s["loadavg_1m_before"] for n, s in report["systems"].items()
-            if s.get("loadavg_1m_before", 0) > threshold}
-    if not busy:
-        return []
-    shown = ", ".join(f"{(names or {}).get(n, n)} {v}" for n, v in busy.items())
-    return [f"**Warning:** the machine was busy (1-minute load average before the system started: "
-            f"{shown}){note}.", ""]

@@ -1,6 +1,6 @@
 """Page-cache helpers shared by the checkpoint benchmark and its Reverb peer
 (standard library only: the peer runs in its own venv): drop a directory's files from
-the page cache, and measure how much of them is resident."""
+the page cache, measure how much of them is resident, and their size."""
 
 from __future__ import annotations
 
@@ -10,6 +10,11 @@ import subprocess
 
 def files_of(path: str) -> list[str]:
     return [os.path.join(r, f) for r, _, fs in os.walk(path) for f in fs]
+
+
+def du(path: str) -> int:
+    """Bytes in ``path``'s files."""
+    return sum(os.path.getsize(f) for f in files_of(path))
 
 
 def evict(path: str) -> None:

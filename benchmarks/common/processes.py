@@ -6,11 +6,15 @@
   and report one result each (the serving workloads, the plain-socket limit).
 - :class:`Pool`: spawned client processes started once and reused for every point of
   a remote comparison.
-- :class:`ServerProcess`: a system's server as a child process (``MODULE --serve
-  SPECS``) that prints ``READY <address> [extra...]`` and serves until its stdin closes
-  (:func:`serve_until_stdin_closes` is that end of it).
+- :class:`ModuleChild`: a benchmark module as a child process that prints ``READY
+  [fields...]`` and runs until its stdin closes (:func:`ready_until_stdin_closes` is that
+  end of it), then prints one JSON line; :class:`ServerProcess` is one that serves a
+  system (``MODULE --serve SPECS``, :func:`serve_if_asked` on its side).
+- :func:`stop_all`: SIGTERM, a common deadline, SIGKILL for the rest (whole process groups
+  where a child leads one); :func:`free_port`.
 
-Every child is started with ``spawn``: a fresh interpreter, as a separate program would be.
+Every multiprocessing child is started with ``spawn``: a fresh interpreter, as a separate
+program would be.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from __future__ import annotations
 import json
 import os
 import queue as queue_mod
+import signal
+import socket
 import subprocess
 import sys
 import traceback
@@ -234,35 +240,45 @@ class Pool:
         return out
 
 
-# --- a system's server process ------------------------------------------------------------
-class ServerProcess:
-    """``python -m MODULE --serve SPECS`` as a child process (this interpreter, from
-    :data:`ROOT`) that prints ``READY <port>`` or ``READY <host:port>`` (then any
-    extra fields, kept in ``extra``) once it serves; ``stop`` closes its stdin (the
-    server's signal to stop) and waits up to ``stop_timeout`` s before killing it."""
+# --- a module child ruled by its stdin ------------------------------------------------------
+class ModuleChild:
+    """``python -m MODULE ARGS`` as a child process (this interpreter, from :data:`ROOT`)
+    that prints ``READY [fields...]`` once it is ready (``fields`` keeps them) and runs until
+    its stdin closes (:func:`ready_until_stdin_closes` is that end of it). :meth:`finish`
+    closes its stdin, waits up to ``stop_timeout`` s (then kills it) and returns the last
+    line it printed as JSON."""
 
-    def __init__(self, module: str, specs, stop_timeout: float = 60.0) -> None:
+    def __init__(self, module: str, *args: str, stop_timeout: float = 60.0) -> None:
         self.stop_timeout = stop_timeout
-        self.proc = subprocess.Popen(module_command(sys.executable, module, "--serve",
-                                                    json.dumps(specs)),
+        self.proc = subprocess.Popen(module_command(sys.executable, module, *args),
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                      cwd=ROOT)
         line = self.proc.stdout.readline()
-        if not line.startswith("READY "):
+        if line.split()[:1] != ["READY"]:
             self.proc.kill()
-            raise RuntimeError(f"{module}: the server did not start: {line!r}")
-        addr = line.split()[1]
-        self.address = addr if ":" in addr else f"localhost:{int(addr)}"
-        self.extra = line.split()[2:]
+            raise RuntimeError(f"{module} {' '.join(args[:1])}: the child did not start: {line!r}")
+        self.fields = line.split()[1:]
+
+    def finish(self) -> dict:
+        out = self._close()
+        if out is None:
+            return {"error": "did not stop"}
+        lines = out.strip().splitlines()
+        return json.loads(lines[-1]) if lines else {"error": f"exit {self.proc.returncode}, no output"}
 
     def stop(self) -> None:
+        """Close it (as :meth:`finish` does, its output ignored) unless it has ended."""
         if self.proc.poll() is None:
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=self.stop_timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            self._close()
+
+    def _close(self) -> str | None:
+        """Its stdin closed, what it printed since READY; None if it had to be killed."""
+        try:
+            return self.proc.communicate(timeout=self.stop_timeout)[0]
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.communicate()
+            return None
 
     def rss_mib(self) -> float | None:
         try:
@@ -275,8 +291,85 @@ class ServerProcess:
         return None
 
 
-def serve_until_stdin_closes(address: str, stop) -> None:
-    """The end of a ``--serve`` child: say where it serves, wait, stop."""
-    print(f"READY {address}", flush=True)
+class ServerProcess(ModuleChild):
+    """A system's server: ``python -m MODULE --serve SPECS`` (a :class:`ModuleChild`) that
+    prints ``READY <port>`` or ``READY <host:port>`` (then any extra fields, kept in
+    ``extra``) once it serves."""
+
+    def __init__(self, module: str, specs, stop_timeout: float = 60.0) -> None:
+        super().__init__(module, "--serve", json.dumps(specs), stop_timeout=stop_timeout)
+        addr = self.fields[0]
+        self.address = addr if ":" in addr else f"localhost:{int(addr)}"
+        self.extra = self.fields[1:]
+
+
+def serve_if_asked(serve) -> bool:
+    """The child's side of :class:`ServerProcess`: when this module was started with
+    ``--serve SPECS``, ``serve(SPECS)`` and True."""
+    if len(sys.argv) > 2 and sys.argv[1] == "--serve":
+        serve(sys.argv[2])
+        return True
+    return False
+
+
+def ready_until_stdin_closes(*fields) -> None:
+    """The child's end of :class:`ModuleChild`: say ``READY fields...``, return when the
+    parent closes stdin (or dies)."""
+    print(" ".join(["READY", *map(str, fields)]), flush=True)
     sys.stdin.read()
-    stop()
+
+
+# --- stopping processes ---------------------------------------------------------------------
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now (the caller binds it soon after)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def leads_group(p: subprocess.Popen) -> bool:
+    """Whether ``p`` leads its own process group (started with ``start_new_session``)."""
+    try:
+        return os.getpgid(p.pid) == p.pid
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def send(p: subprocess.Popen, sig: int) -> None:
+    """``sig`` to ``p``'s whole group where it leads one (its children too), else to ``p``."""
+    try:
+        if leads_group(p):
+            os.killpg(p.pid, sig)
+        else:
+            p.send_signal(sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def kill(p: subprocess.Popen, wait_s: float = 5.0) -> None:
+    """SIGKILL (see :func:`send`), then reap it within ``wait_s``."""
+    send(p, signal.SIGKILL)
+    try:
+        p.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def stop_all(procs, timeout: float, sig: int | None = signal.SIGTERM) -> list:
+    """Stop child processes: ``sig`` to each that still runs (see :func:`send`; None: send
+    nothing, they are ending by themselves), wait up to ``timeout`` s for all of them
+    together, :func:`kill` the rest. Returns the ones it killed."""
+    procs = list(procs)
+    if sig is not None:
+        for p in procs:
+            if p.poll() is None:
+                send(p, sig)
+    deadline = now() + timeout
+    killed = []
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.01, deadline - now()))
+        except subprocess.TimeoutExpired:
+            killed.append(p)
+            kill(p)
+    return killed

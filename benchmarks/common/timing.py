@@ -94,11 +94,13 @@ def count_in_window(win: Window, call, units_per_call: int) -> dict:
             "per_s": counted / win.duration}
 
 
-def latencies_in_window(win: Window, call, period: float = 0.0, phase: float = 0.0) -> list[float]:
+def latencies_in_window(win: Window, call, period: float = 0.0, phase: float = 0.0,
+                        after=None) -> list[float]:
     """Call from win.start until win.end, back to back (``period`` 0) or once every
     ``period`` seconds starting at ``phase`` (a call that overruns its slot is
     followed at once by the next, with no catching up); latency (s) of each call that
-    began after warm-up and finished inside the window."""
+    began after warm-up and finished inside the window. ``after(what call returned)``,
+    if given, runs after each call, outside its latency (e.g. a backlog guard)."""
     win.wait_start()
     lat = []
     next_t = win.start + phase
@@ -110,12 +112,14 @@ def latencies_in_window(win: Window, call, period: float = 0.0, phase: float = 0
         t0 = now()
         if t0 >= win.end:
             break
-        call()
+        out = call()
         t1 = now()
         if t0 >= win.begin and t1 <= win.end:
             lat.append(t1 - t0)
+        if after is not None:
+            after(out)
         if period:
-            next_t = max(next_t + period, t1)
+            next_t = max(next_t + period, now())
     return lat
 
 

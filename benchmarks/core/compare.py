@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import argparse
 
-from benchmarks.common.driver import (add_budget_args, add_common_args, busy_lines, machine_lines,
-                                      run_systems, si, start_report, wanted_systems,
-                                      write_outputs)
+from benchmarks.common.driver import (add_budget_args, add_common_args, run_systems, start_report,
+                                      wanted_systems, write_outputs)
+from benchmarks.common.report import (busy_lines, machine_lines, md_row, md_table, ran, result,
+                                      si, status_cell, systems_lines)
 
 # name, module, venv (None: this interpreter), budget seconds in a full run
 SYSTEMS = [
@@ -61,13 +62,10 @@ def rate_of(entry: dict | None) -> tuple[float | None, str | None]:
     return None, None
 
 
-def cell(entry: dict | None, missing: str) -> str:
-    if entry is None:
-        return missing
-    if "skipped" in entry:
-        return "skipped"
-    if "error" in entry:
-        return "error"
+def cell(entry: dict | None, system_ran: bool) -> str:
+    status = status_cell(entry, system_ran)
+    if status:
+        return status
     rate, _ = rate_of(entry)
     text = si(rate)
     if "gb_per_s" in entry:
@@ -78,18 +76,15 @@ def cell(entry: dict | None, missing: str) -> str:
 
 
 def build_table(report: dict) -> str:
-    systems = report["systems"]
     memcpy = report["memcpy"]["gb_per_s"]
     present = [n for n, _, _, _ in SYSTEMS]
-    missing = {n: ("n/a" if "results" not in systems.get(n, {}) else "—") for n in present}
-    header = ["workload", "unit"] + [DISPLAY[n] for n in present] + \
-             ["Reprise / best peer", "Reprise % of 1-core memcpy"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = md_table(["workload", "unit"] + [DISPLAY[n] for n in present] +
+                     ["Reprise / best peer", "Reprise % of 1-core memcpy"])
     for key in workload_keys():
-        entries = {n: systems.get(n, {}).get("results", {}).get(key) for n in present}
+        entries = {n: result(report, n, key) for n in present}
         unit = next((rate_of(e)[1] for e in entries.values() if rate_of(e)[1]), "")
         row = [key, f"{unit}/s" if unit else ""]
-        row += [cell(entries[n], missing[n]) for n in present]
+        row += [cell(entries[n], ran(report, n)) for n in present]
         mine, _ = rate_of(entries["reprise"])
         peers = [(rate_of(entries[p])[0], p) for p in PEERS if rate_of(entries[p])[0]]
         if mine and peers:
@@ -103,8 +98,27 @@ def build_table(report: dict) -> str:
             row.append(f"{100 * e['gb_per_s'] / memcpy:.0f}%")
         else:
             row.append("")
-        lines.append("| " + " | ".join(row) + " |")
+        lines.append(md_row(row))
     return "\n".join(lines)
+
+
+def system_details(s: dict) -> list[str]:
+    out = []
+    paths = {}
+    for key, e in s["results"].items():
+        fam = key.split("[")[0]
+        if "path" in e:
+            paths.setdefault(fam, e["path"])
+    for fam, path in paths.items():
+        out.append(f"  - {fam}: {path}")
+    for note in s.get("notes", []):
+        out.append(f"  - note: {note}")
+    for key, e in s["results"].items():
+        if e.get("note"):
+            out.append(f"  - {key}: {e['note']}")
+        if "error" in e or "skipped" in e:
+            out.append(f"  - {key}: {e.get('error') or e.get('skipped')}")
+    return out
 
 
 def build_markdown(report: dict) -> str:
@@ -121,28 +135,7 @@ def build_markdown(report: dict) -> str:
            build_table(report),
            ""]
     out += busy_lines(report, 0.7, DISPLAY, "; on 2 cores that skews every number, TorchRL's (2 intra-op threads) most")
-    out.append("## Systems")
-    for name, _, _, _ in SYSTEMS:
-        s = report["systems"].get(name, {})
-        if "results" not in s:
-            out.append(f"- **{DISPLAY[name]}**: not run: {s.get('skipped') or s.get('error')}")
-            continue
-        vers = ", ".join(f"{k} {v}" for k, v in s["versions"].items())
-        out.append(f"- **{DISPLAY[name]}** ({vers}; {s.get('wall_s', '?')} s)")
-        paths = {}
-        for key, e in s["results"].items():
-            fam = key.split("[")[0]
-            if "path" in e:
-                paths.setdefault(fam, e["path"])
-        for fam, path in paths.items():
-            out.append(f"  - {fam}: {path}")
-        for note in s.get("notes", []):
-            out.append(f"  - note: {note}")
-        for key, e in s["results"].items():
-            if e.get("note"):
-                out.append(f"  - {key}: {e['note']}")
-            if "error" in e or "skipped" in e:
-                out.append(f"  - {key}: {e.get('error') or e.get('skipped')}")
+    out += systems_lines(report, [n for n, *_ in SYSTEMS], DISPLAY, system_details)
     return "\n".join(out) + "\n"
 
 
@@ -155,8 +148,7 @@ def main() -> None:
     wanted = wanted_systems(ap, args, SYSTEMS)
 
     stem, report = start_report("core", args.quick, args.out_dir)
-    run_systems(report, stem, SYSTEMS, wanted, args, quick_budget=90, extra_args=[],
-                load_limit=0.7,
+    run_systems(report, stem, SYSTEMS, wanted, args, quick_budget=90, load_limit=0.7,
                 load_warning=lambda name, load: (
                     f"WARNING: load average {load:.2f} before {name}: another process is busy; "
                     "numbers (TorchRL's especially) will be low"),

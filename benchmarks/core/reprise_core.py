@@ -18,6 +18,7 @@ import os
 import numpy as np
 import reprise as rp
 
+from benchmarks.common.bench import package_versions
 from benchmarks.common.payload import (PriorityStream, check_batch, fill_batches, fill_rows,
                                        payload, random_priorities, step_payload)
 from benchmarks.core.workloads import Workload, core_bench, standard_suite
@@ -27,20 +28,24 @@ FILL_CHUNK = 4096
 STEPS_PER_CALL = 256
 
 
-def make_table(name: str, floats: int, items: int, max_batch: int, sampler=None, extensions=None):
-    """A one-field store and a FIFO-evicting table of at most ``items`` one-step items,
-    with ``extensions`` (None: every built-in, the default; ``[]``: none).
-
-    The store holds the table plus room for two batches of ``max_batch`` items and a
-    few blocks, so an insert into a full table always finds free rows."""
-    sig = {"x": rp.Field((floats,), "float32")}
-    margin = 2 * max_batch + 4 * BLOCK_STEPS
-    store = rp.Store(sig, capacity=items + margin, block_steps=BLOCK_STEPS)
+def fifo_table(name: str, sig: dict, items: int, margin_steps: int, sampler=None, extensions=None):
+    """A store of ``items + margin_steps`` steps and a FIFO-evicting table of at most
+    ``items`` items over it (``sampler`` default Uniform, ``MinSize(1)``), with
+    ``extensions`` (None: every built-in, the default; ``[]``: none)."""
+    store = rp.Store(sig, capacity=items + margin_steps, block_steps=BLOCK_STEPS)
     table = rp.Table(name, store,
                      sampler=sampler if sampler is not None else rp.selectors.Uniform(),
                      remover=rp.selectors.Fifo(), max_size=items,
                      rate_limiter=rp.rate_limiters.MinSize(1), extensions=extensions)
     return store, table
+
+
+def make_table(name: str, floats: int, items: int, max_batch: int, sampler=None, extensions=None):
+    """:func:`fifo_table` of one-step items of one float32 field; the store also holds two
+    batches of ``max_batch`` items and a few blocks, so an insert into a full table always
+    finds free rows."""
+    return fifo_table(name, {"x": rp.Field((floats,), "float32")}, items,
+                      2 * max_batch + 4 * BLOCK_STEPS, sampler, extensions)
 
 
 def closer(store, table):
@@ -138,11 +143,7 @@ def prioritized(floats: int, n_items: int, batch: int, exponent: float, extensio
 
 def main() -> None:
     bench = core_bench("reprise")
-    try:
-        from importlib.metadata import version
-        bench.versions["reprise"] = version("reprise")
-    except Exception:
-        bench.versions["reprise"] = getattr(rp, "__version__", "unknown")
+    bench.versions.update(package_versions("reprise") or {"reprise": rp.__version__})
     bench.notes.append(f"block_steps={BLOCK_STEPS}; reprise from {os.path.dirname(rp.__file__)}")
     standard_suite(bench, insert_batched, insert_step, sample_uniform, prioritized)
     bench.finish()

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from benchmarks.common.config import Config
+from benchmarks.common.driver import host_info
 from benchmarks.common.timing import call_times
 
 MB = 1_000_000
@@ -170,13 +171,8 @@ def header(ctx: Ctx) -> dict:
         h["triton"] = triton.__version__
     except Exception as e:  # noqa: BLE001
         h["triton"] = f"unavailable: {type(e).__name__}: {e}"
-    try:
-        with open("/proc/cpuinfo") as f:
-            h["cpu_model"] = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), None)
-        with open("/proc/meminfo") as f:
-            h["mem_gib"] = next((round(int(ln.split()[1]) / 2**20, 1) for ln in f if ln.startswith("MemTotal:")), None)
-    except OSError:
-        pass
+    machine = host_info()
+    h.update(cpu_model=machine.get("cpu_model"), mem_gib=machine.get("mem_gib"))
     store_dir = ctx.args.store_dir or "/dev/shm"
     try:
         st = os.statvfs(store_dir)
@@ -232,21 +228,45 @@ def pinned_gbps(ctx: Ctx, nbytes: int) -> float | None:
     return m.get("pinned", {}).get("gbps")
 
 
-def fill_host_table(ctx: Ctx, table, k: int, n: int, rng) -> float:
-    """Inserts n one-step items of float32[k] (a reused block of random normals)."""
-    row = 4 * k
-    chunk = aligned_chunk(n, 65_536, (64 << 20) // row)
-    src = rng.standard_normal((chunk, 1, k), dtype=np.float32)
+def fill_table(ctx: Ctx, table, src: dict, n: int) -> float:
+    """Inserts n one-step items, one call per block of ``src`` ({field: [chunk, 1, ...]},
+    numpy or torch, reused), priority 1; the seconds it took, closed by a synchronize."""
+    chunk = len(next(iter(src.values())))
     ones = np.ones(chunk)
+    ctx.sync()
     t0 = time.perf_counter()
     done = 0
     while done < n:
         m = min(chunk, n - done)
-        table.insert({"x": src[:m]}, priorities=ones[:m])
+        table.insert({f: v[:m] for f, v in src.items()}, priorities=ones[:m])
         done += m
+    ctx.sync()
     fill_s = time.perf_counter() - t0
     check_filled(table, n)
     return fill_s
+
+
+def fill_host_table(ctx: Ctx, table, k: int, n: int, rng) -> float:
+    """Inserts n one-step items of float32[k] (a reused block of random normals)."""
+    chunk = aligned_chunk(n, 65_536, (64 << 20) // (4 * k))
+    return fill_table(ctx, table, {"x": rng.standard_normal((chunk, 1, k), dtype=np.float32)}, n)
+
+
+def time_iterate(ctx: Ctx, table, b: int, m: int, warmup: int, row_bytes: int) -> dict:
+    """``table.iterate(batch_size=b, device="cuda", prefetch=2)``: ``warmup`` batches, then
+    ``m`` timed, closed by a synchronize."""
+    for _ in table.iterate(batch_size=b, device="cuda", prefetch=2, num_batches=warmup):
+        pass
+    ctx.sync()
+    t0 = time.perf_counter()
+    count = 0
+    for _ in table.iterate(batch_size=b, device="cuda", prefetch=2, num_batches=m):
+        count += 1
+    ctx.sync()
+    el = time.perf_counter() - t0
+    assert count == m
+    return {"batches": m, "seconds": el, "batches_per_s": m / el, "us_per_batch": el / m * 1e6,
+            "gbps": m * b * row_bytes / el / GB}
 
 
 def aligned_chunk(n: int, most: int, by_bytes: int) -> int:

@@ -31,6 +31,8 @@ import numpy as np
 
 import reprise as rp
 
+from benchmarks.common.timing import call_summary
+
 BATCHES = (256, 1024, 4096)
 
 
@@ -58,6 +60,13 @@ def build(items: int, block_steps: int):
     return store, table, resident
 
 
+def per_item(times: list[float], batch: int) -> dict:
+    """:func:`~benchmarks.common.timing.call_summary` of the calls, and ns per drawn item."""
+    out = call_summary(times)
+    out["ns_per_item"] = out["us_median"] * 1e3 / batch
+    return out
+
+
 def measure_resident(table, batch: int, calls: int) -> dict:
     times = []
     for i in range(calls + 10):
@@ -67,9 +76,7 @@ def measure_resident(table, batch: int, calls: int) -> dict:
         if i >= 10:
             times.append(time.perf_counter() - t0)
         assert admitted.count == batch and len(admitted.changes[0]) == 0
-    t = np.array(times) * 1e6
-    return {"us_median": float(np.median(t)), "us_p99": float(np.percentile(t, 99)),
-            "ns_per_item": float(np.median(t)) * 1e3 / batch}
+    return per_item(times, batch)
 
 
 def measure(table, batch: int, calls: int) -> dict:
@@ -85,9 +92,7 @@ def measure(table, batch: int, calls: int) -> dict:
             times[pinned].append(time.perf_counter() - t0)
     out = {}
     for pinned, name in ((True, "epoch"), (False, "references")):
-        t = np.array(times[pinned]) * 1e6
-        out[name] = {"us_median": float(np.median(t)), "us_p99": float(np.percentile(t, 99)),
-                     "ns_per_item": float(np.median(t)) * 1e3 / batch}
+        out[name] = per_item(times[pinned], batch)
     out["references_over_epoch"] = out["references"]["us_median"] / out["epoch"]["us_median"]
     return out
 

@@ -3,6 +3,8 @@ Reprise against TorchRL, with the goal and whether it was met."""
 
 from __future__ import annotations
 
+from benchmarks.common.report import md_row
+
 
 def fmt(x, unit=""):
     if x is None:
@@ -176,8 +178,7 @@ def markdown(results: dict) -> str:
              + (" (QUICK: numbers are noise)" if h.get("quick") else ""), "",
              "| workload | reprise | peer (TorchRL) | ratio | goal | met? |",
              "|---|---|---|---|---|---|"]
-    for r in summary_rows(results):
-        lines.append("| " + " | ".join(r) + " |")
+    lines += [md_row(r) for r in summary_rows(results)]
     lines += ["", "collect: `table.sample(b, device=\"cuda\")` from a host shared-memory store (host selection, "
               "GPU gather from registered memory, synchronize) vs TorchRL `ReplayBuffer(LazyTensorStorage(cpu), "
               "pin_memory=True).sample().to(\"cuda\", non_blocking=True)`; same N, rows, batches. "

@@ -10,9 +10,9 @@ import numpy as np
 import torch
 
 from benchmarks.common.timing import call_summary
-from benchmarks.gpu.context import (GB, Ctx, aligned_chunk, check_filled, check_sample,
-                                    fill_host_table, guarded, host_store, log, n_items,
-                                    pinned_gbps, repeats_for, space_for_stores)
+from benchmarks.gpu.context import (GB, Ctx, aligned_chunk, check_sample, fill_host_table,
+                                    fill_table, guarded, host_store, log, n_items, pinned_gbps,
+                                    repeats_for, space_for_stores, time_iterate)
 
 
 def event_times(fn, warmup: int, repeats: int) -> list[float]:
@@ -149,21 +149,8 @@ def reprise_config(ctx: Ctx, store, table, k: int, n: int, b: int) -> dict:
     guarded(ctx, res, "gather_only", gather_alone)
 
     # Prefetching iteration.
-    def iterate():
-        for _ in table.iterate(batch_size=b, device="cuda", prefetch=2, num_batches=5):
-            pass
-        ctx.sync()
-        m = repeats_for(res["sample"]["us_median"] / 1e6, cfg.call_budget_s, 10, 1000)
-        t0 = time.perf_counter()
-        count = 0
-        for s in table.iterate(batch_size=b, device="cuda", prefetch=2, num_batches=m):
-            count += 1
-        ctx.sync()
-        el = time.perf_counter() - t0
-        del s
-        assert count == m
-        return {"batches": m, "seconds": el, "batches_per_s": m / el, "gbps": m * nbytes / el / GB}
-    guarded(ctx, res, "iterate_prefetch2", iterate)
+    m = repeats_for(res["sample"]["us_median"] / 1e6, cfg.call_budget_s, 10, 1000)
+    guarded(ctx, res, "iterate_prefetch2", time_iterate, ctx, table, b, m, 5, row)
     wait_released()
     g = res.get("gather_only", {}).get("gbps")
     it = res.get("iterate_prefetch2", {}).get("gbps")
@@ -202,22 +189,9 @@ def sec_latency(ctx: Ctx) -> dict:
             return r
         guarded(ctx, out, "sample_host_numpy", host)
 
-        def iterate():
-            for _ in table.iterate(batch_size=b, device="cuda", prefetch=2, num_batches=50):
-                pass
-            ctx.sync()
-            m = cfg.iter_batches
-            t0 = time.perf_counter()
-            count = 0
-            for _ in table.iterate(batch_size=b, device="cuda", prefetch=2, num_batches=m):
-                count += 1
-            ctx.sync()
-            el = time.perf_counter() - t0
-            assert count == m
-            log(f"  iterate(prefetch=2): {m / el:,.0f} batches/s")
-            return {"batches": m, "seconds": el, "batches_per_s": m / el, "us_per_batch": el / m * 1e6,
-                    "gbps": m * b * 400 / el / GB}
-        guarded(ctx, out, "iterate_prefetch2", iterate)
+        r = guarded(ctx, out, "iterate_prefetch2", time_iterate, ctx, table, b, cfg.iter_batches, 50, 400)
+        if "batches_per_s" in r:
+            log(f"  iterate(prefetch=2): {r['batches_per_s']:,.0f} batches/s")
     finally:
         del table
         ctx.close_store(store)
@@ -340,12 +314,8 @@ def resident_transition(ctx: Ctx, n: int) -> dict:
     try:
         rng = np.random.default_rng(2)
         chunk = aligned_chunk(n, 65_536, (64 << 20) // row)
-        src = {k: rng.integers(0, 2, (chunk, 1, *s)).astype(d) for k, (s, d) in TRANSITION.items()}
-        done = 0
-        while done < n:
-            m = min(chunk, n - done)
-            table.insert({k: v[:m] for k, v in src.items()}, priorities=np.ones(m))
-            done += m
+        fill_table(ctx, table, {k: rng.integers(0, 2, (chunk, 1, *s)).astype(d)
+                                for k, (s, d) in TRANSITION.items()}, n)
         for label, enabled in (("fused", None), ("per_field", False)):
             def measure():
                 gather_kernels.ENABLED = enabled
@@ -389,20 +359,9 @@ def sec_device(ctx: Ctx) -> dict:
             try:
                 chunk = aligned_chunk(n, 65_536, (256 << 20) // row)
                 gen = torch.Generator(device=ctx.dev).manual_seed(3)
-                src = torch.randn(chunk, 1, k, device=ctx.dev, generator=gen)
-                ones = np.ones(chunk)
-                ctx.sync()
-                t0 = time.perf_counter()
-                done = 0
-                while done < n:
-                    m = min(chunk, n - done)
-                    table.insert({"x": src[:m]}, priorities=ones[:m])
-                    done += m
-                ctx.sync()
-                res["fill_s"] = time.perf_counter() - t0
+                res["fill_s"] = fill_table(ctx, table, {"x": torch.randn(chunk, 1, k, device=ctx.dev,
+                                                                         generator=gen)}, n)
                 res["fill_gbps"] = n * row / res["fill_s"] / GB
-                check_filled(table, n)
-                del src
                 for b in cfg.dev_batches:
                     def measure():
                         s = table.sample(b, device="cuda")

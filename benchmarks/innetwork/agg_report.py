@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from benchmarks.common.driver import machine_lines
+from benchmarks.common.report import machine_lines, md_row, md_table
 
 GOAL_LATENCY_RATIO = 0.5        # daemon <= 0.5 x gloo, gradients <= 158 KB, 4 workers
 GOAL_LATENCY_MAX_BYTES = 158_000
@@ -101,20 +101,20 @@ def matrix_table(entries: list[dict], delay: bool = False) -> list[str]:
     head = (["relays hold (us/hop)"] if delay else []) + ["rate", "workers", "gradient", "daemon f32 p50 / p99 us", "daemon i32 p50 / p99 us",
             "TCP PS p50 / p99 us", "gloo p50 / p99 us", "daemon f32 / gloo", "daemon f32 / PS",
             "goodput Gbit/s: daemon f32 / PS / gloo"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = md_table(head)
     for e in entries:
         first = [f"{e.get('delay_us', 0):g}"] if delay else []
         if "error" in e:
-            lines.append("| " + " | ".join(first + [e["rate"], str(e["workers"]), f"(error: {e['error'][:120]})"])
-                         + " |" + " |" * (len(head) - 3 - len(first)))
+            lines.append(md_row(first + [e["rate"], str(e["workers"]), f"(error: {e['error'][:120]})"])
+                         + " |" * (len(head) - 3 - len(first)))
             continue
         for size in e["sizes"]:
             d, p, g = (_p50(e, s, size) for s in ("daemon-f32", "ps", "gloo"))
             good = " / ".join(f"{size * 8 / (x * 1e-6) / 1e9:.2f}" if x else "n/a" for x in (d, p, g))
-            lines.append("| " + " | ".join(first + [
+            lines.append(md_row(first + [
                 e["rate"], str(e["workers"]), size_label(size), _cell(e, "daemon-f32", size, True),
                 _cell(e, "daemon-i32", size, True), _cell(e, "ps", size, True), _cell(e, "gloo", size, True),
-                f"**{_ratio(d, g)}**", _ratio(d, p), good]) + " |")
+                f"**{_ratio(d, g)}**", _ratio(d, p), good]))
     return lines
 
 
@@ -190,7 +190,7 @@ def goodput_lines(report: dict) -> list[str]:
     head = ["values per packet", "gradient", "p50 / p99 us", "input GB/s (wall: workers x bytes / p50)",
             "daemon cores busy (timed rounds)", "**input GB per daemon CPU-second** (timed rounds)",
             "worker CPU us / call"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = md_table(head)
     totals = []
     for seg, e in gp.get("by_segment", {}).items():
         if not e.get("systems"):
@@ -252,7 +252,7 @@ def loss_lines(report: dict) -> list[str]:
         return [f"No result: {loss.get('error', '?')}"]
     head = ["gradient", "variant", "lossless p50 / p99 us", "with loss p50 / p99 us", "p99 (loss) / p50 (lossless)",
             "goal <= 3x", "exact sums under loss"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = md_table(head)
     for size, name, a, b in _loss_rows(loss):
         r = b["p99_us"] / a["p50_us"]
         exact = "yes" if b.get("max_abs_err") == 0 else f"NO (max error {b.get('max_abs_err')})"

@@ -57,7 +57,6 @@ import os
 import queue
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -65,8 +64,8 @@ import threading
 import time
 
 from benchmarks.common.config import Config
-from benchmarks.common.driver import OUT, start_report, write_outputs
-from benchmarks.common.processes import ROOT
+from benchmarks.common.driver import OUT, command_line, start_report, write_outputs
+from benchmarks.common.processes import ROOT, free_port, kill, stop_all
 from benchmarks.innetwork import agg_daemon
 from benchmarks.innetwork.agg_report import build_markdown, parse_size, summarize_config
 from benchmarks.innetwork.relay import redirect_rules
@@ -146,15 +145,7 @@ class Child:
     def stop(self, timeout: float = 10.0, signal_first: bool = True) -> dict:
         """SIGTERM (unless ``signal_first`` is False: wait for it to end by itself), then the last
         JSON line it printed."""
-        if signal_first and self.proc.poll() is None:
-            try:
-                self.proc.send_signal(signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            kill_group(self.proc)
+        stop_all([self.proc], timeout, signal.SIGTERM if signal_first else None)
         out = {}
         end = time.monotonic() + 2.0
         while time.monotonic() < end:
@@ -171,26 +162,6 @@ class Child:
                     pass
         self.log.close()
         return out
-
-
-def kill_group(p: subprocess.Popen) -> None:
-    try:
-        os.killpg(p.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        try:
-            p.kill()
-        except ProcessLookupError:
-            pass
-    try:
-        p.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        pass
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 # --- one configuration --------------------------------------------------------------------
@@ -220,15 +191,11 @@ def run_ranks(net, hosts: list[str | None], systems_for_rank, sizes: list[int], 
         procs.append((p, logf))
     n_systems = len(systems_for_rank(0))
     budget = 60 + n_systems * cfg.blocks * 2 * cfg.set_timeout_s / max(1, cfg.blocks)
-    deadline = t0 + budget
-    while any(p.poll() is None for p, _ in procs) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    seen = {"wall_s": round(time.monotonic() - t0, 1), "exit": []}
-    for p, logf in procs:
-        if p.poll() is None:
-            kill_group(p)
-            seen.setdefault("killed", True)
-        seen["exit"].append(p.returncode)
+    killed = stop_all([p for p, _ in procs], t0 + budget - time.monotonic(), sig=None)
+    seen = {"wall_s": round(time.monotonic() - t0, 1), "exit": [p.returncode for p, _ in procs]}
+    if killed:
+        seen["killed"] = True
+    for _, logf in procs:
         logf.close()
     outs = []
     for r in range(world):
@@ -332,7 +299,7 @@ def network_config(net, n: int, rate: str, delay_us: float, sizes: list[int], sy
     finally:
         for c in children + relays:
             if c.proc.poll() is None:
-                kill_group(c.proc)
+                kill(c.proc)
         if relay and net.namespaced:
             for h in hosts:
                 net.run(h, ["nft", "delete", "table", "ip", "aggrelay"], capture_output=True, timeout=15)
@@ -416,7 +383,7 @@ def _goodput_one(cfg, seg: int, logdir: str, stem: str) -> dict:
         entry["error"] = f"{type(e).__name__}: {e}"
     finally:
         if daemon.proc.poll() is None:
-            kill_group(daemon.proc)
+            kill(daemon.proc)
         shutil.rmtree(workdir, ignore_errors=True)
     print_point(entry)
     if entry.get("gb_per_cpu_s"):
@@ -455,7 +422,7 @@ def loopback_loss(cfg, logdir: str, stem: str) -> dict:
     finally:
         for d in daemons.values():
             if d.proc.poll() is None:
-                kill_group(d.proc)
+                kill(d.proc)
         shutil.rmtree(workdir, ignore_errors=True)
     print_point(entry)
     return entry
@@ -483,17 +450,14 @@ def main(argv: list[str] | None = None) -> int:
                            ("delay_sizes", "delay_sizes", str), ("delay_workers", "delay_workers", int)):
         if getattr(args, opt):
             setattr(cfg, key, [conv(x) for x in getattr(args, opt).split(",") if x])
-    if args.delay_us is not None:
-        cfg.delay_us = args.delay_us
-    if args.jitter_us is not None:
-        cfg.jitter_us = args.jitter_us
+    cfg.override(args, "delay_us", "jitter_us")
     sections = set(args.sections.split(","))
     systems = [s for s in args.systems.split(",") if s]
     unknown = set(systems) - set(SYSTEMS)
     if unknown:
         ap.error(f"unknown systems {sorted(unknown)}")
     stem, report = start_report("innetwork-aggregation", args.quick, args.out_dir,
-                                command=" ".join(["python -m benchmarks.innetwork.aggregation", *sys.argv[1:]]))
+                                command=command_line(__spec__.name))
     report["config"] = cfg.as_dict()
     report["module"] = agg_daemon.module_name()
     why = agg_daemon.unavailable()

@@ -38,7 +38,8 @@ import sys
 import time
 
 from benchmarks.common.config import Config
-from benchmarks.common.driver import OUT, start_report, write_outputs
+from benchmarks.common.driver import OUT, command_line, start_report, write_outputs
+from benchmarks.common.report import md_table
 from benchmarks.innetwork.agg_daemon import aggregate_module, build_info, module_name, unavailable
 
 FULL = dict(learners=4, envs=8, steps=5, hidden=128, lr=1e-3, target=195.0, budget_s=150.0, seed=1,
@@ -256,7 +257,7 @@ def build_markdown(report: dict) -> str:
         out += [f"- daemon arm SKIPPED: {report['skipped']}", ""]
     head = ["run", "arm", "reached", "seconds", "updates", "env steps", "update ms (median)",
             "backward incl. all-reduce ms", "rollout ms"]
-    out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out += md_table(head)
     for i, r in enumerate(report["runs"]):
         if "error" in r:
             out.append(f"| {i} | {r['arm']} | error: {r['error'].splitlines()[-1][:200]} |" + " |" * 6)
@@ -294,13 +295,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arms", default="gloo,daemon")
     ap.add_argument("--out-dir", default=OUT)
     args = ap.parse_args(argv)
-    cfg = Config.choose(args.quick, None, FULL, QUICK)
-    for k in ("learners", "envs", "steps", "hidden", "repeats", "seed", "target", "budget_s", "lr"):
-        if getattr(args, k) is not None:
-            setattr(cfg, k, getattr(args, k))
+    cfg = Config.choose(args.quick, None, FULL, QUICK).override(
+        args, "learners", "envs", "steps", "hidden", "repeats", "seed", "target", "budget_s", "lr")
     os.environ["OMP_NUM_THREADS"] = "1"
     stem, report = start_report("innetwork-ddp-cartpole", args.quick, args.out_dir,
-                                command=" ".join(["python -m benchmarks.innetwork.ddp_cartpole", *sys.argv[1:]]))
+                                command=command_line(__spec__.name))
     report["config"] = cfg.as_dict()
     report["module"] = module_name()
     report["build"] = build_info() if unavailable() is None else {}

@@ -52,7 +52,8 @@ import re
 import shutil
 import signal
 import subprocess
-import time
+
+from benchmarks.common.processes import stop_all
 
 __all__ = ["Network", "NamespaceError", "can_namespace", "cleanup_stale", "rate_bits"]
 
@@ -298,25 +299,7 @@ class Network:
         if self._closed:
             return
         self._closed = True
-        for p in self._procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGTERM) if _own_group(p) else p.terminate()
-                except (ProcessLookupError, PermissionError):
-                    pass
-        deadline = time.monotonic() + 3.0
-        for p in self._procs:
-            try:
-                p.wait(timeout=max(0.01, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL) if _own_group(p) else p.kill()
-                except (ProcessLookupError, PermissionError):
-                    pass
-                try:
-                    p.wait(timeout=2.0)
-                except subprocess.TimeoutExpired:
-                    pass
+        stop_all(self._procs, 3.0)
         if self.namespaced:
             self._teardown_namespaces()
         try:
@@ -369,11 +352,3 @@ class Network:
             cleanup_stale(self.prefix)
         except (OSError, subprocess.TimeoutExpired):
             pass
-
-
-def _own_group(p: subprocess.Popen) -> bool:
-    """Whether ``p`` leads its own process group (started with ``start_new_session``)."""
-    try:
-        return os.getpgid(p.pid) == p.pid
-    except (ProcessLookupError, PermissionError):
-        return False

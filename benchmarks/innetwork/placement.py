@@ -82,7 +82,10 @@ import tempfile
 import threading
 import time
 
-from benchmarks.common.driver import OUT, machine_lines, start_report, write_outputs
+from benchmarks.common.bench import package_versions
+from benchmarks.common.driver import OUT, start_report, write_outputs
+from benchmarks.common.processes import free_port, stop_all
+from benchmarks.common.report import machine_lines
 from benchmarks.common.timing import latency_stats, now
 from benchmarks.innetwork.netns import Network, can_namespace, rate_bits
 
@@ -537,21 +540,7 @@ class Run:
         return out
 
     def close(self) -> None:
-        for p in list(self.children.values()) + self.daemons:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGTERM)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        for p in list(self.children.values()) + self.daemons:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-                p.wait(timeout=5)
+        stop_all(list(self.children.values()) + self.daemons, 15)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -596,13 +585,7 @@ def run_redis(net: Network, cfg: dict, actors: int) -> dict:
     run = Run(net, cfg, actors)
     try:
         host = net.address("learner")
-        if net.namespaced:
-            port = PORT_REDIS
-        else:
-            import socket
-            with socket.socket() as s:
-                s.bind((host, 0))
-                port = s.getsockname()[1]
+        port = PORT_REDIS if net.namespaced else free_port(host)
         run.daemon("learner", ["redis-server", "--bind", host, "127.0.0.1", "--port", str(port),
                                "--save", "", "--appendonly", "no", "--protected-mode", "no",
                                "--dir", run.dir, "--daemonize", "no", "--loglevel", "notice"],
@@ -941,11 +924,7 @@ def main(argv=None) -> dict:
     stem, report = start_report("placement", args.quick, args.out_dir,
                                 command=" ".join(["python -m benchmarks.innetwork.placement", *argv]))
     report["config"] = cfg
-    try:
-        from importlib.metadata import version
-        report["versions"] = {p: version(p) for p in ("reprise", "redis", "numpy")}
-    except Exception:
-        report["versions"] = {}
+    report["versions"] = package_versions("reprise", "redis", "numpy")
     r = subprocess.run(["redis-server", "--version"], capture_output=True, text=True, timeout=10) \
         if shutil.which("redis-server") else None
     report["versions"]["redis-server"] = r.stdout.strip() if r else None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import cpprb
 import numpy as np
 
+from benchmarks.common.bench import package_versions
 from benchmarks.common.payload import (PriorityStream, check_batch, fill_batches, fill_rows,
                                        payload, random_priorities)
 from benchmarks.core.workloads import IMPORTANCE_BETA, Workload, core_bench, standard_suite
@@ -81,14 +82,9 @@ def prioritized(floats: int, n_items: int, batch: int, exponent: float) -> Workl
 
 def main() -> None:
     bench = core_bench("cpprb")
-    bench.versions["cpprb"] = getattr(cpprb, "__version__", None) or _dist_version("cpprb")
+    bench.versions.update(package_versions("cpprb"))
     standard_suite(bench, insert_batched, insert_step, sample_uniform, prioritized)
     bench.finish()
-
-
-def _dist_version(name: str) -> str:
-    from importlib.metadata import version
-    return version(name)
 
 
 if __name__ == "__main__":

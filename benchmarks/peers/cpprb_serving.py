@@ -20,16 +20,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from benchmarks.common.bench import Bench
+from benchmarks.common.bench import Bench, package_versions
 from benchmarks.common.payload import PriorityStream, payload, random_priorities
 from benchmarks.common.processes import Group, mp_context
 from benchmarks.common.timing import Window, count_in_window, timed_rounds
 from benchmarks.serving.workloads import (APEX_ACTORS, APEX_FRAME, APEX_POOL, APEX_SAMPLE,
-                                          APEX_VARIANTS, IMPORTANCE_BETA, N_WRITERS,
-                                          PRIORITY_EXPONENT, SAMPLE_BATCH, STEPS_PER_CALL,
-                                          WRITER_SIZES, apex_batches, apex_entry, apex_pool,
-                                          apex_timing, latency_run, make_config, mixed_entry,
-                                          serving_bench, writer_capacity, writer1_entry)
+                                          IMPORTANCE_BETA, N_WRITERS, PRIORITY_EXPONENT,
+                                          SAMPLE_BATCH, STEPS_PER_CALL, apex_batches, apex_entry,
+                                          apex_pool, apex_timing, latency_run, make_config,
+                                          mixed_entry, serving_bench, serving_suite, writer1_entry,
+                                          writer_capacity)
 
 
 def x_env(floats: int) -> dict:
@@ -188,18 +188,10 @@ class Cpprb:
 
 def main() -> None:
     bench = serving_bench("cpprb")
-    from importlib.metadata import version
-    bench.versions["cpprb"] = version("cpprb")
+    bench.versions.update(package_versions("cpprb"))
     bench.notes.append("no server: MP buffers in shared memory (backend='SharedMemory', "
                        "ctx=spawn) used directly by the spawned processes")
-    s = Cpprb(bench)
-    for label, size in WRITER_SIZES:
-        for variant in ("step", "batch"):
-            bench.run(f"writer1[{label},{variant}]", s.writer1, size, variant)
-    for variant in ("step", "batch"):
-        bench.run(f"mixed[{variant}]", s.mixed, variant)
-    for variant in APEX_VARIANTS:
-        bench.run(variant, s.apex, variant)
+    serving_suite(bench, Cpprb(bench))
     bench.finish()
 
 

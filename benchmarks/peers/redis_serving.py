@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import pickle
 import shutil
-import socket
 import subprocess
 import tempfile
 import threading
@@ -41,17 +40,16 @@ import time
 
 import numpy as np
 
-from benchmarks.common.bench import Bench
+from benchmarks.common.bench import Bench, package_versions
 from benchmarks.common.payload import PriorityStream, payload, random_priorities
-from benchmarks.common.processes import Group
+from benchmarks.common.processes import Group, free_port, stop_all
 from benchmarks.common.timing import (Window, count_in_window, latencies_in_window,
                                       latency_stats, now, timed_rounds)
 from benchmarks.serving.workloads import (APEX_ACTORS, APEX_FRAME, APEX_POOL, APEX_SAMPLE,
-                                          APEX_VARIANTS, N_WRITERS, PRIORITY_EXPONENT,
-                                          SAMPLE_BATCH, STEPS_PER_CALL, WRITER_SIZES,
-                                          apex_batches, apex_entry, apex_pool, apex_timing,
-                                          make_config, mixed_entry, serving_bench,
-                                          writer_capacity, writer1_entry)
+                                          N_WRITERS, PRIORITY_EXPONENT, SAMPLE_BATCH,
+                                          STEPS_PER_CALL, apex_batches, apex_entry, apex_pool,
+                                          apex_timing, make_config, mixed_entry, serving_bench,
+                                          serving_suite, writer1_entry, writer_capacity)
 
 KEY = b"exp"
 DRAINED = b"drained"
@@ -71,9 +69,7 @@ class RedisServer:
         exe = shutil.which("redis-server")
         if exe is None:
             raise RuntimeError("redis-server not found (apt-get install redis-server)")
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="redis-bench-")
         self.proc = subprocess.Popen(
             [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
@@ -99,13 +95,7 @@ class RedisServer:
         return connect(self.port).info("memory")["used_memory_rss"] / 2**20
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_all([self.proc], 20)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -374,30 +364,17 @@ def apex_actor_child(port: int, seed: int, warmup: float, seconds: float, timing
 
     def run(start):
         win = Window(start, warmup, seconds)
-        win.wait_start()
-        period, phase = timing
-        next_t = win.start + phase
-        lat = []
-        throttled = 0.0
-        while True:
-            if period:
-                d = next_t - now()
-                if d > 0:
-                    time.sleep(d)
-            t0 = now()
-            if t0 >= win.end:
-                break
-            length = push()
-            t1 = now()
-            if t0 >= win.begin and t1 <= win.end:
-                lat.append(t1 - t0)
+        throttled = [0.0]
+
+        def guard(length: int) -> None:   # the list too long: wait, outside the push's latency
             if length > limit:
+                t = now()
                 while r.llen(KEY) > limit // 2 and now() < win.end:
                     time.sleep(0.001)
-                throttled += now() - t1
-            if period:
-                next_t = max(next_t + period, now())
-        return {"lat": lat, "seconds": seconds, "throttled_s": throttled}
+                throttled[0] += now() - t
+
+        lat = latencies_in_window(win, push, *timing, after=guard)
+        return {"lat": lat, "seconds": seconds, "throttled_s": throttled[0]}
     return run
 
 
@@ -515,23 +492,12 @@ class RedisBaseline:
 
 def main() -> None:
     bench = serving_bench("redis")
-    from importlib.metadata import version
-    for pkg in ("redis", "hiredis"):
-        try:
-            bench.versions[pkg] = version(pkg)
-        except Exception:
-            pass
+    bench.versions.update(package_versions("redis", "hiredis"))
     s = RedisBaseline(bench)
     bench.notes.append(f"redis-server {s.server.version} started by this script on "
                        f"127.0.0.1:{s.server.port} (no persistence), stopped at the end")
     try:
-        for label, size in WRITER_SIZES:
-            for variant in ("step", "batch"):
-                bench.run(f"writer1[{label},{variant}]", s.writer1, size, variant)
-        for variant in ("step", "batch"):
-            bench.run(f"mixed[{variant}]", s.mixed, variant)
-        for variant in APEX_VARIANTS:
-            bench.run(variant, s.apex, variant)
+        serving_suite(bench, s)
     finally:
         s.close()
     bench.finish()

@@ -27,18 +27,20 @@ Prints one JSON object on stdout; progress on stderr.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
 import statistics
 import sys
-import threading
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from benchmarks.common.page_cache import evict, resident  # noqa: E402  (after the TF log level)
-from benchmarks.peers.reverb_common import ServerProcess, x_table  # noqa: E402
+from benchmarks.checkpoint.load import Load, compare_windows  # noqa: E402  (after the TF log level)
+from benchmarks.common.page_cache import du, evict, resident  # noqa: E402
+from benchmarks.common.processes import ready_until_stdin_closes, serve_if_asked  # noqa: E402
+from benchmarks.peers.reverb_common import ServerProcess, structured_writer, x_table  # noqa: E402
 
 FLOATS = 1024  # 4 KB items
 FLUSH_EVERY = 32
@@ -47,17 +49,6 @@ TABLE = "Uniform"
 
 def log(msg: str) -> None:
     print(f"[reverb] {msg}", file=sys.stderr, flush=True)
-
-
-def du(path: str) -> int:
-    total = 0
-    for root, _, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.path.getsize(os.path.join(root, f))
-            except OSError:
-                pass
-    return total
 
 
 def dirty_mib() -> float:
@@ -86,8 +77,7 @@ def serve(spec_json: str) -> None:
     ckpt = reverb.checkpointers.DefaultCheckpointer(path=spec["checkpoint_dir"])
     t0 = time.perf_counter()
     server = reverb.Server(tables=[table], port=None, checkpointer=ckpt)
-    print(f"READY {server.port} {time.perf_counter() - t0:.6f}", flush=True)
-    sys.stdin.read()
+    ready_until_stdin_closes(server.port, f"{time.perf_counter() - t0:.6f}")
     server.stop()
 
 
@@ -101,13 +91,6 @@ class Server(ServerProcess):
 
 
 # --- client side ----------------------------------------------------------------------
-def writer(client):
-    from reverb import structured_writer as sw
-    pattern = sw.pattern_from_transform({"x": None}, lambda ref: {"x": ref["x"][-1:]})
-    cfg = sw.create_config(pattern, table=TABLE, priority=sw.constant_priority_fn(1.0))
-    return client.structured_writer([cfg])
-
-
 def rows(n: int, seed: int):
     import numpy as np
     rng = np.random.default_rng(seed)
@@ -115,7 +98,7 @@ def rows(n: int, seed: int):
 
 
 def fill(client, items: int) -> dict:
-    w = writer(client)
+    w = structured_writer(client, TABLE)
     steps = rows(4096, 1)  # 16 MB of distinct random rows, cycled
     t0 = time.perf_counter()
     done = 0
@@ -141,79 +124,34 @@ def timed_checkpoint(client, ckpt_dir: str) -> dict:
             "dirty_mib_after": dirty_mib()}
 
 
-class Load:
-    """A writer thread and a sampler thread, running until stop(); each records
-    (time, items) after every flush / batch."""
+def background_load(client, address: str, batch: int = 256) -> Load:
+    """The :class:`~benchmarks.checkpoint.load.Load` of a checkpoint: the writer appends
+    ``FLUSH_EVERY`` steps and flushes per call, the sampler draws ``batch`` from a
+    persistent dataset stream."""
+    import reverb
+    import tensorflow as tf
+    w = structured_writer(client, TABLE)
+    steps = itertools.cycle(rows(1024, 2))
+    ds = reverb.TrajectoryDataset(
+        server_address=address, table=TABLE, dtypes={"x": tf.float32},
+        shapes={"x": tf.TensorShape([1, FLOATS])}, max_in_flight_samples_per_worker=batch)
+    it = iter(ds.batch(batch, drop_remainder=True))
 
-    def __init__(self, client, address: str, batch: int = 256) -> None:
-        import reverb
-        import tensorflow as tf
-        self.stop_flag = threading.Event()
-        self.w_marks: list[tuple[float, int]] = []
-        self.s_marks: list[tuple[float, int]] = []
-        self.errors: list[str] = []
-        self.w = writer(client)
-        self.steps = rows(1024, 2)
-        ds = reverb.TrajectoryDataset(
-            server_address=address, table=TABLE, dtypes={"x": tf.float32},
-            shapes={"x": tf.TensorShape([1, FLOATS])}, max_in_flight_samples_per_worker=batch)
-        self.it = iter(ds.batch(batch, drop_remainder=True))
-        self.batch = batch
-        self.threads = [threading.Thread(target=self._write, daemon=True),
-                        threading.Thread(target=self._sample, daemon=True)]
-        for t in self.threads:
-            t.start()
+    def write() -> int:
+        for _ in range(FLUSH_EVERY):
+            w.append(next(steps))
+        w.flush()
+        return FLUSH_EVERY
 
-    def _write(self) -> None:
-        try:
-            n = 0
-            while not self.stop_flag.is_set():
-                for s in self.steps:
-                    self.w.append(s)
-                    n += 1
-                    if n % FLUSH_EVERY == 0:
-                        self.w.flush()
-                        self.w_marks.append((time.perf_counter(), n))
-                    if self.stop_flag.is_set():
-                        break
-            self.w.flush()
-        except Exception as e:  # noqa: BLE001
-            self.errors.append(f"writer: {type(e).__name__}: {e}")
+    def sample() -> int:
+        next(it).data["x"].numpy()
+        return batch
 
-    def _sample(self) -> None:
-        try:
-            n = 0
-            while not self.stop_flag.is_set():
-                s = next(self.it)
-                s.data["x"].numpy()
-                n += self.batch
-                self.s_marks.append((time.perf_counter(), n))
-        except Exception as e:  # noqa: BLE001
-            self.errors.append(f"sampler: {type(e).__name__}: {e}")
-
-    def stop(self) -> None:
-        self.stop_flag.set()
-        for t in self.threads:
-            t.join(timeout=60)
-
-
-def rate(marks: list[tuple[float, int]], t0: float, t1: float) -> float:
-    """Items/s between t0 and t1 from cumulative (time, count) marks."""
-    before = [n for t, n in marks if t <= t0]
-    upto = [n for t, n in marks if t <= t1]
-    a = before[-1] if before else 0
-    b = upto[-1] if upto else 0
-    return (b - a) / (t1 - t0) if t1 > t0 else 0.0
-
-
-def max_gap(marks: list[tuple[float, int]], t0: float, t1: float) -> float:
-    ts = [t0] + [t for t, _ in marks if t0 < t < t1] + [t1]
-    return max(b - a for a, b in zip(ts, ts[1:]))
+    return Load(write, sample)
 
 
 def main() -> None:
-    if len(sys.argv) > 2 and sys.argv[1] == "--serve":
-        serve(sys.argv[2])
+    if serve_if_asked(serve):
         return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--items", type=int, default=1_000_000)
@@ -256,7 +194,7 @@ def main() -> None:
                                   "bytes_on_disk": idle[-1]["bytes_on_disk"]}
 
         log("throughput without / during a checkpoint")
-        load = Load(client, server.address)
+        load = background_load(client, server.address)
         time.sleep(args.warmup)
         w0 = time.perf_counter()
         time.sleep(args.window)
@@ -267,16 +205,7 @@ def main() -> None:
         keep = None if args.no_restore else c["path"]  # Reverb keeps only its newest checkpoints
         out["checkpoints_left"] = sorted(os.listdir(args.dir))
         d = {"window_s": w1 - w0, "checkpoint_s": c["seconds"],
-             "writer_items_per_s_without": rate(load.w_marks, w0, w1),
-             "writer_items_per_s_during": rate(load.w_marks, c["t0"], c["t1"]),
-             "sampler_items_per_s_without": rate(load.s_marks, w0, w1),
-             "sampler_items_per_s_during": rate(load.s_marks, c["t0"], c["t1"]),
-             "writer_longest_gap_during_s": max_gap(load.w_marks, c["t0"], c["t1"]),
-             "sampler_longest_gap_during_s": max_gap(load.s_marks, c["t0"], c["t1"]),
-             "errors": load.errors}
-        for k in ("writer", "sampler"):
-            wo = d[f"{k}_items_per_s_without"]
-            d[f"{k}_ratio"] = d[f"{k}_items_per_s_during"] / wo if wo else None
+             **compare_windows(load, (w0, w1), (c["t0"], c["t1"])), "errors": load.errors}
         out["during"] = d
         log(f"during a {c['seconds']:.2f}s checkpoint: writer {d['writer_items_per_s_during']:,.0f} vs "
             f"{d['writer_items_per_s_without']:,.0f} items/s, sampler {d['sampler_items_per_s_during']:,.0f} "

@@ -23,19 +23,19 @@ the fastest Reverb documents (override with the environment variables below):
 from __future__ import annotations
 
 import os
-import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import numpy as np  # noqa: E402  (after the TF log level)
 
-from benchmarks.common.bench import Bench  # noqa: E402
+from benchmarks.common.bench import Bench, package_versions  # noqa: E402
 from benchmarks.common.payload import (PriorityStream, check_batch, fill_rows,  # noqa: E402
                                        floats_for, payload, random_priorities)
+from benchmarks.common.processes import serve_if_asked  # noqa: E402
 from benchmarks.core.workloads import (PRIO_ITEM_BYTES, SIZES, Workload,  # noqa: E402
                                        core_bench, standard_suite)
-from benchmarks.peers.reverb_common import ServerProcess, serve, x_table  # noqa: E402
+from benchmarks.peers.reverb_common import ServerProcess, serve, step_writer, x_table  # noqa: E402
 
 FLUSH_EVERY = int(os.environ.get("REVERB_FLUSH_EVERY", "32"))
 FLUSH_KEEP = int(os.environ.get("REVERB_FLUSH_KEEP", "0"))  # block_until_num_items
@@ -47,9 +47,8 @@ class ReverbSystem:
     def __init__(self, bench: Bench) -> None:
         import reverb
         import tensorflow as tf
-        from reverb import structured_writer as sw
 
-        self.reverb, self.tf, self.sw = reverb, tf, sw
+        self.reverb, self.tf = reverb, tf
         self.bench = bench
         self.write_path = os.environ.get("REVERB_WRITE_PATH", "structured")
         self.sample_path = os.environ.get("REVERB_SAMPLE_PATH", "dataset")
@@ -75,28 +74,7 @@ class ReverbSystem:
     # -- writers -------------------------------------------------------------------
     def _writer(self, table: str, priorities: list[float] | None = None):
         """Return (append_fn, flush_fn) for one-step items into table."""
-        if self.write_path == "trajectory":
-            w = self.client.trajectory_writer(num_keep_alive_refs=FLUSH_EVERY)
-            prio = 1.0
-
-            def append(step: dict) -> None:
-                w.append(step)
-                w.create_item(table, priority=prio, trajectory={"x": w.history["x"][-1:]})
-
-            return append, w.flush, w.close
-        sw = self.sw
-        pattern = sw.pattern_from_transform({"x": None}, lambda ref: {"x": ref["x"][-1:]})
-        if priorities is None:
-            configs = [sw.create_config(pattern, table=table,
-                                        priority=sw.constant_priority_fn(1.0))]
-        else:  # one config per priority level, applied round-robin over steps
-            n = len(priorities)
-            configs = [sw.create_config(pattern, table=table,
-                                        conditions=[sw.Condition.step_index() % n == j],
-                                        priority=sw.constant_priority_fn(float(p)))
-                       for j, p in enumerate(priorities)]
-        w = self.client.structured_writer(configs)
-        return w.append, w.flush, lambda: None
+        return step_writer(self.client, table, self.write_path, priorities, keep_alive=FLUSH_EVERY)
 
     def _fill(self, table: str, floats: int, n_items: int, priorities=None,
               time_limit: float | None = None) -> int:
@@ -236,13 +214,10 @@ class ReverbSystem:
 
 
 def main() -> None:
-    if len(sys.argv) > 2 and sys.argv[1] == "--serve":
-        serve(sys.argv[2])
+    if serve_if_asked(serve):
         return
     bench = core_bench("reverb")
-    from importlib.metadata import version
-    for pkg in ("dm-reverb", "tensorflow"):
-        bench.versions[pkg] = version(pkg)
+    bench.versions.update(package_versions("dm-reverb", "tensorflow"))
     system = ReverbSystem(bench)
     bench.notes.append(f"server in its own process, client over gRPC at {system.server.address}")
     try:

@@ -35,19 +35,18 @@ TensorFlow datasets; the environment variables switch):
 from __future__ import annotations
 
 import os
-import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import numpy as np  # noqa: E402  (after the TF log level)
 
+from benchmarks.common.bench import package_versions  # noqa: E402
 from benchmarks.common.payload import payload  # noqa: E402
-from benchmarks.common.processes import ServerProcess  # noqa: E402
-from benchmarks.peers.reverb_common import serve, x_table  # noqa: E402
-from benchmarks.remote.workloads import (PIPELINED, STEP_CHUNK, WORKLOADS,  # noqa: E402
-                                         ClientPool, batch_of, batch_rows, floats,
-                                         remote_bench, run_points, server_check, table_name,
+from benchmarks.common.processes import ServerProcess, serve_if_asked  # noqa: E402
+from benchmarks.peers.reverb_common import serve, step_writer, x_table  # noqa: E402
+from benchmarks.remote.workloads import (PIPELINED, STEP_CHUNK, WORKLOADS, batch_of,  # noqa: E402
+                                         batch_rows, floats, remote_bench, run_points, table_name,
                                          table_specs, used_tables)
 
 FLUSH_EVERY = int(os.environ.get("REVERB_FLUSH_EVERY", "32"))
@@ -59,18 +58,7 @@ IN_FLIGHT = float(os.environ.get("REVERB_IN_FLIGHT", "2"))
 # --- writers and samplers (in any process) -----------------------------------------------
 def writer_for(client, table: str, path: str = WRITE_PATH):
     """(append(step), flush(**kw), close) of a write path ("structured" or "trajectory")."""
-    if path == "trajectory":
-        w = client.trajectory_writer(num_keep_alive_refs=1)
-
-        def append(step: dict) -> None:
-            w.append(step)
-            w.create_item(table, priority=1.0, trajectory={"x": w.history["x"][-1:]})
-        return append, w.flush, w.close
-    from reverb import structured_writer as sw
-    pattern = sw.pattern_from_transform({"x": None}, lambda ref: {"x": ref["x"][-1:]})
-    w = client.structured_writer([sw.create_config(pattern, table=table,
-                                                   priority=sw.constant_priority_fn(1.0))])
-    return w.append, w.flush, lambda: None
+    return step_writer(client, table, path)
 
 
 def insert_call(client, table: str, rows: np.ndarray):
@@ -180,13 +168,10 @@ def fill(client, spec: dict) -> float:
 
 
 def main() -> None:
-    if len(sys.argv) > 2 and sys.argv[1] == "--serve":
-        serve(sys.argv[2])
+    if serve_if_asked(serve):
         return
     bench = remote_bench("reverb")
-    from importlib.metadata import version
-    for pkg in ("dm-reverb", "tensorflow"):
-        bench.versions[pkg] = version(pkg)
+    bench.versions.update(package_versions("dm-reverb", "tensorflow"))
     import reverb
     specs = used_tables(bench.cfg, table_specs(bench.cfg))
     server = ServerProcess(__spec__.name,
@@ -198,19 +183,13 @@ def main() -> None:
                        "with Reverb's " + ", ".join(sorted(set(PIPELINED.values())))
                        + " points: its sampler is already a stream with "
                        f"{IN_FLIGHT:g} batches in flight")
-    pool = None
     try:
         client = reverb.Client(server.address)
         for s in specs:
             bench.log(f"filled {s['name']} ({s['items']} items) in {fill(client, s):.1f}s")
-        pool = ClientPool(bench, client_setup, (server.address,))
-        run_points(bench, pool, path_of,
-                   extra=lambda op, label: {"server_rss_mib": server.rss_mib()},
-                   ops=[op for op, *_ in WORKLOADS if op not in PIPELINED],
-                   before_point=server_check(server))
+        run_points(bench, server, client_setup, path_of,
+                   ops=[op for op, *_ in WORKLOADS if op not in PIPELINED])
     finally:
-        if pool is not None:
-            pool.close()
         server.stop()
     bench.finish()
 

@@ -28,39 +28,31 @@ documents for each job):
 from __future__ import annotations
 
 import os
-import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import numpy as np  # noqa: E402  (after the TF log level)
 
-from benchmarks.common.bench import Bench  # noqa: E402
+from benchmarks.common.bench import Bench, Unsupported, package_versions  # noqa: E402
 from benchmarks.common.payload import PriorityStream, payload, random_priorities  # noqa: E402
-from benchmarks.common.processes import Group  # noqa: E402
+from benchmarks.common.processes import Group, serve_if_asked  # noqa: E402
 from benchmarks.common.timing import Window, count_in_window, timed_rounds  # noqa: E402
-from benchmarks.peers.reverb_common import ServerProcess, serve, x_table  # noqa: E402
+from benchmarks.peers.reverb_common import ServerProcess, serve, structured_writer, x_table  # noqa: E402
 from benchmarks.serving.workloads import (APEX_ACTORS, APEX_FRAME, APEX_POOL,  # noqa: E402
                                           APEX_PUSH, APEX_SAMPLE, APEX_VARIANTS, N_WRITERS,
                                           PRIORITY_EXPONENT, SAMPLE_BATCH, STEPS_PER_CALL,
                                           WRITER_SIZES, apex_entry, apex_pool, apex_timing,
                                           latency_run, make_config, mixed_entry, serving_bench,
-                                          writer_capacity, writer1_entry)
+                                          serving_suite, writer1_entry, writer_capacity)
 
 FLUSH_EVERY = int(os.environ.get("REVERB_FLUSH_EVERY", "32"))
 FLUSH_KEEP = int(os.environ.get("REVERB_FLUSH_KEEP", "0"))   # block_until_num_items
 SAMPLE_PATH = os.environ.get("REVERB_SAMPLE_PATH", "dataset")
+NO_BATCH = "Reverb has no batched insert (one append per step)"
 
 
 # --- writers (in any process) ----------------------------------------------------------------
-def structured_writer(client, table: str):
-    from reverb import structured_writer as sw
-    pattern = sw.pattern_from_transform({"x": None}, lambda ref: {"x": ref["x"][-1:]})
-    w = client.structured_writer([sw.create_config(pattern, table=table,
-                                                   priority=sw.constant_priority_fn(1.0))])
-    return w
-
-
 def step_loop(w, rows: np.ndarray):
     steps = [{"x": r} for r in rows]
 
@@ -195,8 +187,8 @@ class Reverb:
         self.reverb = reverb
         self.bench = bench
         self.cfg = cfg = bench.cfg
-        specs = [x_table(f"w1_{label}", size // 4, writer_capacity(cfg, size))
-                 for label, size in WRITER_SIZES]
+        specs = [x_table(f"w1_{size}", size // 4, writer_capacity(cfg, size))
+                 for _, size in WRITER_SIZES]
         specs.append(x_table("mixed", 100, cfg.mixed_table_items))
         specs.append({"name": "apex", "sampler": "prioritized", "exponent": PRIORITY_EXPONENT,
                       "max_size": cfg.apex_table_items,
@@ -212,9 +204,11 @@ class Reverb:
     def size(self, table: str) -> int:
         return self.client.server_info()[table].current_size
 
-    def writer1(self, label: str, size: int) -> dict:
+    def writer1(self, size: int, variant: str) -> dict:
+        if variant != "step":
+            raise Unsupported(NO_BATCH)
         cfg = self.cfg
-        table = f"w1_{label}"
+        table = f"w1_{size}"
         g = Group(cfg)
         g.add("writer", writer1_child, self.server.address, table, size // 4,
               writer_capacity(cfg, size), cfg.quick)
@@ -227,7 +221,9 @@ class Reverb:
                              f"{FLUSH_KEEP}) every {FLUSH_EVERY} items; flush() ends each round",
                              table_items=n, server_rss_mib=rss)
 
-    def mixed(self) -> dict:
+    def mixed(self, variant: str) -> dict:
+        if variant != "step":
+            raise Unsupported(NO_BATCH)
         cfg = self.cfg
         n = cfg.mixed_table_items
         w = structured_writer(self.client, "mixed")
@@ -296,23 +292,14 @@ class Reverb:
 
 
 def main() -> None:
-    if len(sys.argv) > 2 and sys.argv[1] == "--serve":
-        serve(sys.argv[2])
+    if serve_if_asked(serve):
         return
     bench = serving_bench("reverb")
-    from importlib.metadata import version
-    for pkg in ("dm-reverb", "tensorflow"):
-        bench.versions[pkg] = version(pkg)
+    bench.versions.update(package_versions("dm-reverb", "tensorflow"))
     s = Reverb(bench)
     bench.notes.append(f"reverb.Server in its own process; every client over gRPC at {s.server.address}")
     try:
-        for label, size in WRITER_SIZES:
-            bench.run(f"writer1[{label},step]", s.writer1, label, size)
-            bench.cannot(f"writer1[{label},batch]", "Reverb has no batched insert (one append per step)")
-        bench.run("mixed[step]", s.mixed)
-        bench.cannot("mixed[batch]", "Reverb has no batched insert (one append per step)")
-        for variant in APEX_VARIANTS:
-            bench.run(variant, s.apex, variant)
+        serving_suite(bench, s)
     finally:
         s.close()
     bench.finish()

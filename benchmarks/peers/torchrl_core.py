@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torchrl.data import LazyTensorStorage, PrioritizedReplayBuffer, ReplayBuffer
 
+from benchmarks.common.bench import package_versions
 from benchmarks.common.payload import (PriorityStream, check_batch, fill_batches, fill_rows,
                                        payload, random_priorities)
 from benchmarks.core.workloads import IMPORTANCE_BETA, Workload, core_bench, standard_suite
@@ -95,9 +96,7 @@ def main() -> None:
     bench = core_bench("torchrl")
     if os.environ.get("TORCHRL_THREADS"):
         torch.set_num_threads(int(os.environ["TORCHRL_THREADS"]))
-    from importlib.metadata import version
-    for pkg in ("torchrl", "tensordict", "torch"):
-        bench.versions[pkg] = version(pkg)
+    bench.versions.update(package_versions("torchrl", "tensordict", "torch"))
     bench.notes.append(f"torch intra-op threads: {torch.get_num_threads()}")
     standard_suite(bench, insert_batched, insert_step, sample_uniform, prioritized)
     bench.finish()

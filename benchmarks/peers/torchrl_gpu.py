@@ -82,7 +82,27 @@ def collect_host(row_bytes: int, batch: int, n_items: int, device: str = "cuda",
     """Host-resident storage, uniform sample, pinned staging, async copy to ``device``."""
     dev = torch.device(device)
     pin = dev.type == "cuda"  # pin_memory() needs an accelerator
-    rb, fill_s = _filled_buffer(row_bytes, batch, n_items, torch.device("cpu"), pin)
+    return _collect(row_bytes, batch, n_items, dev, torch.device("cpu"), pin, repeats,
+                    "ReplayBuffer(LazyTensorStorage(n, device='cpu'), RandomSampler(), "
+                    f"pin_memory={pin}, prefetch=None).sample() + .to({dev.type!r}, "
+                    "non_blocking=True) + synchronize")
+
+
+def collect_device(row_bytes: int, batch: int, n_items: int, device: str = "cuda",
+                   repeats: int = 200) -> dict:
+    """Device-resident storage: indices drawn and rows gathered on ``device``."""
+    dev = torch.device(device)
+    return _collect(row_bytes, batch, n_items, dev, dev, False, repeats,
+                    f"ReplayBuffer(LazyTensorStorage(n, device={dev.type!r}), RandomSampler(), "
+                    "prefetch=None).sample() (torch.randint + gather on the device) + "
+                    "synchronize; gbps = sampled bytes delivered on the device per second")
+
+
+def _collect(row_bytes: int, batch: int, n_items: int, dev, storage_device, pin: bool,
+             repeats: int, path: str) -> dict:
+    """``rb.sample().to(dev, non_blocking=True)`` (a no-op where the storage is on ``dev``)
+    over a filled buffer on ``storage_device``, timed per call."""
+    rb, fill_s = _filled_buffer(row_bytes, batch, n_items, storage_device, pin)
     floats = max(1, row_bytes // 4)
 
     def call():
@@ -94,33 +114,7 @@ def collect_host(row_bytes: int, batch: int, n_items: int, device: str = "cuda",
     times = _time_calls(call, dev, repeats, warmup=max(10, repeats // 10))
     res = call_summary(times, nbytes=batch * floats * 4)
     res.update(fill_s=fill_s, n_items=n_items, batch=batch, row_bytes=floats * 4, device=str(dev),
-               path=("ReplayBuffer(LazyTensorStorage(n, device='cpu'), RandomSampler(), "
-                     f"pin_memory={pin}, prefetch=None).sample() + .to({dev.type!r}, "
-                     "non_blocking=True) + synchronize"))
-    del rb, call
-    _free()
-    return res
-
-
-def collect_device(row_bytes: int, batch: int, n_items: int, device: str = "cuda",
-                   repeats: int = 200) -> dict:
-    """Device-resident storage: indices drawn and rows gathered on ``device``."""
-    dev = torch.device(device)
-    rb, fill_s = _filled_buffer(row_bytes, batch, n_items, dev, pin_memory=False)
-    floats = max(1, row_bytes // 4)
-
-    def call():
-        return rb.sample().to(dev, non_blocking=True)  # a no-op: already there
-
-    out = call()
-    assert out.shape == (batch, floats) and out.device.type == dev.type, (out.shape, out.device)
-    del out
-    times = _time_calls(call, dev, repeats, warmup=max(10, repeats // 10))
-    res = call_summary(times, nbytes=batch * floats * 4)
-    res.update(fill_s=fill_s, n_items=n_items, batch=batch, row_bytes=floats * 4, device=str(dev),
-               path=(f"ReplayBuffer(LazyTensorStorage(n, device={dev.type!r}), RandomSampler(), "
-                     "prefetch=None).sample() (torch.randint + gather on the device) + "
-                     "synchronize; gbps = sampled bytes delivered on the device per second"))
+               path=path)
     del rb, call
     _free()
     return res

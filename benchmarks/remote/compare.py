@@ -29,9 +29,11 @@ from __future__ import annotations
 import argparse
 import os
 
-from benchmarks.common.driver import (add_budget_args, add_common_args, busy_lines, machine_lines,
-                                      run_systems, si, start_report, wanted_systems,
-                                      write_outputs)
+from benchmarks.common.driver import (add_budget_args, add_common_args, run_systems, start_report,
+                                      wanted_systems, write_outputs)
+from benchmarks.common.report import (busy_lines, machine_lines, md_row, md_table, ran, si,
+                                      status_cell, systems_lines)
+from benchmarks.common.report import result as res
 from benchmarks.remote.workloads import (CLIENTS, ITERATE_IN_FLIGHT, PIPELINED, SIZES,
                                          STEP_CHUNK, TABLE_ITEMS, WORKLOADS, key)
 
@@ -57,10 +59,6 @@ def clients_of(report: dict) -> list[int]:
     return (report.get("config") or {}).get("clients", CLIENTS)
 
 
-def res(report: dict, system: str, k: str) -> dict | None:
-    return report["systems"].get(system, {}).get("results", {}).get(k)
-
-
 def ok(e: dict | None) -> bool:
     return bool(e) and ("items_per_s" in e or "gb_per_s" in e)
 
@@ -75,11 +73,9 @@ def reverb_key(k: str) -> str:
 def cell(report: dict, system: str, k: str) -> tuple[str, str]:
     """(rate text, latency text) of one system at one point."""
     e = res(report, system, k)
-    if e is None:
-        return ("n/a" if "results" not in report["systems"].get(system, {}) else "—"), ""
-    for why in ("error", "skipped", "unsupported"):
-        if why in e:
-            return why, ""
+    status = status_cell(e, ran(report, system), unsupported="unsupported")
+    if status:
+        return status, ""
     lat = e.get("latency", {})
     lat_text = f"{lat['p50_ms']:.3g} / {lat['p99_ms']:.3g}" if lat.get("n") else "—"
     return f"{si(e['items_per_s'])} ({e['gb_per_s']:.2f} GB/s)", lat_text
@@ -124,9 +120,9 @@ def ratio_text(r: float | None) -> str:
 
 
 def table(report: dict) -> list[str]:
-    head = ["point", "Reprise items/s (GB/s)", "Reprise p50 / p99 ms", "Reverb items/s (GB/s)",
-            "Reverb p50 / p99 ms", "Reprise / Reverb", "plain socket GB/s", "Reprise % of socket"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = md_table(["point", "Reprise items/s (GB/s)", "Reprise p50 / p99 ms",
+                      "Reverb items/s (GB/s)", "Reverb p50 / p99 ms", "Reprise / Reverb",
+                      "plain socket GB/s", "Reprise % of socket"])
     for op, label, batch, n in points(report):
         k = key(op, label, n)
         mine, mine_lat = cell(report, "reprise", k)
@@ -137,7 +133,7 @@ def table(report: dict) -> list[str]:
         sock_text = "" if sock is None else f"{sock:.2f}"
         row = [point_label(op, label, batch, n), mine, mine_lat, theirs, theirs_lat,
                ratio_text(ratio(report, k)), sock_text, share]
-        lines.append("| " + " | ".join(row) + " |")
+        lines.append(md_row(row))
     return lines
 
 
@@ -153,7 +149,7 @@ def pipelined_table(report: dict) -> list[str]:
                  if ok(a) and ok(b) and b["items_per_s"] else "")
         row = [f"{size_text(label)} x {batch}, {n} client{'s' if n > 1 else ''}",
                *cell(report, "reprise", serial), *cell(report, "reprise", k), speed]
-        rows.append("| " + " | ".join(row) + " |")
+        rows.append(md_row(row))
     if not rows:
         return []
     return ["## Pipelined (`Client.iterate`) against serial `Client.sample` (Reprise)", "",
@@ -162,9 +158,9 @@ def pipelined_table(report: dict) -> list[str]:
             f"per client, {ITERATE_IN_FLIGHT} batch requests outstanding; made once and kept "
             "open across rounds). Reverb's sampler stream has "
             f"{ITERATE_IN_FLIGHT} batches in flight in its `sample` rows.", "",
-            "| batch, clients | serial items/s (GB/s) | serial p50 / p99 ms | iterate items/s "
-            "(GB/s) | iterate p50 / p99 ms | iterate / serial |",
-            "|---|---|---|---|---|---|", *rows, ""]
+            *md_table(["batch, clients", "serial items/s (GB/s)", "serial p50 / p99 ms",
+                       "iterate items/s (GB/s)", "iterate p50 / p99 ms", "iterate / serial"]),
+            *rows, ""]
 
 
 def size_text(label: str) -> str:
@@ -172,7 +168,7 @@ def size_text(label: str) -> str:
 
 
 def before_table(report: dict) -> list[str]:
-    if "results" not in report["systems"].get("reprise_before", {}):
+    if not ran(report, "reprise_before"):
         return []
     rows = []
     for op, label, batch, n in points(report):
@@ -183,14 +179,14 @@ def before_table(report: dict) -> list[str]:
         r_text = "" if r is None else (f"{r:.2f}x" if r >= SLOWER else f"**{r:.2f}x**")
         row = [f"`{k}`", cell(report, "reprise_before", k)[0],
                cell(report, "reprise", k)[0], r_text]
-        rows.append("| " + " | ".join(row) + " |")
+        rows.append(md_row(row))
     path = report["systems"]["reprise_before"].get("versions", {}).get("reprise_path", "?")
     return ["## Against the build before (same run)", "",
             f"`reprise_before` is `{path}` (`--before`), run right after Reprise with the same "
             f"points (4 KB unless `--sizes` says otherwise); bold where now / before < {SLOWER}.",
             "",
-            "| point | before items/s (GB/s) | now items/s (GB/s) | now / before |",
-            "|---|---|---|---|", *rows, ""]
+            *md_table(["point", "before items/s (GB/s)", "now items/s (GB/s)", "now / before"]),
+            *rows, ""]
 
 
 def goal_line(title: str, found: list[tuple[str, float | None]], target: float,
@@ -245,7 +241,7 @@ def goals(report: dict) -> list[str]:
                   "Reverb's", ratios("sample256", "400KB"), GOAL_RATIO),
     ]
     out += [c for c in candidates if c]
-    if "results" in report["systems"].get("reprise_before", {}):
+    if ran(report, "reprise_before"):
         found = [(key(op, label, n), ratio(report, key(op, label, n), "reprise", "reprise_before"))
                  for op, label, _, n in points(report, sizes=["4KB"])
                  if res(report, "reprise_before", key(op, label, n)) is not None]
@@ -287,6 +283,20 @@ def goals(report: dict) -> list[str]:
     return out
 
 
+def system_details(s: dict) -> list[str]:
+    out = [f"  - {note}" for note in s.get("notes", [])]
+    paths = {}
+    for k, e in s["results"].items():
+        if "path" in e:
+            paths.setdefault(e["path"], []).append(k)
+        for why in ("error", "skipped", "unsupported"):
+            if e.get(why):   # the first line: a client's traceback stays in the JSON
+                out.append(f"  - `{k}` {why}: {str(e[why]).splitlines()[0]}")
+    for path, keys in paths.items():
+        out.append(f"  - {path} ({len(keys)} point{'s' if len(keys) > 1 else ''})")
+    return out
+
+
 def build_markdown(report: dict) -> str:
     cfg = report.get("config") or {}
     counts = [str(n) for n in clients_of(report)]
@@ -325,28 +335,8 @@ def build_markdown(report: dict) -> str:
            *goals(report),
            ""]
     out += busy_lines(report, 1.0, note="; part of it can be the previous system's own processes")
-    out.append("## Systems")
-    for name, *_ in SYSTEMS + [BEFORE]:
-        s = report["systems"].get(name)
-        if s is None:
-            continue
-        if "results" not in s:
-            out.append(f"- **{name}**: not run: {s.get('skipped') or s.get('error')}")
-            continue
-        vers = ", ".join(f"{k} {v}" for k, v in s["versions"].items())
-        out.append(f"- **{name}** ({vers}; {s.get('wall_s', '?')} s; load average before "
-                   f"{s.get('loadavg_1m_before', '?')})")
-        for note in s.get("notes", []):
-            out.append(f"  - {note}")
-        paths = {}
-        for k, e in s["results"].items():
-            if "path" in e:
-                paths.setdefault(e["path"], []).append(k)
-            for why in ("error", "skipped", "unsupported"):
-                if e.get(why):   # the first line: a client's traceback stays in the JSON
-                    out.append(f"  - `{k}` {why}: {str(e[why]).splitlines()[0]}")
-        for path, keys in paths.items():
-            out.append(f"  - {path} ({len(keys)} point{'s' if len(keys) > 1 else ''})")
+    out += systems_lines(report, [n for n, *_ in SYSTEMS + [BEFORE]], details=system_details,
+                         load=True)
     return "\n".join(out) + "\n"
 
 
@@ -407,11 +397,7 @@ def main() -> None:
         values.update(override)
         return [a for opt, v in values.items() if v for a in (f"--{opt}", v)]
     stem, report = start_report("remote", args.quick, args.out_dir, issue_reference=ISSUE_REF)
-    common = dict(quick_budget=args.budget or QUICK_BUDGET, load_limit=1.5,
-                  load_warning=lambda name, load: f"WARNING: load average {load:.2f} before {name}",
-                  timeout=lambda b: b + 240,
-                  echo=lambda name, line: line.startswith(f"[{name} ") or "Traceback" in line,
-                  process_group=True)
+    common = dict(quick_budget=args.budget or QUICK_BUDGET, load_limit=1.5)
     first, rest = systems[:2], systems[2:]
     run_systems(report, stem, first, wanted, args, extra_args=passed(), **common)
     if args.before:

@@ -62,8 +62,9 @@ import time
 import numpy as np
 
 from benchmarks.common.config import Config
-from benchmarks.common.driver import OUT, machine_lines, si, start_report, write_outputs
-from benchmarks.common.processes import ServerProcess, serve_until_stdin_closes
+from benchmarks.common.driver import OUT, start_report, write_outputs
+from benchmarks.common.processes import ServerProcess, ready_until_stdin_closes, serve_if_asked
+from benchmarks.common.report import machine_lines, si
 from benchmarks.common.timing import latency_stats, now
 
 ARMS = ["none", "zstd", "auto"]
@@ -207,13 +208,10 @@ def serve(spec_json: str) -> None:
         tables.append(table)
     server = rp.Server(tables, address=f"{spec['host']}:0",
                        token=os.environ.get(TOKEN_VARIABLE) or None)
-
-    def stop() -> None:
-        server.stop()
-        for store in stores:
-            store.close()
-
-    serve_until_stdin_closes(server.address, stop)
+    ready_until_stdin_closes(server.address)
+    server.stop()
+    for store in stores:
+        store.close()
 
 
 # --- counters ----------------------------------------------------------------------------
@@ -493,8 +491,7 @@ def build_markdown(report: dict) -> str:
 
 
 def main() -> None:
-    if len(sys.argv) > 2 and sys.argv[1] == "--serve":
-        serve(sys.argv[2])
+    if serve_if_asked(serve):
         return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true",

@@ -30,15 +30,14 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import numpy as np
 
 from benchmarks.common.payload import payload
-from benchmarks.common.processes import ServerProcess, serve_until_stdin_closes
-from benchmarks.remote.workloads import (ITERATE_IN_FLIGHT, STEP_CHUNK, ClientPool, batch_of,
-                                         batch_rows, floats, remote_bench, run_points,
-                                         server_check, table_name, table_specs, used_tables)
+from benchmarks.common.processes import ServerProcess, ready_until_stdin_closes, serve_if_asked
+from benchmarks.remote.workloads import (ITERATE_IN_FLIGHT, STEP_CHUNK, batch_of, batch_rows,
+                                         floats, remote_bench, run_points, table_name, table_specs,
+                                         used_tables)
 
 FILL_CHUNK_BYTES = 16 << 20   # random rows generated once and inserted over and over
 
@@ -67,13 +66,10 @@ def serve(spec_json: str) -> None:
         stores.append(store)
         tables.append(table)
     server = rp.Server(tables, address="127.0.0.1:0")
-
-    def stop() -> None:
-        server.stop()
-        for store in stores:
-            store.close()
-
-    serve_until_stdin_closes(server.address, stop)
+    ready_until_stdin_closes(server.address)
+    server.stop()
+    for store in stores:
+        store.close()
 
 
 def client_setup(index: int, address: str):
@@ -137,8 +133,7 @@ def path_of(op: str, label: str) -> str:
 
 
 def main() -> None:
-    if len(sys.argv) > 2 and sys.argv[1] == "--serve":
-        serve(sys.argv[2])
+    if serve_if_asked(serve):
         return
     bench = remote_bench("reprise")
     import reprise as rp
@@ -149,15 +144,9 @@ def main() -> None:
     clients = max(bench.cfg.clients)
     bench.notes.append(f"rp.Server(tables, address='127.0.0.1:0') in its own process at "
                        f"{server.address}; {clients} client processes with rp.Client(address)")
-    pool = None
     try:
-        pool = ClientPool(bench, client_setup, (server.address,))
-        run_points(bench, pool, path_of,
-                   extra=lambda op, label: {"server_rss_mib": server.rss_mib()},
-                   before_point=server_check(server))
+        run_points(bench, server, client_setup, path_of)
     finally:
-        if pool is not None:
-            pool.close()
         server.stop()
     bench.finish()
 

@@ -50,7 +50,7 @@ import numpy as np
 from benchmarks.common.bench import Bench
 from benchmarks.common.config import Config
 from benchmarks.common.payload import payload
-from benchmarks.common.processes import Pool
+from benchmarks.common.processes import Pool, ServerProcess
 from benchmarks.common.timing import latency_stats
 
 SIZES = [("4KB", 4_000), ("400KB", 400_000)]
@@ -236,36 +236,32 @@ class ClientPool:
             self.pool.close()
 
 
-def server_check(server):
-    """A check to run before each point: ``server`` (a
-    :class:`~benchmarks.common.processes.ServerProcess`) still runs."""
-    def check() -> None:
-        if server.proc.poll() is not None:
-            raise RuntimeError(f"the server process exited ({server.proc.returncode})")
-    return check
-
-
-def run_points(bench: Bench, pool: ClientPool, path_of, extra=None,
-               ops: list[str] | None = None, before_point=None) -> None:
-    """Every selected point, in :data:`WORKLOADS` order, into bench.results.
-    ``path_of(op, label)`` names the system's path, ``extra(op, label)`` adds fields
-    (e.g. server RSS); ``ops`` are the operations this system runs (default all);
-    ``before_point()`` runs before each point (e.g. a check that the server lives)."""
+def run_points(bench: Bench, server: ServerProcess, client_setup, path_of,
+               ops: list[str] | None = None) -> None:
+    """Every selected point against ``server``, in :data:`WORKLOADS` order, into
+    bench.results, from a :class:`ClientPool` of processes set up by
+    ``client_setup(index, address)`` (closed at the end). ``path_of(op, label)`` names the
+    system's path; ``ops`` are the operations this system runs (default all). Each point
+    checks first that the server still runs and records its RSS."""
     cfg = bench.cfg
-    for op, label, _, _ in WORKLOADS:
-        if op not in cfg.ops or label not in cfg.size_labels or (ops and op not in ops):
-            continue
-        for n in cfg.clients:
-            k = key(op, label, n)
+    pool = ClientPool(bench, client_setup, (server.address,))
+    try:
+        for op, label, _, _ in WORKLOADS:
+            if op not in cfg.ops or label not in cfg.size_labels or (ops and op not in ops):
+                continue
+            for n in cfg.clients:
+                k = key(op, label, n)
 
-            def measure(op=op, label=label, n=n) -> dict:
-                if before_point is not None:
-                    before_point()
-                return point_entry(pool.point(op, label, n), op, label, cfg, path_of(op, label),
-                                   **(extra(op, label) if extra else {}))
-            bench.run(k, measure)
-            if "latency" in bench.results.get(k, {}):
-                bench.log(f"{k}: {latency_text(bench.results[k])}")
+                def measure(op=op, label=label, n=n) -> dict:
+                    if server.proc.poll() is not None:
+                        raise RuntimeError(f"the server process exited ({server.proc.returncode})")
+                    return point_entry(pool.point(op, label, n), op, label, cfg, path_of(op, label),
+                                       server_rss_mib=server.rss_mib())
+                bench.run(k, measure)
+                if "latency" in bench.results.get(k, {}):
+                    bench.log(f"{k}: {latency_text(bench.results[k])}")
+    finally:
+        pool.close()
 
 
 def latency_text(e: dict) -> str:

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import argparse
 
-from benchmarks.common.driver import (add_budget_args, add_common_args, busy_lines, machine_lines,
-                                      run_systems, si, start_report, wanted_systems,
-                                      write_outputs)
+from benchmarks.common.driver import (add_budget_args, add_common_args, run_systems, start_report,
+                                      wanted_systems, write_outputs)
+from benchmarks.common.report import (busy_lines, machine_lines, md_row, md_table, ran, si,
+                                      status_cell, systems_lines)
+from benchmarks.common.report import result as res
 
 # name, module, venv (None: this interpreter), budget seconds in a full run
 SYSTEMS = [
@@ -40,28 +42,8 @@ ISSUE_REF = {"reverb": {"push": 86.0, "sample": 49.0}, "redis": {"push": 117.0, 
 
 
 # --- tables -----------------------------------------------------------------------------------
-def res(report: dict, system: str, key: str) -> dict | None:
-    return report["systems"].get(system, {}).get("results", {}).get(key)
-
-
-def status_cell(e: dict | None, ran: bool) -> str | None:
-    if e is None:
-        return "—" if ran else "n/a"
-    if "unsupported" in e:
-        return "cannot"
-    if "skipped" in e:
-        return "skipped"
-    if "error" in e:
-        return "error"
-    return None
-
-
 def fmt_ms(x: float) -> str:
     return f"{x:.3g}" if x < 100 else f"{x:.0f}"
-
-
-def ran(report: dict, system: str) -> bool:
-    return "results" in report["systems"].get(system, {})
 
 
 def rate_row(report, label, key, field, unit, memcpy=None, gb=False, ref_only=False) -> str:
@@ -93,14 +75,13 @@ def rate_row(report, label, key, field, unit, memcpy=None, gb=False, ref_only=Fa
     e = res(report, "reprise", key)
     if memcpy and e and "gb_per_s" in e:
         pct = f"{100 * e['gb_per_s'] / memcpy:.0f}%"
-    return "| " + " | ".join([label, unit] + cells + [ratio, pct]) + " |"
+    return md_row([label, unit] + cells + [ratio, pct])
 
 
 def writer_table(report: dict) -> list[str]:
     memcpy = report["memcpy"]["gb_per_s"]
-    head = ["workload", "unit"] + [SHORT[n] for n, *_ in SYSTEMS] + \
-           ["Reprise / best peer", "Reprise % of 1-core memcpy"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = md_table(["workload", "unit"] + [SHORT[n] for n, *_ in SYSTEMS] +
+                     ["Reprise / best peer", "Reprise % of 1-core memcpy"])
     rows = [
         ("400 B, one item per step", "writer1[400B,step]", False),
         ("400 B, batched (Reprise: extend + create_items)", "writer1[400B,batch]", False),
@@ -120,8 +101,7 @@ def writer_table(report: dict) -> list[str]:
 
 
 def mixed_table(report: dict) -> list[str]:
-    head = ["workload", "unit"] + [SHORT[n] for n, *_ in SYSTEMS] + ["Reprise / best peer", ""]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = md_table(["workload", "unit"] + [SHORT[n] for n, *_ in SYSTEMS] + ["Reprise / best peer", ""])
     for variant, what in (("step", "one item per step"), ("batch", "batched writes")):
         key = f"mixed[{variant}]"
         lines.append(rate_row(report, f"4 writers ({what}): items inserted", key,
@@ -133,9 +113,8 @@ def mixed_table(report: dict) -> list[str]:
 
 def apex_table(report: dict, key: str) -> list[str]:
     systems = [n for n, *_ in SYSTEMS]
-    head = ["Ape-X", "unit"] + [SHORT[n] for n in systems] + \
-           [f"{SHORT[p]} / Reprise" for p in PEERS]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = md_table(["Ape-X", "unit"] + [SHORT[n] for n in systems] +
+                     [f"{SHORT[p]} / Reprise" for p in PEERS])
     rows = [("push 200 transitions (11.3 MB), p50", "push", "p50_ms", "ms"),
             ("push, p99", "push", "p99_ms", "ms"),
             ("sample 512 + update 512 priorities, p50", "sample", "p50_ms", "ms"),
@@ -164,7 +143,7 @@ def apex_table(report: dict, key: str) -> list[str]:
                 ratios.append(f"{r:.2f}x")
             else:
                 ratios.append("")
-        lines.append("| " + " | ".join([label, unit] + cells + ratios) + " |")
+        lines.append(md_row([label, unit] + cells + ratios))
     return lines
 
 
@@ -241,6 +220,25 @@ def apex_goal(report: dict, key: str, how: str) -> list[str]:
                 parts.append(txt)
             out.append(f"- Ape-X ({how}) p50 >= 5x lower than {SHORT[peer]}: " +
                        "; ".join(parts) + ".")
+    return out
+
+
+def system_details(s: dict) -> list[str]:
+    out = [f"  - {note}" for note in s.get("notes", [])]
+    for key, e in s["results"].items():
+        if "path" in e:
+            out.append(f"  - `{key}`: {e['path']}")
+        for k in ("note", "error", "skipped", "unsupported"):
+            if e.get(k):
+                out.append(f"  - `{key}` {k}: {e[k]}")
+        if key.startswith("apex") and "learner_commit_lag" in e and e["learner_commit_lag"].get("n"):
+            lag = e["learner_commit_lag"]
+            out.append(f"  - `{key}` push -> in the learner's sum tree: p50 "
+                       f"{fmt_ms(lag['p50_ms'])} ms, p99 {fmt_ms(lag['p99_ms'])} ms; "
+                       f"batches still queued in Redis at the end: "
+                       f"{e.get('learner_backlog_at_end')}; actors throttled "
+                       f"{sum(v for k, v in e.items() if k.endswith('_throttled_s')):.1f} s "
+                       "in all (queue > 32 batches)")
     return out
 
 
@@ -322,30 +320,7 @@ def build_markdown(report: dict) -> str:
            *goals(report),
            ""]
     out += busy_lines(report, 1.0, SHORT, "; part of that can be the previous system's own run")
-    out.append("## Systems")
-    for name, *_ in SYSTEMS:
-        s = report["systems"].get(name, {})
-        if "results" not in s:
-            out.append(f"- **{DISPLAY[name]}**: not run: {s.get('skipped') or s.get('error')}")
-            continue
-        vers = ", ".join(f"{k} {v}" for k, v in s["versions"].items())
-        out.append(f"- **{DISPLAY[name]}** ({vers}; {s.get('wall_s', '?')} s)")
-        for note in s.get("notes", []):
-            out.append(f"  - {note}")
-        for key, e in s["results"].items():
-            if "path" in e:
-                out.append(f"  - `{key}`: {e['path']}")
-            for k in ("note", "error", "skipped", "unsupported"):
-                if e.get(k):
-                    out.append(f"  - `{key}` {k}: {e[k]}")
-            if key.startswith("apex") and "learner_commit_lag" in e and e["learner_commit_lag"].get("n"):
-                lag = e["learner_commit_lag"]
-                out.append(f"  - `{key}` push -> in the learner's sum tree: p50 "
-                           f"{fmt_ms(lag['p50_ms'])} ms, p99 {fmt_ms(lag['p99_ms'])} ms; "
-                           f"batches still queued in Redis at the end: "
-                           f"{e.get('learner_backlog_at_end')}; actors throttled "
-                           f"{sum(v for k, v in e.items() if k.endswith('_throttled_s')):.1f} s "
-                           "in all (queue > 32 batches)")
+    out += systems_lines(report, [n for n, *_ in SYSTEMS], DISPLAY, system_details)
     return "\n".join(out) + "\n"
 
 
@@ -363,12 +338,7 @@ def main() -> None:
     stem, report = start_report("serving", args.quick, args.out_dir,
                                 issue_reference_p50_ms=ISSUE_REF)
     run_systems(report, stem, SYSTEMS, wanted, args, quick_budget=120,
-                extra_args=["--only", args.only] if args.only else [],
-                load_limit=1.0,
-                load_warning=lambda name, load: f"WARNING: load average {load:.2f} before {name}",
-                timeout=lambda b: b + 240,
-                echo=lambda name, line: line.startswith(f"[{name} ") or "Traceback" in line,
-                process_group=True)
+                extra_args=["--only", args.only] if args.only else [])
     write_outputs(args.out_dir, stem, report, build_markdown(report))
 
 

@@ -27,40 +27,23 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import reprise as rp
 
-from benchmarks.common.bench import Bench
+from benchmarks.common.bench import Bench, package_versions
 from benchmarks.common.payload import PriorityStream, payload, random_priorities
 from benchmarks.common.processes import Group
 from benchmarks.common.timing import Window, count_in_window, timed_rounds
+from benchmarks.core.reprise_core import BLOCK_STEPS, fifo_table
 from benchmarks.serving.workloads import (APEX_ACTORS, APEX_FRAME, APEX_POOL, APEX_PUSH,
-                                          APEX_SAMPLE, APEX_VARIANTS, N_WRITERS,
-                                          PRIORITY_EXPONENT, SAMPLE_BATCH, STEPS_PER_CALL,
-                                          WRITER_SIZES, apex_entry, apex_pool, apex_timing,
+                                          APEX_SAMPLE, N_WRITERS, PRIORITY_EXPONENT, SAMPLE_BATCH,
+                                          STEPS_PER_CALL, apex_entry, apex_pool, apex_timing,
                                           latency_run, make_config, mixed_entry, serving_bench,
-                                          writer_capacity, writer1_entry)
+                                          serving_suite, writer1_entry, writer_capacity)
 
-BLOCK_STEPS = 64
 TABLE = "t"
 
 
-def _rp():
-    import reprise as rp
-    return rp
-
-
-def make_table(name: str, sig: dict, items: int, margin_steps: int, sampler=None, extensions=None):
-    """A FIFO-evicting table with ``extensions`` (None: every built-in; ``[]``: none)."""
-    rp = _rp()
-    store = rp.Store(sig, capacity=items + margin_steps, block_steps=BLOCK_STEPS)
-    table = rp.Table(name, store,
-                     sampler=sampler if sampler is not None else rp.selectors.Uniform(),
-                     remover=rp.selectors.Fifo(), max_size=items,
-                     rate_limiter=rp.rate_limiters.MinSize(1), extensions=extensions)
-    return store, table
-
-
 def x_sig(floats: int) -> dict:
-    rp = _rp()
     return {"x": rp.Field((floats,), "float32")}
 
 
@@ -88,7 +71,6 @@ def batch_loop(w, table, rows):
 
 # --- child processes -----------------------------------------------------------------------
 def writer1_child(addr: str, floats: int, variant: str, store_steps: int, quick: bool):
-    rp = _rp()
     cfg = make_config(quick, None)
     client = rp.Client(addr)
     w = client.writer(TABLE, max_sequence_length=STEPS_PER_CALL if variant == "batch" else 1)
@@ -106,7 +88,6 @@ def writer1_child(addr: str, floats: int, variant: str, store_steps: int, quick:
 
 
 def mixed_writer_child(addr: str, variant: str, seed: int, warmup: float, seconds: float):
-    rp = _rp()
     w = rp.Client(addr).writer(TABLE, max_sequence_length=STEPS_PER_CALL if variant == "batch" else 1)
     call = (step_loop if variant == "step" else batch_loop)(w, TABLE, payload(STEPS_PER_CALL, 100, seed))
 
@@ -119,7 +100,6 @@ def mixed_writer_child(addr: str, variant: str, seed: int, warmup: float, second
 
 
 def mixed_sampler_child(addr: str, warmup: float, seconds: float):
-    rp = _rp()
     client = rp.Client(addr)
     client.sample(TABLE, SAMPLE_BATCH).data["x"]
 
@@ -131,7 +111,6 @@ def mixed_sampler_child(addr: str, warmup: float, seconds: float):
 
 
 def apex_actor_child(addr: str, seed: int, warmup: float, seconds: float, timing: tuple):
-    rp = _rp()
     w = rp.Client(addr).writer("apex", max_sequence_length=APEX_PUSH)
     pool = apex_pool(APEX_POOL, seed)
     prios = np.asarray(random_priorities(APEX_POOL, seed), dtype=np.float64)
@@ -150,7 +129,6 @@ def apex_actor_child(addr: str, seed: int, warmup: float, seconds: float, timing
 
 
 def apex_learner_child(addr: str, warmup: float, seconds: float, timing: tuple):
-    rp = _rp()
     client = rp.Client(addr)
     new = PriorityStream(APEX_SAMPLE)
 
@@ -173,15 +151,13 @@ class Reprise:
         self.extensions = None if bench.args.extensions == "all" else []
 
     def _serve(self, tables):
-        rp = _rp()
         return rp.Server(tables)
 
     def writer1(self, size: int, variant: str) -> dict:
-        rp = _rp()
         cfg = self.cfg
         floats = size // 4
         cap = writer_capacity(cfg, size)
-        store, table = make_table(TABLE, x_sig(floats), cap, STEPS_PER_CALL + 2 * BLOCK_STEPS,
+        store, table = fifo_table(TABLE, x_sig(floats), cap, STEPS_PER_CALL + 2 * BLOCK_STEPS,
                                   extensions=self.extensions)
         try:
             if variant == "step-inproc":
@@ -211,7 +187,7 @@ class Reprise:
     def mixed(self, variant: str) -> dict:
         cfg = self.cfg
         n = cfg.mixed_table_items
-        store, table = make_table(TABLE, x_sig(100), n,
+        store, table = fifo_table(TABLE, x_sig(100), n,
                                   (N_WRITERS + 2) * (STEPS_PER_CALL + 2 * BLOCK_STEPS),
                                   extensions=self.extensions)
         try:
@@ -238,13 +214,12 @@ class Reprise:
                            table_items=info["size"], store_evictions=info["num_store_evictions"])
 
     def apex(self, variant: str) -> dict:
-        rp = _rp()
         cfg = self.cfg
         n = cfg.apex_table_items
         sig = {"state": rp.Field(APEX_FRAME, "uint8"), "next_state": rp.Field(APEX_FRAME, "uint8"),
                "action": rp.Field((), "int64"), "reward": rp.Field((), "float32")}
         margin = APEX_ACTORS * (APEX_PUSH + 2 * BLOCK_STEPS) + 2 * APEX_SAMPLE + 4 * BLOCK_STEPS
-        store, table = make_table("apex", sig, n, margin,
+        store, table = fifo_table("apex", sig, n, margin,
                                   sampler=rp.selectors.Prioritized(PRIORITY_EXPONENT),
                                   extensions=self.extensions)
         try:
@@ -283,23 +258,11 @@ def add_arguments(ap) -> None:
 
 def main() -> None:
     bench = serving_bench("reprise", add_arguments)
-    rp = _rp()
-    try:
-        from importlib.metadata import version
-        bench.versions["reprise"] = version("reprise")
-    except Exception:
-        bench.versions["reprise"] = getattr(rp, "__version__", "unknown")
+    bench.versions.update(package_versions("reprise") or {"reprise": rp.__version__})
     bench.notes.append(f"server: rp.Server in the benchmark's main process; block_steps={BLOCK_STEPS}; "
                        f"reprise from {os.path.dirname(rp.__file__)}; "
                        f"table extensions: {bench.args.extensions}")
-    s = Reprise(bench)
-    for label, size in WRITER_SIZES:
-        for variant in ("step", "batch", "step-inproc"):
-            bench.run(f"writer1[{label},{variant}]", s.writer1, size, variant)
-    for variant in ("step", "batch"):
-        bench.run(f"mixed[{variant}]", s.mixed, variant)
-    for variant in APEX_VARIANTS:
-        bench.run(variant, s.apex, variant)
+    serving_suite(bench, Reprise(bench), writer_variants=("step", "batch", "step-inproc"))
     bench.finish()
 
 

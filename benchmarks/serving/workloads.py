@@ -87,6 +87,19 @@ def serving_bench(system: str, add_arguments=None) -> Bench:
     return Bench(system, "serving", make_config, add_arguments)
 
 
+def serving_suite(bench: Bench, system, writer_variants=("step", "batch")) -> None:
+    """Every workload, in the order of the driver's tables: ``system.writer1(size,
+    variant)`` per size and variant, ``system.mixed(variant)``, ``system.apex(variant)``
+    (a variant a system has no path for raises :class:`~benchmarks.common.bench.Unsupported`)."""
+    for label, size in WRITER_SIZES:
+        for variant in writer_variants:
+            bench.run(f"writer1[{label},{variant}]", system.writer1, size, variant)
+    for variant in ("step", "batch"):
+        bench.run(f"mixed[{variant}]", system.mixed, variant)
+    for variant in APEX_VARIANTS:
+        bench.run(variant, system.apex, variant)
+
+
 # --- Ape-X transitions ----------------------------------------------------------------------
 def apex_pool(n: int, seed: int) -> dict:
     """n random Atari transitions as columns: state/next_state uint8[n,4,84,84],

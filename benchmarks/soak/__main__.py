@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import shutil
 import signal
@@ -16,7 +15,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks.common.driver import OUT, host_info
+from benchmarks.common.driver import OUT, host_info, write_outputs
 from benchmarks.soak import report
 from benchmarks.soak.run import Plan, Soak
 
@@ -62,14 +61,9 @@ def main(argv: list[str] | None = None) -> int:
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)
     rep.update(date=now.isoformat(timespec="seconds"), host=host_info(), work_dir=work if a.keep else None)
-    with open(os.path.join(a.out_dir, stem + ".json"), "w") as f:
-        json.dump(rep, f, indent=1, default=float)
+    write_outputs(a.out_dir, stem, rep, report.markdown(rep, stem), json_default=float)
     report.plot(rep, os.path.join(a.out_dir, stem + ".png"))
-    md = report.markdown(rep, stem)
-    with open(os.path.join(a.out_dir, stem + ".md"), "w") as f:
-        f.write(md)
-    print(md)
-    log(f"wrote {os.path.join(a.out_dir, stem)}.json, .md and .png")
+    log(f"wrote {os.path.join(a.out_dir, stem)}.png")
     return 0 if rep["pass"] else 1
 
 

@@ -34,13 +34,12 @@ import queue
 import random
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 
-from benchmarks.common.processes import ROOT
+from benchmarks.common.processes import ROOT, free_port, stop_all
 from benchmarks.soak import faults
 
 ROLES = ["writer"] * 4 + ["sampler"] * 2 + ["updater", "checkpointer"]
@@ -93,12 +92,6 @@ def stall_windows(p: Plan) -> list[dict]:
     length = (p.seconds - p.warmup) / n
     return [{"start": round(p.warmup + k * length, 3), "end": round(p.warmup + (k + 1) * length, 3), "on": k % 2 == 1}
             for k in range(n)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def proc_status(pid: int) -> dict | None:
@@ -396,17 +389,9 @@ seed = {p.seed}
 
     def stop_clients(self) -> None:
         with self.lock:
-            for p in self.procs.values():
-                if p.poll() is None:
-                    p.send_signal(signal.SIGTERM)
-            deadline = time.monotonic() + 30
-            for slot, p in self.procs.items():
-                try:
-                    p.wait(timeout=max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    self.events["stragglers"].append({"slot": slot, "role": ROLES[slot]})
-                    p.kill()
-                    p.wait()
+            killed = stop_all(self.procs.values(), 30)
+            self.events["stragglers"] += [{"slot": slot, "role": ROLES[slot]}
+                                          for slot, p in self.procs.items() if p in killed]
 
     def final_checkpoint(self) -> dict:
         import reprise as rp
@@ -434,13 +419,8 @@ seed = {p.seed}
         s = self.server
         if s is None or s.poll() is not None:
             return
-        s.send_signal(signal.SIGTERM)
-        try:
-            s.wait(timeout=60)
-        except subprocess.TimeoutExpired:
+        if stop_all([s], 60):
             self.events["stragglers"].append({"slot": "server", "role": "server"})
-            s.kill()
-            s.wait()
 
     def kill_everything(self) -> None:
         """The finally of a run: nothing it started outlives it, nothing is left in /dev/shm
