@@ -2,7 +2,9 @@
 replay buffers, held to what TorchRL expects of its own storages (LazyTensorStorage, written
 and read side by side with the same data) and samplers."""
 
+import copy
 import io
+import multiprocessing.context
 import os
 import pickle
 
@@ -38,7 +40,8 @@ EPS = 1e-8
 
 @pytest.fixture
 def storages():
-    """``make(max_size, **kw)`` -> RepriseStorage, closed at teardown (their shm files removed)."""
+    """``make(max_size, **kw)`` -> RepriseStorage, closed at teardown (their shm files removed);
+    ``make.closed_at_teardown(storage)`` closes one made otherwise (an unpickled copy) too."""
     made = []
 
     def make(max_size, **kw):
@@ -46,6 +49,7 @@ def storages():
         made.append(s)
         return s
 
+    make.closed_at_teardown = lambda s: made.append(s) or s
     yield make
     for s in made:
         s.close()
@@ -126,10 +130,12 @@ def test_round_robin_writer_overwrites_the_oldest_elements_in_order(storages):
 
 def test_a_position_written_twice_in_one_call_keeps_the_last_element(storages):
     storage = storages(5)
-    storage.set([1, 3, 1], transitions(3, 10))
-    assert storage.get(1)["action"].item() == 12 % 3 and storage.get(1)["obs"][0] == 12
-    assert storage.get(3)["obs"][0] == 11
+    storage.set([0, 2, 0], transitions(3, 10))  # len counts 3 writes, as TorchRL's storages do
+    assert storage.get(0)["action"].item() == 12 % 3 and storage.get(0)["obs"][0] == 12
+    assert storage.get(2)["obs"][0] == 11
     assert storage.table.size == 2
+    with pytest.raises(IndexError, match="position 1 holds no element"):
+        storage.get(1)
 
 
 @pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
@@ -249,7 +255,9 @@ def test_priorities_go_to_the_table_and_new_elements_get_the_largest_so_far(stor
     rb.update_tensordict_priority(s)
     for p in s["index"].tolist():
         assert positions_of(storage)[p] == pytest.approx(7.0 + EPS)
-    rb.extend(transitions(2, 5))  # no td_error: the largest priority given so far
+    d = transitions(2, 5)
+    d["td_error"] = torch.zeros(2)
+    rb.extend(d, update_priority=False)  # inserted at the largest priority given so far
     assert positions_of(storage)[5] == positions_of(storage)[6] == pytest.approx(7.0 + EPS)
 
 
@@ -314,17 +322,17 @@ def test_the_prioritized_sampler_needs_its_table_made_for_it(storages):
         rb.extend(transitions(2))
     storage = storages(4)
     storage.set(torch.arange(2), transitions(2))  # table made before any prioritized sampler: Uniform
-    rb = TensorDictReplayBuffer(storage=storage, sampler=ReprisePrioritizedSampler(alpha=1, beta=1))
     with pytest.raises(rp.errors.InvalidArgument, match="make the replay buffer with this sampler before writing"):
-        rb.sample(2)
+        TensorDictReplayBuffer(storage=storage, sampler=ReprisePrioritizedSampler(alpha=1, beta=1))
     storage = storages(4)
     sampler = ReprisePrioritizedSampler(alpha=0.5, beta=1)
     prioritized_rb = TensorDictReplayBuffer(storage=storage, sampler=sampler)
     prioritized_rb.extend(transitions(2))
     with pytest.raises(rp.errors.InvalidArgument, match="fixed when it was made"):
         sampler.alpha = 0.7
-    with pytest.raises(RuntimeError, match="empty"):
-        prioritized_rb.empty() or prioritized_rb.sample(1)
+    prioritized_rb.empty()
+    with pytest.raises(RuntimeError, match="empty"):  # at once: an empty table is never waited on
+        prioritized_rb.sample(1)
 
 
 # --- bad writes -----------------------------------------------------------------------------------
@@ -342,7 +350,7 @@ def bad_writes():
     non_tensor = good.clone()
     non_tensor["info"] = NonTensorData("text", batch_size=[3])
     return [
-        (wrong_dtype, "key 'obs' expects float32[4] per element, got float64[4]"),
+        (wrong_dtype, r"key 'obs' expects float32\[4\] per element, got float64\[4\]"),
         (wrong_shape, r"key \('next', 'obs'\) expects float32\[4\] per element, got float32\[5\]"),
         (missing, r"key \('next', 'done'\) \(bool\[1\]\) is missing"),
         (extra, r"unexpected key 'td_error' \(float32\[\] per element\)"),
@@ -361,10 +369,11 @@ def test_a_write_unlike_the_first_is_refused_naming_the_key_and_changes_nothing(
     before, items = rb[:], storage.table.items()
     with pytest.raises(rp.errors.InvalidArgument, match=message):
         rb.extend(data)
+    # The storage is as it was (TorchRL's RoundRobinWriter has moved its cursor before writing).
     assert len(rb) == 4 and storage.table.items() == items
     assert_same(rb[:], before)
-    rb.extend(transitions(3, 50))  # still writable, at the same cursor
-    assert rb[:]["obs"][:, 0].tolist() == [52, 1, 2, 3, 50, 51]
+    storage.set(torch.arange(4, 6), transitions(2, 50))  # still writable
+    assert rb[:]["obs"][:, 0].tolist() == [0, 1, 2, 3, 50, 51]
 
 
 @pytest.mark.parametrize("data, message", [
@@ -423,8 +432,10 @@ def test_state_dict_round_trips_data_priorities_length_and_cursor(storages):
     assert_same(rb2[:], rb[:])
     assert positions_of(other) == pytest.approx(positions_of(rb.storage))
     assert rb2.sampler.default_priority == rb.sampler.default_priority == 4.0
+    d = transitions(3, 100)
+    d["td_error"] = torch.ones(3)
     for b in (rb, rb2):
-        b.extend(transitions(3, 100))
+        b.extend(d.clone())
     assert_same(rb2[:], rb[:])
 
 
@@ -495,6 +506,69 @@ def test_any_sequence_of_writes_reads_as_lazy_tensor_storage_and_never_fills_the
         assert ours.storage.table.info()["num_store_evictions"] == 0
 
 
+# --- pickling: a copy through Reprise's checkpoint format ------------------------------------------
+
+
+def test_a_pickled_prioritized_buffer_is_a_copy_with_the_same_elements_positions_and_priorities(storages):
+    rb = filled_prioritized(storages(16, seed=11))
+    rb2 = pickle.loads(pickle.dumps(rb))
+    copied = storages.closed_at_teardown(rb2.storage)
+    assert copied is not rb.storage and copied.store.path != rb.storage.store.path
+    assert len(rb2) == len(rb) == 16
+    assert_same(rb2[:], rb[:])
+    np.testing.assert_array_equal(copied._keys, rb.storage._keys)  # the position map
+    np.testing.assert_array_equal(copied._rows, rb.storage._rows)
+    assert positions_of(copied) == positions_of(rb.storage)
+    assert copied.table.items() == rb.storage.table.items()  # keys, priorities, times sampled
+    assert rb2.sampler.default_priority == rb.sampler.default_priority == 4.0
+    assert rb2.sampler._storage() is copied  # rebound to its own storage
+    for _ in range(3):  # the tables' generators continue alike, and drawn keys map back to positions
+        assert_same(rb2.sample(), rb.sample())
+    before, cursor = rb[:], rb2.writer._cursor
+    d = transitions(3, 100)
+    d["td_error"] = torch.ones(3)
+    rb2.extend(d)  # the copy writes on its own (a new writer): the original is unchanged
+    written = [(cursor + i) % 16 for i in range(3)]
+    assert rb2.storage.get(written)["obs"][:, 0].tolist() == [100, 101, 102]
+    assert_same(rb[:], before)
+    assert copied.table.size == rb.storage.table.size == 16
+
+
+@tensorclass
+class Pair:  # at module level, so that pickle finds it
+    a: torch.Tensor
+    b: torch.Tensor
+
+
+def test_a_pickled_storage_of_tensorclasses_and_an_empty_one_come_back_alike(storages):
+    storage = storages(8)
+    rb = ReplayBuffer(storage=storage, batch_size=4)
+    rb.extend(Pair(a=torch.arange(6.0)[:, None].expand(6, 3).clone(), b=torch.arange(6), batch_size=[6]))
+    twin = storages.closed_at_teardown(copy.deepcopy(storage))
+    assert len(twin) == 6 and type(twin.get(0)) is Pair
+    for index in (slice(None), [5, 0, 3]):
+        assert torch.equal(twin.get(index).a, storage.get(index).a)
+        assert torch.equal(twin.get(index).b, storage.get(index).b)
+    empty = storages.closed_at_teardown(pickle.loads(pickle.dumps(storages(4))))
+    assert len(empty) == 0 and not empty.initialized
+    empty.set(torch.arange(2), transitions(2))  # the first write still makes the table
+    assert_same(empty.get(slice(None)), transitions(2))
+
+
+def test_a_storage_refuses_a_shallow_copy_and_a_spawned_process(storages):
+    storage = storages(4)
+    storage.set(torch.arange(2), transitions(2))
+    with pytest.raises(TypeError, match="copy.deepcopy or pickle"):
+        copy.copy(storage)
+    multiprocessing.context.set_spawning_popen(object())  # what Process.start does under "spawn"
+    try:
+        with pytest.raises(RuntimeError, match="process being spawned.*rp.Server"):
+            pickle.dumps(storage)
+    finally:
+        multiprocessing.context.set_spawning_popen(None)
+    assert_same(storage.get(slice(None)), transitions(2))
+
+
 # --- Reprise's side: serving, closing, devices ----------------------------------------------------
 
 
@@ -521,7 +595,7 @@ def test_close_removes_the_store_file_and_refuses_further_use(storages):
     assert not os.path.exists(path)
     with pytest.raises(rp.errors.InvalidArgument, match="is closed"):
         storage.get(0)
-    with pytest.raises(TypeError, match="cannot be pickled"):
+    with pytest.raises(rp.errors.InvalidArgument, match="is closed"):
         pickle.dumps(storage)
 
 
