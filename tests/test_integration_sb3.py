@@ -310,7 +310,7 @@ def test_save_and_load_replay_buffer_round_trip(closing, tmp_path):
     assert a.sample(1).observations.shape == (1, 4)
 
 
-def test_pickle_carries_complete_windows_not_pending_ones(closing):
+def test_pickle_carries_running_episodes_and_their_pending_windows(closing):
     buf = buffer(closing, n_envs=2, n_steps=2)
     steps = list(vec_steps([[(3, "term"), (5, "trunc")], [(8, "trunc")]], np.random.default_rng(0)))
     for step in steps[:-1]:  # both environments stop one step before their episode ends
@@ -320,11 +320,33 @@ def test_pickle_carries_complete_windows_not_pending_ones(closing):
     copy = closing(pickle.loads(pickle.dumps(buf)))
     assert len(copy) == held and copy.full == buf.full and copy.pos == buf.pos
     assert copy.transitions.table.items() == buf.transitions.table.items()
-    # The last step ends both episodes: the original completes its pending windows (two
-    # per environment); the copy starts new episodes there (one transition each).
+    # The last step ends both episodes: the copy completes the pending windows (two per
+    # environment) as the original does.
     buf.add(*steps[-1])
     copy.add(*steps[-1])
-    assert len(buf) == held + 4 and len(copy) == held + 2
+    assert len(buf) == len(copy) == held + 4
+    assert copy.transitions.table.items() == buf.transitions.table.items()
+    assert all_transitions(copy) == all_transitions(buf)
+
+
+def test_an_unpickled_buffer_fed_reset_environments_ends_their_episodes_as_truncations(closing):
+    buf = buffer(closing, n_steps=3, gamma=0.5)
+    steps = list(vec_steps([[(10, "term")]], np.random.default_rng(0)))
+    for step in steps[:5]:  # transitions 0-2 are held, 3 and 4 wait for later steps
+        buf.add(*step)
+    copy = closing(pickle.loads(pickle.dumps(buf)))
+    obs, nxt, *rest = next(vec_steps([[(2, "term")]], np.random.default_rng(1)))
+    obs[:, 1] = nxt[:, 1] = 9  # a reset environment: its first observation is not the last next_obs
+    for b in (buf, copy):
+        b.add(obs, nxt, *rest)
+    assert len(copy) == len(buf) == 5
+    found = all_transitions(copy)
+    assert found == all_transitions(buf)
+    rewards = [float(step[3][0]) for step in steps]
+    for t, m in ((3, 2), (4, 1)):  # cut at the last step before the reset, bootstrapping from it
+        tr = found[(0.0, 0.0, float(t))]
+        assert tr["next_obs"] == [0.0, 0.0, 5.0] and tr["done"] == 0.0 and tr["discount"] == 0.5 ** m
+        assert tr["reward"] == pytest.approx(sum(0.5 ** k * rewards[t + k] for k in range(m)))
 
 
 def test_seed_comes_from_torch_initial_seed_without_drawing(closing):

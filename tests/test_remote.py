@@ -219,7 +219,7 @@ def test_non_loopback_address_needs_a_token(tmp_path):
 def test_bad_configs_are_refused(tmp_path):
     cases = {
         "nonsense = 1\n" + CONFIG.format(extra=""): "unknown key 'nonsense'",
-        CONFIG.format(extra="").replace('store = "main"\nsampler = {', 'store = "other"\nsampler = {'): "tables[0].store: 'other' is not one of",
+        CONFIG.format(extra="").replace('store = "main"\nsampler = {', 'store = "other"\nsampler = {'): "tables[0] ('replay').store: 'other' is not one of",
         CONFIG.format(extra="").replace('kind = "Prioritized"', 'kind = "Bogus"'): "unknown kind 'Bogus'",
         "address = [": "not valid TOML",
     }

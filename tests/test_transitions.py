@@ -1,8 +1,10 @@
 """TransitionBuffer (reprise.transitions): n-step transitions over shared rows, against a
-plain reference model and against Stable-Baselines3's NStepReplayBuffer; prioritized
-sampling statistics; exact capacity; bad inputs change nothing."""
+plain reference model and against Stable-Baselines3's NStepReplayBuffer; episodes ended
+early; pickled copies; prioritized sampling statistics; exact capacity; bad inputs change
+nothing."""
 
 import os
+import pickle
 
 import numpy as np
 import pytest
@@ -18,7 +20,7 @@ from reprise.torch.collect import wait_released  # noqa: E402
 HAS_CUDA = torch.cuda.is_available()
 # Upper 0.1% points of the chi-square distribution, by degrees of freedom.
 CHI2_999 = {5: 20.515, 7: 24.322}
-CONTINUE, TERMINATED, TRUNCATED, BOTH = 0, 1, 2, 3
+CONTINUE, TERMINATED, TRUNCATED, BOTH, CUT = 0, 1, 2, 3, 4  # CUT: an add, then end_episode(env)
 
 
 # --- helpers ----------------------------------------------------------------------------------------
@@ -33,29 +35,34 @@ def make_steps(codes, rng, obs_dim=3):
         for code in env_codes:
             nxt = rng.standard_normal(obs_dim).astype(np.float32)
             steps.append(dict(obs=obs, action=int(rng.integers(0, 5)), reward=float(np.float32(rng.standard_normal())),
-                              next_obs=nxt, terminated=code in (TERMINATED, BOTH), truncated=code in (TRUNCATED, BOTH)))
+                              next_obs=nxt, terminated=code in (TERMINATED, BOTH), truncated=code in (TRUNCATED, BOTH),
+                              cut=code == CUT))
             obs = rng.standard_normal(obs_dim).astype(np.float32) if code else nxt
         streams.append(steps)
     return streams
 
 
 def feed(buf, streams):
-    """Adds the streams side by side (one vector add per step)."""
+    """Adds the streams side by side (one vector add per step, then end_episode for each CUT)."""
     for t in range(len(streams[0])):
         rows = [s[t] for s in streams]
         buf.add(np.stack([r["obs"] for r in rows]), np.array([r["action"] for r in rows]),
                 np.array([r["reward"] for r in rows], np.float32), np.stack([r["next_obs"] for r in rows]),
                 np.array([r["terminated"] for r in rows]), np.array([r["truncated"] for r in rows]))
+        for e, r in enumerate(rows):
+            if r["cut"]:
+                buf.end_episode(e)
 
 
 def reference(streams, n, gamma):
-    """Every transition whose window is complete: {first obs: (action, return, next_obs, done, discount)}."""
+    """Every transition whose window is complete: {first obs: (action, return, next_obs, done, discount)}.
+    An episode ended by end_episode (CUT) is a truncated one."""
     out = {}
     for steps in streams:
         episode = []
         for i, s in enumerate(steps):
             episode.append(s)
-            ended = s["terminated"] or s["truncated"]
+            ended = s["terminated"] or s["truncated"] or s["cut"]
             if not ended and i + 1 < len(steps):
                 continue
             L = len(episode)
@@ -100,7 +107,7 @@ def buffer(capacity=1000, n_envs=1, obs_shape=(3,), **kw):
 # --- behaviour --------------------------------------------------------------------------------------
 
 
-CODES = st.sampled_from([CONTINUE] * 4 + [TERMINATED, TRUNCATED, BOTH])
+CODES = st.sampled_from([CONTINUE] * 4 + [TERMINATED, TRUNCATED, BOTH, CUT])
 
 
 @settings(max_examples=40, deadline=None)
@@ -205,6 +212,159 @@ def test_cuda_samples_equal_host_samples(backend):
         assert all(x.device.type == expect for x in b[:-1]) and b.keys.device.type == "cpu"
         assert b.weights.dtype == torch.float32
         assert_match(drawn(buf, device="cuda"), reference(streams, 3, 0.7))
+
+
+# --- ending episodes early -------------------------------------------------------------------------
+
+
+def same_draws(a, b, n=200):
+    """Two buffers whose tables are in the same state draw the same batches, field for field."""
+    x, y = a.sample(n, beta=0.5), b.sample(n, beta=0.5)
+    for name, u, v in zip(x._fields, x, y):
+        assert torch.equal(u, v), name
+
+
+@pytest.mark.parametrize("n_step,n_envs", [(1, 1), (3, 1), (4, 1), (3, 2), (4, 3)])
+def test_end_episode_makes_the_items_a_truncated_add_would(n_step, n_envs):
+    """The same random streams, one ending episodes with truncated=True, the other with an add
+    and then end_episode(env): the same transitions. With one environment also the same items
+    (keys, priorities, lengths) and draws; with several, an env's items from end_episode come
+    after those the add made for the environments after it, so keys differ."""
+    codes = np.random.default_rng(n_step).choice([CONTINUE] * 4 + [TERMINATED, TRUNCATED], size=(n_envs, 60))
+    cut = np.where(codes == TRUNCATED, CUT, codes)
+    with buffer(n_envs=n_envs, n_step=n_step, gamma=0.8, alpha=0.6, block_steps=8) as a, \
+            buffer(n_envs=n_envs, n_step=n_step, gamma=0.8, alpha=0.6, block_steps=8, name="cut") as b:
+        feed(a, make_steps(codes.tolist(), np.random.default_rng(1)))
+        streams = make_steps(cut.tolist(), np.random.default_rng(1))
+        feed(b, streams)
+        assert (cut == CUT).any() and len(a) == len(b)
+        if n_envs == 1:
+            assert a.table.items() == b.table.items()
+            same_draws(a, b)
+        expected = drawn(a)
+        assert_match(expected, reference(streams, n_step, 0.8))
+        assert_match(drawn(b), expected)
+
+
+def test_end_episode_of_every_environment_and_of_none_running():
+    o = np.zeros((2, 3), np.float32)
+    with buffer(n_envs=2, n_step=3, gamma=0.5) as buf:
+        buf.add(o, [1, 2], [1.0, 10.0], o + 1, [False, False], [False, False])
+        buf.add(o + 1, [3, 4], [2.0, 20.0], o + 2, [False, True], [False, False])  # env 1 terminates
+        assert len(buf) == 2
+        buf.end_episode()  # env 0's two steps become items; env 1 has no episode running
+        assert sorted(length for *_, length in buf.table.items()) == [2, 2, 3, 3]
+        items = buf.table.items()
+        buf.end_episode(0)
+        buf.end_episode(np.int64(1))
+        assert buf.table.items() == items
+        b = buf.sample(400)
+        by_action = {int(a): (float(r), float(d), float(k)) for a, r, d, k in zip(b.action, b.reward, b.done,
+                                                                                   b.discount)}
+        assert by_action[1] == (1.0 + 0.5 * 2.0, 0.0, 0.25) and by_action[3] == (2.0, 0.0, 0.5)
+        assert by_action[2] == (10.0 + 0.5 * 20.0, 1.0, 0.0) and by_action[4] == (20.0, 1.0, 0.0)
+        buf.add(o + 5, [5, 6], [0.0, 0.0], o + 6, [False, False], [False, False])  # new episodes: obs stored
+        buf.end_episode()
+        b = buf.sample(400)
+        assert len(buf) == 6 and (b.obs[b.action >= 5] == 5).all() and (b.next_obs[b.action >= 5] == 6).all()
+
+
+@pytest.mark.parametrize("env", [2, -1, True, 1.0, "0"])
+def test_end_episode_refuses_a_bad_env_and_changes_nothing(env):
+    with buffer(n_envs=2, n_step=3) as buf:
+        o = np.zeros((2, 3), np.float32)
+        buf.add(o, [0, 0], [1.0, 1.0], o + 1, [False, False], [False, False])
+        before = (buf.table.items(), [w.episode_steps for w in buf._writers], list(buf._episode_steps))
+        with pytest.raises(rp.errors.InvalidArgument) as e:
+            buf.end_episode(env)
+        assert f"end_episode: env must be None (every environment) or an environment index in [0, 2), got {env!r}" \
+            in str(e.value)
+        assert before == (buf.table.items(), [w.episode_steps for w in buf._writers], list(buf._episode_steps))
+
+
+# --- pickling ---------------------------------------------------------------------------------------
+
+
+def by_key(buf, n=4000):
+    """{key: transition} of a draw (a draw advances the table's generator)."""
+    b = buf.sample(n, beta=0.5)
+    return {int(k): tuple(np.asarray(x[i]).tobytes() for x in b[:-2]) for i, k in enumerate(b.keys)}
+
+
+@pytest.mark.parametrize("n_step,n_envs,alpha", [(1, 1, None), (3, 3, 0.6), (4, 3, None)])
+def test_pickle_round_trip_copies_items_priorities_running_episodes_and_draws(n_step, n_envs, alpha):
+    """Pickled mid-stream (the environments' running episodes have 2, 0 and 6 steps: fewer
+    than n, none, and n or more), the copy holds the same items and priorities, draws the same
+    batches, and fed the rest of the streams goes on exactly as the original."""
+    rng = np.random.default_rng(n_step)
+    at, steps = 40, 70
+    codes = rng.choice([CONTINUE] * 5 + [TERMINATED, TRUNCATED], size=(n_envs, steps))
+    for e, running in zip(range(n_envs), (2, 0, 6)):
+        codes[e, at - 1 - running] = TERMINATED
+        codes[e, at - running:at + 3] = CONTINUE
+    streams = make_steps(codes.tolist(), rng)
+    with buffer(n_envs=n_envs, n_step=n_step, gamma=0.9, alpha=alpha, block_steps=8) as buf:
+        feed(buf, [s[:at] for s in streams])
+        keys = buf.sample(10).keys
+        buf.update_priorities(keys, np.linspace(0.5, 3.0, 10))
+        before = by_key(buf)
+        items = buf.table.items()
+        blob = pickle.dumps(buf)
+        assert buf.table.items() == items  # the original is not changed
+        with pickle.loads(blob) as copy:
+            assert type(copy) is rp.TransitionBuffer and copy.store.path != buf.store.path
+            assert len(copy) == len(buf) and copy.table.items() == items
+            assert copy.max_priority == buf.max_priority == 3.0 + 1e-6
+            assert repr(copy) == repr(buf)
+            assert by_key(copy) == by_key(buf) and set(before) == {k for k, *_ in items}
+            same_draws(copy, buf)
+            rest = [s[at:] for s in streams]
+            feed(buf, rest)
+            feed(copy, rest)  # completes the windows pending at the pickle
+            assert copy.table.items() == buf.table.items()
+            got = drawn(copy)
+            assert_match(got, reference(streams, n_step, 0.9))
+            assert_match(drawn(buf), got)  # the same draw: both generators stay in step
+            buf.end_episode()
+            copy.end_episode()
+            assert copy.table.items() == buf.table.items()
+            same_draws(copy, buf)
+        assert not os.path.exists(copy.store.path)
+
+
+def test_a_pickled_table_beside_its_buffer_comes_back_as_the_copys_table():
+    with buffer(n_step=2) as buf:
+        feed(buf, make_steps([[CONTINUE] * 5], np.random.default_rng(0)))
+        copy, table = pickle.loads(pickle.dumps((buf, buf.table)))
+        with copy:
+            assert table is copy.table and len(copy) == 4
+
+
+def test_a_copy_of_a_full_tightly_sized_buffer_holds_capacity_exactly():
+    capacity, n_envs = 300, 2
+    kw = dict(capacity=capacity, n_envs=n_envs, n_step=3, block_steps=16, min_episode_length=20, alpha=0.6)
+
+    def steps(buf, start, stop):
+        for t in range(start, stop):
+            o = np.full((n_envs, 3), t, np.float32)
+            end = np.array([(t + 7 * e) % 20 == 19 for e in range(n_envs)])
+            buf.add(o, np.zeros(n_envs, np.int64), np.ones(n_envs, np.float32), o + 1, end, np.zeros(n_envs, bool))
+
+    for at in (3 * capacity // n_envs, 3 * capacity // n_envs + 9):  # two positions in the writers' blocks
+        with buffer(**kw) as buf:
+            steps(buf, 0, at)
+            with pickle.loads(pickle.dumps(buf)) as copy:
+                steps(buf, at, at + 2 * capacity)
+                steps(copy, at, at + 2 * capacity)
+                assert len(copy) == capacity and copy.table.info()["num_store_evictions"] == 0
+                assert copy.table.items() == buf.table.items()
+
+
+def test_a_closed_buffer_refuses_to_pickle():
+    buf = buffer()
+    buf.close()
+    with pytest.raises(rp.errors.InvalidArgument, match="cannot pickle a closed TransitionBuffer"):
+        pickle.dumps(buf)
 
 
 # --- priorities -------------------------------------------------------------------------------------

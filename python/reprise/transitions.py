@@ -29,6 +29,26 @@ sizes it for episodes at least that long (about ``1 + 1/min_episode_length`` row
 transition), and if shorter episodes come anyway the store evicts whole blocks and the buffer
 holds fewer than ``capacity`` for a while.
 
+Ending an episode early. ``end_episode(env)`` ends an environment's running episode at its
+last step as a truncation: its pending transitions become items at once, with windows
+stopping at the last row, and bootstrapping goes on from it. The items are those an ``add``
+with ``truncated=True`` on that last step would have made (with several environments they
+come after the items that ``add`` made for the environments after it); the next ``add``
+starts a new episode with its ``obs``.
+
+Pickling. A buffer pickles as a copy that shares nothing with the original: the table and
+store go through a checkpoint (``reprise.pickling``: items, keys, priorities, the random
+generator's state), and beside them the settings, ``max_priority`` and each environment's
+running episode: its step count and its newest min(n, steps + 1) rows, which the copy's
+writer appends again. So the copy completes pending windows as the original would, and
+draws what the original would draw. Those rows take room twice in the copy's store (under
+the items that already reference them, and in the block the copy's writer leases), and the
+unused rest of the original writer's block stays unused in the copy until its items are
+evicted: a copy still holds exactly ``capacity`` (the tests pickle full buffers sized
+tightly), but copies of copies made every few steps add a block per environment each, and
+the store then evicts blocks as for episodes shorter than ``min_episode_length``. The
+copy's store goes in the default directory (``/dev/shm``).
+
 Cost. ``add``: per environment one or two row copies and one table insert per completed
 transition (O(log N) prioritized). ``sample``: the table's draw, then every row of each item
 is gathered (n + 1 observations for an n-step item, of which two are returned).
@@ -36,6 +56,7 @@ is gathered (n + 1 observations for an n-step item, of which two are returned).
 
 from __future__ import annotations
 
+import ctypes
 import math
 from typing import NamedTuple
 
@@ -155,21 +176,31 @@ class TransitionBuffer:
         signature = {_OBS: obs_field, _ACTION: action_field,
                      _REWARD: Field((), "float32"), _TERMINATED: Field((), "bool")}
         steps = _store_steps(capacity, n_envs, n_step, block_steps, min_episode_length)
-        self._store = Store(signature, capacity=steps, block_steps=block_steps, directory=directory)
+        store = Store(signature, capacity=steps, block_steps=block_steps, directory=directory)
         try:
             sampler = selectors.Uniform() if alpha is None else selectors.Prioritized(alpha)
-            self._table = Table(name, self._store, sampler=sampler, remover=selectors.Fifo(), max_size=capacity,
-                                seed=seed)
-            self._writers = [self._store.writer(max_sequence_length=n_step + 1) for _ in range(n_envs)]
+            table = Table(name, store, sampler=sampler, remover=selectors.Fifo(), max_size=capacity, seed=seed)
+            self._attach(table, self._settings_of(capacity, n_envs, n_step, gamma, alpha, epsilon))
         except BaseException:
-            self._store.close()
+            store.close()
             raise
-        self._signature = signature
-        self._capacity, self._n_envs, self._n_step = capacity, n_envs, n_step
-        self._gamma, self._alpha, self._epsilon = gamma, alpha, epsilon
+
+    @staticmethod
+    def _settings_of(capacity, n_envs, n_step, gamma, alpha, epsilon) -> dict:
+        return dict(capacity=capacity, n_envs=n_envs, n_step=n_step, gamma=gamma, alpha=alpha, epsilon=epsilon)
+
+    def _attach(self, table: Table, settings: dict) -> None:
+        """Makes ``table`` (and its store) this buffer's, with one writer per environment and
+        no episode running: what construction and unpickling share."""
+        self._store, self._table = table.store, table
+        self._signature = self._store.signature
+        self._capacity, self._n_envs, self._n_step = settings["capacity"], settings["n_envs"], settings["n_step"]
+        self._gamma, self._alpha, self._epsilon = settings["gamma"], settings["alpha"], settings["epsilon"]
+        self._writers = [self._store.writer(max_sequence_length=self._n_step + 1) for _ in range(self._n_envs)]
         self._max_priority = 1.0
-        self._episode_steps = [0] * n_envs  # steps of each environment's current episode
-        self._zero_action = np.zeros(action_field.shape, action_field.dtype)
+        self._episode_steps = [0] * self._n_envs  # steps of each environment's current episode
+        action = self._signature[_ACTION]
+        self._zero_action = np.zeros(action.shape, action.dtype)
 
     # --- writing --------------------------------------------------------------------------------
 
@@ -200,21 +231,46 @@ class TransitionBuffer:
         trunc = self._checked("truncated", truncated, _TERMINATED, single)
         if not np.isfinite(r).all():
             raise InvalidArgument(f"add: reward must be finite, got {r.tolist()}")
-        table, priority = self._table, self._max_priority
         for i, w in enumerate(self._writers):
             steps = self._episode_steps[i]
             if steps == 0:
                 w.append({_OBS: o[i], _ACTION: self._zero_action, _REWARD: 0.0, _TERMINATED: False})
             w.append({_OBS: no[i], _ACTION: a[i], _REWARD: r[i], _TERMINATED: term[i]})
             steps += 1
-            if term[i] or trunc[i]:
-                for t in range(max(0, steps - self._n_step), steps):  # oldest first: FIFO order
-                    w.create_item(table, steps - t + 1, priority)
-                w.end_episode()
-                steps = 0
-            elif steps >= self._n_step:
-                w.create_item(table, self._n_step + 1, priority)
             self._episode_steps[i] = steps
+            if steps >= self._n_step:  # transition steps - n: its window is complete
+                w.create_item(self._table, self._n_step + 1, self._max_priority)
+            if term[i] or trunc[i]:
+                self._finish_episode(i)
+
+    def end_episode(self, env: int | None = None) -> None:
+        """Ends environment ``env``'s running episode (every environment's with None) at its
+        last step, as a truncation: its pending transitions become items now, their windows
+        stopping at that step, which they bootstrap from. The items are those an ``add`` with
+        ``truncated=True`` would have made on that step; the next ``add`` starts a new episode
+        and stores its ``obs``. An environment with no running episode is left as it is.
+        For a reset that leaves an episode unfinished (an agent that stops collecting, an
+        environment reset from outside)."""
+        if env is None:
+            envs = range(self._n_envs)
+        elif isinstance(env, bool) or not isinstance(env, (int, np.integer)) or not 0 <= env < self._n_envs:
+            raise InvalidArgument(f"end_episode: env must be None (every environment) or an environment index in "
+                                  f"[0, {self._n_envs}), got {env!r}")
+        else:
+            envs = (int(env),)
+        for i in envs:
+            if self._episode_steps[i]:
+                self._finish_episode(i)
+
+    def _finish_episode(self, i: int) -> None:
+        """Ends environment ``i``'s episode after its last step: the transitions whose
+        windows were waiting for later steps (the newest n - 1, or all of a shorter episode)
+        become items over the rows up to the last."""
+        w, steps = self._writers[i], self._episode_steps[i]
+        for t in range(max(0, steps - self._n_step + 1), steps):  # oldest first: FIFO order
+            w.create_item(self._table, steps - t + 1, self._max_priority)
+        w.end_episode()
+        self._episode_steps[i] = 0
 
     def _expected(self, field: str) -> str:
         f = self._signature[field]
@@ -339,6 +395,21 @@ class TransitionBuffer:
     def table(self) -> Table:
         return self._table
 
+    def __reduce__(self):
+        """Pickles a copy: the table and store through a checkpoint, with the settings,
+        ``max_priority`` and each running episode's step count and newest rows (see the
+        module doc). The original is not changed."""
+        if self._store.closed:
+            raise InvalidArgument("cannot pickle a closed TransitionBuffer")
+        running = []
+        for w, steps in zip(self._writers, self._episode_steps):
+            # The rows later items of this episode reach back to: the newest n, or all of it.
+            rows = w.recent_rows(min(self._n_step, steps + 1)) if steps else None
+            running.append(None if rows is None else (steps, _read_rows(self._store, rows)))
+        settings = self._settings_of(self._capacity, self._n_envs, self._n_step, self._gamma, self._alpha,
+                                     self._epsilon)
+        return _unpickled, (type(self), self._table, settings, self._max_priority, running)
+
     def close(self) -> None:
         """Drops the transitions of unfinished windows, closes the writers and the store
         (removing its file). Idempotent."""
@@ -356,6 +427,39 @@ class TransitionBuffer:
         sampling = "uniform" if self._alpha is None else f"prioritized(alpha={self._alpha})"
         return (f"TransitionBuffer(size={len(self)}, capacity={self._capacity}, n_envs={self._n_envs}, "
                 f"n_step={self._n_step}, gamma={self._gamma}, {sampling})")
+
+
+def _unpickled(cls, table: Table, settings: dict, max_priority: float, running: list) -> TransitionBuffer:
+    """``TransitionBuffer.__reduce__``'s other half: a buffer over the unpickled ``table``
+    whose writers append each running episode's newest rows again and go on from there."""
+    buf = cls.__new__(cls)
+    try:
+        buf._attach(table, settings)
+        buf._max_priority = max_priority
+        for i, episode in enumerate(running):
+            if episode is not None:
+                steps, rows = episode
+                buf._writers[i].extend(rows)
+                buf._episode_steps[i] = steps
+    except BaseException:
+        table.store.close()
+        raise
+    return buf
+
+
+def _read_rows(store: Store, rows) -> dict:
+    """Copies of the step data in ``rows`` of a host store: ``{field: array[len(rows), *shape]}``,
+    read from the store's mapped columns (a ``Store`` has no row reader of its own; a
+    TransitionBuffer's store is always on the host)."""
+    address, nbytes = store._native.memory()
+    memory = np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(address))
+    signature, rows = store.signature, np.asarray(rows, np.int64)
+    out = {}
+    for name, offset, row_bytes in store._native.column_layout():
+        field = signature[name]
+        column = memory[offset:offset + store.capacity * row_bytes].reshape(store.capacity, row_bytes)
+        out[name] = column[rows].view(np.dtype(field.dtype)).reshape(len(rows), *field.shape)
+    return out
 
 
 def _targets(data: dict, last, rows, powers, where, as_f64) -> dict:

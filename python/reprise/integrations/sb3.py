@@ -18,10 +18,11 @@ bootstraps from the final observation), otherwise a termination.
 
 Continuity. The ``TransitionBuffer`` stores an episode's first observation once and then
 only ``next_obs``; so each environment's ``obs`` must be the previous step's ``next_obs``.
-When it is not (``learn()`` called again resets the environments mid-episode, or a buffer
-was just unpickled), that environment's episode is ended there as if truncated and a new
-one begins with ``obs``: no transition crosses the gap. This costs one comparison of an
-observation per environment and step.
+When it is not (``learn()`` called again resets the environments mid-episode, or an
+unpickled buffer is fed by freshly reset environments), that environment's episode is
+ended there as a truncation (``TransitionBuffer.end_episode``) and a new one begins with
+``obs``: no transition crosses the gap. This costs one comparison of an observation per
+environment and step.
 
 Seeds. ``seed=None`` (the default) seeds the table with ``torch.initial_seed()``: SB3's
 ``set_random_seed(seed)``, which every algorithm given ``seed=`` runs before it builds its
@@ -29,12 +30,13 @@ buffer, makes that the algorithm's seed; without one it is torch's own seed, dra
 the operating system. ``replay_buffer_kwargs=dict(seed=...)`` sets it explicitly. The
 draw consumes nothing from numpy's or torch's generators.
 
-Pickling (``save_replay_buffer``/``load_replay_buffer``). The buffer pickles through a
-Reprise checkpoint of its table (``reprise.pickling``): the copy holds the same
-transitions, priorities, keys and random-generator state, so it draws what the original
-would have drawn. The newest n - 1 steps of each running episode (windows not complete
-yet, not sampled yet either) are not carried, and each environment starts a new episode
-at its next ``add``.
+Pickling (``save_replay_buffer``/``load_replay_buffer``). The buffer pickles with its
+``TransitionBuffer``, which pickles as a copy (a Reprise checkpoint of its table, see
+``reprise.transitions``): the same transitions, priorities, keys and random-generator
+state, so it draws what the original would have drawn, and each running episode with its
+pending windows. Fed the steps that continue those episodes, the copy completes them as
+the original would; fed anything else (environments reset since), the continuity check
+above ends them as truncations.
 """
 
 from __future__ import annotations
@@ -191,24 +193,10 @@ class RepriseReplayBuffer(ReplayBuffer):
         for i in range(n):
             last = self._last_next_obs[i]
             if last is not None and not np.array_equal(obs[i], last, equal_nan=True):
-                self._cut_episode(i)
+                self._transitions.end_episode(i)
         self._transitions.add(obs, action, reward, next_obs, terminated, truncated)
         self._last_next_obs = [None if done[i] else np.array(next_obs[i]) for i in range(n)]
         self.pos = (self.pos + 1) % self.buffer_size
-
-    def _cut_episode(self, i: int) -> None:
-        """Ends environment ``i``'s running episode at its last step, as a truncation
-        would: the transitions whose windows were waiting for later steps become items
-        with windows cut there. Uses ``TransitionBuffer``'s internals (its writers and
-        step counts), the same loop as its ``add`` on a truncated step."""
-        tb = self._transitions
-        writer, steps = tb._writers[i], tb._episode_steps[i]
-        if steps == 0:
-            return
-        for t in range(max(0, steps - tb.n_step + 1), steps):  # oldest first: FIFO order
-            writer.create_item(tb.table, steps - t + 1, tb.max_priority)
-        writer.end_episode()
-        tb._episode_steps[i] = 0
 
     # --- reading --------------------------------------------------------------------------------
 
@@ -277,26 +265,6 @@ class RepriseReplayBuffer(ReplayBuffer):
     def close(self) -> None:
         """Closes the ``TransitionBuffer`` (its store file is removed). Idempotent."""
         self._transitions.close()
-
-    def __getstate__(self) -> dict:
-        state = self.__dict__.copy()
-        tb = state.pop("_transitions")
-        state["_last_next_obs"] = [None] * self.n_envs
-        state["_snapshot"] = dict(table=tb.table, max_priority=tb.max_priority)  # the table pickles its store
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        snapshot = state.pop("_snapshot")
-        self.__dict__.update(state)
-        # A buffer as constructed, then given the unpickled store and table in place of its own.
-        tb = TransitionBuffer(**self._config)
-        tb.close()
-        table = snapshot["table"]
-        tb._store, tb._table = table.store, table
-        tb._writers = [table.store.writer(max_sequence_length=tb.n_step + 1) for _ in range(tb.n_envs)]
-        tb._episode_steps = [0] * tb.n_envs
-        tb._max_priority = snapshot["max_priority"]
-        self._transitions = tb
 
     def __repr__(self):
         return f"RepriseReplayBuffer({self._transitions!r}, device={self.device})"
