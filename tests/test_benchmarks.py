@@ -311,6 +311,30 @@ def test_dashboard_cost_quick_measures_the_server_with_and_without_clients(tmp_p
     assert "| 10 x /api/snapshot at 1 Hz |" in r.stdout
 
 
+def test_integrations_quick_measures_every_arm_and_states_the_goals(tmp_path):
+    pytest.importorskip("stable_baselines3")
+    pytest.importorskip("torchrl")
+    # ~35 s on 2 busy cores: 8 short processes, each importing torch
+    r = run_module("benchmarks.integrations.compare", "--quick", "--out-dir", str(tmp_path), timeout=150)
+    report = report_in(tmp_path, "integrations")
+    assert not errors_in(report["systems"]), errors_in(report["systems"])
+    replay = report["summary"]["replay"]
+    assert set(replay) == {"cartpole", "atari"}
+    for kind, arms in replay.items():
+        assert set(arms) == {"sb3", "sb3_opt", "reprise", "reprise_mel"}, (kind, sorted(arms))
+        for arm, s in arms.items():
+            assert s["items_per_s"] > 0 and s["samples_per_s"] > 0 and s["reserved_per_transition"] > 0, (kind, arm)
+            assert s["held"] == s["capacity"], (kind, arm, s)
+    atari = replay["atari"]  # SB3's default stores each frame stack twice, optimize_memory_usage once
+    assert atari["sb3"]["reserved_per_transition"] == pytest.approx(2 * atari["sb3_opt"]["reserved_per_transition"],
+                                                                    rel=0.01)
+    dqn = report["summary"]["dqn"]
+    assert dqn["sb3"]["steps_per_s"] > 0 and dqn["reprise"]["steps_per_s"] > 0 and dqn["ratio"] > 0
+    assert all(row["ratio"] > 0 for row in report["summary"]["torchrl"].values())
+    assert {g["goal"] for g in report["goals"]} == {"never slower", ">= 2x less memory"}
+    assert "## Goals (issue 33)" in r.stdout and "| prioritized_round | rounds/s |" in r.stdout
+
+
 # --- the full runs' sizes --------------------------------------------------------------------
 @pytest.fixture
 def benchmarks_importable(monkeypatch):
@@ -352,6 +376,12 @@ def test_full_run_sizes_are_the_ones_results_md_was_measured_with(benchmarks_imp
     assert extensions == dict(pairs=15, round_seconds=0.4, warmup_seconds=0.3, apex_pairs=0)
     assert (dashboard["seconds"], dashboard["rounds"], dashboard["clients"], dashboard["items"]) \
         == (30.0, 3, 10, 100_000)
+    from benchmarks.integrations.workloads import FULL as integrations
+    assert (integrations["capacity"], integrations["record_steps"], integrations["fill_factor"]) \
+        == ({"cartpole": 100_000, "atari": 4_096}, {"cartpole": 20_000, "atari": 6_000}, 2)
+    assert (integrations["rounds"], integrations["round_seconds"], integrations["replay_repeats"],
+            integrations["dqn_steps"], integrations["dqn_repeats"], integrations["torchrl_passes"]) \
+        == (5, 0.3, 3, 20_000, 3, 2)
 
 
 # --- the package's layout ----------------------------------------------------------------------
