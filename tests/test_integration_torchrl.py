@@ -105,6 +105,20 @@ def test_extend_and_every_kind_of_index_read_as_lazy_tensor_storage_does(storage
     assert one.batch_size == torch.Size([]) and one["obs"].shape == (4,)
 
 
+def test_writes_longer_than_a_chunk_read_as_lazy_tensor_storage_and_map_keys_to_positions(storages):
+    ours = ReplayBuffer(storage=storages(150))
+    ref = ReplayBuffer(storage=LazyTensorStorage(150))
+    # 100 (two chunks of items), 140 (wraps: two runs), 200 (longer than the storage: positions repeat)
+    for n, start in ((100, 0), (140, 100), (200, 240)):
+        ours.extend(transitions(n, start)), ref.extend(transitions(n, start))
+        assert_same(ours[:], ref[:])
+        storage = ours.storage
+        assert storage.table.size == (150 if n > 100 else n)
+        keys = np.array([k for k, _, _, _ in storage.table.items()], np.uint64)
+        assert sorted(storage._positions_of(keys).tolist()) == list(range(storage.table.size))
+    assert storage.table.info()["num_store_evictions"] == 0
+
+
 def test_add_writes_one_element_at_the_cursor(storages):
     ours = ReplayBuffer(storage=storages(4))
     ref = ReplayBuffer(storage=LazyTensorStorage(4))

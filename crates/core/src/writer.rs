@@ -275,7 +275,8 @@ impl<B: BlockSource> Writer<B> {
             return Ok(Vec::new());
         }
         self.check_window(table, num_steps, count - 1)?;
-        Ok((0..count).rev().map(|back| self.window_back(num_steps, back)).collect())
+        let tail = self.tail(num_steps + count - 1);
+        Ok((0..count).map(|j| tail.window(j, num_steps)).collect())
     }
 
     /// Checks that `num_steps` steps ending `back` steps before the newest exist.
@@ -317,6 +318,30 @@ impl<B: BlockSource> Writer<B> {
             return Err(invalid!("asked for the rows of the last {num_steps} steps; the writer holds {}", self.kept));
         }
         Ok(self.window_back(num_steps, 0))
+    }
+
+    /// The rows of the last `steps` steps (at most what the writer keeps), oldest
+    /// first, for windows cut out of them: one pass over the history, so that `n`
+    /// windows cost O(n log runs), not O(n x history).
+    fn tail(&self, steps: u64) -> Tail {
+        let mut runs: Vec<RowRange> = Vec::new();
+        let mut left = steps;
+        for run in self.history.iter().rev() {
+            if left == 0 {
+                break;
+            }
+            let take = left.min(run.len as u64);
+            runs.push(RowRange { start: run.start + run.len as u64 - take, len: take as u32 });
+            left -= take;
+        }
+        runs.reverse();
+        let mut starts = Vec::with_capacity(runs.len());
+        let mut at = 0;
+        for r in &runs {
+            starts.push(at);
+            at += r.len as u64;
+        }
+        Tail { runs, starts }
     }
 
     /// The rows of `num_steps` steps ending `back` steps before the newest.
@@ -416,9 +441,10 @@ impl Writer<Store> {
         }
         self.check_window(table.name(), num_steps, (n - 1) * num_steps)?;
         table.check_priorities(priorities, |i| format!("table '{}' item {i}", table.name()))?;
+        let tail = self.tail(n * num_steps);
         let items: Vec<NewItem> = (0..n)
             .zip(priorities)
-            .map(|(j, &priority)| NewItem { window: self.window_back(num_steps, (n - 1 - j) * num_steps), priority })
+            .map(|(j, &priority)| NewItem { window: tail.window(j * num_steps, num_steps), priority })
             .collect();
         table.insert_checked(&items, wait.into())
     }
@@ -437,6 +463,37 @@ impl Writer<Store> {
     pub fn create_item_in<'w>(&mut self, table: &str, num_steps: u64, priority: f64, wait: impl Into<Wait<'w>>) -> Result<u64> {
         let table = self.table(table)?;
         self.create_item(&table, num_steps, priority, wait)
+    }
+}
+
+/// The last steps of a writer's history as runs of rows, oldest first, with the step
+/// each run starts at (see [`Writer::tail`]).
+struct Tail {
+    runs: Vec<RowRange>,
+    starts: Vec<u64>,
+}
+
+impl Tail {
+    /// The rows of steps `[begin, begin + len)` of the tail, adjacent rows merged
+    /// into one range (as [`Writer::window_back`] gives them).
+    fn window(&self, begin: u64, len: u64) -> Window {
+        let mut ranges: Vec<RowRange> = Vec::new();
+        let mut i = self.starts.partition_point(|&s| s <= begin) - 1;
+        let mut skip = begin - self.starts[i];
+        let mut left = len;
+        while left > 0 {
+            let run = self.runs[i];
+            let take = left.min(run.len as u64 - skip);
+            let start = run.start + skip;
+            match ranges.last_mut() {
+                Some(prev) if prev.start + prev.len as u64 == start => prev.len += take as u32,
+                _ => ranges.push(RowRange { start, len: take as u32 }),
+            }
+            left -= take;
+            skip = 0;
+            i += 1;
+        }
+        Window::from_ranges(ranges)
     }
 }
 

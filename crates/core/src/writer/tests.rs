@@ -140,6 +140,35 @@ proptest! {
         prop_assert_eq!(contents(&s, &t), expected);
         prop_assert_eq!(s.free_blocks(), s.num_blocks() as usize, "all blocks return once items are gone");
     }
+
+    /// The windows cut from one pass over the history (`tail`) are the windows the
+    /// walk from the newest step gives (`window_back`), ranges and all, for items
+    /// one per step and tiled.
+    #[test]
+    fn windows_from_the_tail_equal_windows_walked_back(sizes in proptest::collection::vec(1usize..9, 1..12), bs in 1u32..6, k in 1u64..5, n in 1u64..12) {
+        let s = store(512, bs);
+        let mut w = Writer::new(s.clone(), None).unwrap();
+        let mut next = 0i64;
+        for size in sizes {
+            let vs: Vec<i64> = (next..next + size as i64).collect();
+            let a: Vec<u8> = vs.iter().flat_map(|v| v.to_ne_bytes()).collect();
+            let b: Vec<u8> = vs.iter().flat_map(|&v| [v as u8; 3]).collect();
+            w.extend(&[&a, &b], size, None).unwrap();
+            next += size as i64;
+        }
+        let kept = w.episode_steps();
+        if k + n - 1 <= kept {
+            let got: Vec<Vec<RowRange>> = w.windows("t", k, n).unwrap().iter().map(|x| x.ranges().to_vec()).collect();
+            let want: Vec<Vec<RowRange>> = (0..n).rev().map(|back| w.window_back(k, back).ranges().to_vec()).collect();
+            prop_assert_eq!(got, want);
+        }
+        if n * k <= kept {
+            let tail = w.tail(n * k);
+            let got: Vec<Vec<RowRange>> = (0..n).map(|j| tail.window(j * k, k).ranges().to_vec()).collect();
+            let want: Vec<Vec<RowRange>> = (0..n).map(|j| w.window_back(k, (n - 1 - j) * k).ranges().to_vec()).collect();
+            prop_assert_eq!(got, want);
+        }
+    }
 }
 
 #[test]

@@ -23,7 +23,7 @@ def positions(index, length: int, what: str) -> np.ndarray:
     if isinstance(index, slice):
         return np.arange(*index.indices(length), dtype=np.int64)
     if isinstance(index, torch.Tensor):
-        index = index.detach().cpu().numpy()
+        index = index.numpy(force=True)  # detached, on the host
     arr = np.asarray(index)
     if arr.dtype == np.bool_:
         if arr.shape != (length,):
@@ -31,9 +31,11 @@ def positions(index, length: int, what: str) -> np.ndarray:
         return np.flatnonzero(arr)
     if arr.size == 0:
         return arr.astype(np.int64)
-    if not np.issubdtype(arr.dtype, np.integer):
+    if arr.dtype.kind not in "iu":
         raise IndexError(f"RepriseStorage: {what} must hold integers, got {arr.dtype}")
     pos = arr.astype(np.int64, copy=False)
+    if pos.view(np.uint64).max() < length:  # one pass: negatives are huge as unsigned
+        return pos
     low = pos.min()
     if low < 0:
         pos = np.where(pos < 0, pos + length, pos)

@@ -53,6 +53,18 @@ from .reading import Reader
 from .signature import Spec
 
 _SLOT_MASK = np.uint64(0xFFFFFFFF)
+# Items per create_items call in a write. The writer finds an item's rows by walking back
+# over its one-step history, so one call for n items costs O(n^2); chunks of 64 keep that
+# below the cost of the calls themselves.
+_CHUNK = 64
+
+
+def _distinct(flat: np.ndarray) -> bool:
+    """Whether the positions ``flat`` are known distinct at the cost of one comparison:
+    they rise throughout, or rise in two runs with the second below the first (a
+    writer's cursor that wrapped). False says nothing: the caller then checks."""
+    falls = np.count_nonzero(flat[1:] <= flat[:-1])
+    return falls == 0 or (falls == 1 and flat[-1] < flat[0])
 
 
 def _device(device):
@@ -243,11 +255,12 @@ class RepriseStorage(TensorStorage):
         spec = self._spec if self._spec is not None else Spec.infer(data, lead)
         arrays = spec.arrays(data, lead, flat.size)
         if flat.size:
-            # A position written twice in one call keeps its last element, as tensor indexing does.
-            last = flat.size - 1 - np.unique(flat[::-1], return_index=True)[1]
-            if last.size < flat.size:
-                last.sort()
-                flat, arrays = flat[last], {k: a[last] for k, a in arrays.items()}
+            if not _distinct(flat):
+                # A position written twice in one call keeps its last element, as tensor indexing does.
+                last = flat.size - 1 - np.unique(flat[::-1], return_index=True)[1]
+                if last.size < flat.size:
+                    last.sort()
+                    flat, arrays = flat[last], {k: a[last] for k, a in arrays.items()}
             if self._table is None:
                 self._create(spec)
             self._spec = spec
@@ -259,23 +272,48 @@ class RepriseStorage(TensorStorage):
         self._bump_mutation_revision()
 
     def _write(self, flat: np.ndarray, arrays: dict, priorities=None):
-        """Replaces the items at positions ``flat`` (distinct) by new ones over ``arrays``."""
+        """Replaces the items at positions ``flat`` (distinct) by new ones over ``arrays``.
+
+        The items go in chunks of ``_CHUNK``, in order, each one ``extend`` plus one
+        ``create_items`` (the same items, keys and rows as one call, which would cost
+        O(n^2) in the writer's one-step history). Explicit ``priorities`` go in one call,
+        so that one the table rejects inserts nothing. Where a chunk fails, the
+        positions it and later chunks had are left empty (their old items are deleted)."""
         self._wait_for_reads()
         old = self._keys[flat]
         old = old[old != 0]
         if old.size:
             self._table.delete(old)
-        self._keys[flat], self._rows[flat] = 0, -1
         n = flat.size
         if priorities is None:
-            priorities = np.full(n, self._insert_priority())
-        w = self._writer
+            step = _CHUNK
+            priorities = np.full(min(n, step), self._insert_priority())
+        else:
+            step = n
+        w, table = self._writer, self._table
+        new_keys, new_rows, done = [], [], 0
         try:
-            w.extend(arrays)
-            rows = w.recent_rows(n)
-            keys = w.create_items(self._table, 1, priorities)
+            for start in range(0, n, step):
+                m = min(step, n - start)
+                try:
+                    w.extend(arrays if m == n else {k: a[start:start + m] for k, a in arrays.items()})
+                    rows = w.recent_rows(m)
+                    keys = w.create_items(table, 1, priorities if m == priorities.size else priorities[:m])
+                finally:
+                    w.end_episode()
+                new_keys.append(keys)
+                new_rows.append(rows)
+                done += m
         finally:
-            w.end_episode()
+            if done < n:
+                self._keys[flat[done:]], self._rows[flat[done:]] = 0, -1
+            if done:
+                self._record(flat[:done] if done < n else flat,
+                             new_keys[0] if len(new_keys) == 1 else np.concatenate(new_keys),
+                             new_rows[0] if len(new_rows) == 1 else np.concatenate(new_rows))
+
+    def _record(self, flat: np.ndarray, keys: np.ndarray, rows: np.ndarray):
+        """Puts the new items ``keys`` (at store ``rows``) at positions ``flat``."""
         self._keys[flat], self._rows[flat] = keys, rows
         slots = (keys & _SLOT_MASK).astype(np.int64)
         top = int(slots.max()) + 1
