@@ -50,8 +50,11 @@ the store then evicts blocks as for episodes shorter than ``min_episode_length``
 copy's store goes in the default directory (``/dev/shm``).
 
 Cost. ``add``: per environment one or two row copies and one table insert per completed
-transition (O(log N) prioritized). ``sample``: the table's draw, then every row of each item
-is gathered (n + 1 observations for an n-step item, of which two are returned).
+transition (O(log N) prioritized); arguments that already are arrays of the field's dtype
+and shape are used as they are. ``sample`` on the host: the table's draw, then only the
+rows a transition returns are copied out of the store, each once, into the batch's arrays
+(two observations per item, whatever n); on a GPU every row of each item is gathered (n + 1
+observations for an n-step item, of which two are returned).
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ import numpy as np
 from . import selectors
 from ._convert import as_int
 from .errors import InvalidArgument
+from .sample import Sample
 from .signature import Field
 from .store import Store
 from .table import Table
@@ -72,6 +76,7 @@ from .torch._device import is_host_device, torch_module
 
 _OBS, _ACTION, _REWARD, _TERMINATED = "obs", "action", "reward", "terminated"
 _FLOAT32 = ("reward", "done", "discount")  # batch fields returned as float32
+_F32, _BOOL = np.dtype(np.float32), np.dtype(bool)  # the reward's and the flags' dtypes
 
 
 class TransitionBatch(NamedTuple):
@@ -199,8 +204,15 @@ class TransitionBuffer:
         self._writers = [self._store.writer(max_sequence_length=self._n_step + 1) for _ in range(self._n_envs)]
         self._max_priority = 1.0
         self._episode_steps = [0] * self._n_envs  # steps of each environment's current episode
-        action = self._signature[_ACTION]
-        self._zero_action = np.zeros(action.shape, action.dtype)
+        # What add checks each argument against (dtype, one environment's shape, all of
+        # them), and an episode's first row after its observation (zero action and reward).
+        self._layouts = {name: (np.dtype(f.dtype), tuple(f.shape), (self._n_envs, *f.shape))
+                         for name, f in self._signature.items()}
+        self._batch_types = (*self._layouts[_OBS][::2], *self._layouts[_ACTION][::2], (self._n_envs,))
+        self._first_row = {name: np.zeros((1, *f.shape), f.dtype) for name, f in self._signature.items()
+                           if name != _OBS}
+        self._columns = None  # the store's columns as numpy rows, made by the first host sample
+        self._powers = {}  # {T: gamma^0 .. gamma^(T-1)} for host samples of items up to T rows
 
     # --- writing --------------------------------------------------------------------------------
 
@@ -214,34 +226,64 @@ class TransitionBuffer:
         the final observation (not the next episode's first). ``terminated`` and
         ``truncated`` end the episode; both true counts as terminated. Every argument is
         checked before anything is written: a rejected call changes nothing."""
-        n, single = self._n_envs, None
+        n, nd = self._n_envs, np.ndarray
+        obs_dtype, obs_shape, action_dtype, action_shape, batch = self._batch_types
+        if (type(obs) is nd and type(next_obs) is nd and type(action) is nd and type(reward) is nd
+                and type(terminated) is nd and type(truncated) is nd
+                and obs.shape == next_obs.shape == obs_shape and action.shape == action_shape
+                and reward.shape == terminated.shape == truncated.shape == batch
+                and obs.dtype is obs_dtype and next_obs.dtype is obs_dtype and action.dtype is action_dtype
+                and reward.dtype is _F32 and terminated.dtype is _BOOL and truncated.dtype is _BOOL):
+            # The usual call: arrays of all environments in the fields' dtypes, used as they are.
+            o, no, a, r, term, trunc = obs, next_obs, action, reward, terminated, truncated
+        else:
+            o, no, a, r, term, trunc = self._arguments(obs, action, reward, next_obs, terminated, truncated)
+        self._add_arrays(o, a, r, no, term, trunc)
+
+    def _add_arrays(self, o, a, r, no, term, trunc) -> None:
+        """``add`` of arguments already ``[n_envs, *shape]`` arrays of their fields' dtypes
+        (``_batch_types``; for wrappers that have checked as much): checks the rewards,
+        then writes."""
+        n = self._n_envs
+        rewards = r.tolist()
+        if not all(map(math.isfinite, rewards)):
+            raise InvalidArgument(f"add: reward must be finite, got {rewards}")
+        # Each environment's rows as [1, ...] arrays of the fields' dtypes: written with
+        # one-row extends, which take their bytes as they are (no conversion of numpy scalars).
+        if n == 1:
+            rows = ((self._writers[0], o, no, a, r, term, term[0] or trunc[0]),)
+        else:
+            rows = zip(self._writers, o[:, None], no[:, None], a[:, None], r[:, None], term[:, None],
+                       (term | trunc).tolist())
+        table, n_step, first, priority = self._table._native, self._n_step, self._first_row, self._max_priority
+        episode_steps = self._episode_steps
+        for i, (w, o_i, no_i, a_i, r_i, term_i, end) in enumerate(rows):
+            steps = episode_steps[i]
+            if steps == 0:
+                w.extend({_OBS: o_i, **first})
+            w.extend({_OBS: no_i, _ACTION: a_i, _REWARD: r_i, _TERMINATED: term_i})
+            episode_steps[i] = steps = steps + 1
+            if steps >= n_step:  # transition steps - n: its window is complete
+                w.create_item(table, n_step + 1, priority)
+            if end:
+                self._finish_episode(i)
+
+    def _arguments(self, obs, action, reward, next_obs, terminated, truncated) -> tuple:
+        """``add``'s arguments checked and converted (``_to_array``), each as
+        ``[n_envs, *shape]`` of its field's dtype: (obs, next_obs, action, reward,
+        terminated, truncated). Raises ``InvalidArgument`` naming the first that is wrong."""
+        n, (dtype, shape, many) = self._n_envs, self._layouts[_OBS]
         o, given = _to_array("obs", obs, self._signature[_OBS], lambda: self._expected(_OBS))
-        shape = self._signature[_OBS].shape
         if n == 1 and o.shape == shape:
             single = True
-        elif o.shape == (n, *shape):
+        elif o.shape == many:
             single = False
         else:
             raise InvalidArgument(f"add: obs expects {self._expected(_OBS)}, got {_shape_text(given, o.shape)}")
-        o = o.reshape(n, *shape)
-        no = self._checked("next_obs", next_obs, _OBS, single)
-        a = self._checked("action", action, _ACTION, single)
-        r = self._checked("reward", reward, _REWARD, single)
-        term = self._checked("terminated", terminated, _TERMINATED, single)
-        trunc = self._checked("truncated", truncated, _TERMINATED, single)
-        if not np.isfinite(r).all():
-            raise InvalidArgument(f"add: reward must be finite, got {r.tolist()}")
-        for i, w in enumerate(self._writers):
-            steps = self._episode_steps[i]
-            if steps == 0:
-                w.append({_OBS: o[i], _ACTION: self._zero_action, _REWARD: 0.0, _TERMINATED: False})
-            w.append({_OBS: no[i], _ACTION: a[i], _REWARD: r[i], _TERMINATED: term[i]})
-            steps += 1
-            self._episode_steps[i] = steps
-            if steps >= self._n_step:  # transition steps - n: its window is complete
-                w.create_item(self._table, self._n_step + 1, self._max_priority)
-            if term[i] or trunc[i]:
-                self._finish_episode(i)
+        return (o.reshape(many), self._checked("next_obs", next_obs, _OBS, single),
+                self._checked("action", action, _ACTION, single), self._checked("reward", reward, _REWARD, single),
+                self._checked("terminated", terminated, _TERMINATED, single),
+                self._checked("truncated", truncated, _TERMINATED, single))
 
     def end_episode(self, env: int | None = None) -> None:
         """Ends environment ``env``'s running episode (every environment's with None) at its
@@ -296,19 +338,17 @@ class TransitionBuffer:
         ``(N * P(i)) ** -beta`` divided by the batch's largest, as float32; all ones when
         sampling is uniform. Raises ``InvalidArgument`` when the buffer is empty (nothing
         else could fill it while this thread waits)."""
-        batch_size = as_int("batch_size", batch_size, 1)
-        beta = _number("beta", beta, "a finite number >= 0", lambda b: 0.0 <= b < math.inf)
+        if type(batch_size) is not int or batch_size < 1:  # the checks, past the usual int and float
+            batch_size = as_int("batch_size", batch_size, 1)
+        if type(beta) is not float or not 0.0 <= beta < math.inf:
+            beta = _number("beta", beta, "a finite number >= 0", lambda b: 0.0 <= b < math.inf)
         if len(self._table) == 0:
             raise InvalidArgument(f"cannot sample from an empty TransitionBuffer: add transitions first "
                                   f"(n_step={self._n_step}: a transition is held once its window is complete)")
         torch = torch_module()
         if is_host_device(device):  # numpy: the arithmetic below is cheaper there than in torch
-            s = self._table.sample(batch_size, timeout=0)
-            powers = self._gamma ** np.arange(s.data[_REWARD].shape[1], dtype=np.float64)
-            found = _targets(s.data, s.lengths - 1, np.arange(batch_size), powers, np.where,
-                             lambda x: x.astype(np.float64))
-            fields = {k: torch.from_numpy(np.ascontiguousarray(v.astype(np.float32) if k in _FLOAT32 else v))
-                      for k, v in found.items()}
+            s, found = self._sample_host(batch_size)
+            fields = {k: torch.from_numpy(v) for k, v in found.items()}
             dev = torch.device("cpu")
         else:
             s = self._table.sample(batch_size, timeout=0, device=device)
@@ -318,10 +358,38 @@ class TransitionBuffer:
                              powers, torch.where, lambda x: x.double())
             fields = {k: (v.float() if k in _FLOAT32 else v).contiguous() for k, v in found.items()}
         if self._alpha is None:
-            weights = torch.ones(batch_size, dtype=torch.float32, device=dev)
+            weights = torch.from_numpy(np.ones(batch_size, np.float32)) if dev.type == "cpu" else \
+                torch.ones(batch_size, dtype=torch.float32, device=dev)
         else:
             weights = torch.from_numpy(s.importance_weights(beta).astype(np.float32)).to(dev)
         return TransitionBatch(weights=weights, keys=torch.from_numpy(s.keys.view(np.int64)), **fields)
+
+    def _sample_host(self, batch_size: int) -> tuple[Sample, dict]:
+        """Draws ``batch_size`` items and gathers their transitions from the store's
+        memory: (the draw's ``Sample``, without data; ``{field: numpy array}`` of
+        ``TransitionBatch``'s fields but the weights and keys, each new and contiguous).
+        Only the rows a transition returns are copied (``_gather_transitions``), each
+        once; the draw's rows are held (a reference per block, as ``Table.sample``
+        does) until the copies are done."""
+        rows = self._table._native.sample_rows(batch_size, 0)
+        try:
+            index = np.empty(batch_size * (self._n_step + 1), np.int64)
+            keys, probabilities, priorities, times_sampled, table_size, lengths, n, t, ragged, filled = \
+                rows.index(index)
+            if not filled:  # items longer than n_step + 1 rows cannot be drawn; kept for safety
+                index = np.empty(n * t, np.int64)
+                n, t, ragged = rows.fill_index(index)
+            if self._columns is None:
+                self._columns = _host_columns(self._store)
+            powers = self._powers.get(t)
+            if powers is None:
+                powers = self._powers[t] = self._gamma ** np.arange(t, dtype=np.float64)
+            found = _gather_transitions(self._columns, index[:n * t].reshape(n, t), lengths, ragged, powers)
+        finally:
+            rows.release()
+        s = Sample(keys=keys, probabilities=probabilities, priorities=priorities, times_sampled=times_sampled,
+                   table_size=int(table_size), lengths=lengths)
+        return s, found
 
     def update_priorities(self, keys, td_errors) -> int:
         """Sets the priorities of sampled transitions to ``|td_error| + epsilon``. ``keys``:
@@ -447,19 +515,59 @@ def _unpickled(cls, table: Table, settings: dict, max_priority: float, running: 
     return buf
 
 
-def _read_rows(store: Store, rows) -> dict:
-    """Copies of the step data in ``rows`` of a host store: ``{field: array[len(rows), *shape]}``,
-    read from the store's mapped columns (a ``Store`` has no row reader of its own; a
-    TransitionBuffer's store is always on the host)."""
+def _host_columns(store: Store) -> dict:
+    """The columns of a host store as numpy views of its mapped memory: ``{field:
+    (uint8[capacity, row_bytes], dtype, shape)}`` (a ``Store`` has no row reader of its
+    own; a TransitionBuffer's store is always on the host). The views stay valid while
+    the store's native object is alive (its mapping); whoever keeps them keeps the store."""
     address, nbytes = store._native.memory()
     memory = np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(address))
-    signature, rows = store.signature, np.asarray(rows, np.int64)
+    signature = store.signature
     out = {}
     for name, offset, row_bytes in store._native.column_layout():
         field = signature[name]
         column = memory[offset:offset + store.capacity * row_bytes].reshape(store.capacity, row_bytes)
-        out[name] = column[rows].view(np.dtype(field.dtype)).reshape(len(rows), *field.shape)
+        out[name] = (column, np.dtype(field.dtype), tuple(field.shape))
     return out
+
+
+def _rows_of(columns: dict, name: str, rows: np.ndarray) -> np.ndarray:
+    """A copy of field ``name`` at ``rows`` (int64, any shape S): ``array[*S, *shape]``."""
+    column, dtype, shape = columns[name]
+    return column.take(rows, axis=0).view(dtype).reshape(*rows.shape, *shape)
+
+
+def _read_rows(store: Store, rows) -> dict:
+    """Copies of the step data in ``rows`` of a host store: ``{field: array[len(rows), *shape]}``."""
+    columns, rows = _host_columns(store), np.asarray(rows, np.int64)
+    return {name: _rows_of(columns, name, rows) for name in columns}
+
+
+def _gather_transitions(columns: dict, index: np.ndarray, lengths: np.ndarray, ragged: bool, powers) -> dict:
+    """The transitions of drawn items, read from a host store's ``columns``
+    (``_host_columns``): ``index[B, T]`` holds each item's rows (-1 past its end when
+    ``ragged``), ``lengths`` their counts, ``powers`` gamma^0 .. gamma^(T-1). The same
+    targets as ``_targets`` (see it and the module doc), but only the rows used are
+    copied: s_t, s_{t+m}, the action of row 1, the terminal flag of row m and the rewards
+    of rows 1 .. m (every item has at least 2 rows). float32 for ``_FLOAT32``."""
+    b, t = index.shape
+    first, action_row = index[:, 0], index[:, 1]
+    if t == 2:  # every item is 2 rows (n_step=1): m = 1, the return is the one reward
+        last, final = None, action_row
+        reward = _rows_of(columns, _REWARD, action_row)
+    else:
+        last = lengths - 1
+        final = index[np.arange(b), last]
+        after = index[:, 1:]
+        rewards = _rows_of(columns, _REWARD, np.maximum(after, 0) if ragged else after).astype(np.float64)
+        if ragged:
+            rewards[after < 0] = 0.0  # rows past an item add nothing
+        reward = (rewards * powers[:-1]).sum(1).astype(np.float32)
+    done = _rows_of(columns, _TERMINATED, final)
+    discount = np.where(done, 0.0, powers[1] if last is None else powers[last]).astype(np.float32)
+    return dict(obs=_rows_of(columns, _OBS, first), action=_rows_of(columns, _ACTION, action_row),
+                next_obs=_rows_of(columns, _OBS, final), done=done.astype(np.float32), reward=reward,
+                discount=discount)
 
 
 def _targets(data: dict, last, rows, powers, where, as_f64) -> dict:

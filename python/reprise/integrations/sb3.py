@@ -22,7 +22,8 @@ When it is not (``learn()`` called again resets the environments mid-episode, or
 unpickled buffer is fed by freshly reset environments), that environment's episode is
 ended there as a truncation (``TransitionBuffer.end_episode``) and a new one begins with
 ``obs``: no transition crosses the gap. This costs one comparison of an observation per
-environment and step.
+environment and step (of their bytes first: one comparison for all of them when nothing
+changed).
 
 Seeds. ``seed=None`` (the default) seeds the table with ``torch.initial_seed()``: SB3's
 ``set_random_seed(seed)``, which every algorithm given ``seed=`` runs before it builds its
@@ -73,6 +74,7 @@ __all__ = ["RepriseReplayBuffer", "PrioritizedReplayBufferSamples", "Prioritized
 _SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
 # SB3 >= 2.7 samples carry n-step discounts, and its algorithms use them.
 _SB3_DISCOUNTS = "discounts" in ReplayBufferSamples._fields
+_F32, _BOOL = np.dtype(np.float32), np.dtype(bool)
 
 
 class PrioritizedReplayBufferSamples(NamedTuple):
@@ -157,7 +159,10 @@ class RepriseReplayBuffer(ReplayBuffer):
             self._transitions = TransitionBuffer(**self._config)
         except InvalidArgument as e:
             raise InvalidArgument(f"RepriseReplayBuffer: {e}") from None
-        self._last_next_obs: list[np.ndarray | None] = [None] * n_envs
+        # The continuity check's state: the previous add's next_obs (a copy) and whether
+        # each environment's episode ended there (True before any step: nothing to continue).
+        self._last_next_obs: np.ndarray | None = None
+        self._ended = [True] * n_envs
 
     # --- writing --------------------------------------------------------------------------------
 
@@ -166,6 +171,44 @@ class RepriseReplayBuffer(ReplayBuffer):
         """One ``VecEnv`` step of all ``n_envs`` environments, as SB3's algorithms call it
         (see the module doc for ``next_obs``, timeouts and continuity). Raises
         ``InvalidArgument`` naming the argument on wrong shapes, lossy dtypes or infos."""
+        n, nd, transitions = self.n_envs, np.ndarray, self._transitions
+        obs_dtype, obs_shape, action_dtype, action_shape, _ = transitions._batch_types
+        if (type(obs) is nd and type(next_obs) is nd and type(action) is nd and type(reward) is nd
+                and type(done) is nd and obs.shape == next_obs.shape == obs_shape and action.shape == action_shape
+                and reward.shape == done.shape == (n,) and done.dtype.kind == "b"):
+            # The usual call: arrays of the shapes SB3 gives, as they are; and when they also
+            # have the stored dtypes, TransitionBuffer.add's own checks are these.
+            fast = (obs.dtype is obs_dtype and next_obs.dtype is obs_dtype and action.dtype is action_dtype
+                    and reward.dtype is _F32 and done.dtype is _BOOL)
+        else:
+            obs, next_obs, action, reward, done = self._arguments(obs, next_obs, action, reward, done)
+            fast = False
+        dones = done.tolist()
+        if not isinstance(infos, (list, tuple)) or len(infos) != n or not all(map(isinstance, infos, (dict,) * n)):
+            raise InvalidArgument(f"add: infos expects a list of {n} dicts (one per environment), got {infos!r:.200}")
+        if not any(dones):  # done is all False, as both flags are
+            terminated = truncated = done
+        elif self.handle_timeout_termination and any([bool(i.get("TimeLimit.truncated", False)) for i in infos]):
+            timeout = np.array([bool(i.get("TimeLimit.truncated", False)) for i in infos])
+            terminated, truncated = done & ~timeout, done & timeout
+        else:
+            terminated, truncated = done, np.zeros(n, bool)
+        ended = self._ended
+        if not all(ended):
+            last = self._last_next_obs
+            # Equal bytes are equal values: one comparison of all environments settles the usual case.
+            if any(ended) or obs.dtype != last.dtype or obs.tobytes() != last.tobytes():
+                self._end_discontinued(obs)
+        if fast:
+            transitions._add_arrays(obs, action, reward, next_obs, terminated, truncated)
+        else:
+            transitions.add(obs, action, reward, next_obs, terminated, truncated)
+        self._last_next_obs, self._ended = next_obs.copy(), dones
+        self.pos = (self.pos + 1) % self.buffer_size
+
+    def _arguments(self, obs, next_obs, action, reward, done) -> tuple:
+        """``add``'s arrays in SB3's shapes, ``done`` as bools; ``InvalidArgument`` naming
+        the first that cannot be."""
         n = self.n_envs
         obs, next_obs = np.asarray(obs), np.asarray(next_obs)
         if isinstance(self.observation_space, spaces.Discrete):  # as SB3: (n,) -> (n, 1)
@@ -180,23 +223,34 @@ class RepriseReplayBuffer(ReplayBuffer):
         action = _reshaped("action", action, (n, self.action_dim))
         reward = _reshaped("reward", reward, (n,))
         done = _reshaped("done", done, (n,))
-        if done.dtype.kind not in "biu" or not np.isin(done, (0, 1)).all():
-            raise InvalidArgument(f"add: done expects {n} bools, got {done.dtype}{list(done.shape)}: {done.tolist()}")
-        done = done.astype(bool)
-        if not isinstance(infos, (list, tuple)) or len(infos) != n or not all(isinstance(i, dict) for i in infos):
-            raise InvalidArgument(f"add: infos expects a list of {n} dicts (one per environment), got {infos!r:.200}")
-        if self.handle_timeout_termination:
-            timeout = np.array([bool(info.get("TimeLimit.truncated", False)) for info in infos])
-            terminated, truncated = done & ~timeout, done & timeout
-        else:
-            terminated, truncated = done, np.zeros(n, bool)
-        for i in range(n):
-            last = self._last_next_obs[i]
-            if last is not None and not np.array_equal(obs[i], last, equal_nan=True):
+        if done.dtype.kind != "b":  # 0 and 1 of an integer dtype are bools too
+            if done.dtype.kind not in "iu" or not all(d == 0 or d == 1 for d in done.tolist()):
+                raise InvalidArgument(f"add: done expects {n} bools, got {done.dtype}{list(done.shape)}: "
+                                      f"{done.tolist()}")
+            done = done.astype(bool)
+        return obs, next_obs, action, reward, done
+
+    def _end_discontinued(self, obs: np.ndarray) -> None:
+        """Ends, as a truncation, the episode of each environment whose ``obs`` is not the
+        ``next_obs`` of its previous step (equal values, NaN equal to NaN; equal bytes
+        first, the cheap test)."""
+        last = self._last_next_obs
+        same_dtype = obs.dtype == last.dtype
+        for i, ended in enumerate(self._ended):
+            if not ended and not (same_dtype and obs[i].tobytes() == last[i].tobytes()) \
+                    and not np.array_equal(obs[i], last[i], equal_nan=True):
                 self._transitions.end_episode(i)
-        self._transitions.add(obs, action, reward, next_obs, terminated, truncated)
-        self._last_next_obs = [None if done[i] else np.array(next_obs[i]) for i in range(n)]
-        self.pos = (self.pos + 1) % self.buffer_size
+
+    def __setstate__(self, state: dict) -> None:
+        """Unpickles; a buffer pickled before the continuity state was kept as
+        (``_last_next_obs``, ``_ended``) had one array or None per environment."""
+        last = state.get("_last_next_obs")
+        if "_ended" not in state and isinstance(last, list):
+            template = next((x for x in last if x is not None), None)
+            state["_last_next_obs"] = None if template is None else \
+                np.stack([template if x is None else x for x in last])
+            state["_ended"] = [x is None for x in last]
+        self.__dict__.update(state)
 
     # --- reading --------------------------------------------------------------------------------
 
@@ -218,14 +272,15 @@ class RepriseReplayBuffer(ReplayBuffer):
             obs = th.as_tensor(self._normalize_obs(obs.numpy(), env))
             next_obs = th.as_tensor(self._normalize_obs(next_obs.numpy(), env))
             reward = th.as_tensor(self._normalize_reward(reward.numpy(), env))
-        fields = dict(observations=obs.to(dev), actions=b.action.to(dev), next_observations=next_obs.to(dev),
-                      dones=b.done.reshape(-1, 1).to(dev), rewards=reward.to(dev),
-                      discounts=b.discount.reshape(-1, 1).to(dev) if self.n_steps > 1 else None)
+        to = _same if dev.type == "cpu" else lambda t: t.to(dev)  # CPU tensors are on a CPU device already
+        fields = dict(observations=to(obs), actions=to(b.action), next_observations=to(next_obs),
+                      dones=to(b.done.reshape(-1, 1)), rewards=to(reward),
+                      discounts=to(b.discount.reshape(-1, 1)) if self.n_steps > 1 else None)
         if self._transitions.alpha is None:
             if not _SB3_DISCOUNTS:
                 del fields["discounts"]
             return ReplayBufferSamples(**fields)
-        return PrioritizedReplayBufferSamples(weights=b.weights.reshape(-1, 1).to(dev), keys=b.keys, **fields)
+        return PrioritizedReplayBufferSamples(weights=to(b.weights.reshape(-1, 1)), keys=b.keys, **fields)
 
     def _get_samples(self, batch_inds, env=None):
         raise NotImplementedError("RepriseReplayBuffer: the table draws the transitions; call sample(batch_size)")
@@ -259,7 +314,7 @@ class RepriseReplayBuffer(ReplayBuffer):
         """Empties the buffer: a new ``TransitionBuffer`` as constructed (same seed)."""
         self._transitions.close()
         self._transitions = TransitionBuffer(**self._config)
-        self._last_next_obs = [None] * self.n_envs
+        self._last_next_obs, self._ended = None, [True] * self.n_envs
         self.pos = 0
 
     def close(self) -> None:
@@ -270,7 +325,13 @@ class RepriseReplayBuffer(ReplayBuffer):
         return f"RepriseReplayBuffer({self._transitions!r}, device={self.device})"
 
 
+def _same(tensor: th.Tensor) -> th.Tensor:
+    return tensor
+
+
 def _reshaped(name: str, value, shape: tuple) -> np.ndarray:
+    if type(value) is np.ndarray and value.shape == shape:
+        return value
     arr = np.asarray(value)
     if arr.size != math.prod(shape):
         raise InvalidArgument(f"add: {name} expects {math.prod(shape)} values, shape {shape}, got {arr.dtype}"
