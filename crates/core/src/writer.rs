@@ -458,12 +458,6 @@ impl Writer<Store> {
             ))
         })
     }
-
-    /// Like [`Writer::create_item`], naming a table over this writer's store.
-    pub fn create_item_in<'w>(&mut self, table: &str, num_steps: u64, priority: f64, wait: impl Into<Wait<'w>>) -> Result<u64> {
-        let table = self.table(table)?;
-        self.create_item(&table, num_steps, priority, wait)
-    }
 }
 
 /// The last steps of a writer's history as runs of rows, oldest first, with the step

@@ -193,10 +193,11 @@ fn create_item_by_name_finds_tables_on_the_store() {
     let mut w = Writer::new(s.clone(), None).unwrap();
     append(&mut w, 1);
     append(&mut w, 2);
-    w.create_item_in("a", 2, 1.0, None).unwrap();
-    w.create_item_in("b", 1, 1.0, None).unwrap();
+    let (by_a, by_b) = (w.table("a").unwrap(), w.table("b").unwrap());
+    w.create_item(&by_a, 2, 1.0, None).unwrap();
+    w.create_item(&by_b, 1, 1.0, None).unwrap();
     assert_eq!((a.size(), b.size()), (1, 1));
-    let e = w.create_item_in("nope", 1, 1.0, None).unwrap_err();
+    let e = w.table("nope").err().unwrap();
     assert!(matches!(e, Error::NotFound(_)) && e.to_string().contains("'nope'"), "{e}");
 }
 
