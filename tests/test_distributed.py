@@ -368,6 +368,8 @@ def test_two_emulated_hosts_with_writes_right_before_sample():
 
 
 def test_a_row_damaged_in_transit_fails_its_crc_check(make_store):
+    import torch
+
     from reprise.distributed import _rows
     store = make_store(SIG, capacity=64, block_steps=4)
     table = rp.Table("t", store)
@@ -376,12 +378,40 @@ def test_a_row_damaged_in_transit_fails_its_crc_check(make_store):
     offsets, stride = _rows.layout(SIG, 2)
     out = np.zeros(3 * stride, dtype=np.uint8)
     rows.pack(out, stride, offsets, 1, np.arange(3, dtype=np.int64), np.ones(3, dtype=bool))
-    header, data = _rows.unpack(out.reshape(3, stride), SIG, 2, True, "t")
+    header, data = _rows.unpack(torch.from_numpy(out.reshape(3, stride)), SIG, 2, True, "t")
     assert (data["x"][:, 0] // 10_000 == 1).all() and (header["shard"] == 1).all()
     damaged = out.reshape(3, stride).copy()
     damaged[1, offsets[1]] ^= 0xFF
     before = damaged.copy()
     with pytest.raises(rp.errors.Corrupt, match=r"from shard 1 \(slot \d+\) failed its CRC-32 check"):
-        _rows.unpack(damaged, SIG, 2, True, "t")
+        _rows.unpack(torch.from_numpy(damaged), SIG, 2, True, "t")
     assert (damaged == before).all()
-    _rows.unpack(damaged, SIG, 2, False, "t")  # verify_rows=False reads it as it is
+    _rows.unpack(torch.from_numpy(damaged), SIG, 2, False, "t")  # verify_rows=False reads it as it is
+
+
+def test_pack_writes_every_byte_so_a_reused_buffer_needs_no_zero_fill(make_store):
+    """The send buffer is reused across steps: packing into stale bytes gives exactly
+    the rows packed into zeros (padding past short items, and unfilled targets' rows)."""
+    from reprise.distributed import _rows
+    store = make_store(SIG, capacity=64, block_steps=4)
+    table = rp.Table("t", store)
+    table.insert(items_of(0, 1, 0, 2, 1), np.ones(2))  # one-step items in rows of up to 3 steps
+    offsets, stride = _rows.layout(SIG, 3)
+    filled = np.array([True, False, True])
+    packed = []
+    for fill in (0x00, 0xAB):
+        rows = table._native.sample_rows(2, None)
+        out = np.full(3 * stride, fill, dtype=np.uint8)
+        rows.pack(out, stride, offsets, 0, np.arange(3, dtype=np.int64), filled)
+        rows.release()
+        packed.append(out.reshape(3, stride))
+    zeros, stale = packed
+    assert (zeros[1] == 0).all() and (stale[1] == 0).all()  # the unfilled target's row
+    for r in (0, 2):  # the filled rows: zeros past each field's one step, up to the next field
+        for col, at in enumerate(offsets):
+            end = offsets[col + 1] if col + 1 < len(offsets) else stride
+            item = int(np.prod(list(SIG.values())[col].shape)) * np.dtype(list(SIG.values())[col].dtype).itemsize
+            assert (stale[r, at + item:end] == 0).all(), (r, col)
+    with pytest.raises(rp.errors.InvalidArgument, match="ascending"):
+        table._native.sample_rows(1, None).pack(np.zeros(stride, np.uint8), stride, offsets[::-1], 0,
+                                                np.arange(1, dtype=np.int64), np.ones(1, dtype=bool))

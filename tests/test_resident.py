@@ -302,6 +302,24 @@ def test_triton_kernels_match_the_torch_operations():
     env = dict(os.environ, TRITON_INTERPRET="1")
     r = subprocess.run([sys.executable, os.path.join(here, "triton_kernels_check.py")], env=env,
                        capture_output=True, text=True, timeout=300)
+    if r.returncode == 0 and r.stdout.startswith("SKIP "):
+        pytest.skip(r.stdout[5:].strip())
+    assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout[-2000:] + r.stderr[-4000:]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the compiled kernels need one "
+                    "(the interpreted check above runs them on the CPU)")
+def test_compiled_triton_kernels_match_the_torch_operations():
+    """The same checks with the kernels compiled, on the GPU (a child process: the
+    checks patch module state)."""
+    pytest.importorskip("triton")
+    import os
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, os.path.join(here, "triton_kernels_check.py")], env=env,
+                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout[-2000:] + r.stderr[-4000:]
 
 

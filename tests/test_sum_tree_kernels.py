@@ -110,6 +110,8 @@ def test_kernels_under_the_triton_interpreter_match_the_torch_ops():
     env = dict(os.environ, TRITON_INTERPRET="1")
     proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    if proc.stdout.startswith("SKIP "):  # the interpreter's limit, not the kernels' (tests/triton_probe.py)
+        pytest.skip(proc.stdout[5:].strip())
     for check in CHECKS:
         assert f"ok {check.__name__} (interpreted)" in proc.stdout, proc.stdout + proc.stderr
 
@@ -123,7 +125,13 @@ def test_compiled_kernels_match_the_torch_ops(check):
 def main():
     from reprise.torch import sum_tree
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-    if interpreted:  # the interpreter really is in use: the kernels were not compiled
+    if interpreted:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from triton_probe import interpreter_problem
+        problem = interpreter_problem()
+        if problem:
+            print(f"SKIP {problem}")
+            return  # the interpreter really is in use: the kernels were not compiled
         for kernel in (sum_tree._descend_kernel, sum_tree._level_kernel, sum_tree._set_small_kernel):
             assert type(kernel).__name__ == "InterpretedFunction", type(kernel)
     device = torch.device("cpu" if interpreted else "cuda")

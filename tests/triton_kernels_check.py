@@ -1,7 +1,9 @@
-"""Run by tests/test_resident.py under TRITON_INTERPRET=1: the Triton kernels of
-the GPU path (run by Triton's interpreter on the CPU) against the torch operations:
+"""Run by tests/test_resident.py: the Triton kernels of the GPU path (under
+TRITON_INTERPRET=1 run by Triton's interpreter on the CPU; else compiled, on a GPU)
+against the torch operations:
 a device-resident draw's on twin tables with the same seed (also through a static
-sample), and the fused gather's against ``index_select``. Prints OK or raises."""
+sample), and the fused gather's against ``index_select``. Prints OK, or SKIP and why
+(an interpreter that cannot run them: tests/triton_probe.py), or raises."""
 
 import numpy as np
 import torch
@@ -50,7 +52,8 @@ def check_draws():
             a, b = (t.sample(n, device="cuda") for _, t in pair)
             for k in ("keys", "probabilities", "priorities", "times_sampled", "lengths"):
                 np.testing.assert_array_equal(getattr(a, k), getattr(b, k), err_msg=f"{name} {n} {k}")
-            np.testing.assert_array_equal(a.data["x"].numpy(), b.data["x"].numpy(), err_msg=f"{name} {n} data")
+            np.testing.assert_array_equal(a.data["x"].cpu().numpy(), b.data["x"].cpu().numpy(),
+                                          err_msg=f"{name} {n} data")
         # Drawn items leave (their draws not yet credited) and new ones take their
         # slots: the new items' counts start at zero.
         drawn = [int(k) for k in np.unique(a.keys)[:3]]
@@ -76,6 +79,9 @@ FIELDS = {"obs": rp.Field((3, 700), "float32"), "action": rp.Field((3,), "int64"
           "code": rp.Field((5,), "int16"), "reward": rp.Field((), "float32"), "value": rp.Field((2,), "float64")}
 
 
+DEVICE = torch.device("cpu")  # where "cuda" runs: the CPU when emulated (see main)
+
+
 def check_gather():
     """The fused gather gives index_select's rows (zeros for -1), for host
     columns and a device store's, ragged or not, every field or a subset, and is
@@ -86,12 +92,13 @@ def check_gather():
         with store.writer() as w:
             for i in range(40):
                 w.append({name: rng.integers(-100, 100, size=f.shape).astype(f.dtype) for name, f in FIELDS.items()})
-        columns = store._columns_for(torch.device("cpu"))
+        columns = store._columns_for(DEVICE)
         for names in (list(FIELDS), ["reward", "obs"], ["done", "code", "value"]):
             for n, t, ragged in ((1, 1, False), (37, 3, True), (200, 2, True), (64, 1, False)):
                 idx = torch.from_numpy(rng.integers(0, 40, size=n * t))
                 if ragged:
                     idx[torch.from_numpy(rng.random(n * t) < 0.3)] = -1
+                idx = idx.to(DEVICE)
                 results = []
                 for enabled in (False, True):
                     gather_kernels.ENABLED = enabled
@@ -146,7 +153,19 @@ def check_static():
 
 
 def main():
-    emulate_cuda(True)
+    import os
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        from triton_probe import interpreter_problem
+        problem = interpreter_problem()
+        if problem:
+            print(f"SKIP {problem}")
+            return
+        emulate_cuda(True)  # interpreted on the CPU; else compiled, on the GPU
+    elif not torch.cuda.is_available():
+        raise SystemExit("without TRITON_INTERPRET=1 these checks need CUDA")
+    else:
+        global DEVICE
+        DEVICE = torch.device("cuda", torch.cuda.current_device())
     check_draws()
     check_gather()
     check_static()

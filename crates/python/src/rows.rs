@@ -198,8 +198,9 @@ impl PySampleRows {
         }
     }
 
-    /// Packs rows for cluster mode's exchange into `out` (zeroed uint8,
-    /// `len(order) * stride` bytes). Output row r is drawn target `order[r]`
+    /// Packs rows for cluster mode's exchange into `out` (uint8, `len(order) *
+    /// stride` bytes, any content: every byte is written, so a buffer is reused
+    /// across steps without a zero fill). Output row r is drawn target `order[r]`
     /// (`filled[t]`: whether target t got an item; the items are the filled
     /// targets in order). Each row: a 48-byte header (global key u64, probability
     /// f64, priority f64, times sampled u32, length u32, shard u32, slot u32,
@@ -238,8 +239,11 @@ impl PySampleRows {
             return Err(invalid(py, format!("pack: {} items drawn but {next} targets filled", c.items().len())));
         }
         let columns = c.columns();
-        if offsets.len() != columns.signature().fields().len() || offsets.first().is_some_and(|&o| o < HEADER) {
-            return Err(invalid(py, "pack: one offset per field, past the header, is needed".into()));
+        if offsets.len() != columns.signature().fields().len()
+            || offsets.first().is_some_and(|&o| o < HEADER)
+            || offsets.windows(2).any(|w| w[0] > w[1])
+        {
+            return Err(invalid(py, "pack: one offset per field, ascending, past the header, is needed".into()));
         }
         let widest = c.items().iter().map(|i| i.length as usize).max().unwrap_or(0);
         for (col, &at) in offsets.iter().enumerate() {
@@ -253,10 +257,16 @@ impl PySampleRows {
                     if t < 0 || t as usize >= item_of.len() {
                         return Err(t);
                     }
+                    row.fill(0);
                     continue;
                 };
                 c.copy_item(i, &offsets, row);
                 let item = &c.items()[i];
+                // Zeros past each field's steps, up to the next field (or the row's end).
+                for (col, &at) in offsets.iter().enumerate() {
+                    let end = offsets.get(col + 1).copied().unwrap_or(stride);
+                    row[at + item.length as usize * columns.row_bytes(col)..end].fill(0);
+                }
                 let crc = crc32fast::hash(&row[HEADER..]);
                 let (_, _, slot) = reprise_core::cluster::split_key(item.key);
                 row[0..8].copy_from_slice(&reprise_core::cluster::global_key(shard, item.key).to_le_bytes());

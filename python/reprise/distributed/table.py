@@ -130,6 +130,7 @@ class ShardedTable:
         self._data_backend = self._pick_backend(data_backend)
 
         self._store = self._table = self._server = None
+        self._send = None  # the send buffer (a uint8 tensor), see _send_buffer
         if self.shard is not None:
             if _restore is not None:
                 self._table = _restore[self.shard]
@@ -370,7 +371,7 @@ class ShardedTable:
         offsets, stride = _rows.layout(self._signature, plan["steps"])
         source = self._owner[shard]  # the rank that sends each position
         status, failure = 0, None
-        send_parts = []
+        sizes = []
         try:
             rows = None
             if self._table is not None:
@@ -387,32 +388,38 @@ class ShardedTable:
                 if not self._boundaries or rise > self._boundaries[-1][0]:
                     self._boundaries.append((rise, self._step))
             self._thaw()
-            for d in range(g.size):
-                if rows is None:
-                    send_parts.append(np.zeros(_rows.STATUS, dtype=np.uint8))
-                    continue
-                targets = np.nonzero(dest[here] == d)[0]
-                part = np.zeros(_rows.STATUS + len(targets) * stride, dtype=np.uint8)
-                rows.pack(part[_rows.STATUS:], stride, offsets, self.shard, targets.astype(np.int64), filled)
-                send_parts.append(part)
+            sizes = [_rows.STATUS + (int((dest[here] == d).sum()) * stride if rows is not None else 0)
+                     for d in range(g.size)]
+            send_t = self._send_buffer(sum(sizes))
+            send = send_t.numpy()
+            at = 0
+            for d, size in enumerate(sizes):
+                send[at:at + _rows.STATUS] = 0
+                if rows is not None:
+                    targets = np.nonzero(dest[here] == d)[0]
+                    rows.pack(send[at + _rows.STATUS:at + size], stride, offsets, self.shard,
+                              targets.astype(np.int64), filled)
+                at += size
             if rows is not None:
                 rows.release()
         except BaseException as e:  # still take part in the exchange, telling every rank
             self._thaw()
             status, failure = 1, e
-            send_parts = [np.zeros(_rows.STATUS + int(((source == g.rank) & (dest == d)).sum()) * stride,
-                                   dtype=np.uint8) for d in range(g.size)]
-        for p in send_parts:
-            p[:8] = np.frombuffer(np.int64(status).tobytes(), dtype=np.uint8)
+            sizes = [_rows.STATUS + int(((source == g.rank) & (dest == d)).sum()) * stride for d in range(g.size)]
+            send = np.zeros(sum(sizes), dtype=np.uint8)
+            send_t = None
+        starts_send = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        for at in starts_send:
+            send[at:at + 8] = np.frombuffer(np.int64(status).tobytes(), dtype=np.uint8)
         recv_rows = np.array([((source == s) & (dest == g.rank)).sum() for s in range(g.size)], dtype=np.int64)
         recv_splits = _rows.STATUS + recv_rows * stride
-        send = np.concatenate(send_parts)
-        recv = self._all_to_all(send, [len(p) for p in send_parts], recv_splits, device)
+        recv = self._all_to_all(send if send_t is None else send_t, sizes, recv_splits)
         self._step += 1
         if failure is not None:
             raise failure
-        starts = np.concatenate([[0], np.cumsum(recv_splits)[:-1]])
-        bad = [s for s in range(g.size) if recv[starts[s]:starts[s] + 8].view(np.int64)[0] != 0]
+        starts = np.concatenate([[0], np.cumsum(recv_splits)[:-1]]).astype(np.int64)
+        statuses = _rows.statuses(recv, starts)
+        bad = [s for s in range(g.size) if statuses[s] != 0]
         if bad:
             raise CollectiveError(f"{self._what}: rank(s) {bad} failed while drawing their rows at step "
                                   f"{self._step - 1}; see their error")
@@ -420,31 +427,39 @@ class ShardedTable:
             return None
         return self._receive(recv, starts, recv_rows, source, dest, stride, plan, device)
 
-    def _all_to_all(self, send: np.ndarray, send_splits, recv_splits, device) -> np.ndarray:
+    def _send_buffer(self, nbytes: int):
+        """The step's send bytes: one buffer kept across steps (page-locked with
+        NCCL, so its copy to the GPU is one DMA), grown by doubling. Reusing it is
+        safe: every step waits for its exchange, and the copy before it, to end."""
+        buf = self._send
+        if buf is None or buf.numel() < nbytes:
+            torch = torch_module()
+            size = max(nbytes, 2 * (0 if buf is None else buf.numel()), 1 << 16)
+            buf = self._send = torch.empty(size, dtype=torch.uint8, pin_memory=self._data_backend == "nccl")
+        return buf[:nbytes]
+
+    def _all_to_all(self, send, send_splits, recv_splits):
+        """The exchange; returns the received bytes as a uint8 tensor (on the GPU
+        with NCCL, else on the host)."""
         import torch
         doing = f"sample step {self._step}: exchanging rows"
         total = int(np.sum(recv_splits))
         if self._data_backend == "nccl":
             dev = torch.device("cuda", torch.cuda.current_device())
-            s = torch.from_numpy(send).to(dev)
+            s = (send if torch.is_tensor(send) else torch.from_numpy(send)).to(dev, non_blocking=True)
             r = torch.empty(total, dtype=torch.uint8, device=dev)
             self._g.all_to_all(s, r, send_splits, recv_splits, doing, group=self._g._base)
-            return r.cpu().numpy()
+            return r
         r = torch.empty(total, dtype=torch.uint8)
-        self._g.all_to_all(torch.from_numpy(send), r, send_splits, recv_splits, doing)
-        return r.numpy()
+        self._g.all_to_all(send if torch.is_tensor(send) else torch.from_numpy(send), r, send_splits, recv_splits,
+                           doing)
+        return r
 
     def _receive(self, recv, starts, recv_rows, source, dest, stride, plan, device) -> Sample:
         mine = np.nonzero(dest == self._g.rank)[0]  # my positions, in position order
         order = np.argsort(source[mine], kind="stable")  # the order rows arrive in
-        rows = np.empty((len(mine), stride), dtype=np.uint8)
-        arrived = np.concatenate([recv[starts[s] + _rows.STATUS: starts[s] + _rows.STATUS + n * stride]
-                                  for s, n in enumerate(recv_rows)]).reshape(-1, stride)
-        rows[order] = arrived
-        header, data = _rows.unpack(rows, self._signature, plan["steps"], self._verify, self._what)
-        if device is not None:   # on the CPU the tensors share the arrays' memory
-            torch = torch_module()
-            data = {k: torch.from_numpy(v).to(device, non_blocking=False) for k, v in data.items()}
+        rows = _rows.in_position_order(recv, starts, recv_rows, stride, order)
+        header, data = _rows.unpack(rows, self._signature, plan["steps"], self._verify, self._what, device)
         return Sample(
             keys=header["key"].copy(), probabilities=header["probability"].copy(),
             priorities=header["priority"].copy(), times_sampled=header["times_sampled"].astype(np.int64),
