@@ -633,3 +633,38 @@ def test_close_removes_the_store_and_is_idempotent():
     buf.close()
     assert buf.store.closed and not os.path.exists(path)
     assert repr(buf) == "TransitionBuffer(size=1, capacity=1000, n_envs=1, n_step=1, gamma=0.99, uniform)"
+
+
+def test_large_batches_reuse_memory_only_after_every_tensor_on_it_is_gone():
+    """Observations of over a megabyte a batch come from a pool (no page faults per sample):
+    a batch that is still referenced, or a view of it, never sees a later batch's rows."""
+    import gc
+
+    from reprise.transitions import _POOL
+    buf = rp.TransitionBuffer(512, (64, 64), "uint8", (), "int64", seed=3)
+    rng = np.random.default_rng(0)
+    frames = rng.integers(0, 255, (400, 64, 64), dtype=np.uint8)
+    for t in range(399):
+        buf.add(frames[t][None], np.array([0]), np.array([1.0]), frames[t + 1][None], np.array([False]),
+                np.array([t % 50 == 49]))
+    nbytes = 300 * 64 * 64
+    assert nbytes >= _POOL.MIN_BYTES
+    first = buf.sample(300)
+    view = first.obs[10:20, 5]            # a torch view
+    numpy_view = first.next_obs.numpy()[3:]  # and a numpy view of the tensor
+    kept = (first.obs.clone(), view.clone(), numpy_view.copy())
+    del first
+    gc.collect()
+    for _ in range(6):   # later batches: none may write into the memory the views still use
+        buf.sample(300)
+    assert torch.equal(view, kept[1]) and np.array_equal(numpy_view, kept[2])
+    del view, numpy_view
+    gc.collect()
+    free = _POOL._free.get(nbytes, [])
+    assert 1 <= len(free) <= _POOL.KEEP
+    before = len(free)
+    batch = buf.sample(300)  # takes two blocks from the pool (obs, next_obs)
+    assert len(free) == before - 2
+    obs_bytes = {tuple(f.reshape(-1)[:16]) for f in frames}
+    assert all(tuple(o.reshape(-1)[:16].tolist()) in obs_bytes for o in batch.obs.numpy())
+    buf.close()

@@ -61,6 +61,8 @@ from __future__ import annotations
 
 import ctypes
 import math
+import threading
+import weakref
 from typing import NamedTuple
 
 import numpy as np
@@ -531,10 +533,55 @@ def _host_columns(store: Store) -> dict:
     return out
 
 
-def _rows_of(columns: dict, name: str, rows: np.ndarray) -> np.ndarray:
-    """A copy of field ``name`` at ``rows`` (int64, any shape S): ``array[*S, *shape]``."""
+class _OutputPool:
+    """Memory for the large arrays of host samples, reused once nothing refers to an
+    array made on it. Fresh memory for a batch costs a page fault per 4 KiB page
+    whenever malloc has handed the last batch's back to the system (it does for
+    blocks of megabytes), and for a 256 x 28 KB Atari batch those faults were most
+    of a sample's time. An array is handed out only to be wrapped at once by
+    ``torch.from_numpy`` (whose tensors, and their views, keep it alive); when it is
+    collected its memory goes back here, at most ``KEEP`` blocks per size."""
+
+    MIN_BYTES = 1 << 20
+    KEEP = 4
+
+    def __init__(self):
+        self._free: dict[int, list] = {}
+        self._lock = threading.Lock()
+
+    def empty(self, nbytes: int) -> np.ndarray:
+        """A uint8[nbytes] array (contents undefined)."""
+        if nbytes < self.MIN_BYTES:
+            return np.empty(nbytes, np.uint8)
+        with self._lock:
+            free = self._free.setdefault(nbytes, [])
+            raw = free.pop() if free else np.empty(nbytes, np.uint8)
+        # An array on a memoryview is where numpy's views of it stop looking for their
+        # base: every view made from it keeps it alive, and its collection (no view
+        # left) gives ``raw`` back.
+        out = np.frombuffer(memoryview(raw), np.uint8)
+        weakref.finalize(out, self._give_back, free, raw)
+        return out
+
+    def _give_back(self, free: list, raw: np.ndarray) -> None:
+        with self._lock:
+            if len(free) < self.KEEP:
+                free.append(raw)
+
+
+_POOL = _OutputPool()
+
+
+def _rows_of(columns: dict, name: str, rows: np.ndarray, pooled: bool = False) -> np.ndarray:
+    """A copy of field ``name`` at ``rows`` (int64, any shape S): ``array[*S, *shape]``.
+    ``pooled``: its memory from ``_POOL`` (only for arrays wrapped at once by torch)."""
     column, dtype, shape = columns[name]
-    return column.take(rows, axis=0).view(dtype).reshape(*rows.shape, *shape)
+    if not pooled:
+        return column.take(rows, axis=0).view(dtype).reshape(*rows.shape, *shape)
+    flat = np.ascontiguousarray(rows).reshape(-1)
+    out = _POOL.empty(flat.size * column.shape[1]).reshape(flat.size, column.shape[1])
+    np.take(column, flat, axis=0, out=out, mode="clip")  # "clip": no buffered copy; the rows are in range
+    return out.view(dtype).reshape(*rows.shape, *shape)
 
 
 def _read_rows(store: Store, rows) -> dict:
@@ -565,8 +612,8 @@ def _gather_transitions(columns: dict, index: np.ndarray, lengths: np.ndarray, r
         reward = (rewards * powers[:-1]).sum(1).astype(np.float32)
     done = _rows_of(columns, _TERMINATED, final)
     discount = np.where(done, 0.0, powers[1] if last is None else powers[last]).astype(np.float32)
-    return dict(obs=_rows_of(columns, _OBS, first), action=_rows_of(columns, _ACTION, action_row),
-                next_obs=_rows_of(columns, _OBS, final), done=done.astype(np.float32), reward=reward,
+    return dict(obs=_rows_of(columns, _OBS, first, pooled=True), action=_rows_of(columns, _ACTION, action_row),
+                next_obs=_rows_of(columns, _OBS, final, pooled=True), done=done.astype(np.float32), reward=reward,
                 discount=discount)
 
 
