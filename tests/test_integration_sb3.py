@@ -468,3 +468,66 @@ def test_sampling_an_empty_buffer_says_why(closing):
         buf.sample(4)
     with pytest.raises(NotImplementedError, match="call sample"):
         buf._get_samples(np.arange(3))
+
+
+class _Frames(gym.Env):
+    """8x8 grayscale frames of random bytes, episodes of random length (terminated), for
+    VecFrameStack."""
+    observation_space = spaces.Box(0, 255, (8, 8, 1), np.uint8)
+    action_space = spaces.Discrete(3)
+
+    def __init__(self, seed):
+        self._rng = np.random.default_rng(seed)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self._rng.integers(0, 256, (8, 8, 1), dtype=np.uint8), {}
+
+    def step(self, action):
+        frame = self._rng.integers(0, 256, (8, 8, 1), dtype=np.uint8)
+        return frame, float(self._rng.normal()), bool(self._rng.random() < 0.08), False, {}
+
+
+def test_frame_stack_stores_a_frame_a_step_and_samples_sb3s_transitions(closing):
+    """VecFrameStack(4) + VecTransposeImage over two environments with terminations and
+    time limits, fed to SB3's ReplayBuffer and to RepriseReplayBuffer(frame_stack=4): the
+    same transitions, with one 8x8 frame stored per row."""
+    from stable_baselines3.common.buffers import ReplayBuffer
+    from stable_baselines3.common.vec_env import VecFrameStack, VecTransposeImage
+    venv = VecTransposeImage(VecFrameStack(DummyVecEnv([lambda s=s: TimeLimit(_Frames(s), 15) for s in (1, 2)]), 4))
+    space = venv.observation_space
+    assert space.shape == (4, 8, 8)
+    ours = closing(RepriseReplayBuffer(2000, space, venv.action_space, device="cpu", n_envs=2, frame_stack=4, seed=0))
+    ref = ReplayBuffer(2000, space, venv.action_space, device="cpu", n_envs=2)
+    rng = np.random.default_rng(0)
+    obs = venv.reset()
+    for _ in range(150):
+        actions = rng.integers(0, 3, size=2)
+        nxt, rewards, dones, infos = venv.step(actions)
+        real = nxt.copy()
+        for e, d in enumerate(dones):
+            if d:
+                real[e] = infos[e]["terminal_observation"]
+        for buf in (ours, ref):
+            buf.add(obs, real, actions.reshape(2, 1), rewards, dones, infos)
+        obs = nxt
+    venv.close()
+    assert ours._transitions.store.signature["obs"].shape == (8, 8)
+    s = ref._get_samples(np.arange(ref.pos))
+    expected = {}
+    for i in range(ref.pos * 2):  # _get_samples draws a random env per index: read both envs directly
+        e, t = i % 2, i // 2
+        expected[ref.observations[t, e].tobytes()] = (
+            ref.next_observations[t, e].tobytes(), int(ref.actions[t, e, 0]), float(ref.rewards[t, e]),
+            float(ref.dones[t, e] * (1 - ref.timeouts[t, e])))
+    assert s.observations.shape[1:] == (4, 8, 8)
+    got = {}
+    draws = ours.sample(6000)
+    for i in range(6000):
+        got[draws.observations[i].numpy().astype(np.uint8).tobytes()] = (
+            draws.next_observations[i].numpy().astype(np.uint8).tobytes(), int(draws.actions[i, 0]),
+            float(draws.rewards[i, 0]), float(draws.dones[i, 0]))
+    assert len(ours) == 300 and got.keys() == expected.keys()
+    for k, (nxt_b, a, r, d) in expected.items():
+        assert got[k][0] == nxt_b and got[k][1] == a and got[k][3] == d
+        assert got[k][2] == pytest.approx(r, rel=1e-6)

@@ -214,6 +214,86 @@ def test_cuda_samples_equal_host_samples(backend):
         assert_match(drawn(buf, device="cuda"), reference(streams, 3, 0.7))
 
 
+def make_stacked_steps(codes, rng, k, frame=(2,)):
+    """As ``make_steps``, with observations of k frames stacked along their first axis, the
+    newest last, as SB3's VecFrameStack gives them: zeros before an episode's first frame."""
+    streams = []
+    for env_codes in codes:
+        steps = []
+        stack = np.concatenate([np.zeros((k - 1, *frame), np.float32), rng.standard_normal((1, *frame), np.float32)])
+        for code in env_codes:
+            nxt = np.concatenate([stack[1:], rng.standard_normal((1, *frame), np.float32)])
+            steps.append(dict(obs=stack, action=int(rng.integers(0, 5)), reward=float(np.float32(rng.standard_normal())),
+                              next_obs=nxt, terminated=code in (TERMINATED, BOTH), truncated=code in (TRUNCATED, BOTH),
+                              cut=code == CUT))
+            stack = nxt if code == CONTINUE else np.concatenate(
+                [np.zeros((k - 1, *frame), np.float32), rng.standard_normal((1, *frame), np.float32)])
+        streams.append(steps)
+    return streams
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), n_envs=st.integers(1, 3), n=st.integers(1, 4), k=st.integers(2, 4), seed=st.integers(0, 2**16))
+def test_frame_stacks_are_stored_a_frame_a_row_and_come_back_whole(data, n_envs, n, k, seed):
+    """frame_stack=k: each step stores one frame (an episode's first also the k - 1 before
+    it), and the transitions drawn, on the host and by the GPU path (emulated), equal the
+    reference model's whole stacks."""
+    length = data.draw(st.integers(1, 12))
+    env_codes = [data.draw(st.lists(CODES, min_size=length, max_size=length)) for _ in range(n_envs)]
+    streams = make_stacked_steps(env_codes, np.random.default_rng(seed), k)
+    with buffer(n_envs=n_envs, n_step=n, gamma=0.9, block_steps=4, obs_shape=(k, 2), frame_stack=k) as buf:
+        assert buf.store.signature["obs"].shape == (2,)
+        feed(buf, streams)
+        expected = reference(streams, n, 0.9)
+        assert len(buf) == len(expected)
+        episodes = sum(1 + sum(s["terminated"] or s["truncated"] or s["cut"] for s in st_[:-1]) for st_ in streams)
+        written = sum(len(st_) for st_ in streams) + k * episodes  # a row a step, k more an episode
+        assert buf.store.capacity - buf.store.free_blocks * 4 >= written
+        if expected:
+            assert_match(drawn(buf), expected)
+            rt.emulate_cuda(True)
+            try:
+                assert_match(drawn(buf, device="cuda"), expected)
+            finally:
+                wait_released(10)
+                rt.emulate_cuda(False)
+
+
+def test_frame_stacks_refuse_observations_that_are_not_stacks_and_change_nothing():
+    with buffer(obs_shape=(3, 2), frame_stack=3) as buf:
+        obs = np.arange(6, dtype=np.float32).reshape(3, 2)
+        good = np.concatenate([obs[1:], np.full((1, 2), 9, np.float32)])
+        buf.add(obs, 0, 1.0, good, False, False)
+        free, size = buf.store.free_blocks, len(buf)
+        with pytest.raises(rp.errors.InvalidArgument,
+                           match=r"frame_stack=3, next_obs's frames 0..1 must be obs's frames 1..2 .*environment 0"):
+            buf.add(good, 0, 1.0, good + 1, False, False)
+        assert (buf.store.free_blocks, len(buf)) == (free, size)
+        with pytest.raises(rp.errors.InvalidArgument, match=r"add: obs expects float32\[3,2\]"):
+            buf.add(obs[:2], 0, 1.0, good[:2], False, False)
+    for shape in ((3,), (2, 5)):
+        with pytest.raises(rp.errors.InvalidArgument, match=r"frame_stack=3 needs observations of 3 frames stacked"):
+            rp.TransitionBuffer(10, shape, frame_stack=3)
+    with pytest.raises(rp.errors.InvalidArgument, match="frame_stack"):
+        rp.TransitionBuffer(10, (3, 2), frame_stack=0)
+
+
+def test_frame_stacks_survive_pickling_with_running_episodes():
+    streams = make_stacked_steps([[CONTINUE] * 6 + [TERMINATED, CONTINUE, CONTINUE, CUT]], np.random.default_rng(4), 4)
+    with buffer(n_step=3, gamma=0.5, obs_shape=(4, 2), frame_stack=4, block_steps=8) as buf:
+        first, rest = [streams[0][:8]], [streams[0][8:]]
+        feed(buf, first)
+        copy = pickle.loads(pickle.dumps(buf))
+        try:
+            for b in (buf, copy):
+                feed(b, rest)
+            expected = reference(streams, 3, 0.5)
+            assert_match(drawn(buf), expected)
+            assert_match(drawn(copy), expected)
+        finally:
+            copy.close()
+
+
 # --- ending episodes early -------------------------------------------------------------------------
 
 

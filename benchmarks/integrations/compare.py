@@ -182,7 +182,7 @@ def goals(summary: dict) -> list[dict]:
     buffer it replaces (ratio >= 1), >= 2x less memory per Atari transition than SB3's default."""
     out = []
     for kind, arms in summary.get("replay", {}).items():
-        for arm in ("reprise", "reprise_mel"):
+        for arm in ("reprise", "reprise_mel", "reprise_fs"):
             s = arms.get(arm)
             if not s or "add_vs_sb3" not in s:
                 continue

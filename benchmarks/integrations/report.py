@@ -9,7 +9,8 @@ from benchmarks.integrations.workloads import ARMS, BATCH, LARGE_CAPACITY
 
 ARM_NAMES = {"sb3": "SB3 ReplayBuffer (default)", "sb3_opt": "SB3 ReplayBuffer (optimize_memory_usage)",
              "reprise": "RepriseReplayBuffer (default sizing)",
-             "reprise_mel": "RepriseReplayBuffer (min_episode_length={mel})"}
+             "reprise_mel": "RepriseReplayBuffer (min_episode_length={mel})",
+             "reprise_fs": "RepriseReplayBuffer (min_episode_length={mel}, frame_stack=4)"}
 
 
 def _x(v) -> str:
@@ -46,7 +47,7 @@ def replay_lines(report: dict) -> list[str]:
                          "add transitions/s", "add vs SB3", f"sample({BATCH}) samples/s", "sample vs SB3", "held"],
                         rows)
         notes = []
-        for arm in ("reprise", "reprise_mel"):
+        for arm in ("reprise", "reprise_mel", "reprise_fs"):
             s = arms.get(arm)
             if s and s.get("store_rows_per_transition"):
                 at = (s.get("reserved_per_transition_at") or {}).get(str(LARGE_CAPACITY))

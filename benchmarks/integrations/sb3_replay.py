@@ -21,7 +21,7 @@ import numpy as np
 
 from benchmarks.common.bench import Bench, package_versions
 from benchmarks.common.timing import timed_rounds
-from benchmarks.integrations.workloads import (ARMS, BATCH, LARGE_CAPACITY, OBS_KINDS, Steps, data_path,
+from benchmarks.integrations.workloads import (ARM_KINDS, ARMS, BATCH, LARGE_CAPACITY, OBS_KINDS, Steps, data_path,
                                                episode_lengths, load, make_config, resident_bytes)
 
 
@@ -72,7 +72,7 @@ class TransitionAdapter:
 
 def build(arm: str, kind: str, capacity: int, min_episode: int = 1):
     """(buffer, path, reserved bytes, store or None); ``min_episode``: the ``reprise_mel``
-    arm's ``min_episode_length``."""
+    and ``reprise_fs`` arms' ``min_episode_length``."""
     obs_space, act_space = spaces_for(kind)
     if arm.startswith("sb3"):
         from stable_baselines3.common.buffers import ReplayBuffer
@@ -86,10 +86,12 @@ def build(arm: str, kind: str, capacity: int, min_episode: int = 1):
                 f"handle_timeout_termination={not opt})")
         return buf, path, sum(a.nbytes for a in arrays), None
     cls, name = reprise_buffer_class()
-    mel = min_episode if arm == "reprise_mel" else 1
-    buf = cls(capacity, obs_space, act_space, device="cpu", min_episode_length=mel)
+    mel = min_episode if arm in ("reprise_mel", "reprise_fs") else 1
+    stack = {"frame_stack": 4} if arm == "reprise_fs" else {}
+    buf = cls(capacity, obs_space, act_space, device="cpu", min_episode_length=mel, **stack)
     store = buf.transitions.store
-    return buf, f"{name}(min_episode_length={mel})", os.path.getsize(store.path), store
+    return buf, f"{name}(min_episode_length={mel}{', frame_stack=4' if stack else ''})", \
+        os.path.getsize(store.path), store
 
 
 def malloc_trim() -> bool:
@@ -172,7 +174,7 @@ def main() -> None:
     bench.system = f"replay:{arm}"
     bench.versions.update(package_versions("stable-baselines3", "torch", "gymnasium", "ale-py", "reprise"))
     for kind in OBS_KINDS:
-        if os.path.exists(data_path(bench.args.data, kind)):
+        if kind in ARM_KINDS.get(arm, (kind,)) and os.path.exists(data_path(bench.args.data, kind)):
             bench.run(kind, measure, bench.cfg, arm, kind, bench.args.data)
     bench.finish()
 

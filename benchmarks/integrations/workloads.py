@@ -17,8 +17,9 @@ Replay arms (``ARMS``): SB3's ``ReplayBuffer`` as DQN builds it (``sb3``), with
 ``reprise.integrations.sb3.RepriseReplayBuffer`` with its default sizing (``reprise``:
 ``min_episode_length=1``, room for episodes of one step, up to 2 rows per transition) and
 told the shortest episode to expect (``reprise_mel``: ``min_episode_length`` = the
-recording's shortest episode, the best a user who knows their environment can do). Every
-arm is built with n_envs=1 on the CPU.
+recording's shortest episode, the best a user who knows their environment can do), and for
+Atari with ``frame_stack=4`` as well (``reprise_fs``: a row holds one 84x84 frame, the stacks
+are put back together at sample time). Every arm is built with n_envs=1 on the CPU.
 
 Memory. "Reserved" is what a buffer allocates for its data: SB3 the ``nbytes`` of its
 arrays, Reprise its store's file (capacity x row bytes, all fields). "RSS" is the growth of
@@ -39,7 +40,9 @@ import numpy as np
 from benchmarks.common.config import Config
 
 OBS_KINDS = ["cartpole", "atari"]
-ARMS = ["sb3", "sb3_opt", "reprise", "reprise_mel"]
+ARMS = ["sb3", "sb3_opt", "reprise", "reprise_mel", "reprise_fs"]
+# Arms that apply to some observation kinds only (the others skip them).
+ARM_KINDS = {"reprise_fs": ("atari",)}
 DQN_ARMS = ["sb3", "reprise"]
 BATCH = 256
 # Where Reprise's reserved bytes per transition are also read (an empty buffer): Atari DQN's
@@ -104,15 +107,19 @@ def record(kind: str, steps: int, seed: int = 0, synthetic: bool = False) -> dic
     step t's observation; obs[t + 1] the next step's, a reset's after an episode ended),
     ``final`` [episodes, ...] with ``final_at`` (the steps whose next_obs is a final
     observation), ``action`` int64 [steps], ``reward`` float32, ``done``, ``truncated`` bool.
-    ``synthetic``: random uint8[4,84,84] frames, episodes of 500 steps (no emulator)."""
+    ``synthetic``: stacks of 4 random uint8[84,84] frames as VecFrameStack makes them (each
+    step's stack is the last one shifted by a new frame), episodes of 500 steps (no emulator)."""
     if synthetic:
         rng = np.random.default_rng(seed)
-        obs = rng.integers(0, 256, (steps + 1, 4, 84, 84), dtype=np.uint8)
+        frames = rng.integers(0, 256, (steps + 4, 84, 84), dtype=np.uint8)
+        obs = np.stack([frames[t:t + 4] for t in range(steps + 1)])
         done = (np.arange(steps) % 500) == 499
         done[-1] = True
         truncated = done.copy()
         final_at = np.flatnonzero(done)
-        return dict(obs=obs, final=rng.integers(0, 256, (len(final_at), 4, 84, 84), dtype=np.uint8),
+        final = np.stack([np.concatenate([obs[t, 1:], rng.integers(0, 256, (1, 84, 84), dtype=np.uint8)])
+                          for t in final_at])
+        return dict(obs=obs, final=final,
                     final_at=final_at, action=rng.integers(0, 6, steps), reward=np.zeros(steps, np.float32),
                     done=done, truncated=truncated, synthetic=np.array(True))
     env = _vec_env(kind, seed)

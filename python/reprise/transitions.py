@@ -9,6 +9,14 @@ is an item over rows t .. t + m, m = min(n, L - t): neighbouring transitions sha
 the final observation of an episode is its last row, whether the episode terminated or was
 truncated. So ``add`` writes one row per environment (two at an episode's first step).
 
+Frame stacks. With ``frame_stack=k`` an observation is k frames stacked along its first
+axis, the newest last (as ``VecFrameStack`` + ``VecTransposeImage`` give Atari frames), and a
+row holds one frame: s_i's row holds its newest frame, and an episode's first observation
+also writes its k - 1 older frames as rows before it. A transition's item then starts k - 1
+rows earlier (m + k rows) and s_t, s_{t+m} are read back as the k rows ending at theirs. Each
+``add`` checks that ``next_obs``'s frames 0..k-2 are ``obs``'s frames 1..k-1. Memory per
+transition drops about k-fold (Atari: one 84x84 frame instead of a 4x84x84 stack).
+
 Targets. For an item of m + 1 rows: ``reward`` = sum_{k<m} gamma^k r_{t+k} (the n-step
 return), ``next_obs`` = s_{t+m}, ``done`` = s_{t+m} is terminal, ``discount`` = gamma^m, or 0
 when ``done``. Truncation is not termination: the window stops at the episode's last row and
@@ -99,15 +107,18 @@ class TransitionBatch(NamedTuple):
     keys: object
 
 
-def _store_steps(capacity: int, n_envs: int, n_step: int, block_steps: int, min_episode_length: int) -> int:
+def _store_steps(capacity: int, n_envs: int, n_step: int, block_steps: int, min_episode_length: int,
+                 frame_stack: int = 1) -> int:
     """Rows a store needs so that ``capacity`` items never need a store eviction.
 
     Per environment the live rows run from its oldest item's first row to its newest row:
     its items, one extra row per episode among them (at most items / min_episode_length, plus
-    a partial episode at each end), and up to n - 1 rows of transitions not complete yet.
+    a partial episode at each end; k extra rows with frame stacks of k), up to n - 1 rows of
+    transitions not complete yet, and k - 1 rows before the oldest item's first transition.
     Rounding to blocks adds one block per environment at each end of that span, and one more
     for the block being leased while the table is full."""
-    rows = capacity + -(-capacity // min_episode_length) + n_envs * (n_step + 2)
+    k = frame_stack
+    rows = capacity + k * -(-capacity // min_episode_length) + n_envs * (n_step + 2 * k)
     blocks = -(-rows // block_steps) + 3 * n_envs
     return blocks * block_steps
 
@@ -161,17 +172,21 @@ class TransitionBuffer:
     transitions get the largest priority set so far (1.0 at first). ``epsilon``: added to
     |TD error| by ``update_priorities``. ``seed``: the table's seed (None: from the OS).
     ``block_steps``, ``min_episode_length``: the store's block size and the episode length its
-    size assumes (see the module doc). ``directory``: where the store's file goes."""
+    size assumes (see the module doc). ``frame_stack``: k > 1 for observations of k frames
+    stacked along their first axis, the newest last: each row then holds one frame (see the
+    module doc). ``directory``: where the store's file goes."""
 
     def __init__(self, capacity: int, obs_shape, obs_dtype="float32", action_shape=(), action_dtype="int64", *,
                  n_envs: int = 1, n_step: int = 1, gamma: float = 0.99, alpha: float | None = None,
                  epsilon: float = 1e-6, seed: int | None = None, block_steps: int = 64,
-                 min_episode_length: int = 1, directory: str | None = None, name: str = "transitions"):
+                 min_episode_length: int = 1, frame_stack: int = 1, directory: str | None = None,
+                 name: str = "transitions"):
         capacity = as_int("capacity", capacity, 1)
         n_envs = as_int("n_envs", n_envs, 1)
         n_step = as_int("n_step", n_step, 1)
         block_steps = as_int("block_steps", block_steps, 1)
         min_episode_length = as_int("min_episode_length", min_episode_length, 1)
+        frame_stack = as_int("frame_stack", frame_stack, 1)
         gamma = _number("gamma", gamma, "a number in [0, 1]", lambda g: 0.0 <= g <= 1.0)
         epsilon = _number("epsilon", epsilon, "a finite number >= 0", lambda e: 0.0 <= e < math.inf)
         if alpha is not None:
@@ -180,21 +195,28 @@ class TransitionBuffer:
             obs_field, action_field = Field(obs_shape, obs_dtype), Field(action_shape, action_dtype)
         except InvalidArgument as e:
             raise InvalidArgument(f"observation or action: {e}") from None
+        if frame_stack > 1:
+            if len(obs_field.shape) < 2 or obs_field.shape[0] != frame_stack:
+                raise InvalidArgument(f"frame_stack={frame_stack} needs observations of {frame_stack} frames stacked "
+                                      f"along their first axis (shape ({frame_stack}, ...)), got obs_shape "
+                                      f"{tuple(obs_field.shape)}")
+            obs_field = Field(obs_field.shape[1:], obs_field.dtype)  # a row holds one frame
         signature = {_OBS: obs_field, _ACTION: action_field,
                      _REWARD: Field((), "float32"), _TERMINATED: Field((), "bool")}
-        steps = _store_steps(capacity, n_envs, n_step, block_steps, min_episode_length)
+        steps = _store_steps(capacity, n_envs, n_step, block_steps, min_episode_length, frame_stack)
         store = Store(signature, capacity=steps, block_steps=block_steps, directory=directory)
         try:
             sampler = selectors.Uniform() if alpha is None else selectors.Prioritized(alpha)
             table = Table(name, store, sampler=sampler, remover=selectors.Fifo(), max_size=capacity, seed=seed)
-            self._attach(table, self._settings_of(capacity, n_envs, n_step, gamma, alpha, epsilon))
+            self._attach(table, self._settings_of(capacity, n_envs, n_step, gamma, alpha, epsilon, frame_stack))
         except BaseException:
             store.close()
             raise
 
     @staticmethod
-    def _settings_of(capacity, n_envs, n_step, gamma, alpha, epsilon) -> dict:
-        return dict(capacity=capacity, n_envs=n_envs, n_step=n_step, gamma=gamma, alpha=alpha, epsilon=epsilon)
+    def _settings_of(capacity, n_envs, n_step, gamma, alpha, epsilon, frame_stack) -> dict:
+        return dict(capacity=capacity, n_envs=n_envs, n_step=n_step, gamma=gamma, alpha=alpha, epsilon=epsilon,
+                    frame_stack=frame_stack)
 
     def _attach(self, table: Table, settings: dict) -> None:
         """Makes ``table`` (and its store) this buffer's, with one writer per environment and
@@ -203,16 +225,22 @@ class TransitionBuffer:
         self._signature = self._store.signature
         self._capacity, self._n_envs, self._n_step = settings["capacity"], settings["n_envs"], settings["n_step"]
         self._gamma, self._alpha, self._epsilon = settings["gamma"], settings["alpha"], settings["epsilon"]
-        self._writers = [self._store.writer(max_sequence_length=self._n_step + 1) for _ in range(self._n_envs)]
+        self._k = k = settings.get("frame_stack", 1)
+        self._writers = [self._store.writer(max_sequence_length=self._n_step + k) for _ in range(self._n_envs)]
         self._max_priority = 1.0
         self._episode_steps = [0] * self._n_envs  # steps of each environment's current episode
         # What add checks each argument against (dtype, one environment's shape, all of
         # them), and an episode's first row after its observation (zero action and reward).
+        # ``_fields``: what add takes (the observation as a whole stack with frame stacks).
+        frame = self._signature[_OBS]
+        self._fields = {**self._signature, _OBS: Field((k, *frame.shape), frame.dtype) if k > 1 else frame}
         self._layouts = {name: (np.dtype(f.dtype), tuple(f.shape), (self._n_envs, *f.shape))
-                         for name, f in self._signature.items()}
+                         for name, f in self._fields.items()}
         self._batch_types = (*self._layouts[_OBS][::2], *self._layouts[_ACTION][::2], (self._n_envs,))
         self._first_row = {name: np.zeros((1, *f.shape), f.dtype) for name, f in self._signature.items()
                            if name != _OBS}
+        self._prefix_rows = {name: np.zeros((k - 1, *f.shape), f.dtype) for name, f in self._signature.items()
+                             if name != _OBS}
         self._columns = None  # the store's columns as numpy rows, made by the first host sample
         self._powers = {}  # {T: gamma^0 .. gamma^(T-1)} for host samples of items up to T rows
 
@@ -246,10 +274,19 @@ class TransitionBuffer:
         """``add`` of arguments already ``[n_envs, *shape]`` arrays of their fields' dtypes
         (``_batch_types``; for wrappers that have checked as much): checks the rewards,
         then writes."""
-        n = self._n_envs
+        n, k = self._n_envs, self._k
         rewards = r.tolist()
         if not all(map(math.isfinite, rewards)):
             raise InvalidArgument(f"add: reward must be finite, got {rewards}")
+        if k > 1:
+            if not np.array_equal(no[:, :-1], o[:, 1:]):
+                env = next(i for i in range(n) if not np.array_equal(no[i, :-1], o[i, 1:]))
+                raise InvalidArgument(
+                    f"add: with frame_stack={k}, next_obs's frames 0..{k - 2} must be obs's frames 1..{k - 1} (stacks "
+                    f"along the first axis, the newest last, as VecFrameStack and VecTransposeImage give them); "
+                    f"environment {env}'s are not")
+            stacks, o, no = o, o[:, -1:], no[:, -1:]  # the newest frames, as [n_envs, 1, ...]
+            o, no = o.reshape(n, *o.shape[2:]), no.reshape(n, *no.shape[2:])
         # Each environment's rows as [1, ...] arrays of the fields' dtypes: written with
         # one-row extends, which take their bytes as they are (no conversion of numpy scalars).
         if n == 1:
@@ -259,14 +296,17 @@ class TransitionBuffer:
                        (term | trunc).tolist())
         table, n_step, first, priority = self._table._native, self._n_step, self._first_row, self._max_priority
         episode_steps = self._episode_steps
+        span = n_step + k  # an item's rows: s_t's frames (k rows, the last s_t's) to s_{t+n}
         for i, (w, o_i, no_i, a_i, r_i, term_i, end) in enumerate(rows):
             steps = episode_steps[i]
             if steps == 0:
+                if k > 1:  # the first observation's older frames, as rows before the episode's first
+                    w.extend({_OBS: stacks[i, :-1], **self._prefix_rows})
                 w.extend({_OBS: o_i, **first})
             w.extend({_OBS: no_i, _ACTION: a_i, _REWARD: r_i, _TERMINATED: term_i})
             episode_steps[i] = steps = steps + 1
             if steps >= n_step:  # transition steps - n: its window is complete
-                w.create_item(table, n_step + 1, priority)
+                w.create_item(table, span, priority)
             if end:
                 self._finish_episode(i)
 
@@ -275,7 +315,7 @@ class TransitionBuffer:
         ``[n_envs, *shape]`` of its field's dtype: (obs, next_obs, action, reward,
         terminated, truncated). Raises ``InvalidArgument`` naming the first that is wrong."""
         n, (dtype, shape, many) = self._n_envs, self._layouts[_OBS]
-        o, given = _to_array("obs", obs, self._signature[_OBS], lambda: self._expected(_OBS))
+        o, given = _to_array("obs", obs, self._fields[_OBS], lambda: self._expected(_OBS))
         if n == 1 and o.shape == shape:
             single = True
         elif o.shape == many:
@@ -312,17 +352,17 @@ class TransitionBuffer:
         become items over the rows up to the last."""
         w, steps = self._writers[i], self._episode_steps[i]
         for t in range(max(0, steps - self._n_step + 1), steps):  # oldest first: FIFO order
-            w.create_item(self._table, steps - t + 1, self._max_priority)
+            w.create_item(self._table, steps - t + self._k, self._max_priority)
         w.end_episode()
         self._episode_steps[i] = 0
 
     def _expected(self, field: str) -> str:
-        f = self._signature[field]
+        f = self._fields[field]
         one, many = _shape_text(f.dtype, f.shape), _shape_text(f.dtype, (self._n_envs, *f.shape))
         return f"{one} or {many}" if self._n_envs == 1 else f"{many} (n_envs={self._n_envs})"
 
     def _checked(self, name: str, value, field: str, single: bool) -> np.ndarray:
-        f = self._signature[field]
+        f = self._fields[field]
         arr, given = _to_array(name, value, f, lambda: self._expected(field))
         want = f.shape if single else (self._n_envs, *f.shape)
         if arr.shape != want:
@@ -357,7 +397,8 @@ class TransitionBuffer:
             dev = s.data[_OBS].device
             powers = self._gamma ** torch.arange(s.data[_REWARD].shape[1], device=dev, dtype=torch.float64)
             found = _targets(s.data, torch.from_numpy(s.lengths - 1).to(dev), torch.arange(batch_size, device=dev),
-                             powers, torch.where, lambda x: x.double())
+                             powers, torch.where, lambda x: x.double(), self._k,
+                             torch.arange(self._k, device=dev))
             fields = {k: (v.float() if k in _FLOAT32 else v).contiguous() for k, v in found.items()}
         if self._alpha is None:
             weights = torch.from_numpy(np.ones(batch_size, np.float32)) if dev.type == "cpu" else \
@@ -375,10 +416,10 @@ class TransitionBuffer:
         does) until the copies are done."""
         rows = self._table._native.sample_rows(batch_size, 0)
         try:
-            index = np.empty(batch_size * (self._n_step + 1), np.int64)
+            index = np.empty(batch_size * (self._n_step + self._k), np.int64)
             keys, probabilities, priorities, times_sampled, table_size, lengths, n, t, ragged, filled = \
                 rows.index(index)
-            if not filled:  # items longer than n_step + 1 rows cannot be drawn; kept for safety
+            if not filled:  # items longer than n_step + k rows cannot be drawn; kept for safety
                 index = np.empty(n * t, np.int64)
                 n, t, ragged = rows.fill_index(index)
             if self._columns is None:
@@ -386,7 +427,8 @@ class TransitionBuffer:
             powers = self._powers.get(t)
             if powers is None:
                 powers = self._powers[t] = self._gamma ** np.arange(t, dtype=np.float64)
-            found = _gather_transitions(self._columns, index[:n * t].reshape(n, t), lengths, ragged, powers)
+            found = _gather_transitions(self._columns, index[:n * t].reshape(n, t), lengths, ragged, powers,
+                                        self._k)
         finally:
             rows.release()
         s = Sample(keys=keys, probabilities=probabilities, priorities=priorities, times_sampled=times_sampled,
@@ -474,10 +516,10 @@ class TransitionBuffer:
         running = []
         for w, steps in zip(self._writers, self._episode_steps):
             # The rows later items of this episode reach back to: the newest n, or all of it.
-            rows = w.recent_rows(min(self._n_step, steps + 1)) if steps else None
+            rows = w.recent_rows(min(self._n_step, steps + 1) + self._k - 1) if steps else None
             running.append(None if rows is None else (steps, _read_rows(self._store, rows)))
         settings = self._settings_of(self._capacity, self._n_envs, self._n_step, self._gamma, self._alpha,
-                                     self._epsilon)
+                                     self._epsilon, self._k)
         return _unpickled, (type(self), self._table, settings, self._max_priority, running)
 
     def close(self) -> None:
@@ -590,41 +632,57 @@ def _read_rows(store: Store, rows) -> dict:
     return {name: _rows_of(columns, name, rows) for name in columns}
 
 
-def _gather_transitions(columns: dict, index: np.ndarray, lengths: np.ndarray, ragged: bool, powers) -> dict:
+def _gather_transitions(columns: dict, index: np.ndarray, lengths: np.ndarray, ragged: bool, powers,
+                        k: int = 1) -> dict:
     """The transitions of drawn items, read from a host store's ``columns``
     (``_host_columns``): ``index[B, T]`` holds each item's rows (-1 past its end when
-    ``ragged``), ``lengths`` their counts, ``powers`` gamma^0 .. gamma^(T-1). The same
-    targets as ``_targets`` (see it and the module doc), but only the rows used are
-    copied: s_t, s_{t+m}, the action of row 1, the terminal flag of row m and the rewards
-    of rows 1 .. m (every item has at least 2 rows). float32 for ``_FLOAT32``."""
+    ``ragged``), ``lengths`` their counts, ``powers`` gamma^0 .. gamma^(T-1), ``k`` the frame
+    stack. The same targets as ``_targets`` (see it and the module doc), but only the rows
+    used are copied: s_t's k rows, s_{t+m}'s k rows, the action of row k, the terminal flag
+    of the last row and the rewards of rows k .. k + m - 1 (every item has at least k + 1
+    rows). float32 for ``_FLOAT32``."""
     b, t = index.shape
-    first, action_row = index[:, 0], index[:, 1]
-    if t == 2:  # every item is 2 rows (n_step=1): m = 1, the return is the one reward
-        last, final = None, action_row
+    last = lengths - 1  # each item's final row: s_{t+m}'s newest frame
+    action_row = index[:, k]
+    if t == k + 1:  # every item is k + 1 rows (n_step=1): m = 1, the return is the one reward
+        final = action_row
         reward = _rows_of(columns, _REWARD, action_row)
+        m = None
     else:
-        last = lengths - 1
         final = index[np.arange(b), last]
-        after = index[:, 1:]
+        after = index[:, k:]
         rewards = _rows_of(columns, _REWARD, np.maximum(after, 0) if ragged else after).astype(np.float64)
         if ragged:
             rewards[after < 0] = 0.0  # rows past an item add nothing
-        reward = (rewards * powers[:-1]).sum(1).astype(np.float32)
+        reward = (rewards * powers[:t - k]).sum(1).astype(np.float32)
+        m = last - k + 1
     done = _rows_of(columns, _TERMINATED, final)
-    discount = np.where(done, 0.0, powers[1] if last is None else powers[last]).astype(np.float32)
+    discount = np.where(done, 0.0, powers[1] if m is None else powers[m]).astype(np.float32)
+    if k == 1:
+        first, next_rows = index[:, 0], final
+    else:  # the stacks: rows 0 .. k-1, and the k rows ending at the final one
+        first = index[:, :k]
+        next_rows = index[:, 1:k + 1] if m is None else index[np.arange(b)[:, None], last[:, None] - k + 1 + np.arange(k)]
     return dict(obs=_rows_of(columns, _OBS, first, pooled=True), action=_rows_of(columns, _ACTION, action_row),
-                next_obs=_rows_of(columns, _OBS, final, pooled=True), done=done.astype(np.float32), reward=reward,
+                next_obs=_rows_of(columns, _OBS, next_rows, pooled=True), done=done.astype(np.float32), reward=reward,
                 discount=discount)
 
 
-def _targets(data: dict, last, rows, powers, where, as_f64) -> dict:
+def _targets(data: dict, last, rows, powers, where, as_f64, k: int = 1, stack=None) -> dict:
     """The transitions of sampled items ``data[field][B, T, ...]`` (numpy arrays or torch
-    tensors alike): an item of m + 1 rows (``last`` = m) starts at s_t and ends at s_{t+m};
-    its rewards are in rows 1 .. m (rows past the item are zeros, so they add nothing).
-    ``powers`` = gamma^0 .. gamma^(T-1)."""
+    tensors alike): an item of m + k rows (``last`` = m + k - 1) holds s_t's k frames in
+    rows 0 .. k-1 (k = 1: s_t itself) and ends at s_{t+m}'s newest frame; its rewards are in
+    rows k .. k + m - 1 (rows past the item are zeros, so they add nothing). ``powers`` =
+    gamma^0 .. gamma^(T-1); ``stack``: 0 .. k-1 (an ``arange`` of the same kind), with k > 1."""
     frames, done = data[_OBS], data[_TERMINATED][rows, last]
-    return dict(obs=frames[:, 0], action=data[_ACTION][:, 1], next_obs=frames[rows, last], done=done,
-                reward=(as_f64(data[_REWARD][:, 1:]) * powers[:-1]).sum(1), discount=where(done, 0.0, powers[last]))
+    if k == 1:
+        obs, next_obs = frames[:, 0], frames[rows, last]
+    else:
+        obs, next_obs = frames[:, :k], frames[rows[:, None], last[:, None] - k + 1 + stack]
+    t = data[_REWARD].shape[1]
+    return dict(obs=obs, action=data[_ACTION][:, k], next_obs=next_obs, done=done,
+                reward=(as_f64(data[_REWARD][:, k:]) * powers[:t - k]).sum(1),
+                discount=where(done, 0.0, powers[last - k + 1]))
 
 
 def _number(name: str, value, expected: str, ok) -> float:

@@ -107,6 +107,12 @@ class RepriseReplayBuffer(ReplayBuffer):
     - ``min_episode_length``, ``block_steps``, ``directory``: the store's sizing and
       place (``rp.TransitionBuffer``); pass the shortest episode length you expect to
       bring memory near one observation per transition.
+    - ``frame_stack``: with ``VecFrameStack(env, k)`` (Atari), k: each step stores only its
+      newest frame (an episode's first also the k - 1 before it) and samples put the stacks
+      back together, about k times less memory than one stack per step. Observations must
+      be stacks along their first axis, the newest last (``VecFrameStack`` then
+      ``VecTransposeImage``, as SB3 wraps Atari for CNN policies); other layouts are
+      refused at the first ``add`` that shows it.
 
     It holds ``buffer_size`` transitions in all (SB3: ``buffer_size // n_envs`` per
     environment), FIFO beyond. ``size()`` is the number of transitions held, over all
@@ -117,7 +123,8 @@ class RepriseReplayBuffer(ReplayBuffer):
                  device: th.device | str = "auto", n_envs: int = 1, optimize_memory_usage: bool = False,
                  handle_timeout_termination: bool = True, *, n_steps: int = 1, gamma: float = 0.99,
                  alpha: float | None = None, epsilon: float = 1e-6, seed: int | None = None,
-                 min_episode_length: int = 1, block_steps: int = 64, directory: str | None = None):
+                 min_episode_length: int = 1, block_steps: int = 64, directory: str | None = None,
+                 frame_stack: int = 1):
         # ReplayBuffer.__init__ is not called: it allocates SB3's arrays. These are the
         # attributes BaseBuffer and ReplayBuffer set that others read.
         buffer_size = as_int("RepriseReplayBuffer: buffer_size", buffer_size, 1)
@@ -154,7 +161,8 @@ class RepriseReplayBuffer(ReplayBuffer):
             capacity=self.buffer_size * n_envs, obs_shape=self.obs_shape, obs_dtype=observation_space.dtype,
             action_shape=(self.action_dim,), action_dtype=self._maybe_cast_dtype(action_space.dtype),
             n_envs=n_envs, n_step=n_steps, gamma=gamma, alpha=alpha, epsilon=epsilon, seed=seed,
-            block_steps=block_steps, min_episode_length=min_episode_length, directory=directory)
+            block_steps=block_steps, min_episode_length=min_episode_length, directory=directory,
+            frame_stack=frame_stack)
         try:
             self._transitions = TransitionBuffer(**self._config)
         except InvalidArgument as e:
