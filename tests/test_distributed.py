@@ -48,13 +48,16 @@ def make_table(sampler, seed, world, max_times=0, **kw):
         timeout=20, max_times_sampled=max_times, block_steps=4, **kw)
 
 
-def _exact_body(rank, world, samplers, seeds, steps, max_times, batch):
+def _exact_body(rank, world, samplers, seeds, steps, max_times, batch, vary=False):
     """Every rank runs the sharded table; rank 0 also replays every shard's
-    operations on plain tables and compares each step's global draw."""
+    operations on plain tables and compares each step's global draw. ``vary``: the
+    batch changes from step to step and the exchange's reused buffers are poisoned
+    (0xA5) after each, so a stale byte shows."""
     results = []
     for sampler in samplers:
         for seed in seeds:
             t = make_table(sampler, seed, world, max_times, assignment="iid")
+            t._poison = vary
             ref = None
             if rank == 0:
                 stores = [rp.Store(SIG, capacity=4096, block_steps=4) for _ in range(world)]
@@ -78,11 +81,14 @@ def _exact_body(rank, world, samplers, seeds, steps, max_times, batch):
                     if ref is not None:
                         apply_reference_routing(ref, world)
                     results.append((sampler, seed, step, "routed", upd, dele))
-                s = t.sample(batch // len(t.consumers))  # batch: the global draw
+                b = batch * (1 + step % 3) if vary else batch
+                s = t.sample(b // len(t.consumers))  # b: the global draw
+                past = np.arange(s.data["x"].shape[1])[None, :] >= s.lengths[:, None]
+                assert (s.data["x"][past] == 0).all() and (s.data["v"][past] == 0).all()  # zeros past each item
                 got = t._g.all_gather_object((s.keys.tolist(), s.probabilities.tolist(), s.table_size,
                                               s.data["x"][:, 0].tolist(), s.lengths.tolist()), "test gather")
                 if ref is not None:
-                    want = ref.sample(batch)
+                    want = ref.sample(b)
                     keys = sum((g[0] for g in got), [])
                     probs = sum((g[1] for g in got), [])
                     assert keys == want["keys"].tolist(), (sampler, seed, step, keys, want["keys"].tolist())
@@ -119,6 +125,11 @@ def test_random_selectors_draw_exactly_the_reference(world):
     seeds = range(10) if world == 3 else range(0, 10, 3)
     out = run_ranks(world, _exact_body, ("Uniform", "Prioritized"), seeds, 4, 0, 12 * world)
     assert out[0] == out[1]
+
+
+def test_reused_buffers_carry_nothing_between_steps_of_changing_batches():
+    out = run_ranks(3, _exact_body, ("Uniform", "Prioritized", "Fifo"), (1, 4), 5, 0, 9, True)
+    assert out[0] == out[1] == out[2]
 
 
 def test_ordered_selectors_draw_exactly_the_reference():
@@ -367,7 +378,12 @@ def test_two_emulated_hosts_with_writes_right_before_sample():
     assert out == [(2, 20)] * 4
 
 
-def test_a_row_damaged_in_transit_fails_its_crc_check(make_store):
+@pytest.mark.parametrize("where,what", [(None, "data"), (0, "key"), (8, "probability"), (28, "length"),
+                                        (44, "flag")])
+def test_a_row_damaged_in_transit_fails_its_crc_check(make_store, where, what):
+    """The CRC covers the header as well as the data: a flipped key, probability,
+    length or flag word fails verify_rows=True, with the torch unpack (rows that
+    arrived on a GPU) and the native one (rows on the host) alike."""
     import torch
 
     from reprise.distributed import _rows
@@ -381,12 +397,62 @@ def test_a_row_damaged_in_transit_fails_its_crc_check(make_store):
     header, data = _rows.unpack(torch.from_numpy(out.reshape(3, stride)), SIG, 2, True, "t")
     assert (data["x"][:, 0] // 10_000 == 1).all() and (header["shard"] == 1).all()
     damaged = out.reshape(3, stride).copy()
-    damaged[1, offsets[1]] ^= 0xFF
+    damaged[1, offsets[1] if where is None else where] ^= 0x01 if what == "flag" else 0xFF
     before = damaged.copy()
-    with pytest.raises(rp.errors.Corrupt, match=r"from shard 1 \(slot \d+\) failed its CRC-32 check"):
+    with pytest.raises(rp.errors.Corrupt, match=r"from shard \d+ \(slot \d+\) failed its CRC-32 check"):
         _rows.unpack(torch.from_numpy(damaged), SIG, 2, True, "t")
+    # The native pass over a received buffer: one source, 16 status bytes, then the rows.
+    recv = np.concatenate([np.zeros(_rows.STATUS, np.uint8), damaged.reshape(-1)])
+    args = (recv, np.array([0]), np.array([3]), np.arange(3), stride, SIG, 2)
+    if what != "flag":  # a flag flipped to 0 drops the row from the CRC check: the count check catches it
+        with pytest.raises(rp.errors.Corrupt, match=r"failed its CRC-32 check"):
+            _rows.unpack_received(*args, True, "t", np.array([3]))
+    else:
+        with pytest.raises(rp.errors.Corrupt, match=r"rank 0 sent 3 filled rows but 2 arrived marked filled"):
+            _rows.unpack_received(*args, True, "t", np.array([3]))
+        with pytest.raises(rp.errors.Corrupt, match=r"rank 0 sent 3 filled rows but 2 arrived marked filled"):
+            _rows.unpack_received(*args, False, "t", np.array([3]))  # verify_rows=False: still caught
     assert (damaged == before).all()
-    _rows.unpack(torch.from_numpy(damaged), SIG, 2, False, "t")  # verify_rows=False reads it as it is
+    if what in ("data", "probability"):
+        _rows.unpack(torch.from_numpy(damaged), SIG, 2, False, "t")  # verify_rows=False reads it as it is
+        _rows.unpack_received(*args, False, "t", np.array([3]))
+
+
+def test_native_unpack_equals_the_torch_unpack_in_any_arrival_order(make_store):
+    """Rows of two sources, arriving in rank order and put back in position order, some
+    unfilled and of several lengths: the native pass and the torch path agree, padding
+    past each item is zero whatever the receive buffer held before."""
+    import torch
+
+    from reprise.distributed import _rows
+    store = make_store(SIG, capacity=256, block_steps=4)
+    table = rp.Table("t", store)
+    table.insert(items_of(0, 0, 0, 5, 1), np.ones(5))
+    table.insert(items_of(0, 0, 1, 5, 3), np.ones(5))
+    offsets, stride = _rows.layout(SIG, 3)
+    parts, filled_counts = [], []
+    for s, fill in ((0, np.array([True, False, True, True])), (1, np.array([True, True, False]))):
+        rows = table._native.sample_rows(int(fill.sum()), None)
+        out = np.full(fill.size * stride, 0xCD, np.uint8)  # stale bytes
+        rows.pack(out, stride, offsets, s, np.arange(fill.size, dtype=np.int64), fill)
+        rows.release()
+        parts.append(np.concatenate([np.zeros(_rows.STATUS, np.uint8), out]))
+        filled_counts.append(int(fill.sum()))
+    recv = np.concatenate(parts)
+    counts = np.array([4, 3])
+    starts = np.array([0, parts[0].size])
+    order = np.array([2, 5, 0, 6, 1, 3, 4])  # arrival j lands at position order[j]
+    for verify in (True, False):
+        h1, d1 = _rows.unpack_received(recv, starts, counts, order, stride, SIG, 3, verify, "t",
+                                       np.array(filled_counts))
+        arrived = torch.from_numpy(np.concatenate([p[_rows.STATUS:] for p in parts]).reshape(-1, stride))
+        inverse = np.empty_like(order)
+        inverse[order] = np.arange(order.size)
+        h2, d2 = _rows.unpack(arrived[torch.from_numpy(inverse)], SIG, 3, verify, "t")
+        assert np.array_equal(h1, h2) and len(h1) == 5
+        for k in SIG:
+            assert np.array_equal(d1[k], d2[k]), k
+        assert d1["x"].shape == (5, 3) and (d1["x"][h1["length"] == 1][:, 1:] == 0).all()
 
 
 def test_pack_writes_every_byte_so_a_reused_buffer_needs_no_zero_fill(make_store):
@@ -406,7 +472,9 @@ def test_pack_writes_every_byte_so_a_reused_buffer_needs_no_zero_fill(make_store
         rows.release()
         packed.append(out.reshape(3, stride))
     zeros, stale = packed
-    assert (zeros[1] == 0).all() and (stale[1] == 0).all()  # the unfilled target's row
+    # The unfilled target's row: zeros but its CRC word (of the rest of the row), the same both times.
+    assert np.array_equal(zeros[1], stale[1]) and (np.delete(stale[1], range(40, 44)) == 0).all()
+    assert rp._native.cluster.check_rows(np.ascontiguousarray(stale).reshape(-1), stride) == -1
     for r in (0, 2):  # the filled rows: zeros past each field's one step, up to the next field
         for col, at in enumerate(offsets):
             end = offsets[col + 1] if col + 1 < len(offsets) else stride

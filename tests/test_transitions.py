@@ -720,7 +720,7 @@ def test_large_batches_reuse_memory_only_after_every_tensor_on_it_is_gone():
     a batch that is still referenced, or a view of it, never sees a later batch's rows."""
     import gc
 
-    from reprise.transitions import _POOL
+    from reprise._pool import POOL as _POOL
     buf = rp.TransitionBuffer(512, (64, 64), "uint8", (), "int64", seed=3)
     rng = np.random.default_rng(0)
     frames = rng.integers(0, 255, (400, 64, 64), dtype=np.uint8)

@@ -69,8 +69,6 @@ from __future__ import annotations
 
 import ctypes
 import math
-import threading
-import weakref
 from typing import NamedTuple
 
 import numpy as np
@@ -82,6 +80,7 @@ from .sample import Sample
 from .signature import Field
 from .store import Store
 from .table import Table
+from ._pool import POOL as _POOL
 from .torch._device import is_host_device, torch_module
 
 _OBS, _ACTION, _REWARD, _TERMINATED = "obs", "action", "reward", "terminated"
@@ -575,43 +574,6 @@ def _host_columns(store: Store) -> dict:
     return out
 
 
-class _OutputPool:
-    """Memory for the large arrays of host samples, reused once nothing refers to an
-    array made on it. Fresh memory for a batch costs a page fault per 4 KiB page
-    whenever malloc has handed the last batch's back to the system (it does for
-    blocks of megabytes), and for a 256 x 28 KB Atari batch those faults were most
-    of a sample's time. An array is handed out only to be wrapped at once by
-    ``torch.from_numpy`` (whose tensors, and their views, keep it alive); when it is
-    collected its memory goes back here, at most ``KEEP`` blocks per size."""
-
-    MIN_BYTES = 1 << 20
-    KEEP = 4
-
-    def __init__(self):
-        self._free: dict[int, list] = {}
-        self._lock = threading.Lock()
-
-    def empty(self, nbytes: int) -> np.ndarray:
-        """A uint8[nbytes] array (contents undefined)."""
-        if nbytes < self.MIN_BYTES:
-            return np.empty(nbytes, np.uint8)
-        with self._lock:
-            free = self._free.setdefault(nbytes, [])
-            raw = free.pop() if free else np.empty(nbytes, np.uint8)
-        # An array on a memoryview is where numpy's views of it stop looking for their
-        # base: every view made from it keeps it alive, and its collection (no view
-        # left) gives ``raw`` back.
-        out = np.frombuffer(memoryview(raw), np.uint8)
-        weakref.finalize(out, self._give_back, free, raw)
-        return out
-
-    def _give_back(self, free: list, raw: np.ndarray) -> None:
-        with self._lock:
-            if len(free) < self.KEEP:
-                free.append(raw)
-
-
-_POOL = _OutputPool()
 
 
 def _rows_of(columns: dict, name: str, rows: np.ndarray, pooled: bool = False) -> np.ndarray:

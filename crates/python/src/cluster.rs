@@ -2,7 +2,7 @@
 //! assignment and global keys of `reprise_core::cluster`). Internal: the Python
 //! package passes arrays of the exact dtypes.
 
-use numpy::{PyArray1, PyReadonlyArray1};
+use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1};
 use pyo3::prelude::*;
 use reprise_core::cluster::{self, assign::Assignment, merge::Candidate, plan::ShardFigures, plan::Target};
 use reprise_core::SelectorSpec;
@@ -129,19 +129,88 @@ fn split_keys<'py>(py: Python<'py>, keys: PyReadonlyArray1<'py, u64>) -> PyResul
     ))
 }
 
-/// The first packed row (`stride` bytes each, as `SampleRows.pack` writes them)
-/// whose CRC-32 does not match its header, or -1. Unfilled rows (flags 0) are
-/// skipped.
+fn word(row: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([row[at], row[at + 1], row[at + 2], row[at + 3]])
+}
+
+/// The first packed row (`stride` bytes each, as `SampleRows.pack` writes them,
+/// filled or not) whose CRC-32 (`rows::row_crc`) does not match, or -1.
 #[pyfunction]
 fn check_rows(py: Python<'_>, rows: PyReadonlyArray1<'_, u8>, stride: usize) -> PyResult<i64> {
-    use crate::rows::{CRC_AT, HEADER};
+    use crate::rows::{row_crc, CRC_AT, HEADER};
     let bytes = slice(py, "rows", &rows)?;
     if stride < HEADER || bytes.len() % stride != 0 {
         return Err(invalid(py, format!("check_rows: {} bytes are not rows of {stride}", bytes.len())));
     }
-    let word = |row: &[u8], at: usize| u32::from_le_bytes([row[at], row[at + 1], row[at + 2], row[at + 3]]);
+    let bad = py.detach(|| bytes.chunks_exact(stride).position(|row| row_crc(row) != word(row, CRC_AT)));
+    Ok(bad.map_or(-1, |i| i as i64))
+}
+
+/// Unpacks received rows in one pass over each: row i of the output is the
+/// `stride`-byte row at byte `at[i]` of `recv` (positions in order, filled rows
+/// only). Its 48-byte header goes to `header[i]` and field c's steps to
+/// `outputs[c][i]` (`longest * items[c]` bytes: the item's `length` steps from
+/// `offsets[c]`, zeros after). With `verify`, each row's CRC-32 is checked as it is
+/// read. Returns the first row whose CRC fails (nothing is promised of the outputs
+/// then), or -1.
+#[pyfunction]
+#[pyo3(signature = (recv, at, stride, offsets, items, longest, header, outputs, verify))]
+#[allow(clippy::too_many_arguments)]
+fn unpack_rows(
+    py: Python<'_>,
+    recv: PyReadonlyArray1<'_, u8>,
+    at: PyReadonlyArray1<'_, i64>,
+    stride: usize,
+    offsets: Vec<usize>,
+    items: Vec<usize>,
+    longest: usize,
+    header: Bound<'_, PyArray1<u8>>,
+    outputs: Vec<Bound<'_, PyArray1<u8>>>,
+    verify: bool,
+) -> PyResult<i64> {
+    use crate::rows::{row_crc, CRC_AT, HEADER};
+    let bytes = slice(py, "recv", &recv)?;
+    let at = slice(py, "at", &at)?;
+    let n = at.len();
+    if stride < HEADER || offsets.len() != items.len() || outputs.len() != items.len() {
+        return Err(invalid(py, "unpack_rows: one offset, item size and output per field, rows past the header".into()));
+    }
+    for (c, (&o, &item)) in offsets.iter().zip(&items).enumerate() {
+        if o < HEADER || o + longest * item > stride {
+            return Err(invalid(py, format!("unpack_rows: field {c} of {longest} steps does not fit a row of {stride}")));
+        }
+    }
+    if let Some(&bad) = at.iter().find(|&&a| a < 0 || a as usize + stride > bytes.len()) {
+        return Err(invalid(py, format!("unpack_rows: a row at {bad} runs past the {} bytes received", bytes.len())));
+    }
+    let mut header = header.try_readwrite().map_err(|e| invalid(py, format!("unpack_rows: header: {e}")))?;
+    let header = header.as_slice_mut().map_err(|e| invalid(py, format!("unpack_rows: header: {e}")))?;
+    let mut guards = Vec::with_capacity(outputs.len());
+    for o in &outputs {
+        guards.push(o.try_readwrite().map_err(|e| invalid(py, format!("unpack_rows: output: {e}")))?);
+    }
+    let mut outs: Vec<&mut [u8]> = Vec::with_capacity(guards.len());
+    for g in guards.iter_mut() {
+        outs.push(g.as_slice_mut().map_err(|e| invalid(py, format!("unpack_rows: output: {e}")))?);
+    }
+    if header.len() != n * HEADER || outs.iter().zip(&items).any(|(o, &item)| o.len() != n * longest * item) {
+        return Err(invalid(py, format!("unpack_rows: outputs of the wrong size for {n} rows of {longest} steps")));
+    }
     let bad = py.detach(|| {
-        bytes.chunks_exact(stride).position(|row| word(row, CRC_AT + 4) == 1 && crc32fast::hash(&row[HEADER..]) != word(row, CRC_AT))
+        for (i, &a) in at.iter().enumerate() {
+            let row = &bytes[a as usize..a as usize + stride];
+            if verify && row_crc(row) != word(row, CRC_AT) {
+                return Some(i);
+            }
+            header[i * HEADER..(i + 1) * HEADER].copy_from_slice(&row[..HEADER]);
+            let length = (word(row, 28) as usize).min(longest);
+            for ((out, &o), &item) in outs.iter_mut().zip(&offsets).zip(&items) {
+                let dst = &mut out[i * longest * item..(i + 1) * longest * item];
+                dst[..length * item].copy_from_slice(&row[o..o + length * item]);
+                dst[length * item..].fill(0);
+            }
+        }
+        None
     });
     Ok(bad.map_or(-1, |i| i as i64))
 }
@@ -156,6 +225,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     c.add_function(wrap_pyfunction!(global_keys, &c)?)?;
     c.add_function(wrap_pyfunction!(split_keys, &c)?)?;
     c.add_function(wrap_pyfunction!(check_rows, &c)?)?;
+    c.add_function(wrap_pyfunction!(unpack_rows, &c)?)?;
     c.add("MAX_SHARDS", cluster::MAX_SHARDS)?;
     m.add_submodule(&c)?;
     Ok(())

@@ -86,6 +86,15 @@ pub fn rows_error(py: Python<'_>, e: reprise_core::Error, signal: Option<PyErr>)
 pub const HEADER: usize = 48;
 pub const CRC_AT: usize = 40;
 
+/// The CRC-32 a packed row carries: of every byte of the row but the CRC word itself
+/// (header and data, so a flipped key, probability or flag fails it as a flipped value does).
+pub fn row_crc(row: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&row[..CRC_AT]);
+    h.update(&row[CRC_AT + 4..]);
+    h.finalize()
+}
+
 fn released(py: Python<'_>) -> PyErr {
     invalid(py, "this sample's rows were released".into())
 }
@@ -204,9 +213,9 @@ impl PySampleRows {
     /// (`filled[t]`: whether target t got an item; the items are the filled
     /// targets in order). Each row: a 48-byte header (global key u64, probability
     /// f64, priority f64, times sampled u32, length u32, shard u32, slot u32,
-    /// CRC-32 of the rest of the row u32, flags u32: 1 = filled), then column c at
-    /// `offsets[c]`, its item's rows and zeros past them. An unfilled target's row
-    /// is all zeros. Rows are kept held.
+    /// CRC-32 of every other byte of the row u32 (`row_crc`), flags u32: 1 = filled),
+    /// then column c at `offsets[c]`, its item's rows and zeros past them. An unfilled
+    /// target's row is zeros but its CRC (flags 0). Rows are kept held.
     #[pyo3(signature = (out, stride, offsets, shard, order, filled))]
     #[allow(clippy::too_many_arguments)]
     fn pack<'py>(
@@ -258,6 +267,8 @@ impl PySampleRows {
                         return Err(t);
                     }
                     row.fill(0);
+                    let crc = row_crc(row);
+                    row[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
                     continue;
                 };
                 c.copy_item(i, &offsets, row);
@@ -267,14 +278,15 @@ impl PySampleRows {
                     let end = offsets.get(col + 1).copied().unwrap_or(stride);
                     row[at + item.length as usize * columns.row_bytes(col)..end].fill(0);
                 }
-                let crc = crc32fast::hash(&row[HEADER..]);
                 let (_, _, slot) = reprise_core::cluster::split_key(item.key);
                 row[0..8].copy_from_slice(&reprise_core::cluster::global_key(shard, item.key).to_le_bytes());
                 row[8..16].copy_from_slice(&item.probability.to_le_bytes());
                 row[16..24].copy_from_slice(&item.priority.to_le_bytes());
-                for (k, v) in [item.times_sampled, item.length, shard, slot, crc, 1].into_iter().enumerate() {
+                for (k, v) in [item.times_sampled, item.length, shard, slot, 0, 1].into_iter().enumerate() {
                     row[24 + 4 * k..28 + 4 * k].copy_from_slice(&v.to_le_bytes());
                 }
+                let crc = row_crc(row);
+                row[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
             }
             Ok(())
         });

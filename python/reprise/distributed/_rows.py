@@ -1,12 +1,16 @@
 """The packed rows of cluster mode's exchange: a 48-byte header then each field's
 steps, every part 8-byte aligned, the same fixed size for every row of a step
-(so split sizes follow from the plan and no counts are exchanged)."""
+(so split sizes follow from the plan and no counts are exchanged). Each source's
+part starts with ``STATUS`` bytes: its status word (0: rows follow) and how many of
+its rows are filled, which the receiver checks against the rows marked filled. A
+row's CRC-32 covers its header and data (all but the CRC word)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from .. import _native
+from .._pool import POOL
 from ..errors import Corrupt
 
 HEADER = 48
@@ -33,11 +37,63 @@ def layout(signature: dict, steps: int) -> tuple[list[int], int]:
 
 
 def statuses(recv, starts: np.ndarray) -> np.ndarray:
-    """Each source's status word (int64; 0: its rows are there) from the received
-    bytes (a uint8 tensor, on the host or a GPU): one small copy to the host."""
+    """``[sources, 2]`` int64: each source's status word (0: its rows are there) and
+    its count of filled rows, from the received bytes (a uint8 tensor, on the host or
+    a GPU): one small copy to the host."""
     import torch
-    at = torch.from_numpy((starts[:, None] + np.arange(8)).reshape(-1)).to(recv.device)
-    return recv.index_select(0, at).cpu().numpy().view(np.int64)
+    at = torch.from_numpy((starts[:, None] + np.arange(16)).reshape(-1)).to(recv.device)
+    return recv.index_select(0, at).cpu().numpy().view(np.int64).reshape(-1, 2)
+
+
+def check_counts(filled_by_source: np.ndarray, declared: np.ndarray, what: str) -> None:
+    """Raises ``Corrupt`` naming the first source whose rows marked filled are not as
+    many as it said it sent (a damaged flag word would otherwise drop a row)."""
+    bad = np.nonzero(filled_by_source != declared)[0]
+    if bad.size:
+        s = int(bad[0])
+        raise Corrupt(f"{what}: rank {s} sent {int(declared[s])} filled rows but {int(filled_by_source[s])} "
+                      f"arrived marked filled (a damaged row header)")
+
+
+def unpack_received(recv: np.ndarray, starts: np.ndarray, counts: np.ndarray, order: np.ndarray, stride: int,
+                    signature: dict, steps: int, verify: bool, what: str, declared: np.ndarray, device=None):
+    """``(header, data)`` straight from the received bytes on the host (``recv``,
+    uint8): the rows of source s (``counts[s]`` from byte ``starts[s] + STATUS``),
+    where the j-th to arrive is position ``order[j]``, unpacked in position order in
+    one native pass (``_native.cluster.unpack_rows``: header, each field's steps and
+    zeros after, the CRC checked as each row is read with ``verify``). Unfilled rows are
+    dropped after checking each source's count against ``declared``. ``data`` as
+    ``unpack``'s; large fields in pooled memory (``reprise._pool``)."""
+    arrival = np.concatenate([s + STATUS + np.arange(int(n), dtype=np.int64) * stride
+                              for s, n in zip(starts.tolist(), counts.tolist())]) if len(counts) else \
+        np.zeros(0, np.int64)
+    at = np.empty_like(arrival)
+    at[order] = arrival
+    words = recv[: recv.size // 4 * 4].view(np.uint32)
+    flags, lengths = words[(at + 44) // 4], words[(at + 28) // 4]
+    source_of = np.repeat(np.arange(len(counts)), counts)[np.argsort(order, kind="stable")] if len(at) else at
+    check_counts(np.bincount(source_of[flags == 1], minlength=len(counts)), declared, what)
+    at = at[flags == 1]
+    n = at.size
+    longest = min(int(lengths[flags == 1].max()), steps) if n else 0  # (a damaged length fails its CRC)
+    offsets, _ = layout(signature, steps)
+    items = [int(np.prod(f.shape, dtype=np.int64)) * np.dtype(f.dtype).itemsize for f in signature.values()]
+    outputs = [POOL.empty(n * longest * item) for item in items]
+    header = np.empty(n * HEADER, np.uint8)
+    bad = _native.cluster.unpack_rows(recv, at, stride, offsets, items, longest, header, outputs, verify)
+    if bad >= 0:
+        h = recv[at[bad]:at[bad] + HEADER].copy().view(HEADER_DTYPE)[0]
+        raise Corrupt(f"{what}: the row of key {int(h['key'])} from shard {int(h['shard'])} "
+                      f"(slot {int(h['slot'])}) failed its CRC-32 check")
+    header = header.view(HEADER_DTYPE)
+    data = {}
+    for (name, f), out in zip(signature.items(), outputs):
+        arr = out.view(np.dtype(f.dtype)).reshape((n, longest, *f.shape))
+        if device is not None:
+            import torch
+            arr = torch.from_numpy(arr).to(device)
+        data[name] = arr
+    return header, data
 
 
 def in_position_order(recv, starts: np.ndarray, counts: np.ndarray, stride: int, order: np.ndarray):
@@ -56,12 +112,14 @@ def in_position_order(recv, starts: np.ndarray, counts: np.ndarray, stride: int,
     return arrived.index_select(0, torch.from_numpy(inverse).to(recv.device))
 
 
-def unpack(rows, signature: dict, steps: int, verify: bool, what: str, device=None):
+def unpack(rows, signature: dict, steps: int, verify: bool, what: str, device=None, declared=None, sources=None):
     """``(header, data)`` of ``rows`` (``[n, stride]`` uint8 tensor, on the host or a
     GPU) with unfilled rows dropped; ``data[field]`` is ``[n, T, *shape]`` with T the
     longest item: numpy arrays when ``device`` is None, else tensors there (rows on a
     GPU stay there: only headers, and with ``verify`` the rows, cross to the host).
-    Raises ``Corrupt`` when a row's CRC-32 does not match."""
+    Raises ``Corrupt`` when a row's CRC-32 does not match, or (given each row's source
+    rank ``sources`` and each source's ``declared`` count of filled rows) when a
+    source's rows marked filled are not as many as it sent."""
     import torch
     offsets, stride = layout(signature, steps)
     on_host = rows.device.type == "cpu"
@@ -77,10 +135,12 @@ def unpack(rows, signature: dict, steps: int, verify: bool, what: str, device=No
     else:
         header = rows[:, :HEADER].cpu().numpy().copy().view(HEADER_DTYPE).reshape(-1)
     keep = header["flags"] == 1
+    if declared is not None:
+        check_counts(np.bincount(sources[keep], minlength=len(declared)), declared, what)
     if not keep.all():
         header = header[keep]
         rows = rows.index_select(0, torch.from_numpy(np.nonzero(keep)[0]).to(rows.device))
-    longest = int(header["length"].max()) if len(header) else 0
+    longest = min(int(header["length"].max()), steps) if len(header) else 0
     data = {}
     for (name, f), at in zip(signature.items(), offsets):
         item = int(np.prod(f.shape, dtype=np.int64)) * np.dtype(f.dtype).itemsize

@@ -130,7 +130,8 @@ class ShardedTable:
         self._data_backend = self._pick_backend(data_backend)
 
         self._store = self._table = self._server = None
-        self._send = None  # the send buffer (a uint8 tensor), see _send_buffer
+        self._send = self._recv = None  # the exchange's buffers (uint8 tensors), see _send_buffer
+        self._poison = False  # tests: fill the buffers with 0xA5 after every step
         if self.shard is not None:
             if _restore is not None:
                 self._table = _restore[self.shard]
@@ -302,7 +303,12 @@ class ShardedTable:
             time.sleep(poll)
             poll = min(2 * poll, POLL_MAX)
         self._last_batch = batch_size
-        return self._exchange(owners, plan, device)
+        out = self._exchange(owners, plan, device)
+        if self._poison:  # a check's debug mode: no step may read what an earlier one left
+            for buf in (self._send, self._recv):
+                if buf is not None:
+                    buf.fill_(0xA5)
+        return out
 
     def _gate(self, owners: np.ndarray, batch: int) -> bool:
         spi, min_size, min_diff, _ = self._rate_limiter._spec()
@@ -399,6 +405,8 @@ class ShardedTable:
                     targets = np.nonzero(dest[here] == d)[0]
                     rows.pack(send[at + _rows.STATUS:at + size], stride, offsets, self.shard,
                               targets.astype(np.int64), filled)
+                    send[at + 8:at + 16] = np.frombuffer(np.int64(np.count_nonzero(filled[targets])).tobytes(),
+                                                         dtype=np.uint8)
                 at += size
             if rows is not None:
                 rows.release()
@@ -419,13 +427,13 @@ class ShardedTable:
             raise failure
         starts = np.concatenate([[0], np.cumsum(recv_splits)[:-1]]).astype(np.int64)
         statuses = _rows.statuses(recv, starts)
-        bad = [s for s in range(g.size) if statuses[s] != 0]
+        bad = [s for s in range(g.size) if statuses[s, 0] != 0]
         if bad:
             raise CollectiveError(f"{self._what}: rank(s) {bad} failed while drawing their rows at step "
                                   f"{self._step - 1}; see their error")
         if g.rank not in self._consumers:
             return None
-        return self._receive(recv, starts, recv_rows, source, dest, stride, plan, device)
+        return self._receive(recv, starts, recv_rows, source, dest, stride, plan, device, statuses[:, 1])
 
     def _send_buffer(self, nbytes: int):
         """The step's send bytes: one buffer kept across steps (page-locked with
@@ -450,16 +458,32 @@ class ShardedTable:
             r = torch.empty(total, dtype=torch.uint8, device=dev)
             self._g.all_to_all(s, r, send_splits, recv_splits, doing, group=self._g._base)
             return r
-        r = torch.empty(total, dtype=torch.uint8)
+        r = self._recv_buffer(total)
         self._g.all_to_all(send if torch.is_tensor(send) else torch.from_numpy(send), r, send_splits, recv_splits,
                            doing)
         return r
 
-    def _receive(self, recv, starts, recv_rows, source, dest, stride, plan, device) -> Sample:
+    def _recv_buffer(self, nbytes: int):
+        """The step's receive bytes on the host: one buffer kept across steps, grown by
+        doubling (its rows are copied out before the next step)."""
+        buf = self._recv
+        if buf is None or buf.numel() < nbytes:
+            torch = torch_module()
+            buf = self._recv = torch.empty(max(nbytes, 2 * (0 if buf is None else buf.numel()), 1 << 16),
+                                           dtype=torch.uint8)
+        return buf[:nbytes]
+
+    def _receive(self, recv, starts, recv_rows, source, dest, stride, plan, device, declared) -> Sample:
         mine = np.nonzero(dest == self._g.rank)[0]  # my positions, in position order
         order = np.argsort(source[mine], kind="stable")  # the order rows arrive in
-        rows = _rows.in_position_order(recv, starts, recv_rows, stride, order)
-        header, data = _rows.unpack(rows, self._signature, plan["steps"], self._verify, self._what, device)
+        if recv.device.type == "cpu":  # one native pass from the receive buffer
+            header, data = _rows.unpack_received(recv.numpy(), starts, recv_rows, order, stride, self._signature,
+                                                 plan["steps"], self._verify, self._what, declared, device)
+        else:  # rows that arrived on a GPU are unpacked there
+            rows = _rows.in_position_order(recv, starts, recv_rows, stride, order)
+            header, data = _rows.unpack(rows, self._signature, plan["steps"], self._verify, self._what, device,
+                                        declared=declared, sources=np.repeat(np.arange(len(recv_rows)), recv_rows)[
+                                            np.argsort(order, kind="stable")])
         return Sample(
             keys=header["key"].copy(), probabilities=header["probability"].copy(),
             priorities=header["priority"].copy(), times_sampled=header["times_sampled"].astype(np.int64),
