@@ -73,7 +73,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import selectors
+from . import _native, selectors
 from ._convert import as_int
 from .errors import InvalidArgument
 from .sample import Sample
@@ -120,6 +120,13 @@ def _store_steps(capacity: int, n_envs: int, n_step: int, block_steps: int, min_
     rows = capacity + k * -(-capacity // min_episode_length) + n_envs * (n_step + 2 * k)
     blocks = -(-rows // block_steps) + 3 * n_envs
     return blocks * block_steps
+
+
+def equal_bytes(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two arrays of one dtype hold the same bytes: one memcmp where both are
+    contiguous (no temporary, unlike ``np.array_equal``), else through ``tobytes``."""
+    same = _native.same_bytes(a, b)
+    return a.tobytes() == b.tobytes() if same is None else same
 
 
 def _shape_text(dtype, shape) -> str:
@@ -277,9 +284,20 @@ class TransitionBuffer:
         rewards = r.tolist()
         if not all(map(math.isfinite, rewards)):
             raise InvalidArgument(f"add: reward must be finite, got {rewards}")
+        if n == 1 and k == 1:  # the common case, without the general loop's bookkeeping
+            w, steps = self._writers[0], self._episode_steps[0]
+            if steps == 0:
+                w.extend({_OBS: o, **self._first_row})
+            w.extend({_OBS: no, _ACTION: a, _REWARD: r, _TERMINATED: term})
+            self._episode_steps[0] = steps = steps + 1
+            if steps >= self._n_step:
+                w.create_item(self._table._native, self._n_step + 1, self._max_priority)
+            if term[0] or trunc[0]:
+                self._finish_episode(0)
+            return
         if k > 1:
-            if not np.array_equal(no[:, :-1], o[:, 1:]):
-                env = next(i for i in range(n) if not np.array_equal(no[i, :-1], o[i, 1:]))
+            if not all(equal_bytes(no[i, :-1], o[i, 1:]) for i in range(n)):
+                env = next(i for i in range(n) if not equal_bytes(no[i, :-1], o[i, 1:]))
                 raise InvalidArgument(
                     f"add: with frame_stack={k}, next_obs's frames 0..{k - 2} must be obs's frames 1..{k - 1} (stacks "
                     f"along the first axis, the newest last, as VecFrameStack and VecTransposeImage give them); "

@@ -235,3 +235,26 @@ pub fn select_fields(py: Python<'_>, sig: &reprise_core::Signature, fields: Opti
         Some(names) => sig.select(&names).map(Some).map_err(|e| not_found(py, e.to_string())),
     }
 }
+
+/// Whether two arrays hold the same bytes (numpy's `array_equal` for arrays of one
+/// dtype, without its temporary and its second pass): None when either is not
+/// C-contiguous, for the caller to compare another way. For checks of large
+/// observations on the add path.
+#[pyfunction]
+pub fn same_bytes(a: &Bound<'_, PyUntypedArray>, b: &Bound<'_, PyUntypedArray>) -> Option<bool> {
+    fn bytes<'a>(x: &'a Bound<'_, PyUntypedArray>) -> Option<&'a [u8]> {
+        if !x.is_c_contiguous() {
+            return None;
+        }
+        let len = x.len() * x.dtype().itemsize();
+        if len == 0 {
+            return Some(&[]);
+        }
+        // SAFETY: `x` is C-contiguous and borrowed for 'a; its buffer holds `len` bytes.
+        Some(unsafe { std::slice::from_raw_parts((*x.as_array_ptr()).data as *const u8, len) })
+    }
+    if a.dtype().itemsize() != b.dtype().itemsize() || a.shape() != b.shape() {
+        return Some(false);
+    }
+    Some(bytes(a)? == bytes(b)?)
+}

@@ -37,6 +37,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(server::socket_dir, m)?)?;
     m.add_function(wrap_pyfunction!(store::page_backing, m)?)?;
     m.add_function(wrap_pyfunction!(store::stale_stores, m)?)?;
+    m.add_function(wrap_pyfunction!(arrays::same_bytes, m)?)?;
     checkpoint::register(m)?;
     cluster::register(m)?;
     aggregate::register(m)?;

@@ -67,7 +67,7 @@ except ImportError:  # pragma: no cover - depends on the SB3 version
 
 from .._convert import as_int
 from ..errors import InvalidArgument
-from ..transitions import TransitionBuffer
+from ..transitions import TransitionBuffer, equal_bytes
 
 __all__ = ["RepriseReplayBuffer", "PrioritizedReplayBufferSamples", "PrioritizedDQN"]
 
@@ -205,7 +205,7 @@ class RepriseReplayBuffer(ReplayBuffer):
         if not all(ended):
             last = self._last_next_obs
             # Equal bytes are equal values: one comparison of all environments settles the usual case.
-            if any(ended) or obs.dtype != last.dtype or obs.tobytes() != last.tobytes():
+            if any(ended) or obs.dtype != last.dtype or not equal_bytes(obs, last):
                 self._end_discontinued(obs)
         if fast:
             transitions._add_arrays(obs, action, reward, next_obs, terminated, truncated)
@@ -245,7 +245,7 @@ class RepriseReplayBuffer(ReplayBuffer):
         last = self._last_next_obs
         same_dtype = obs.dtype == last.dtype
         for i, ended in enumerate(self._ended):
-            if not ended and not (same_dtype and obs[i].tobytes() == last[i].tobytes()) \
+            if not ended and not (same_dtype and equal_bytes(obs[i], last[i])) \
                     and not np.array_equal(obs[i], last[i], equal_nan=True):
                 self._transitions.end_episode(i)
 
