@@ -601,3 +601,24 @@ def test_batch_insert_of_zero_items_returns_no_keys(two_field_store):
     t = table_of(two_field_store)
     keys = t.insert({"obs": np.zeros((0, 3, 2), np.float32), "a": np.zeros((0, 3), np.int64)}, [])
     assert keys.tolist() == [] and t.size == 0
+
+
+def test_native_insert_returns_each_items_first_store_row():
+    """``Table.insert(..., rows=True)`` (the batched insert a position-addressed storage
+    uses) returns beside the keys the store row of each item's first step: reading the
+    store there gives back what was inserted, items of one step or several."""
+    from reprise.transitions import _host_columns
+    store = rp.Store({"x": rp.Field((3,), "int64")}, capacity=256, block_steps=8)
+    try:
+        t = rp.Table("t", store, max_size=100)
+        for n, steps in ((5, 1), (7, 3), (1, 2)):
+            data = {"x": np.arange(n * steps * 3, dtype=np.int64).reshape(n, steps, 3) + 1000 * n}
+            keys, rows = t._native.insert(data, np.ones(n), None, True)
+            assert keys.dtype == np.uint64 and rows.dtype == np.int64 and rows.shape == keys.shape == (n,)
+            column, dtype, shape = _host_columns(store)["x"]
+            for i in range(n):
+                first = column[rows[i]].view(dtype).reshape(shape)
+                assert np.array_equal(first, data["x"][i, 0]), (n, steps, i)
+        assert isinstance(t._native.insert({"x": np.zeros((2, 1, 3), np.int64)}, np.ones(2)), np.ndarray)
+    finally:
+        store.close()

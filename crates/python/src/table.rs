@@ -130,9 +130,10 @@ impl PyTable {
         py.detach(|| self.table.size())
     }
 
-    /// Inserts n items of T steps from `{field: array[n, T, ...]}`; returns keys.
-    #[pyo3(signature = (data, priorities, timeout=None))]
-    fn insert<'py>(&self, py: Python<'py>, data: &Bound<'py, PyAny>, priorities: &Bound<'py, PyAny>, timeout: Option<f64>) -> PyResult<Bound<'py, PyArray1<u64>>> {
+    /// Inserts n items of T steps from `{field: array[n, T, ...]}`; returns keys, and
+    /// with `rows` also each item's first store row: `(keys, rows)`.
+    #[pyo3(signature = (data, priorities, timeout=None, rows=false))]
+    fn insert<'py>(&self, py: Python<'py>, data: &Bound<'py, PyAny>, priorities: &Bound<'py, PyAny>, timeout: Option<f64>, rows: bool) -> PyResult<Bound<'py, PyAny>> {
         let timeout = timeout::parse(py, timeout)?;
         let vs = views(py, data, &self.fields, 2, "insert: ")?;
         let lead = vs[0].leading(2).to_vec();
@@ -152,10 +153,15 @@ impl PyTable {
         let alone = Alone::new(&self.table, true, timeout);
         let check = || signals.check() || alone.check();
         let wait = Wait { timeout, interrupt: Some(&check) };
-        let keys = py
-            .detach(|| self.table.insert_batch(&slices, n, steps, p, wait))
+        let (keys, first_rows) = py
+            .detach(|| self.table.insert_batch_rows(&slices, n, steps, p, wait))
             .map_err(|e| to_py(py, alone.explain(e, n as u64), None, signals.take()))?;
-        Ok(PyArray1::from_vec(py, keys))
+        let keys = PyArray1::from_vec(py, keys).into_any();
+        if !rows {
+            return Ok(keys);
+        }
+        let first_rows: Vec<i64> = first_rows.into_iter().map(|r| r as i64).collect();
+        Ok((keys, PyArray1::from_vec(py, first_rows)).into_pyobject(py)?.into_any())
     }
 
     /// Draws n items; returns a `reprise.Sample`.

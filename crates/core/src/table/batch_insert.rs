@@ -36,11 +36,18 @@ impl Table {
     /// of field `c`, item-major. Every priority is checked before anything is
     /// written. Returns the keys in item order.
     pub fn insert_batch<'w>(&self, columns: &[&[u8]], n: usize, steps: usize, priorities: &[f64], wait: impl Into<Wait<'w>>) -> Result<Vec<u64>> {
+        self.insert_batch_rows(columns, n, steps, priorities, wait).map(|(keys, _)| keys)
+    }
+
+    /// `insert_batch`, also returning each item's first row in the store (what a
+    /// caller that reads items back by row, such as a position-addressed storage,
+    /// keeps beside the keys).
+    pub fn insert_batch_rows<'w>(&self, columns: &[&[u8]], n: usize, steps: usize, priorities: &[f64], wait: impl Into<Wait<'w>>) -> Result<(Vec<u64>, Vec<u64>)> {
         let wait = wait.into();
         let store = self.store();
         let fields = store.signature().fields();
         if n == 0 {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), Vec::new()));
         }
         if steps == 0 {
             return Err(invalid!("table '{}': items must have >= 1 step, got 0", self.name()));
@@ -74,11 +81,12 @@ impl Table {
             .enumerate()
             .map(|(i, &priority)| NewItem { window: slice_runs(&claim.runs, (i * steps) as u64, steps as u64), priority })
             .collect();
+        let first_rows = items.iter().map(|i| i.window.ranges()[0].start).collect();
         // Windows lie inside the claim and priorities were checked above. The items
         // now hold their own references; the claim's go when it drops.
         let result = self.insert_checked(&items, wait);
         drop(claim);
-        result
+        result.map(|keys| (keys, first_rows))
     }
 }
 

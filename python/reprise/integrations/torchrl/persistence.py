@@ -186,9 +186,8 @@ def load(storage, path):
         if sampler is not None and table._sampler._spec() != ("Prioritized", float(sampler.alpha)):
             raise InvalidArgument(f"RepriseStorage: {path} holds a table sampling with {table._sampler!r}; this "
                                   f"storage's ReprisePrioritizedSampler needs alpha={sampler.alpha}")
-        writer = table.store.writer()
     except BaseException:
         table.store.close()
         raise
-    storage._take(table, writer, keys, rows, spec)
+    storage._take(table, keys, rows, spec)
     _restore_head(storage, meta)

@@ -12,8 +12,8 @@ Invariants:
   item references its block, the store never evicts (``evict_when_store_full=False``),
   and the table never does either, since a write deletes the items at its positions
   before inserting, so the table stays within ``max_size``. Blocks are one step, so an
-  overwrite in any order frees exactly the rows it replaces: ``max_size + 3`` rows
-  always suffice (``Table``'s sizing rule for one writer).
+  overwrite in any order frees exactly the rows it replaces before ``Table.insert``
+  claims as many: ``max_size`` rows suffice (the store has 3 more).
 - ``_pos_of_slot[s]`` is the position whose item has slot ``s`` (``key & 0xffffffff``),
   so the sampler maps the keys the table draws back to positions in O(1) each.
 - A GPU read may still be running when ``get`` returns (``reading``); every write
@@ -53,12 +53,6 @@ from .reading import Reader
 from .signature import Spec
 
 _SLOT_MASK = np.uint64(0xFFFFFFFF)
-# Items per create_items call in a write. The writer finds an item's rows by walking back
-# over its one-step history, so one call for n items costs O(n^2); chunks of 64 keep that
-# below the cost of the calls themselves.
-_CHUNK = 64
-
-
 def _distinct(flat: np.ndarray) -> bool:
     """Whether the positions ``flat`` are known distinct at the cost of one comparison:
     they rise throughout, or rise in two runs with the second below the first (a
@@ -115,7 +109,7 @@ class RepriseStorage(TensorStorage):
         super().__init__(storage=None, max_size=max_size, device=dev)
         self.device = dev
         self._name, self._directory, self._seed = name, directory, seed
-        self._store = self._table = self._writer = self._reader = None
+        self._store = self._table = self._reader = None
         self._spec = None
         self._keys = np.zeros(max_size, np.uint64)
         self._rows = np.full(max_size, -1, np.int64)
@@ -149,8 +143,6 @@ class RepriseStorage(TensorStorage):
             return
         self._closed = True
         self._wait_for_reads()
-        if self._writer is not None:
-            self._writer.close()
         if self._store is not None:
             self._store.close()
 
@@ -195,20 +187,18 @@ class RepriseStorage(TensorStorage):
         try:
             table = Table(self._name, store, sampler=sampler, remover=Fifo(), max_size=self.max_size, seed=seed,
                           evict_when_store_full=False)
-            writer = store.writer()
         except BaseException:
             store.close()
             raise
-        self._store, self._table, self._writer = store, table, writer
+        self._store, self._table = store, table
         self._reader = Reader(store, spec)
 
-    def _take(self, table: Table, writer, keys: np.ndarray, rows: np.ndarray, spec: Spec):
+    def _take(self, table: Table, keys: np.ndarray, rows: np.ndarray, spec: Spec):
         """Replaces the table, store and positions by those of a ``loads`` (the old store is closed)."""
         self._wait_for_reads()
-        if self._writer is not None:
-            self._writer.close()
+        if self._store is not None:
             self._store.close()
-        self._store, self._table, self._writer = table.store, table, writer
+        self._store, self._table = table.store, table
         self._reader = Reader(table.store, spec)
         self._keys, self._rows = keys, rows
         filled = np.flatnonzero(keys != 0)
@@ -272,13 +262,10 @@ class RepriseStorage(TensorStorage):
         self._bump_mutation_revision()
 
     def _write(self, flat: np.ndarray, arrays: dict, priorities=None):
-        """Replaces the items at positions ``flat`` (distinct) by new ones over ``arrays``.
-
-        The items go in chunks of ``_CHUNK``, in order, each one ``extend`` plus one
-        ``create_items`` (the same items, keys and rows as one call, which would cost
-        O(n^2) in the writer's one-step history). Explicit ``priorities`` go in one call,
-        so that one the table rejects inserts nothing. Where a chunk fails, the
-        positions it and later chunks had are left empty (their old items are deleted)."""
+        """Replaces the items at positions ``flat`` (distinct) by new ones over ``arrays``:
+        the old items are deleted, then one ``Table.insert`` of one-step items copies
+        each column once and returns the new keys with their store rows. Where the
+        insert fails, the positions are left empty (their old items are deleted)."""
         self._wait_for_reads()
         old = self._keys[flat]
         old = old[old != 0]
@@ -286,31 +273,14 @@ class RepriseStorage(TensorStorage):
             self._table.delete(old)
         n = flat.size
         if priorities is None:
-            step = _CHUNK
-            priorities = np.full(min(n, step), self._insert_priority())
-        else:
-            step = n
-        w, table = self._writer, self._table
-        new_keys, new_rows, done = [], [], 0
+            priorities = np.full(n, self._insert_priority())
+        steps = {k: a.reshape(n, 1, *a.shape[1:]) for k, a in arrays.items()}
         try:
-            for start in range(0, n, step):
-                m = min(step, n - start)
-                try:
-                    w.extend(arrays if m == n else {k: a[start:start + m] for k, a in arrays.items()})
-                    rows = w.recent_rows(m)
-                    keys = w.create_items(table, 1, priorities if m == priorities.size else priorities[:m])
-                finally:
-                    w.end_episode()
-                new_keys.append(keys)
-                new_rows.append(rows)
-                done += m
-        finally:
-            if done < n:
-                self._keys[flat[done:]], self._rows[flat[done:]] = 0, -1
-            if done:
-                self._record(flat[:done] if done < n else flat,
-                             new_keys[0] if len(new_keys) == 1 else np.concatenate(new_keys),
-                             new_rows[0] if len(new_rows) == 1 else np.concatenate(new_rows))
+            keys, rows = self._table._native.insert(steps, priorities, None, True)
+        except BaseException:
+            self._keys[flat], self._rows[flat] = 0, -1
+            raise
+        self._record(flat, keys, rows)
 
     def _record(self, flat: np.ndarray, keys: np.ndarray, rows: np.ndarray):
         """Puts the new items ``keys`` (at store ``rows``) at positions ``flat``."""
@@ -425,7 +395,7 @@ class RepriseStorage(TensorStorage):
                                f"storage.table with rp.Server and write or sample through clients")
         self._wait_for_reads()
         state = super().__getstate__()  # the table and store pickle themselves, as a checkpoint (a copy)
-        state["_writer"] = state["_reader"] = state["_read_event"] = None
+        state["_reader"] = state["_read_event"] = None
         sampler = self._prioritized
         state["_bound_to_sampler"] = sampler is not None and sampler._storage() is self
         return state
@@ -434,7 +404,6 @@ class RepriseStorage(TensorStorage):
         bound = state.pop("_bound_to_sampler", False)
         super().__setstate__(state)
         if self._store is not None:
-            self._writer = self._store.writer()
             self._reader = Reader(self._store, self._spec)
         if bound:
             self._prioritized._storage_ref = weakref.ref(self)
