@@ -130,7 +130,7 @@ class ShardedTable:
         self._data_backend = self._pick_backend(data_backend)
 
         self._store = self._table = self._server = None
-        self._send = self._recv = None  # the exchange's buffers (uint8 tensors), see _send_buffer
+        self._send = self._recv = None  # the exchange's buffers (uint8 tensors), see _kept
         self._poison = False  # tests: fill the buffers with 0xA5 after every step
         if self.shard is not None:
             if _restore is not None:
@@ -396,7 +396,7 @@ class ShardedTable:
             self._thaw()
             sizes = [_rows.STATUS + (int((dest[here] == d).sum()) * stride if rows is not None else 0)
                      for d in range(g.size)]
-            send_t = self._send_buffer(sum(sizes))
+            send_t = self._kept("_send", sum(sizes), pinned=self._data_backend == "nccl")
             send = send_t.numpy()
             at = 0
             for d, size in enumerate(sizes):
@@ -435,15 +435,18 @@ class ShardedTable:
             return None
         return self._receive(recv, starts, recv_rows, source, dest, stride, plan, device, statuses[:, 1])
 
-    def _send_buffer(self, nbytes: int):
-        """The step's send bytes: one buffer kept across steps (page-locked with
-        NCCL, so its copy to the GPU is one DMA), grown by doubling. Reusing it is
-        safe: every step waits for its exchange, and the copy before it, to end."""
-        buf = self._send
+    def _kept(self, name: str, nbytes: int, pinned: bool = False):
+        """``nbytes`` of the uint8 buffer kept in ``self.<name>`` across steps, grown by
+        doubling (no allocation, so no page faults, once it is big enough). Reusing
+        it is safe: every step waits for its exchange to end, and has copied the
+        received rows out, before the next begins. ``pinned``: page-locked (the NCCL
+        path's send buffer, so its copy to the GPU is one DMA)."""
+        buf = getattr(self, name)
         if buf is None or buf.numel() < nbytes:
             torch = torch_module()
             size = max(nbytes, 2 * (0 if buf is None else buf.numel()), 1 << 16)
-            buf = self._send = torch.empty(size, dtype=torch.uint8, pin_memory=self._data_backend == "nccl")
+            buf = torch.empty(size, dtype=torch.uint8, pin_memory=pinned)
+            setattr(self, name, buf)
         return buf[:nbytes]
 
     def _all_to_all(self, send, send_splits, recv_splits):
@@ -458,20 +461,10 @@ class ShardedTable:
             r = torch.empty(total, dtype=torch.uint8, device=dev)
             self._g.all_to_all(s, r, send_splits, recv_splits, doing, group=self._g._base)
             return r
-        r = self._recv_buffer(total)
+        r = self._kept("_recv", total)
         self._g.all_to_all(send if torch.is_tensor(send) else torch.from_numpy(send), r, send_splits, recv_splits,
                            doing)
         return r
-
-    def _recv_buffer(self, nbytes: int):
-        """The step's receive bytes on the host: one buffer kept across steps, grown by
-        doubling (its rows are copied out before the next step)."""
-        buf = self._recv
-        if buf is None or buf.numel() < nbytes:
-            torch = torch_module()
-            buf = self._recv = torch.empty(max(nbytes, 2 * (0 if buf is None else buf.numel()), 1 << 16),
-                                           dtype=torch.uint8)
-        return buf[:nbytes]
 
     def _receive(self, recv, starts, recv_rows, source, dest, stride, plan, device, declared) -> Sample:
         mine = np.nonzero(dest == self._g.rank)[0]  # my positions, in position order
