@@ -449,6 +449,39 @@ def test_metrics_endpoint_needs_the_token():
         req = urllib.request.Request(url, headers={"Authorization": "Bearer tok"})
         text = urllib.request.urlopen(req, timeout=5).read().decode()
         assert "reprise_aggregate_values_aggregated_total 0" in text
+        # The one token rule of every endpoint (reprise_core::auth): the scheme in any case,
+        # then exactly the token.
+        for header, ok in [("bearer tok", True), ("BEARER tok", True), ("tok", False), ("Bearer Bearer tok", False),
+                           ("Bearer tokx", False), ("Basic tok", False)]:
+            req = urllib.request.Request(url, headers={"Authorization": header})
+            if ok:
+                assert urllib.request.urlopen(req, timeout=5).status == 200, header
+            else:
+                with pytest.raises(urllib.error.HTTPError, match="401"):
+                    urllib.request.urlopen(req, timeout=5)
+
+
+def test_a_slow_scraper_does_not_hold_the_metrics_endpoint():
+    """A connection that sends nothing keeps only its own thread: another scrape is
+    answered at once, not after the silent one's 2 s."""
+    import socket
+    import urllib.request
+    with rp.aggregate.Daemon("127.0.0.1:0", metrics_address="127.0.0.1:0") as d:
+        host, port = d.metrics_address.rsplit(":", 1)
+        silent = [socket.create_connection((host, int(port)), timeout=5) for _ in range(3)]
+        try:
+            time.sleep(0.2)  # accepted, each waiting for a request that never comes
+            t0 = time.monotonic()
+            text = urllib.request.urlopen(f"http://{d.metrics_address}/metrics", timeout=5).read().decode()
+            assert "reprise_aggregate_" in text and time.monotonic() - t0 < 1.0
+        finally:
+            for s in silent:
+                s.close()
+
+
+def test_metrics_beyond_loopback_need_a_token_even_with_an_allow_list():
+    with pytest.raises(rp.errors.RepriseError, match="beyond loopback the metrics endpoint needs a token"):
+        rp.aggregate.Daemon("127.0.0.1:0", allow=["127.0.0.1"], metrics_address="0.0.0.0:0")
 
 
 def test_cli_config_is_checked(tmp_path):

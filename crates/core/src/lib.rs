@@ -44,6 +44,7 @@ pub mod extensions;
 pub mod table;
 pub mod writer;
 pub mod checkpoint;
+pub mod auth;
 
 pub use memory::{backing, remove_stale_regions, stale_regions, Backing};
 pub use table::snapshot;

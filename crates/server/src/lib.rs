@@ -4,7 +4,7 @@
 //! of `reprise-wire`; [`auth`] is the one token check of every endpoint. Both run a
 //! [`checkpoint::Checkpointer`] when a client asks for a checkpoint.
 
-pub mod auth;
+pub use reprise_core::auth;
 pub mod checkpoint;
 pub mod dashboard;
 pub mod limits;

@@ -107,14 +107,7 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, token: Option<S
             .await;
             let text = std::str::from_utf8(&buf[..len]).unwrap_or("");
             let line = text.lines().next().unwrap_or("");
-            let authorization = text
-                .split("\r\n\r\n")
-                .next()
-                .unwrap_or("")
-                .lines()
-                .skip(1)
-                .find_map(|h| h.split_once(':').filter(|(k, _)| k.trim().eq_ignore_ascii_case("authorization")).map(|(_, v)| v.trim_matches([' ', '\t']).as_bytes()));
-            let authorized = crate::auth::check(token.as_deref(), authorization).is_ok();
+            let authorized = crate::auth::check(token.as_deref(), crate::auth::http_authorization(&buf[..len])).is_ok();
             let (status, body, kind) = if read.is_err() || line.is_empty() {
                 ("400 Bad Request", b"bad request\n".to_vec(), "text/plain")
             } else if !authorized {

@@ -11,6 +11,8 @@
 //!   (`subtle::ConstantTimeEq`); only the token's length can be learned from timing.
 //! - A server without a token accepts everything; one with a token checks it on every
 //!   request, whatever address the endpoint listens on.
+//! - Plain-HTTP endpoints (the metrics of `reprise serve` and of `reprise aggregate`)
+//!   find the header with [`http_authorization`], the same way.
 
 use subtle::ConstantTimeEq;
 
@@ -53,9 +55,43 @@ pub fn check(expected: Option<&str>, header: Option<&[u8]>) -> Result<(), Refusa
     }
 }
 
+/// The value of the `Authorization` header in a raw HTTP/1.x request head (the bytes up
+/// to the blank line; later bytes are ignored), without the optional whitespace around
+/// it; `None` when there is none. Header names match without regard to case.
+pub fn http_authorization(request: &[u8]) -> Option<&[u8]> {
+    let head = match request.windows(4).position(|w| w == b"\r\n\r\n") {
+        Some(end) => &request[..end],
+        None => request,
+    };
+    head.split(|&b| b == b'\n').skip(1).find_map(|line| {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let colon = line.iter().position(|&b| b == b':')?;
+        let (name, value) = (&line[..colon], &line[colon + 1..]);
+        if !name.eq_ignore_ascii_case(b"authorization") {
+            return None;
+        }
+        let start = value.iter().position(|&b| b != b' ' && b != b'\t').unwrap_or(value.len());
+        let end = value.iter().rposition(|&b| b != b' ' && b != b'\t').map_or(start, |i| i + 1);
+        Some(&value[start..end.max(start)])
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn http_header_is_found_in_any_case_and_trimmed() {
+        let req = b"GET /metrics HTTP/1.1\r\nHost: x\r\nauthorization:  Bearer tok \t\r\n\r\nAuthorization: other";
+        assert_eq!(http_authorization(req), Some(&b"Bearer tok"[..]));
+        assert_eq!(http_authorization(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"), None);
+        assert_eq!(http_authorization(b"Authorization: Bearer tok\r\n\r\n"), None); // the request line is not a header
+        for (header, ok) in [("Bearer tok", true), ("bearer tok", true), ("tok", false), ("Bearer Bearer tok", false),
+                             ("Bearer  tok", false), ("Basic tok", false)] {
+            let req = format!("GET /metrics HTTP/1.1\r\nAuthorization: {header}\r\n\r\n");
+            assert_eq!(check(Some("tok"), http_authorization(req.as_bytes())).is_ok(), ok, "{header}");
+        }
+    }
 
     const TOKEN: &str = "SeCrEt-Token";
 
