@@ -17,27 +17,19 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 import reprise as rp
+from benchmarks.common.timing import call_times
 from reprise.distributed import ShardedTable
 
 
 def timed(fn, repeats: int) -> float:
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        out.append(time.perf_counter() - t0)
-    return statistics.median(out)
+    """Median seconds per call, each closed by a synchronize, after 5 warm-up calls."""
+    return statistics.median(call_times(fn, 5, repeats, sync=torch.cuda.synchronize))
 
 
 def rows_filled(n: int, width: int) -> np.ndarray:

@@ -15,12 +15,12 @@ import argparse
 import functools
 import os
 import statistics
-import time
 
 import numpy as np
 import torch
 
 import reprise as rp
+from benchmarks.common.timing import call_times
 from reprise.torch import collect, resident
 
 STAGES = [
@@ -46,16 +46,8 @@ def mark_stages():
 
 
 def median_us(fn, repeats: int) -> float:
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        out.append(time.perf_counter() - t0)
-    return statistics.median(out) * 1e6
+    """Median microseconds per call, each closed by a synchronize, after 20 warm-up calls."""
+    return statistics.median(call_times(fn, 20, repeats, sync=torch.cuda.synchronize)) * 1e6
 
 
 def profile(name, fn, out_dir):
