@@ -567,3 +567,20 @@ def test_on_path_daemon_takes_marked_packets_and_forwards_everything_else(star):
     target.kill()
     lines = target.communicate(timeout=10)[0].splitlines()
     assert lines == ["udp 77"], f"the target saw only the unmarked datagram, not the aggregation traffic: {lines}"
+
+
+def test_a_job_beyond_the_memory_budget_is_refused_naming_it():
+    """A member asking for the largest slots a Join allows (async, staleness 64, window
+    4096, 8192 values: about 8.3 GiB) is refused, its message names the budget, and
+    nothing is held; a job within the budget beside it still works."""
+    with rp.aggregate.Daemon("127.0.0.1:0", max_job_bytes=64 << 20, max_total_bytes=128 << 20) as d:
+        with pytest.raises(rp.errors.RepriseError,
+                           match=r"memory than the daemon's budget allows \(the job may hold \d+ MiB, over the 64 MiB"):
+            rp.aggregate.Worker(d.address, job=1, rank=0, world_size=1, mode="async", staleness=64, window=4096,
+                                segment_values=8192, timeout=5.0)
+        assert d.stats()["over_budget"] == 1
+        w = rp.aggregate.Worker(d.address, job=2, rank=0, world_size=1)
+        np.testing.assert_array_equal(w.allreduce(np.ones(5, np.float32)), np.ones(5))
+        w.close()
+    with pytest.raises(rp.errors.InvalidArgument, match="max_total_bytes at least max_job_bytes"):
+        rp.aggregate.Daemon("127.0.0.1:0", max_job_bytes=2 << 20, max_total_bytes=1 << 20)

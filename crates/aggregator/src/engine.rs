@@ -77,6 +77,10 @@ pub struct Options {
     /// dropped.
     pub member_timeout: Duration,
     pub max_jobs: usize,
+    /// Memory budget: the most a job may hold (`JoinParams::max_bytes`), and all jobs
+    /// together. A Join that would create a job beyond either is refused (`Nak Budget`).
+    pub max_job_bytes: u64,
+    pub max_total_bytes: u64,
     /// Seeded loss: drop this fraction of received datagrams (tests and benchmarks).
     pub drop_rate: f64,
     pub seed: u64,
@@ -90,12 +94,18 @@ impl Default for Options {
             allow: Vec::new(),
             member_timeout: Duration::from_secs(30),
             max_jobs: 64,
+            max_job_bytes: DEFAULT_MAX_JOB_BYTES,
+            max_total_bytes: DEFAULT_MAX_TOTAL_BYTES,
             drop_rate: 0.0,
             seed: 0,
             upstream: None,
         }
     }
 }
+
+/// The default memory budget: 256 MiB a job, 1 GiB in all (a small machine's share).
+pub const DEFAULT_MAX_JOB_BYTES: u64 = 256 << 20;
+pub const DEFAULT_MAX_TOTAL_BYTES: u64 = 1 << 30;
 
 /// How often the event loop calls `tick`.
 pub const TICK: Duration = Duration::from_millis(5);
@@ -209,6 +219,16 @@ impl Engine {
         if !self.jobs.contains_key(&h.job) {
             if self.jobs.len() >= self.options.max_jobs {
                 nak(&mut self.out, NakCode::Full, self.options.max_jobs as u32);
+                return;
+            }
+            let need = params.max_bytes();
+            let held: u64 = self.jobs.values().map(|j| j.params.max_bytes()).sum();
+            let left = self.options.max_total_bytes.saturating_sub(held);
+            if need > self.options.max_job_bytes || need > left {
+                let limit = if need > self.options.max_job_bytes { self.options.max_job_bytes } else { left };
+                Stats::add(&stats.over_budget, 1);
+                tracing::warn!("aggregate: refused job {} from {from}: it may hold {need} bytes, over the budget of {limit}", h.job);
+                nak(&mut self.out, NakCode::Budget, (limit >> 20).min(u32::MAX as u64) as u32);
                 return;
             }
             let upstream = self.options.upstream.as_ref().map(|u| Upstream {

@@ -143,6 +143,9 @@ pub enum NakCode {
     OutOfOrder = 7,
     /// The daemon holds as many jobs as it may.
     Full = 8,
+    /// The job would take more memory than the daemon's budget allows (`value`: the
+    /// budget it would exceed, in MiB: per job, or what is left of the daemon's total).
+    Budget = 9,
 }
 
 impl NakCode {
@@ -156,6 +159,7 @@ impl NakCode {
             6 => NakCode::Mismatch,
             7 => NakCode::OutOfOrder,
             8 => NakCode::Full,
+            9 => NakCode::Budget,
             _ => return None,
         })
     }
@@ -170,6 +174,7 @@ impl NakCode {
             NakCode::Mismatch => "the job's parameters differ from the Join's, or the member id is out of range",
             NakCode::OutOfOrder => "segment out of order (skipped ahead of the window)",
             NakCode::Full => "the daemon holds as many jobs as it may",
+            NakCode::Budget => "the job would take more memory than the daemon's budget allows",
         }
     }
 }
@@ -213,6 +218,18 @@ pub struct JoinParams {
 
 impl JoinParams {
     /// Refuses parameters no job can have, naming the field.
+    /// The most memory a job with these parameters can hold: per slot an open
+    /// accumulator and `keep` finished results of `segment_values` 4-byte values (keep
+    /// is 1 in sync mode, staleness + 1 in async mode), each with a member bit set.
+    pub fn max_bytes(&self) -> u64 {
+        let keep = match self.mode {
+            Mode::Sync => 1,
+            Mode::Async => self.staleness as u64 + 1,
+        };
+        let per_result = self.segment_values as u64 * 4 + (self.size as u64).div_ceil(64) * 8 + 64;
+        self.window as u64 * (keep + 1) * per_result + self.size as u64 * 64
+    }
+
     pub fn check(&self) -> Result<(), String> {
         if self.size == 0 || self.size > 4096 {
             return Err(format!("size must be 1..=4096 members, got {}", self.size));

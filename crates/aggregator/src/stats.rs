@@ -38,6 +38,7 @@ counters! {
     malformed: "datagrams that were not valid packets (dropped)",
     unauthorized: "packets refused: wrong token, an address not on the allow-list, or not a member",
     out_of_order: "contributions refused as out of order",
+    over_budget: "Joins refused because the job would exceed the daemon's memory budget",
     naks_sent: "Nak packets sent",
     control_received: "control messages received (Join, Leave, Reset, SetH, FBcast, Help)",
     members_timed_out: "members dropped after the member timeout",

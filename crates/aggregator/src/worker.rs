@@ -213,6 +213,7 @@ impl Worker {
             while sent.elapsed() < rto {
                 let mut answer: Option<Result<u32, Error>> = None;
                 let addr = self.options.address;
+                let job_mib = self.options.params.max_bytes().div_ceil(1 << 20);
                 self.receive(rto.saturating_sub(sent.elapsed()), |h, _| {
                     if h.kind == Kind::Ack && h.code == kind as u16 {
                         answer = Some(Ok(h.value));
@@ -222,6 +223,10 @@ impl Worker {
                             Some(NakCode::Mismatch) if kind == Kind::Join => {
                                 format!(" (the job's size is {}; every member must join with the same mode, dtype, size, segment_values, window and staleness)", h.value)
                             }
+                            Some(NakCode::Budget) => format!(
+                                " (the job may hold {} MiB, over the {} MiB it may have; lower window, segment_values or staleness, or raise the daemon's max_job_bytes / max_total_bytes)",
+                                job_mib, h.value
+                            ),
                             _ => String::new(),
                         };
                         answer = Some(Err(Error::Refused(format!("the aggregation daemon at {addr} refused {}: {why}{detail}", kind.name()))));

@@ -492,3 +492,25 @@ fn replies_are_flagged_reply_and_broadcasts_are_not() {
     let out = drain(&mut e);
     assert_eq!(results(&out)[0].1.flags & flags::REPLY, flags::REPLY);
 }
+
+#[test]
+fn a_job_beyond_the_memory_budget_is_refused_and_creates_nothing() {
+    let now = Instant::now();
+    // The largest parameters a Join may carry: about 8.3 GiB of slots for one member.
+    let huge = JoinParams { mode: Mode::Async, staleness: 64, window: 4096, segment_values: packet::MAX_ELEMENTS as u16, ..params(1, 1) };
+    assert!(huge.max_bytes() > 8 << 30, "{}", huge.max_bytes());
+    let small = params(2, 4);
+    let stats = Arc::new(Stats::default());
+    let mut e = Engine::new(Options { max_job_bytes: 1 << 20, max_total_bytes: 3 * small.max_bytes() / 2, ..Options::default() }, stats.clone());
+    e.handle(&join_packet(1, 0, MEMBER_WORKER, &huge, b""), addr(0), now);
+    let out = drain(&mut e);
+    assert_eq!((out[0].1.kind, NakCode::from_u16(out[0].1.code), out[0].1.value), (Kind::Nak, Some(NakCode::Budget), 1));
+    assert!(e.job(1).is_none(), "a refused Join creates nothing");
+    // Within the per-job budget, but not within what the first job leaves of the total.
+    e.handle(&join_packet(2, 0, MEMBER_WORKER, &small, b""), addr(0), now);
+    assert_eq!(drain(&mut e)[0].1.kind, Kind::Ack);
+    e.handle(&join_packet(3, 0, MEMBER_WORKER, &small, b""), addr(1), now);
+    assert_eq!(NakCode::from_u16(drain(&mut e)[0].1.code), Some(NakCode::Budget));
+    assert!(e.job(3).is_none());
+    assert_eq!(stats.over_budget.load(std::sync::atomic::Ordering::Relaxed), 2);
+}

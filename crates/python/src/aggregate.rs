@@ -54,11 +54,12 @@ impl PyDaemon {
     #[new]
     #[pyo3(signature = (address, token=None, allow=Vec::new(), member_timeout=30.0, max_jobs=64, drop_rate=0.0, seed=0,
                         busy_poll=false, transparent=false, tos=None, upstream=None, upstream_member=0, upstream_size=0,
-                        metrics_address=None))]
+                        metrics_address=None, max_job_bytes=reprise_aggregator::engine::DEFAULT_MAX_JOB_BYTES,
+                        max_total_bytes=reprise_aggregator::engine::DEFAULT_MAX_TOTAL_BYTES))]
     #[allow(clippy::too_many_arguments)]
     fn new(py: Python<'_>, address: &str, token: Option<String>, allow: Vec<String>, member_timeout: f64, max_jobs: usize, drop_rate: f64,
            seed: u64, busy_poll: bool, transparent: bool, tos: Option<u8>, upstream: Option<&str>, upstream_member: u16,
-           upstream_size: u16, metrics_address: Option<&str>) -> PyResult<Self> {
+           upstream_size: u16, metrics_address: Option<&str>, max_job_bytes: u64, max_total_bytes: u64) -> PyResult<Self> {
         let bind = address_of(py, "address", address)?;
         let allow = allow
             .iter()
@@ -66,6 +67,11 @@ impl PyDaemon {
             .collect::<PyResult<Vec<_>>>()?;
         if max_jobs == 0 {
             return Err(invalid(py, "max_jobs must be at least 1".into()));
+        }
+        if max_job_bytes == 0 || max_total_bytes < max_job_bytes {
+            return Err(invalid(py, format!(
+                "max_job_bytes must be at least 1 and max_total_bytes at least max_job_bytes, got {max_job_bytes} and {max_total_bytes}"
+            )));
         }
         let upstream = match upstream {
             None => None,
@@ -89,6 +95,8 @@ impl PyDaemon {
                 allow,
                 member_timeout: seconds(py, "member_timeout", member_timeout)?,
                 max_jobs,
+                max_job_bytes,
+                max_total_bytes,
                 drop_rate,
                 seed,
                 upstream,

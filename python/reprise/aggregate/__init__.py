@@ -43,19 +43,22 @@ class Daemon:
     a member a segment has waited that long for; ``drop_rate``/``seed`` drop that fraction of
     received packets, reproducibly (loss tests). ``upstream`` (with ``upstream_member`` and
     ``upstream_size``) makes this a rack daemon that forwards its partial sums to a parent.
-    ``metrics_address`` serves Prometheus text at ``/metrics``.
+    ``metrics_address`` serves Prometheus text at ``/metrics``. ``max_job_bytes`` and
+    ``max_total_bytes`` bound the memory a job, and all jobs together, may hold (a job's
+    most is ``window x (kept results + 1) x segment_values x 4`` bytes and a little per
+    member); a Join that would create a job beyond either is refused naming the budget.
     """
 
     def __init__(self, address: str = "127.0.0.1:0", *, token: str | None = None, allow: list[str] | None = None,
                  member_timeout: float = 30.0, max_jobs: int = 64, drop_rate: float = 0.0, seed: int = 0,
                  busy_poll: bool = False, transparent: bool = False, tos: int | None = None,
                  upstream: str | None = None, upstream_member: int = 0, upstream_size: int = 0,
-                 metrics_address: str | None = None):
+                 metrics_address: str | None = None, max_job_bytes: int = 256 << 20, max_total_bytes: int = 1 << 30):
         self._native = _native.AggregateDaemon(
             address, token=token, allow=list(allow or []), member_timeout=member_timeout, max_jobs=max_jobs,
             drop_rate=drop_rate, seed=seed, busy_poll=busy_poll, transparent=transparent, tos=tos,
             upstream=upstream, upstream_member=upstream_member, upstream_size=upstream_size,
-            metrics_address=metrics_address)
+            metrics_address=metrics_address, max_job_bytes=max_job_bytes, max_total_bytes=max_total_bytes)
 
     @property
     def address(self) -> str:
