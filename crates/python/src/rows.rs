@@ -95,6 +95,12 @@ pub fn row_crc(row: &[u8]) -> u32 {
     h.finalize()
 }
 
+/// Writes a packed row's CRC-32 (`row_crc`) into its CRC word.
+fn seal(row: &mut [u8]) {
+    let crc = row_crc(row);
+    row[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
+}
+
 fn released(py: Python<'_>) -> PyErr {
     invalid(py, "this sample's rows were released".into())
 }
@@ -267,8 +273,7 @@ impl PySampleRows {
                         return Err(t);
                     }
                     row.fill(0);
-                    let crc = row_crc(row);
-                    row[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
+                    seal(row);
                     continue;
                 };
                 c.copy_item(i, &offsets, row);
@@ -285,8 +290,7 @@ impl PySampleRows {
                 for (k, v) in [item.times_sampled, item.length, shard, slot, 0, 1].into_iter().enumerate() {
                     row[24 + 4 * k..28 + 4 * k].copy_from_slice(&v.to_le_bytes());
                 }
-                let crc = row_crc(row);
-                row[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
+                seal(row);
             }
             Ok(())
         });

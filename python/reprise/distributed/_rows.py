@@ -27,22 +27,41 @@ def _align(n: int) -> int:
     return (n + 7) // 8 * 8
 
 
+def step_bytes(field) -> int:
+    """Bytes of one step of ``field``."""
+    return int(np.prod(field.shape, dtype=np.int64)) * np.dtype(field.dtype).itemsize
+
+
 def layout(signature: dict, steps: int) -> tuple[list[int], int]:
     """``(offsets, stride)``: where each field starts in a row of ``steps`` steps."""
     offsets, at = [], HEADER
     for f in signature.values():
         offsets.append(at)
-        at += _align(steps * int(np.prod(f.shape, dtype=np.int64)) * np.dtype(f.dtype).itemsize)
+        at += _align(steps * step_bytes(f))
     return offsets, at
 
 
+def write_statuses(send: np.ndarray, starts, status: int, counts) -> None:
+    """Writes each part's ``STATUS`` bytes into ``send`` (uint8): the status word
+    (0: rows follow) and the part's count of filled rows (``counts``, one per part
+    starting at ``starts``)."""
+    for at, count in zip(starts, counts):
+        send[at:at + STATUS].view(np.int64)[:] = (status, count)
+
+
 def statuses(recv, starts: np.ndarray) -> np.ndarray:
-    """``[sources, 2]`` int64: each source's status word (0: its rows are there) and
-    its count of filled rows, from the received bytes (a uint8 tensor, on the host or
-    a GPU): one small copy to the host."""
+    """``[sources, 2]`` int64: each source's status word and count of filled rows
+    (``write_statuses``), from the received bytes (a uint8 tensor, on the host or a
+    GPU): one small copy to the host."""
     import torch
-    at = torch.from_numpy((starts[:, None] + np.arange(16)).reshape(-1)).to(recv.device)
+    at = torch.from_numpy((starts[:, None] + np.arange(STATUS)).reshape(-1)).to(recv.device)
     return recv.index_select(0, at).cpu().numpy().view(np.int64).reshape(-1, 2)
+
+
+def _crc_failure(what: str, header) -> Corrupt:
+    """The error for a row (its ``HEADER_DTYPE`` header) whose CRC-32 does not match."""
+    return Corrupt(f"{what}: the row of key {int(header['key'])} from shard {int(header['shard'])} "
+                   f"(slot {int(header['slot'])}) failed its CRC-32 check")
 
 
 def check_counts(filled_by_source: np.ndarray, declared: np.ndarray, what: str) -> None:
@@ -70,21 +89,19 @@ def unpack_received(recv: np.ndarray, starts: np.ndarray, counts: np.ndarray, or
     at = np.empty_like(arrival)
     at[order] = arrival
     words = recv[: recv.size // 4 * 4].view(np.uint32)
-    flags, lengths = words[(at + 44) // 4], words[(at + 28) // 4]
+    filled = words[(at + 44) // 4] == 1
     source_of = np.repeat(np.arange(len(counts)), counts)[np.argsort(order, kind="stable")] if len(at) else at
-    check_counts(np.bincount(source_of[flags == 1], minlength=len(counts)), declared, what)
-    at = at[flags == 1]
+    check_counts(np.bincount(source_of[filled], minlength=len(counts)), declared, what)
+    at = at[filled]
     n = at.size
-    longest = min(int(lengths[flags == 1].max()), steps) if n else 0  # (a damaged length fails its CRC)
+    longest = min(int(words[(at + 28) // 4].max()), steps) if n else 0  # (a damaged length fails its CRC)
     offsets, _ = layout(signature, steps)
-    items = [int(np.prod(f.shape, dtype=np.int64)) * np.dtype(f.dtype).itemsize for f in signature.values()]
+    items = [step_bytes(f) for f in signature.values()]
     outputs = [POOL.empty(n * longest * item) for item in items]
     header = np.empty(n * HEADER, np.uint8)
     bad = _native.cluster.unpack_rows(recv, at, stride, offsets, items, longest, header, outputs, verify)
     if bad >= 0:
-        h = recv[at[bad]:at[bad] + HEADER].copy().view(HEADER_DTYPE)[0]
-        raise Corrupt(f"{what}: the row of key {int(h['key'])} from shard {int(h['shard'])} "
-                      f"(slot {int(h['slot'])}) failed its CRC-32 check")
+        raise _crc_failure(what, recv[at[bad]:at[bad] + HEADER].copy().view(HEADER_DTYPE)[0])
     header = header.view(HEADER_DTYPE)
     data = {}
     for (name, f), out in zip(signature.items(), outputs):
@@ -128,10 +145,7 @@ def unpack(rows, signature: dict, steps: int, verify: bool, what: str, device=No
         header = np.ascontiguousarray(host[:, :HEADER]).view(HEADER_DTYPE).reshape(-1)
         bad = _native.cluster.check_rows(host.reshape(-1), stride)
         if bad >= 0:
-            raise Corrupt(
-                f"{what}: the row of key {int(header['key'][bad])} from shard {int(header['shard'][bad])} "
-                f"(slot {int(header['slot'][bad])}) failed its CRC-32 check"
-            )
+            raise _crc_failure(what, header[bad])
     else:
         header = rows[:, :HEADER].cpu().numpy().copy().view(HEADER_DTYPE).reshape(-1)
     keep = header["flags"] == 1
@@ -143,8 +157,7 @@ def unpack(rows, signature: dict, steps: int, verify: bool, what: str, device=No
     longest = min(int(header["length"].max()), steps) if len(header) else 0
     data = {}
     for (name, f), at in zip(signature.items(), offsets):
-        item = int(np.prod(f.shape, dtype=np.int64)) * np.dtype(f.dtype).itemsize
-        part = rows[:, at:at + longest * item].contiguous()
+        part = rows[:, at:at + longest * step_bytes(f)].contiguous()
         shape = (rows.shape[0], longest, *f.shape)
         if on_host:  # numpy views (every dtype of the signature), then the device asked for
             arr = part.numpy().view(np.dtype(f.dtype)).reshape(shape)

@@ -394,19 +394,19 @@ class ShardedTable:
                 if not self._boundaries or rise > self._boundaries[-1][0]:
                     self._boundaries.append((rise, self._step))
             self._thaw()
-            sizes = [_rows.STATUS + (int((dest[here] == d).sum()) * stride if rows is not None else 0)
-                     for d in range(g.size)]
+            # This rank's positions for each destination (none without a shard).
+            targets = [np.nonzero(dest[here] == d)[0] if rows is not None else np.zeros(0, np.int64)
+                       for d in range(g.size)]
+            sizes = [_rows.STATUS + len(t) * stride for t in targets]
             send_t = self._kept("_send", sum(sizes), pinned=self._data_backend == "nccl")
             send = send_t.numpy()
+            counts = [0] * g.size
             at = 0
             for d, size in enumerate(sizes):
-                send[at:at + _rows.STATUS] = 0
                 if rows is not None:
-                    targets = np.nonzero(dest[here] == d)[0]
                     rows.pack(send[at + _rows.STATUS:at + size], stride, offsets, self.shard,
-                              targets.astype(np.int64), filled)
-                    send[at + 8:at + 16] = np.frombuffer(np.int64(np.count_nonzero(filled[targets])).tobytes(),
-                                                         dtype=np.uint8)
+                              targets[d].astype(np.int64), filled)
+                    counts[d] = int(np.count_nonzero(filled[targets[d]]))
                 at += size
             if rows is not None:
                 rows.release()
@@ -415,10 +415,8 @@ class ShardedTable:
             status, failure = 1, e
             sizes = [_rows.STATUS + int(((source == g.rank) & (dest == d)).sum()) * stride for d in range(g.size)]
             send = np.zeros(sum(sizes), dtype=np.uint8)
-            send_t = None
-        starts_send = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-        for at in starts_send:
-            send[at:at + 8] = np.frombuffer(np.int64(status).tobytes(), dtype=np.uint8)
+            send_t, counts = None, [0] * g.size
+        _rows.write_statuses(send, np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64), status, counts)
         recv_rows = np.array([((source == s) & (dest == g.rank)).sum() for s in range(g.size)], dtype=np.int64)
         recv_splits = _rows.STATUS + recv_rows * stride
         recv = self._all_to_all(send if send_t is None else send_t, sizes, recv_splits)
@@ -468,15 +466,15 @@ class ShardedTable:
 
     def _receive(self, recv, starts, recv_rows, source, dest, stride, plan, device, declared) -> Sample:
         mine = np.nonzero(dest == self._g.rank)[0]  # my positions, in position order
-        order = np.argsort(source[mine], kind="stable")  # the order rows arrive in
+        sources = source[mine]  # the rank each of them comes from
+        order = np.argsort(sources, kind="stable")  # the order rows arrive in
         if recv.device.type == "cpu":  # one native pass from the receive buffer
             header, data = _rows.unpack_received(recv.numpy(), starts, recv_rows, order, stride, self._signature,
                                                  plan["steps"], self._verify, self._what, declared, device)
         else:  # rows that arrived on a GPU are unpacked there
             rows = _rows.in_position_order(recv, starts, recv_rows, stride, order)
             header, data = _rows.unpack(rows, self._signature, plan["steps"], self._verify, self._what, device,
-                                        declared=declared, sources=np.repeat(np.arange(len(recv_rows)), recv_rows)[
-                                            np.argsort(order, kind="stable")])
+                                        declared=declared, sources=sources)
         return Sample(
             keys=header["key"].copy(), probabilities=header["probability"].copy(),
             priorities=header["priority"].copy(), times_sampled=header["times_sampled"].astype(np.int64),
