@@ -592,11 +592,10 @@ def _host_columns(store: Store) -> dict:
     return out
 
 
-
-
 def _rows_of(columns: dict, name: str, rows: np.ndarray, pooled: bool = False) -> np.ndarray:
     """A copy of field ``name`` at ``rows`` (int64, any shape S): ``array[*S, *shape]``.
-    ``pooled``: its memory from ``_POOL`` (only for arrays wrapped at once by torch)."""
+    ``pooled``: its memory from ``_POOL`` (reused once the array and every view of it
+    are gone; for the batches' large observations)."""
     column, dtype, shape = columns[name]
     if not pooled:
         return column.take(rows, axis=0).view(dtype).reshape(*rows.shape, *shape)
