@@ -1,10 +1,67 @@
-"""Samples: the result of one draw of n items."""
+"""Samples: the result of one draw of n items, and their packed (varlen) layout."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from .errors import InvalidArgument
+
+
+@dataclass
+class Packed:
+    """Items' steps end to end, the layout varlen attention kernels take.
+
+    ``data[field]`` has shape ``[total_steps, *field.shape]``; item ``i`` is
+    ``data[field][cu_seqlens[i]:cu_seqlens[i + 1]]``. ``cu_seqlens`` is int32
+    ``[n + 1]`` starting at 0 (flash-attn's convention), ``lengths`` int64 ``[n]``,
+    ``position_ids`` int64 ``[total_steps]`` (each item counts from 0) and
+    ``max_seqlen`` the longest item. With a ``device`` these are torch tensors there.
+    """
+
+    data: dict
+    cu_seqlens: object
+    lengths: object
+    position_ids: object
+    max_seqlen: int
+
+    @property
+    def total_steps(self) -> int:
+        return int(self.cu_seqlens[-1])
+
+
+class _Padded(Mapping):
+    """``data`` of a sample drawn packed: ``[n, T, ...]`` arrays (zeros past each
+    item's length) made from the packed rows on first use of each field."""
+
+    def __init__(self, packed: dict, lengths: np.ndarray):
+        self._packed, self._lengths, self._made = packed, lengths, {}
+
+    def __getitem__(self, name):
+        if name not in self._made:
+            self._made[name] = _pad(self._packed[name], self._lengths)
+        return self._made[name]
+
+    def __iter__(self):
+        return iter(self._packed)
+
+    def __len__(self):
+        return len(self._packed)
+
+
+def _pad(flat: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    n, t = len(lengths), int(lengths.max()) if len(lengths) else 0
+    out = np.zeros((n, t) + flat.shape[1:], dtype=flat.dtype)
+    out[np.arange(t) < lengths[:, None]] = flat
+    return out
+
+
+def _cu_seqlens(lengths: np.ndarray) -> np.ndarray:
+    cu = np.zeros(len(lengths) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=cu[1:])
+    return cu
 
 
 @dataclass
@@ -15,6 +72,12 @@ class Sample:
     rows past ``lengths[i]`` are zeros. ``probabilities[i]`` is the probability that
     this draw picked item i and ``table_size`` the table's size when the draw began,
     so prioritized-replay importance weights are ``(table_size * probabilities) ** -beta``.
+    ``attributes[name]`` holds the items' attributes (tables made with ``attributes``).
+
+    A sample drawn by token budget (``table.sample(tokens=...)``) holds its rows
+    packed (``packed_data``, no padding anywhere); its ``data`` pads a field only
+    when it is read. ``packed()`` gives the varlen layout of any sample and
+    ``split(k)`` divides one into k parts of near-equal token counts.
     """
 
     keys: np.ndarray
@@ -24,15 +87,133 @@ class Sample:
     table_size: int
     lengths: np.ndarray
     data: dict = field(default_factory=dict)
+    attributes: dict = field(default_factory=dict)
+    packed_data: dict | None = None
+
+    def __post_init__(self):
+        if self.data is None:
+            self.data = _Padded(self.packed_data, np.asarray(self.lengths))
 
     def __len__(self) -> int:
         return int(self.keys.shape[0])
+
+    @property
+    def num_steps(self) -> int:
+        """The items' total steps (tokens)."""
+        return int(np.asarray(self.lengths).sum())
 
     def importance_weights(self, beta: float = 1.0) -> np.ndarray:
         """``(N * P(i)) ** -beta`` normalised by its maximum, as in prioritized replay."""
         w = (self.table_size * self.probabilities) ** (-float(beta))
         return w / w.max() if len(w) else w
 
+    def packed(self, fields: list[str] | None = None, device=None) -> Packed:
+        """The items' steps end to end (see ``Packed``). A sample drawn by token
+        budget is packed already (no copy on the host); any other is unpadded here.
+        ``device``: torch tensors there (``"cpu"`` shares the arrays' memory)."""
+        lengths = np.asarray(self.lengths, dtype=np.int64)
+        names = list(self.packed_data if self.packed_data is not None else self.data) if fields is None else fields
+        source = self.packed_data if self.packed_data is not None else None
+        data = {}
+        for name in names:
+            if source is not None and name in source:
+                data[name] = source[name]
+            elif name in self.data:
+                padded = _host(self.data[name])
+                data[name] = padded[np.arange(padded.shape[1]) < lengths[:, None]]
+            else:
+                known = list(source if source is not None else self.data)
+                raise InvalidArgument(f"packed: unknown field {name!r}; this sample has {known}")
+        cu = _cu_seqlens(lengths)
+        total = int(cu[-1])
+        position_ids = np.arange(total, dtype=np.int64) - np.repeat(cu[:-1].astype(np.int64), lengths)
+        max_seqlen = int(lengths.max()) if len(lengths) else 0
+        p = Packed(data, cu, lengths, position_ids, max_seqlen)
+        return p if device is None else _packed_on(p, device)
+
+    def split(self, k: int, balance: str = "tokens") -> list["Sample"]:
+        """k samples whose token counts are near equal (longest items first, each
+        to the part with the fewest tokens so far: LPT). Every item goes to exactly
+        one part, in draw order within it; a part may be empty when k > n. Each part
+        keeps its items' keys, probabilities and attributes, and packs as a sample
+        does (for one data-parallel rank or one gradient-accumulation step)."""
+        if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
+            raise InvalidArgument(f"split: k must be an int >= 1, got {k!r}")
+        if balance not in ("tokens", "items"):
+            raise InvalidArgument(f"split: balance must be 'tokens' or 'items', got {balance!r}")
+        lengths = np.asarray(self.lengths, dtype=np.int64)
+        parts = balanced_parts(lengths if balance == "tokens" else np.ones_like(lengths), int(k))
+        return [self._subset(np.asarray(p, dtype=np.int64)) for p in parts]
+
+    def _subset(self, idx: np.ndarray) -> "Sample":
+        """The items ``idx`` of this sample, in that order."""
+        attributes = {k: v[idx] for k, v in self.attributes.items()}
+        base = dict(keys=self.keys[idx], probabilities=self.probabilities[idx], priorities=self.priorities[idx],
+                    times_sampled=self.times_sampled[idx], table_size=self.table_size,
+                    lengths=np.asarray(self.lengths)[idx], attributes=attributes)
+        if self.packed_data is None:
+            return Sample(**base, data={k: v[idx] for k, v in self.data.items()})
+        cu = _cu_seqlens(np.asarray(self.lengths, dtype=np.int64))
+        rows = (np.concatenate([np.arange(cu[i], cu[i + 1]) for i in idx]) if len(idx)
+                else np.zeros(0, dtype=np.int64))
+        return Sample(**base, data=None, packed_data={k: v[rows] for k, v in self.packed_data.items()})
+
+    def to(self, device) -> "Sample":
+        """This sample with its arrays and attributes as torch tensors on ``device``
+        (``"cpu"``: sharing memory). A packed sample's ``packed_data`` moves."""
+        from .torch._device import torch_module
+        torch = torch_module()
+        dev = torch.device(device)
+
+        def move(v):
+            return torch.from_numpy(np.ascontiguousarray(v)).to(dev) if isinstance(v, np.ndarray) else v.to(dev)
+
+        self.attributes = {k: move(v) for k, v in self.attributes.items()}
+        if self.packed_data is not None:
+            self.packed_data = {k: move(v) for k, v in self.packed_data.items()}
+            self.data = _Padded(self.packed_data, np.asarray(self.lengths))
+        else:
+            self.data = {k: move(v) for k, v in self.data.items()}
+        return self
+
     def __repr__(self):
-        fields = ", ".join(f"{k}: {v.dtype}{list(v.shape)}" for k, v in self.data.items())
-        return f"Sample(n={len(self)}, table_size={self.table_size}, data={{{fields}}})"
+        source = self.packed_data if self.packed_data is not None else self.data
+        fields = ", ".join(f"{k}: {v.dtype}{list(v.shape)}" for k, v in source.items())
+        layout = "packed " if self.packed_data is not None else ""
+        return f"Sample(n={len(self)}, table_size={self.table_size}, {layout}data={{{fields}}})"
+
+
+def balanced_parts(weights: np.ndarray, k: int) -> list[list[int]]:
+    """Indices of ``weights`` in k parts of near-equal sums: heaviest first, each to
+    the lightest part so far (LPT: within 4/3 of the best possible largest part);
+    each part lists its indices in ascending order."""
+    import heapq
+    heap = [(0, j) for j in range(k)]
+    parts: list[list[int]] = [[] for _ in range(k)]
+    for i in np.argsort(-np.asarray(weights), kind="stable"):
+        load, j = heapq.heappop(heap)
+        parts[j].append(int(i))
+        heapq.heappush(heap, (load + int(weights[i]), j))
+    return [sorted(p) for p in parts]
+
+
+def _host(v):
+    """A numpy view of ``v`` (torch CPU tensors and the like)."""
+    if isinstance(v, np.ndarray):
+        return v
+    return v.detach().cpu().numpy() if hasattr(v, "detach") else np.asarray(v)
+
+
+def _packed_on(p: Packed, device) -> Packed:
+    from .torch._device import torch_module
+    torch = torch_module()
+    dev = torch.device(device)
+
+    def move(v):
+        if isinstance(v, np.ndarray):
+            t = torch.from_numpy(np.ascontiguousarray(v))
+            return t.to(dev, non_blocking=dev.type == "cuda" and t.is_pinned()) if dev.type != "cpu" else t
+        return v.to(dev)
+
+    return Packed({k: move(v) for k, v in p.data.items()}, move(p.cu_seqlens), move(p.lengths),
+                  move(p.position_ids), p.max_seqlen)

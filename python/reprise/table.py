@@ -9,6 +9,7 @@ import time
 import warnings
 
 from . import _native
+from ._attributes import check_schema, records, values
 from ._convert import as_int
 from .errors import CapacityWarning, InvalidArgument, NotFound
 from .extensions import Extension, _from_spec, _specs_json
@@ -60,6 +61,21 @@ def _warn_if_the_store_cannot_hold(name: str, store: Store, max_size: int, evict
         CapacityWarning, stacklevel=3)
 
 
+def _items_in(data) -> int:
+    """n of an insert's ``{field: array[n, T, ...]}`` (0 when it cannot tell: the
+    native insert then names what is wrong with ``data``)."""
+    if isinstance(data, dict):
+        for v in data.values():
+            shape = getattr(v, "shape", None)
+            if shape:
+                return int(shape[0])
+            try:
+                return len(v)
+            except TypeError:
+                return 0
+    return 0
+
+
 class Table:
     """A replay table.
 
@@ -77,12 +93,22 @@ class Table:
     (``reprise.extensions``); None attaches every built-in (with ``selection_device``
     and a Uniform or Prioritized sampler: the two its device-resident draws keep
     exact, PriorityHistogram and Rates), ``[]`` none.
+
+    ``attributes``: named per-item scalars, ``{name: dtype}`` (any numeric numpy
+    dtype), given for every item at insert (``insert(..., attributes=...)``,
+    ``Writer.create_item(..., attributes=...)``), returned with every draw as
+    ``sample.attributes[name]`` and updated by ``update_attributes``.
+    ``max_staleness=k`` (needs an int64 attribute ``version``): an item whose
+    version is below ``table.version - k`` is never drawn; ``set_version`` removes
+    such items at once and an insert that is already stale is dropped (its key is
+    0). See docs/async-rl.md.
     """
 
     def __init__(self, name: str, store: Store, sampler: Selector | None = None, remover: Selector | None = None,
                  max_size: int | None = None, rate_limiter: RateLimiter | None = None,
                  max_times_sampled: int = 0, seed: int | None = None, selection_device: str | None = None,
-                 evict_when_store_full: bool = True, extensions=None):
+                 evict_when_store_full: bool = True, extensions=None, attributes: dict | None = None,
+                 max_staleness: int | None = None):
         if not isinstance(name, str) or not name:
             raise InvalidArgument(f"table name must be a non-empty string, got {name!r}")
         if not isinstance(store, Store):
@@ -116,13 +142,21 @@ class Table:
             from .extensions import PriorityHistogram, Rates
             extensions = [PriorityHistogram(), Rates()]
         extensions = _specs_json(name, extensions)
+        schema = check_schema(name, attributes)
+        if max_staleness is not None:
+            max_staleness = as_int(f"table '{name}': max_staleness", max_staleness, minimum=0)
+        if max_staleness is not None and store._device_columns is not None:
+            raise InvalidArgument(f"table '{name}': max_staleness needs a host store in this version; "
+                                  f"this store keeps its steps on {store.device}")
+        native = _native.Table(
+            name, store._native, sampler._spec(), remover._spec(), max_size, rate_limiter._spec(),
+            max_times_sampled, seed, bool(evict_when_store_full), selection is not None, extensions, schema,
+            max_staleness,
+        )
         self._store = store
         store._tables[name] = self
         self._sampler, self._remover, self._rate_limiter = sampler, remover, rate_limiter
-        self._native = _native.Table(
-            name, store._native, sampler._spec(), remover._spec(), max_size, rate_limiter._spec(),
-            max_times_sampled, seed, bool(evict_when_store_full), selection is not None, extensions,
-        )
+        self._native = native
         self._selection = None
         if selection is not None:
             kind, exponent = sampler._spec()
@@ -187,20 +221,28 @@ class Table:
     def __len__(self) -> int:
         return self._native.size
 
-    def insert(self, data: dict, priorities, timeout: float | None = None):
+    def insert(self, data: dict, priorities, timeout: float | None = None, attributes: dict | None = None):
         """Inserts n items of T steps each from ``{field: array[n, T, ...]}`` (each item
         its own episode) with one copy per column. ``priorities``: n numbers or one.
         Returns the keys (np.uint64[n]). Blocks on the rate limiter up to ``timeout``;
         on ``Timeout`` the exception's ``partial`` holds the keys already inserted.
         For a device store the arrays may be torch tensors (on the device: no copy
-        through the host)."""
+        through the host). ``attributes``: ``{name: array[n] or scalar}`` for a table
+        with attributes (every one of them); a key of 0 marks an item dropped as
+        stale under ``max_staleness``."""
         if self._store._device_columns is not None:
+            if attributes is not None or self._native.attributes:
+                raise InvalidArgument(f"table '{self.name}': item attributes need a host store in this version")
             from .torch.device_store import insert
             return insert(self, data, priorities, timeout)
-        return self._native.insert(data, priorities, timeout)
+        schema = self._native.attributes
+        if not schema and attributes is None:
+            return self._native.insert(data, priorities, timeout)
+        return self._native.insert(data, priorities, timeout, records=records(schema, self.name, attributes,
+                                                                               _items_in(data)))
 
-    def sample(self, n: int, timeout: float | None = None, fields: list[str] | None = None,
-               device=None) -> Sample:
+    def sample(self, n: int | None = None, timeout: float | None = None, fields: list[str] | None = None,
+               device=None, tokens: int | None = None) -> Sample:
         """Draws n items (with replacement, by the sampler). ``fields`` limits which
         fields are collected. On ``Timeout`` the exception's ``partial`` is a Sample
         of the items drawn before the deadline (they count as sampled).
@@ -209,7 +251,20 @@ class Table:
         on that GPU, gathered straight from the store's memory by the GPU (no staging
         copy on the host), ready on the current CUDA stream. ``device="cpu"``: torch
         CPU tensors (sharing the drawn arrays' memory), so that code written for
-        ``"cuda"`` runs unchanged without a GPU. The other fields stay numpy."""
+        ``"cuda"`` runs unchanged without a GPU. The other fields stay numpy.
+
+        ``tokens=B`` instead of ``n``: as many whole items as fit in ``B`` steps,
+        each picked as ``sample(n)`` picks (same probabilities); the draw stops at
+        the first pick that would pass the budget (that pick is put back). Their
+        rows come packed end to end, with no padding: ``s.packed()`` gives the
+        varlen layout (``cu_seqlens``) without a copy. Waits (up to ``timeout``)
+        only for the first item. A first pick longer than ``B`` is refused."""
+        if tokens is not None:
+            if n is not None:
+                raise InvalidArgument(f"table '{self.name}': sample takes n or tokens, not both (got n={n}, tokens={tokens})")
+            return self._sample_tokens(as_int("tokens", tokens, 1), timeout, fields, device)
+        if n is None:
+            raise InvalidArgument(f"table '{self.name}': sample needs n (items) or tokens (a step budget)")
         n = as_int("n", n)
         if is_host_device(device):
             if self._selection is None and self._store._device_columns is None:
@@ -222,6 +277,17 @@ class Table:
         from .torch import resolve
         columns = self._store._columns_for(resolve(device))  # before drawing: bad devices change nothing
         return self._draw(n, timeout, fields, columns)
+
+    def _sample_tokens(self, tokens, timeout, fields, device) -> Sample:
+        """``sample(tokens=...)``: drawn and packed on the host (then moved to ``device``)."""
+        if self._selection is not None or self._store._device_columns is not None:
+            raise InvalidArgument(f"table '{self.name}': sample(tokens=...) needs a table that selects on the host "
+                                  f"over a host store in this version")
+        self._check_fields(fields)
+        if device is not None:
+            torch_module()  # before drawing: without torch the call changes nothing
+        s = self._native.sample_tokens(tokens, timeout, fields)
+        return s if device is None else s.to(device)
 
     def _draw(self, n, timeout, fields, columns, to_host=False, stream=None) -> Sample:
         """Draws n items and collects them from ``columns`` (None: on the host). A
@@ -346,6 +412,49 @@ class Table:
         sampled) are skipped. Returns how many were applied. Every priority is checked
         before any is applied."""
         return self._native.update_priorities(keys, priorities)
+
+    @property
+    def attributes(self) -> dict:
+        """``{name: dtype}`` of the item attributes."""
+        return dict(self._native.attributes)
+
+    @property
+    def max_staleness(self) -> int | None:
+        return self._native.max_staleness
+
+    @property
+    def version(self) -> int | None:
+        """The policy version (None without an int64 attribute ``version``)."""
+        return self._native.version
+
+    def set_version(self, version: int) -> int:
+        """Sets the policy version (monotone: a lower one is refused). With
+        ``max_staleness=k``, every item whose version is below ``version - k``
+        leaves at once, before this returns: no later draw can return it. Returns
+        how many left (also counted in ``info()["stale_removed"]``)."""
+        return self._native.set_version(as_int("version", version, minimum=-(1 << 63)))
+
+    def update_attributes(self, keys, attributes: dict) -> int:
+        """Sets attributes by key, ``{name: array[len(keys)] or scalar}`` (a reward
+        computed later by a verifier). Keys no longer in the table are skipped;
+        returns how many items were updated. Every value is checked before any is
+        applied."""
+        import numpy as np
+        keys = np.ascontiguousarray(keys, dtype=np.uint64)
+        if not isinstance(attributes, dict) or not attributes:
+            raise InvalidArgument(f"table '{self.name}': update_attributes takes {{name: values}}, got {attributes!r}")
+        schema = self._native.attributes
+        staged = [(name, values(schema, self.name, name, v, len(keys))) for name, v in attributes.items()]
+        if "version" in attributes and self.max_staleness is not None:
+            raise InvalidArgument(f"table '{self.name}' has max_staleness: an item's version is fixed when it is "
+                                  f"created and cannot be updated")
+        return min(self._native.update_attribute(keys, name, v) for name, v in staged)
+
+    def attributes_of(self, keys) -> tuple[dict, "np.ndarray"]:
+        """``({name: array[n]}, found[n])``: the attributes of items by key; a key no
+        longer in the table has found False (and zeros)."""
+        import numpy as np
+        return self._native.attributes_of(np.ascontiguousarray(keys, dtype=np.uint64))
 
     def delete(self, keys) -> int:
         """Removes items by key; keys no longer present are skipped. Returns how many."""

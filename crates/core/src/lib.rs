@@ -24,6 +24,7 @@
 //   blocks         the block allocator and reference counts
 //   store          columns + allocator + the tables over them (as a trait)
 //   sample         drawn items holding their blocks; collecting rows
+//   attributes     named per-item scalars and their records
 //   extensions     observers of a table's events and their statistics (uses memory)
 //   table          tables (table/sampling, table/batch_insert, table/snapshot, table/shard)
 //   writer         steps into leased blocks, items over recent steps
@@ -40,6 +41,7 @@ pub mod columns;
 pub mod blocks;
 pub mod store;
 pub mod sample;
+pub mod attributes;
 pub mod extensions;
 pub mod table;
 pub mod writer;

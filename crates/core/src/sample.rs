@@ -39,6 +39,8 @@ pub struct SampledItem {
 pub struct SampleBatch {
     store: Store,
     pub items: Vec<SampledItem>,
+    /// The drawn items' attribute records, end to end (as they were at the draw).
+    pub attributes: Vec<u8>,
     /// Items in the table when the draw began.
     pub table_size: u64,
     epoch: Option<Epoch>,
@@ -52,7 +54,7 @@ impl std::fmt::Debug for SampleBatch {
 
 impl SampleBatch {
     pub(crate) fn new(store: Store, table_size: u64) -> SampleBatch {
-        SampleBatch { store, items: Vec::new(), table_size, epoch: None }
+        SampleBatch { store, items: Vec::new(), attributes: Vec::new(), table_size, epoch: None }
     }
 
     /// An empty batch that holds its rows by an epoch pinned now, before any draw,
@@ -60,7 +62,7 @@ impl SampleBatch {
     /// the draw (a device's gather) and drops the batch when that read has ended.
     pub fn pinned(store: &Store) -> SampleBatch {
         let epoch = Some(store.pin());
-        SampleBatch { store: store.clone(), items: Vec::new(), table_size: 0, epoch }
+        SampleBatch { store: store.clone(), items: Vec::new(), attributes: Vec::new(), table_size: 0, epoch }
     }
 
     /// True when the rows are held by an epoch.
@@ -68,13 +70,15 @@ impl SampleBatch {
         self.epoch.is_some()
     }
 
-    /// Adds a drawn item; the caller holds the table lock, so its blocks are live.
-    pub(crate) fn push(&mut self, item: SampledItem) {
+    /// Adds a drawn item and its attribute record; the caller holds the table
+    /// lock, so its blocks are live.
+    pub(crate) fn push(&mut self, item: SampledItem, record: &[u8]) {
         if self.epoch.is_none() {
             let alloc = self.store.allocator();
             for_each_block(item.window.ranges(), self.store.block_steps(), |b| alloc.retain(b));
         }
         self.items.push(item);
+        self.attributes.extend_from_slice(record);
     }
 
     pub fn len(&self) -> usize {
@@ -151,6 +155,45 @@ pub unsafe trait Collect: Sync {
         }
     }
 
+    /// Copies column `col` into `dst` packed: the items' rows end to end, with no
+    /// padding (the varlen layout attention kernels take). `dst` holds exactly the
+    /// items' total steps. Large copies are split across threads as in `gather`.
+    fn gather_packed(&self, col: usize, dst: &mut [u8]) {
+        let (items, columns) = (self.items(), self.columns());
+        let row = columns.row_bytes(col);
+        let total: usize = items.iter().map(|i| i.length as usize).sum();
+        assert_eq!(dst.len(), total * row, "packed gather destination has the wrong size");
+        let threads = (dst.len() / PARALLEL_BYTES).clamp(1, cores()).min(items.len().max(1));
+        if threads < 2 {
+            return gather_runs(columns, items, col, dst);
+        }
+        // Split at item boundaries into parts of about equal bytes.
+        let per = dst.len().div_ceil(threads);
+        let mut parts: Vec<(&[SampledItem], &mut [u8])> = Vec::with_capacity(threads);
+        let (mut rest_items, mut rest) = (items, dst);
+        while !rest_items.is_empty() {
+            let (mut k, mut bytes) = (0, 0);
+            while k < rest_items.len() && (bytes < per || k == 0) {
+                bytes += rest_items[k].length as usize * row;
+                k += 1;
+            }
+            let (its, more_items) = rest_items.split_at(k);
+            let (out, more) = std::mem::take(&mut rest).split_at_mut(bytes);
+            parts.push((its, out));
+            (rest_items, rest) = (more_items, more);
+        }
+        std::thread::scope(|s| {
+            let mut parts = parts.into_iter();
+            let first = parts.next();
+            for (its, out) in parts {
+                s.spawn(move || gather_runs(columns, its, col, out));
+            }
+            if let Some((its, out)) = first {
+                gather_runs(columns, its, col, out);
+            }
+        });
+    }
+
     /// Copies column `col` into `dst`, laid out `[n, t_max, row]`. Rows past an
     /// item's length are left as they are (callers pass zeroed memory when ragged).
     /// Large copies are split across threads (at least [`PARALLEL_BYTES`] each, at
@@ -184,6 +227,28 @@ pub const PARALLEL_BYTES: usize = 4 << 20;
 fn cores() -> usize {
     static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// Copies column `col` of `items` into `dst` end to end (packed), prefetching
+/// the next items' first rows.
+fn gather_runs(columns: &Columns, items: &[SampledItem], col: usize, dst: &mut [u8]) {
+    const AHEAD: usize = 4;
+    let row = columns.row_bytes(col);
+    let prefetch = |i: usize| {
+        if let Some(item) = items.get(i) {
+            columns.prefetch(col, &item.window.ranges()[0], 1024);
+        }
+    };
+    (0..AHEAD).for_each(prefetch);
+    let mut at = 0;
+    for (i, item) in items.iter().enumerate() {
+        prefetch(i + AHEAD);
+        let bytes = item.length as usize * row;
+        // SAFETY: `gather_runs` runs only inside `Collect::gather_packed`, whose
+        // implementor holds references on these items' blocks (the trait's contract).
+        unsafe { columns.read_ranges(col, item.window.ranges(), &mut dst[at..at + bytes]) };
+        at += bytes;
+    }
 }
 
 /// Copies column `col` of `items` into `dst` (`stride` bytes per item),

@@ -398,16 +398,19 @@ impl Writer<Store> {
     }
 
     /// Creates an item over the last `num_steps` steps of this episode in `table`,
-    /// waiting for the table's rate limiter up to `timeout`. Returns its key.
-    pub fn create_item<'w>(&mut self, table: &Table, num_steps: u64, priority: f64, wait: impl Into<Wait<'w>>) -> Result<u64> {
+    /// with attribute record `record` (empty without attributes), waiting for the
+    /// table's rate limiter up to `timeout`. Returns its key ([`crate::table::DROPPED`]
+    /// when the table dropped it as stale).
+    pub fn create_item<'w>(&mut self, table: &Table, num_steps: u64, priority: f64, record: &[u8], wait: impl Into<Wait<'w>>) -> Result<u64> {
         if !table.store().same(&self.source) {
             return Err(invalid!("table '{}' is over a different store than this writer", table.name()));
         }
         let window = self.window(table.name(), num_steps)?;
         table.check_priority(priority, || format!("table '{}' new item", table.name()))?;
-        // The window lies in this writer's rows and the priority is checked.
+        table.check_records(1, record)?;
+        // The window lies in this writer's rows; the priority and record are checked.
         let item = NewItem { window, priority };
-        match table.insert_checked(std::slice::from_ref(&item), wait.into()) {
+        match table.insert_checked(std::slice::from_ref(&item), record, wait.into()) {
             Ok(keys) => Ok(keys[0]),
             Err(Error::Timeout { message, .. }) => Err(Error::Timeout { message, partial: Partial::Nothing }),
             Err(Error::Interrupted { .. }) => Err(Error::Interrupted { partial: Partial::Nothing }),
@@ -417,21 +420,24 @@ impl Writer<Store> {
 
     /// Creates one item per priority: item `j` of `n` covers `num_steps` steps
     /// ending `n - 1 - j` steps before the newest (one item per step of an
-    /// `extend`), in one insert. Returns their keys.
-    pub fn create_items<'w>(&mut self, table: &Table, num_steps: u64, priorities: &[f64], wait: impl Into<Wait<'w>>) -> Result<Vec<u64>> {
+    /// `extend`), in one insert, with attribute records `records` end to end.
+    /// Returns their keys.
+    pub fn create_items<'w>(&mut self, table: &Table, num_steps: u64, priorities: &[f64], records: &[u8], wait: impl Into<Wait<'w>>) -> Result<Vec<u64>> {
         if !table.store().same(&self.source) {
             return Err(invalid!("table '{}' is over a different store than this writer", table.name()));
         }
         let windows = self.windows(table.name(), num_steps, priorities.len() as u64)?;
         table.check_priorities(priorities, |i| format!("table '{}' item {i}", table.name()))?;
+        table.check_records(priorities.len(), records)?;
         let items: Vec<NewItem> = windows.into_iter().zip(priorities).map(|(window, &priority)| NewItem { window, priority }).collect();
-        table.insert_checked(&items, wait.into())
+        table.insert_checked(&items, records, wait.into())
     }
 
     /// Creates one item per priority: `n` items of `num_steps` steps that tile the
     /// last `n * num_steps` steps, oldest first (a batch of `n` episodes written
-    /// back to back), in one insert. Returns their keys.
-    pub fn create_tiled_items<'w>(&mut self, table: &Table, num_steps: u64, priorities: &[f64], wait: impl Into<Wait<'w>>) -> Result<Vec<u64>> {
+    /// back to back), in one insert, with attribute records `records` end to
+    /// end. Returns their keys.
+    pub fn create_tiled_items<'w>(&mut self, table: &Table, num_steps: u64, priorities: &[f64], records: &[u8], wait: impl Into<Wait<'w>>) -> Result<Vec<u64>> {
         if !table.store().same(&self.source) {
             return Err(invalid!("table '{}' is over a different store than this writer", table.name()));
         }
@@ -441,12 +447,13 @@ impl Writer<Store> {
         }
         self.check_window(table.name(), num_steps, (n - 1) * num_steps)?;
         table.check_priorities(priorities, |i| format!("table '{}' item {i}", table.name()))?;
+        table.check_records(priorities.len(), records)?;
         let tail = self.tail(n * num_steps);
         let items: Vec<NewItem> = (0..n)
             .zip(priorities)
             .map(|(j, &priority)| NewItem { window: tail.window(j * num_steps, num_steps), priority })
             .collect();
-        table.insert_checked(&items, wait.into())
+        table.insert_checked(&items, records, wait.into())
     }
 
     /// The table named `table` over this writer's store.

@@ -4,7 +4,9 @@ use std::sync::Arc;
 
 use numpy::{PyArray1, PyReadonlyArray1};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyBytes, PyDict};
+use reprise_core::attributes::{AttributeSpec, Attributes};
+use reprise_core::DType;
 use reprise_core::{ExtensionSpec, RateLimiterConfig, SelectorSpec, Table, TableConfig, TableInfo, Wait};
 
 use reprise_core::selectors::external::Candidate;
@@ -13,7 +15,7 @@ use crate::arrays::{views, FieldInfo, Vector};
 use crate::rows::{rows_error, HeldRows, PySampleRows};
 use crate::errors::invalid;
 use crate::raise::{py_err, to_py};
-use crate::sample::sample_object;
+use crate::sample::{attribute_arrays, sample_with};
 use crate::store::PyStore;
 use crate::timeout::{self, Alone, Signals};
 
@@ -64,7 +66,7 @@ type Admission<'py> = (usize, u64, u64, u64, bool, u32, u32, PySampleRows, Optio
 #[pymethods]
 impl PyTable {
     #[new]
-    #[pyo3(signature = (name, store, sampler, remover, max_size, rate_limiter, max_times_sampled=0, seed=None, evict_when_store_full=true, external_selection=false, extensions=None))]
+    #[pyo3(signature = (name, store, sampler, remover, max_size, rate_limiter, max_times_sampled=0, seed=None, evict_when_store_full=true, external_selection=false, extensions=None, attributes=Vec::new(), max_staleness=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -79,7 +81,21 @@ impl PyTable {
         evict_when_store_full: bool,
         external_selection: bool,
         extensions: Option<String>,
+        attributes: Vec<(String, String)>,
+        max_staleness: Option<i64>,
     ) -> PyResult<Self> {
+        let specs = attributes
+            .into_iter()
+            .map(|(name, dtype)| {
+                let dtype = DType::from_name(&dtype).map_err(|e| invalid(py, format!("attribute '{name}': {e}")))?;
+                Ok(AttributeSpec { name, dtype })
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let attributes = Attributes::new(specs).map_err(|e| invalid(py, format!("table '{name}': {e}")))?;
+        let max_staleness = match max_staleness {
+            None => None,
+            Some(k) => Some(non_negative(py, &format!("table '{name}': max_staleness"), k, 0)?),
+        };
         let (spi, min_size, min_diff, max_diff) = rate_limiter;
         let min_size = non_negative(py, "min_size_to_sample", min_size, 1)?;
         let extensions = match extensions {
@@ -104,6 +120,8 @@ impl PyTable {
             seed,
             evict_when_store_full,
             external_selection,
+            attributes,
+            max_staleness,
             name,
         };
         let table = Table::new(config, &store.store).map_err(py_err(py))?;
@@ -132,8 +150,9 @@ impl PyTable {
 
     /// Inserts n items of T steps from `{field: array[n, T, ...]}`; returns keys, and
     /// with `rows` also each item's first store row: `(keys, rows)`.
-    #[pyo3(signature = (data, priorities, timeout=None, rows=false))]
-    fn insert<'py>(&self, py: Python<'py>, data: &Bound<'py, PyAny>, priorities: &Bound<'py, PyAny>, timeout: Option<f64>, rows: bool) -> PyResult<Bound<'py, PyAny>> {
+    /// `records`: the items' attribute records end to end (tables with attributes).
+    #[pyo3(signature = (data, priorities, timeout=None, rows=false, records=None))]
+    fn insert<'py>(&self, py: Python<'py>, data: &Bound<'py, PyAny>, priorities: &Bound<'py, PyAny>, timeout: Option<f64>, rows: bool, records: Option<Bound<'py, PyBytes>>) -> PyResult<Bound<'py, PyAny>> {
         let timeout = timeout::parse(py, timeout)?;
         let vs = views(py, data, &self.fields, 2, "insert: ")?;
         let lead = vs[0].leading(2).to_vec();
@@ -148,13 +167,14 @@ impl PyTable {
         let (n, steps) = (lead[0], lead[1]);
         let priorities = Vector::<f64>::new(py, "priorities", priorities, Some(n))?;
         let p = priorities.as_slice();
+        let records = records.as_ref().map_or(&[][..], |r| r.as_bytes());
         let slices: Vec<&[u8]> = vs.iter().map(|v| v.bytes()).collect();
         let signals = Signals::default();
         let alone = Alone::new(&self.table, true, timeout);
         let check = || signals.check() || alone.check();
         let wait = Wait { timeout, interrupt: Some(&check) };
         let (keys, first_rows) = py
-            .detach(|| self.table.insert_batch_rows(&slices, n, steps, p, wait))
+            .detach(|| self.table.insert_batch_rows(&slices, n, steps, p, records, wait))
             .map_err(|e| to_py(py, alone.explain(e, n as u64), None, signals.take()))?;
         let keys = PyArray1::from_vec(py, keys).into_any();
         if !rows {
@@ -174,10 +194,68 @@ impl PyTable {
         let alone = Alone::new(&self.table, false, timeout);
         let check = || signals.check() || alone.check();
         let wait = Wait { timeout, interrupt: Some(&check) };
-        let batch = py
+        let mut batch = py
             .detach(|| self.table.sample(n, wait))
             .map_err(|e| to_py(py, alone.explain(e, n as u64), select.as_deref(), signals.take()))?;
-        sample_object(py, batch, select.as_deref())
+        let records = std::mem::take(&mut batch.attributes);
+        sample_with(py, batch, select.as_deref(), &self.table.config().attributes, &records, false)
+    }
+
+    /// Draws whole items until the next would pass `budget` steps; returns a
+    /// `reprise.Sample` whose rows are packed end to end (`packed_data`).
+    #[pyo3(signature = (budget, timeout=None, fields=None))]
+    fn sample_tokens<'py>(&self, py: Python<'py>, budget: i64, timeout: Option<f64>, fields: Option<Vec<String>>) -> PyResult<Bound<'py, PyAny>> {
+        let timeout = timeout::parse(py, timeout)?;
+        let budget = non_negative(py, &format!("table '{}': tokens", self.table.name()), budget, 1)?;
+        let select = crate::arrays::select_fields(py, self.table.store().signature(), fields)?;
+        let signals = Signals::default();
+        let alone = Alone::new(&self.table, false, timeout);
+        let check = || signals.check() || alone.check();
+        let wait = Wait { timeout, interrupt: Some(&check) };
+        let mut batch = py
+            .detach(|| self.table.sample_tokens(budget, wait))
+            .map_err(|e| to_py(py, alone.explain(e, 1), select.as_deref(), signals.take()))?;
+        let records = std::mem::take(&mut batch.attributes);
+        sample_with(py, batch, select.as_deref(), &self.table.config().attributes, &records, true)
+    }
+
+    /// `[(name, dtype)]` of the item attributes.
+    #[getter]
+    fn attributes(&self) -> Vec<(String, &'static str)> {
+        self.table.config().attributes.specs().iter().map(|a| (a.name.clone(), a.dtype.name())).collect()
+    }
+
+    #[getter]
+    fn max_staleness(&self) -> Option<u64> {
+        self.table.config().max_staleness
+    }
+
+    /// The policy version (None without an int64 attribute `version`).
+    #[getter]
+    fn version(&self, py: Python<'_>) -> Option<i64> {
+        py.detach(|| self.table.version())
+    }
+
+    /// Sets the policy version; returns how many items left as stale.
+    fn set_version(&self, py: Python<'_>, version: i64) -> PyResult<u64> {
+        py.detach(|| self.table.set_version(version)).map_err(py_err(py))
+    }
+
+    /// Sets attribute `name` of `keys` from `values` (the attribute's dtype,
+    /// one per key, as bytes); keys no longer present are skipped. Returns how many.
+    fn update_attribute(&self, py: Python<'_>, keys: &Bound<'_, PyAny>, name: &str, values: Bound<'_, PyBytes>) -> PyResult<usize> {
+        let keys = Vector::<u64>::new(py, "keys", keys, None)?;
+        let (k, v) = (keys.as_slice(), values.as_bytes());
+        py.detach(|| self.table.update_attribute(k, name, v)).map_err(py_err(py))
+    }
+
+    /// `({name: array[n]}, found[n])`: the attributes of items by key (zeros where
+    /// a key is no longer present).
+    fn attributes_of<'py>(&self, py: Python<'py>, keys: &Bound<'py, PyAny>) -> PyResult<(Bound<'py, PyDict>, Bound<'py, PyArray1<bool>>)> {
+        let keys = Vector::<u64>::new(py, "keys", keys, None)?;
+        let k = keys.as_slice();
+        let (records, found) = py.detach(|| self.table.attributes_of(k));
+        Ok((attribute_arrays(py, &self.table.config().attributes, &records, k.len())?, PyArray1::from_vec(py, found)))
     }
 
     /// Draws n items and keeps their rows held: a `SampleRows` for a collector.
@@ -468,6 +546,9 @@ pub fn info_dict<'py>(py: Python<'py>, i: &TableInfo) -> PyResult<Bound<'py, PyD
     r.set_item("blocked_insert_seconds", i.blocked_insert_seconds)?;
     r.set_item("blocked_sample_seconds", i.blocked_sample_seconds)?;
     d.set_item("rate_limiter", r)?;
+    d.set_item("version", i.version)?;
+    d.set_item("stale_removed", i.stale_removed)?;
+    d.set_item("stale_dropped", i.stale_dropped)?;
     Ok(d)
 }
 

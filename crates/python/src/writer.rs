@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use pyo3::prelude::*;
-use pyo3::types::PyString;
+use pyo3::types::{PyBytes, PyString};
 use reprise_client::StepWriter;
 use reprise_core::error::Error;
 use reprise_core::{Table, Wait, Writer};
@@ -100,6 +100,26 @@ fn target(py: Python<'_>, table: &Bound<'_, PyAny>, num_steps: i64) -> PyResult<
     Ok((Target::Table(native.get().table.clone()), num_steps as u64))
 }
 
+/// Item attributes do not travel over clients yet: said plainly, not dropped.
+fn client_attributes(py: Python<'_>) -> PyErr {
+    invalid(py, "item attributes are given in process (rp.Table over a Store) in this version; a client's \
+                 writer cannot carry them yet"
+        .into())
+}
+
+/// The attribute records of `n` new items of `table` from `{name: value}`
+/// (checked by `reprise._attributes.records`); empty for a table without
+/// attributes given none.
+pub fn records(py: Python<'_>, table: &Table, attributes: Option<&Bound<'_, PyAny>>, n: usize) -> PyResult<Vec<u8>> {
+    let schema = &table.config().attributes;
+    if schema.is_empty() && attributes.is_none() {
+        return Ok(Vec::new());
+    }
+    let specs: Vec<(String, &str)> = schema.specs().iter().map(|a| (a.name.clone(), a.dtype.name())).collect();
+    let bytes = py.import("reprise._attributes")?.getattr("records")?.call1((specs, table.name(), attributes, n))?;
+    Ok(bytes.cast_into::<PyBytes>()?.as_bytes().to_vec())
+}
+
 impl PyWriter {
     pub fn new(writer: AnyWriter, fields: Arc<Vec<FieldInfo>>) -> PyWriter {
         PyWriter { inner: Mutex::new(Some(writer)), fields }
@@ -180,14 +200,15 @@ impl PyWriter {
     /// `timeout` and returns the item's key; a client's writer queues the item,
     /// sends it with the next batch and returns None (`flush` waits for it); it
     /// waits up to `timeout` only when too many batches are in flight.
-    #[pyo3(signature = (table, num_steps, priority, timeout=None))]
-    fn create_item(&self, py: Python<'_>, table: &Bound<'_, PyAny>, num_steps: i64, priority: f64, timeout: Option<f64>) -> PyResult<Option<u64>> {
+    #[pyo3(signature = (table, num_steps, priority, timeout=None, attributes=None))]
+    fn create_item(&self, py: Python<'_>, table: &Bound<'_, PyAny>, num_steps: i64, priority: f64, timeout: Option<f64>, attributes: Option<Bound<'_, PyAny>>) -> PyResult<Option<u64>> {
         let timeout = timeout::parse(py, timeout)?;
         let (target, n) = target(py, table, num_steps)?;
         let signals = Signals::default();
         let check = || signals.check();
         self.with(py, |w| match w {
             // May wait for room in the send queue: without the GIL.
+            AnyWriter::Client { .. } if attributes.is_some() => Err(client_attributes(py)),
             AnyWriter::Client { writer, release_gil } => {
                 let release = *release_gil || writer.items_may_wait(1);
                 let wait = Wait { timeout, interrupt: Some(&check) };
@@ -197,12 +218,14 @@ impl PyWriter {
             }
             AnyWriter::InProcess(w) => {
                 let table = target.resolve(py, w)?;
+                let records = records(py, &table, attributes.as_ref(), 1)?;
+                let record = records.as_slice();
                 // Try without waiting while holding the GIL; wait only with it released.
-                let r = match w.create_item(&table, n, priority, Some(Duration::ZERO)) {
+                let r = match w.create_item(&table, n, priority, record, Some(Duration::ZERO)) {
                     Err(Error::Timeout { .. }) if timeout != Some(Duration::ZERO) => {
                         let alone = Alone::cloned(&table, timeout);
                         let check = || check() || alone.check();
-                        py.detach(|| w.create_item(&table, n, priority, Wait { timeout, interrupt: Some(&check) }))
+                        py.detach(|| w.create_item(&table, n, priority, record, Wait { timeout, interrupt: Some(&check) }))
                             .map_err(|e| alone.explain(e, 1))
                     }
                     other => other,
@@ -215,8 +238,8 @@ impl PyWriter {
     /// Creates one item per priority in `table`: item j of n covers `num_steps`
     /// steps ending n-1-j steps before the newest — one item per step of an
     /// `extend` of n steps. Returns the keys in process (None for a client writer).
-    #[pyo3(signature = (table, num_steps, priorities, timeout=None))]
-    fn create_items<'py>(&self, py: Python<'py>, table: &Bound<'py, PyAny>, num_steps: i64, priorities: &Bound<'py, PyAny>, timeout: Option<f64>) -> PyResult<Option<Bound<'py, numpy::PyArray1<u64>>>> {
+    #[pyo3(signature = (table, num_steps, priorities, timeout=None, attributes=None))]
+    fn create_items<'py>(&self, py: Python<'py>, table: &Bound<'py, PyAny>, num_steps: i64, priorities: &Bound<'py, PyAny>, timeout: Option<f64>, attributes: Option<Bound<'py, PyAny>>) -> PyResult<Option<Bound<'py, numpy::PyArray1<u64>>>> {
         let timeout = timeout::parse(py, timeout)?;
         let (target, n) = target(py, table, num_steps)?;
         let priorities = crate::arrays::Vector::<f64>::new(py, "priorities", priorities, None)?;
@@ -224,6 +247,7 @@ impl PyWriter {
         let signals = Signals::default();
         let check = || signals.check();
         self.with(py, |w| match w {
+            AnyWriter::Client { .. } if attributes.is_some() => Err(client_attributes(py)),
             AnyWriter::Client { writer, release_gil } => {
                 let release = *release_gil || writer.items_may_wait(p.len());
                 let wait = Wait { timeout, interrupt: Some(&check) };
@@ -233,10 +257,12 @@ impl PyWriter {
             }
             AnyWriter::InProcess(w) => {
                 let table = target.resolve(py, w)?;
+                let records = records(py, &table, attributes.as_ref(), p.len())?;
+                let records = records.as_slice();
                 let alone = Alone::cloned(&table, timeout);
                 let check = || check() || alone.check();
                 let keys = py
-                    .detach(|| w.create_items(&table, n, p, Wait { timeout, interrupt: Some(&check) }))
+                    .detach(|| w.create_items(&table, n, p, records, Wait { timeout, interrupt: Some(&check) }))
                     .map_err(|e| to_py(py, alone.explain(e, p.len() as u64), None, signals.take()))?;
                 Ok(Some(numpy::PyArray1::from_vec(py, keys)))
             }
@@ -257,8 +283,8 @@ impl PyWriter {
 
     /// Creates n items of `num_steps` steps that tile the last n * num_steps steps
     /// (n episodes written back to back), one per priority. Returns their keys.
-    #[pyo3(signature = (table, num_steps, priorities, timeout=None))]
-    fn create_tiled_items<'py>(&self, py: Python<'py>, table: &Bound<'py, PyAny>, num_steps: i64, priorities: &Bound<'py, PyAny>, timeout: Option<f64>) -> PyResult<Bound<'py, numpy::PyArray1<u64>>> {
+    #[pyo3(signature = (table, num_steps, priorities, timeout=None, attributes=None))]
+    fn create_tiled_items<'py>(&self, py: Python<'py>, table: &Bound<'py, PyAny>, num_steps: i64, priorities: &Bound<'py, PyAny>, timeout: Option<f64>, attributes: Option<Bound<'py, PyAny>>) -> PyResult<Bound<'py, numpy::PyArray1<u64>>> {
         let timeout = timeout::parse(py, timeout)?;
         let (target, n) = target(py, table, num_steps)?;
         let priorities = crate::arrays::Vector::<f64>::new(py, "priorities", priorities, None)?;
@@ -269,10 +295,12 @@ impl PyWriter {
             AnyWriter::Client { .. } => Err(invalid(py, "create_tiled_items is for in-process writers".into())),
             AnyWriter::InProcess(w) => {
                 let table = target.resolve(py, w)?;
+                let records = records(py, &table, attributes.as_ref(), p.len())?;
+                let records = records.as_slice();
                 let alone = Alone::cloned(&table, timeout);
                 let check = || check() || alone.check();
                 let keys = py
-                    .detach(|| w.create_tiled_items(&table, n, p, Wait { timeout, interrupt: Some(&check) }))
+                    .detach(|| w.create_tiled_items(&table, n, p, records, Wait { timeout, interrupt: Some(&check) }))
                     .map_err(|e| to_py(py, alone.explain(e, p.len() as u64), None, signals.take()))?;
                 Ok(numpy::PyArray1::from_vec(py, keys))
             }

@@ -49,6 +49,8 @@ mod tests {
             evict_when_store_full: true,
             external_selection: false,
             extensions: reprise_core::ExtensionSpec::defaults(),
+            attributes: Default::default(),
+            max_staleness: None,
         };
         let table = Table::new(config, &store).unwrap();
         let values: Vec<u8> = (0..10i64).flat_map(|v| v.to_ne_bytes()).collect();

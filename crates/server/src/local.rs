@@ -409,7 +409,9 @@ impl Connection {
             let end = items[done..].iter().position(|(u, _)| *u != t).map_or(items.len(), |k| done + k);
             let batch: Vec<NewItem> = items[done..end].iter().map(|(_, it)| it.clone()).collect();
             let table = &self.shared.tables[t as usize];
-            let result = table.insert(&batch, Wait { timeout, interrupt: Some(&stop) });
+            // Attributes do not travel over the local protocol yet: a table with
+            // attributes refuses these items, naming what they lack.
+            let result = table.insert(&batch, &[], Wait { timeout, interrupt: Some(&stop) });
             let inserted = match &result {
                 Ok(k) | Err(Error::Timeout { partial: Partial::Inserted(k), .. }) => k.len(),
                 Err(_) => 0,
@@ -477,6 +479,8 @@ mod tests {
             evict_when_store_full: true,
             external_selection: false,
             extensions: reprise_core::ExtensionSpec::defaults(),
+            attributes: Default::default(),
+            max_staleness: None,
         };
         Table::new(config, store).expect("a valid table")
     }

@@ -437,14 +437,14 @@ impl InsertSession {
                 Some(pb::insert_op::Op::CreateItem(item)) => {
                     let table = shared.table(&item.table)?;
                     let wait = Wait { timeout: self.timeout, interrupt: Some(closed) };
-                    let key = self.writer.create_item(table, u64::from(item.num_steps), item.priority, wait).map_err(to_status)?;
+                    let key = self.writer.create_item(table, u64::from(item.num_steps), item.priority, &[], wait).map_err(to_status)?;
                     self.keys.push(key);
                     self.count_created(&item.table, 1);
                 }
                 Some(pb::insert_op::Op::CreateItems(items)) => {
                     let table = shared.table(&items.table)?;
                     let wait = Wait { timeout: self.timeout, interrupt: Some(closed) };
-                    let keys = self.writer.create_items(table, u64::from(items.num_steps), &items.priorities, wait).map_err(to_status)?;
+                    let keys = self.writer.create_items(table, u64::from(items.num_steps), &items.priorities, &[], wait).map_err(to_status)?;
                     self.count_created(&items.table, keys.len() as u64);
                     self.keys.extend(keys);
                 }

@@ -40,6 +40,8 @@ fn setup_with(name: &str, rate_limiter: RateLimiterConfig, max_times_sampled: u3
             evict_when_store_full: true,
             external_selection: false,
             extensions: reprise_core::ExtensionSpec::defaults(),
+            attributes: Default::default(),
+            max_staleness: None,
         },
         &store,
     )

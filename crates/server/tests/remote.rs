@@ -42,6 +42,8 @@ fn setup_with(rate_limiter: RateLimiterConfig, options: RemoteServerOptions) -> 
         evict_when_store_full: true,
         external_selection: false,
         extensions: reprise_core::ExtensionSpec::defaults(),
+        attributes: Default::default(),
+        max_staleness: None,
     };
     let table = Table::new(config, &store).unwrap();
     let server = RemoteServer::start(vec![table.clone()], "127.0.0.1:0", options).unwrap();

@@ -26,6 +26,8 @@ fn table_with(lengths: &[u32]) -> Table {
         evict_when_store_full: true,
         external_selection: false,
         extensions: Vec::new(),
+        attributes: Default::default(),
+        max_staleness: None,
     };
     let table = Table::new(config, &store).unwrap();
     let mut w = Writer::new(store, None).unwrap();

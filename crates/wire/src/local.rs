@@ -14,7 +14,7 @@ use reprise_core::error::{Error, Result};
 use reprise_core::RowRange;
 
 /// Version 2: `CREATED` carries the committed items' keys.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 /// Largest frame either side accepts.
 pub const MAX_FRAME: usize = 64 << 20;
 /// Largest item count in one create or sample request.
@@ -211,6 +211,7 @@ pub fn put_info(f: &mut Frame, i: &reprise_core::TableInfo) {
     for x in [i.rate_limiter.samples_per_insert, i.rate_limiter.min_diff, i.rate_limiter.max_diff, i.blocked_insert_seconds, i.blocked_sample_seconds] {
         f.f64(x);
     }
+    f.u64(i.version.is_some() as u64).u64(i.version.unwrap_or(0) as u64).u64(i.stale_removed).u64(i.stale_dropped);
 }
 
 pub fn get_info(r: &mut Reader<'_>) -> Result<reprise_core::TableInfo> {
@@ -240,6 +241,9 @@ pub fn get_info(r: &mut Reader<'_>) -> Result<reprise_core::TableInfo> {
         limiter_samples: u[10],
         blocked_insert_seconds: f[3],
         blocked_sample_seconds: f[4],
+        version: (r.u64()? != 0).then_some(r.u64()? as i64),
+        stale_removed: r.u64()?,
+        stale_dropped: r.u64()?,
     })
 }
 

@@ -30,6 +30,9 @@ impl From<reprise_core::TableInfo> for TableInfo {
             limiter_samples: i.limiter_samples,
             blocked_insert_seconds: i.blocked_insert_seconds,
             blocked_sample_seconds: i.blocked_sample_seconds,
+            version: i.version,
+            stale_removed: i.stale_removed,
+            stale_dropped: i.stale_dropped,
         }
     }
 }
@@ -59,6 +62,9 @@ impl From<TableInfo> for reprise_core::TableInfo {
             limiter_samples: i.limiter_samples,
             blocked_insert_seconds: i.blocked_insert_seconds,
             blocked_sample_seconds: i.blocked_sample_seconds,
+            version: i.version,
+            stale_removed: i.stale_removed,
+            stale_dropped: i.stale_dropped,
         }
     }
 }

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::{FORMAT, MANIFEST, VERSION};
+use super::{FORMAT, MANIFEST, OLDEST_VERSION, VERSION};
 use crate::error::{Error, Result};
 
 /// The manifest of one checkpoint.
@@ -92,6 +92,15 @@ pub struct TableScalars {
     /// empty over the restored items.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub extensions: Option<Vec<serde_json::Value>>,
+    /// `[[name, dtype]]` of the item attributes (version 2; absent: none). Each
+    /// item's record is in the table file's byte array `attributes`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attributes: Vec<(String, String)>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_staleness: Option<u64>,
+    /// The policy version and its counters (version 2; tables with a `version` attribute).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub versions: Option<serde_json::Value>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -195,8 +204,8 @@ impl Manifest {
             return Err(bad("not a Reprise checkpoint manifest".into()));
         }
         let version = value.get("version").cloned().unwrap_or(serde_json::Value::Null);
-        if version.as_u64() != Some(VERSION as u64) {
-            return Err(bad(format!("format version {version}; this Reprise reads version {VERSION}")));
+        if !version.as_u64().is_some_and(|v| (OLDEST_VERSION as u64..=VERSION as u64).contains(&v)) {
+            return Err(bad(format!("format version {version}; this Reprise reads versions {OLDEST_VERSION} to {VERSION}")));
         }
         serde_json::from_value(value).map_err(|e| bad(format!("malformed ({e})")))
     }

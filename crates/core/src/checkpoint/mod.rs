@@ -46,7 +46,11 @@ pub use save::{save, OffHost, ReadRows, SaveOptions};
 /// The manifest's `format`.
 pub const FORMAT: &str = "reprise-checkpoint";
 /// The format version written and read.
-pub const VERSION: u32 = 1;
+/// Version 2 added item attributes, `max_staleness` and the policy version;
+/// version 1 checkpoints still load (their tables have none).
+pub const VERSION: u32 = 2;
+/// The oldest version [`load`] reads.
+pub const OLDEST_VERSION: u32 = 1;
 /// The manifest's file name.
 pub const MANIFEST: &str = "MANIFEST.json";
 

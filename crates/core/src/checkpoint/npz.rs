@@ -11,6 +11,8 @@ use std::collections::BTreeMap;
 /// One array of a table file.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Array {
+    /// Raw bytes (an item's attribute record is several dtypes side by side).
+    U8(Vec<u8>),
     U32(Vec<u32>),
     U64(Vec<u64>),
     F64(Vec<f64>),
@@ -19,6 +21,7 @@ pub(crate) enum Array {
 impl Array {
     fn descr(&self) -> &'static str {
         match self {
+            Array::U8(_) => "|u1",
             Array::U32(_) => "<u4",
             Array::U64(_) => "<u8",
             Array::F64(_) => "<f8",
@@ -27,6 +30,7 @@ impl Array {
 
     fn len(&self) -> usize {
         match self {
+            Array::U8(v) => v.len(),
             Array::U32(v) => v.len(),
             Array::U64(v) => v.len(),
             Array::F64(v) => v.len(),
@@ -35,6 +39,7 @@ impl Array {
 
     fn bytes(&self, out: &mut Vec<u8>) {
         match self {
+            Array::U8(v) => out.extend_from_slice(v),
             Array::U32(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
             Array::U64(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
             Array::F64(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
@@ -247,9 +252,10 @@ fn parse_npy(data: &[u8]) -> Result<Array, String> {
         Ok(body)
     };
     Ok(match descr {
+        "|u1" => Array::U8(take(1)?.to_vec()),
         "<u4" => Array::U32(take(4)?.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("4"))).collect()),
         "<u8" => Array::U64(take(8)?.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8"))).collect()),
         "<f8" => Array::F64(take(8)?.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().expect("8"))).collect()),
-        other => return Err(format!("dtype '{other}'; table files hold <u4, <u8 and <f8")),
+        other => return Err(format!("dtype '{other}'; table files hold |u1, <u4, <u8 and <f8")),
     })
 }

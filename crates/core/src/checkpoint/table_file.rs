@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 
 use super::manifest::{TableScalars, F64};
 use super::npz::{self, Array};
+use crate::attributes::{AttributeSpec, Attributes};
 use crate::item::RowRange;
+use crate::signature::DType;
 use crate::extensions::{ExtensionSpec, Saved};
 use crate::rate_limiter::RateLimiterConfig;
 use crate::selectors::SelectorSpec;
@@ -47,6 +49,9 @@ pub(crate) fn encode(s: &TableSnapshot) -> Result<(TableScalars, Vec<u8>), Strin
                 })
                 .collect(),
         ),
+        attributes: c.attributes.specs().iter().map(|a| (a.name.clone(), a.dtype.name().to_string())).collect(),
+        max_staleness: c.max_staleness,
+        versions: s.versions.clone(),
     };
     let it = &s.items;
     let mut arrays = vec![
@@ -61,6 +66,9 @@ pub(crate) fn encode(s: &TableSnapshot) -> Result<(TableScalars, Vec<u8>), Strin
         ("generations", Array::U32(s.generations.clone())),
         ("free_slots", Array::U32(s.free_slots.clone())),
     ];
+    if !c.attributes.is_empty() {
+        arrays.push(("attributes", Array::U8(it.iter().flat_map(|i| i.attributes.iter().copied()).collect())));
+    }
     if let Some(o) = &s.sampler_order {
         arrays.push(("sampler_order", Array::U32(o.clone())));
     }
@@ -115,6 +123,14 @@ pub(crate) fn decode(scalars: &TableScalars, file: &[u8]) -> Result<TableSnapsho
             None => ExtensionSpec::defaults(),
             Some(list) => list.iter().map(ExtensionSpec::from_json).collect::<Result<Vec<_>, _>>()?,
         },
+        attributes: Attributes::new(
+            i.attributes
+                .iter()
+                .map(|(name, dtype)| Ok(AttributeSpec { name: name.clone(), dtype: DType::from_name(dtype).map_err(|e| format!("attribute '{name}': {e}"))? }))
+                .collect::<Result<Vec<_>, String>>()?,
+        )
+        .map_err(|e| e.to_string())?,
+        max_staleness: i.max_staleness,
     };
     ExtensionSpec::validate_list(&config.extensions)?;
     // A checkpoint from before extensions: every built-in, each started empty.
@@ -140,6 +156,14 @@ pub(crate) fn decode(scalars: &TableScalars, file: &[u8]) -> Result<TableSnapsho
     let starts = take_u64(&mut a, "range_start")?;
     let lens = take_u32(&mut a, "range_len")?;
     let n = slot.len();
+    let record = config.attributes.record();
+    let records = match a.remove("attributes") {
+        None if record == 0 => Vec::new(),
+        Some(Array::U8(v)) if v.len() == n * record => v,
+        Some(Array::U8(v)) => return Err(format!("array 'attributes' has {} bytes; {n} items of {record} bytes need {}", v.len(), n * record)),
+        Some(_) => return Err("array 'attributes' has the wrong dtype (expected uint8)".into()),
+        None => return Err("no array 'attributes' though the table has attributes".into()),
+    };
     if [key.len(), seq.len(), priority.len(), times.len(), num_ranges.len()].iter().any(|&l| l != n)
         || starts.len() != lens.len()
         || num_ranges.iter().map(|&k| k as usize).sum::<usize>() != starts.len()
@@ -152,7 +176,8 @@ pub(crate) fn decode(scalars: &TableScalars, file: &[u8]) -> Result<TableSnapsho
         let k = num_ranges[j] as usize;
         let ranges = (at..at + k).map(|r| RowRange { start: starts[r], len: lens[r] }).collect();
         at += k;
-        items.push(ItemRecord { slot: slot[j], key: key[j], seq: seq[j], ranges, priority: priority[j], times_sampled: times[j] });
+        let attributes = records[j * record..(j + 1) * record].to_vec();
+        items.push(ItemRecord { slot: slot[j], key: key[j], seq: seq[j], ranges, priority: priority[j], times_sampled: times[j], attributes });
     }
     let order = |a: &mut BTreeMap<String, Array>, key: &str| -> Result<Option<Vec<u32>>, String> {
         if a.contains_key(key) {
@@ -176,5 +201,6 @@ pub(crate) fn decode(scalars: &TableScalars, file: &[u8]) -> Result<TableSnapsho
         sampler_order: order(&mut a, "sampler_order")?,
         remover_order: order(&mut a, "remover_order")?,
         extensions,
+        versions: i.versions.clone(),
     })
 }

@@ -53,7 +53,9 @@ fn config(name: &str, sampler: SelectorSpec, remover: SelectorSpec, max_size: u6
         evict_when_store_full: true,
         external_selection: false,
         extensions: crate::ExtensionSpec::defaults(),
-    }
+    },
+    attributes: Default::default(),
+    max_staleness: None,
 }
 
 /// `n` items of `steps` steps; step i of the batch has act = start + i, obs = act.

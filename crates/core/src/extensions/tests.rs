@@ -38,6 +38,8 @@ fn table(store: &Store, sampler: SelectorSpec, max_times_sampled: u32) -> Table 
             ExtensionSpec::UniqueSamples { window: WINDOW },
             ExtensionSpec::Rates { seconds: 60 },
         ],
+        attributes: Default::default(),
+        max_staleness: None,
     };
     Table::new(config, store).unwrap()
 }

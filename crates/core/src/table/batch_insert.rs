@@ -33,16 +33,17 @@ fn slice_runs(runs: &[RowRange], mut offset: u64, mut len: u64) -> Window {
 
 impl Table {
     /// Inserts `n` items of `steps` steps each. `columns[c]` holds `n * steps` rows
-    /// of field `c`, item-major. Every priority is checked before anything is
-    /// written. Returns the keys in item order.
-    pub fn insert_batch<'w>(&self, columns: &[&[u8]], n: usize, steps: usize, priorities: &[f64], wait: impl Into<Wait<'w>>) -> Result<Vec<u64>> {
-        self.insert_batch_rows(columns, n, steps, priorities, wait).map(|(keys, _)| keys)
+    /// of field `c`, item-major; `records` the items' attribute records end to
+    /// end (empty for a table without attributes). Every priority and record is
+    /// checked before anything is written. Returns the keys in item order.
+    pub fn insert_batch<'w>(&self, columns: &[&[u8]], n: usize, steps: usize, priorities: &[f64], records: &[u8], wait: impl Into<Wait<'w>>) -> Result<Vec<u64>> {
+        self.insert_batch_rows(columns, n, steps, priorities, records, wait).map(|(keys, _)| keys)
     }
 
     /// `insert_batch`, also returning each item's first row in the store (what a
     /// caller that reads items back by row, such as a position-addressed storage,
     /// keeps beside the keys).
-    pub fn insert_batch_rows<'w>(&self, columns: &[&[u8]], n: usize, steps: usize, priorities: &[f64], wait: impl Into<Wait<'w>>) -> Result<(Vec<u64>, Vec<u64>)> {
+    pub fn insert_batch_rows<'w>(&self, columns: &[&[u8]], n: usize, steps: usize, priorities: &[f64], records: &[u8], wait: impl Into<Wait<'w>>) -> Result<(Vec<u64>, Vec<u64>)> {
         let wait = wait.into();
         let store = self.store();
         let fields = store.signature().fields();
@@ -64,6 +65,7 @@ impl Table {
             }
         }
         self.check_priorities(priorities, |i| format!("table '{}' item {i}", self.name()))?;
+        self.check_records(n, records)?;
         let claim = store.claim_rows((n * steps) as u64)?;
         for (col, src) in columns.iter().enumerate() {
             let row_bytes = store.row_bytes(col);
@@ -84,7 +86,7 @@ impl Table {
         let first_rows = items.iter().map(|i| i.window.ranges()[0].start).collect();
         // Windows lie inside the claim and priorities were checked above. The items
         // now hold their own references; the claim's go when it drops.
-        let result = self.insert_checked(&items, wait);
+        let result = self.insert_checked(&items, records, wait);
         drop(claim);
         result.map(|keys| (keys, first_rows))
     }

@@ -16,6 +16,7 @@ use std::time::Instant;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use rand::SeedableRng;
 
+use crate::attributes::{Attributes, Records};
 use crate::error::{Error, Partial, Result};
 use crate::extensions::{ExtensionSpec, Extensions, ItemEvent};
 use crate::invalid;
@@ -46,6 +47,11 @@ pub struct TableConfig {
     /// Observers told of every insert, draw, update and removal
     /// ([`ExtensionSpec::defaults`]: every built-in).
     pub extensions: Vec<ExtensionSpec>,
+    /// Named per-item scalars given at insert and returned with every draw.
+    pub attributes: Attributes,
+    /// Never draw an item whose `version` attribute is below the table's version
+    /// minus this (None: no bound). Needs an int64 attribute `version`.
+    pub max_staleness: Option<u64>,
 }
 
 /// Counters and settings reported by `info()`.
@@ -68,6 +74,12 @@ pub struct TableInfo {
     pub limiter_samples: u64,
     pub blocked_insert_seconds: f64,
     pub blocked_sample_seconds: f64,
+    /// The table's policy version (None without an int64 attribute `version`).
+    pub version: Option<i64>,
+    /// Items removed because `set_version` made them stale.
+    pub stale_removed: u64,
+    /// Items dropped at commit because they were already stale.
+    pub stale_dropped: u64,
 }
 
 /// One item as `items()` reports it.
@@ -113,6 +125,10 @@ pub(crate) struct State {
     /// Cluster mode: inserts wait while a global draw reads this table's figures.
     pub(crate) frozen: bool,
     pub(crate) ext: Extensions,
+    /// Each slot's attribute record.
+    pub(crate) records: Records,
+    /// The policy version and staleness index (tables with an int64 `version` attribute).
+    pub(crate) versions: Option<Versions>,
 }
 
 pub(crate) struct Shared {
@@ -130,6 +146,10 @@ pub(crate) struct Shared {
 pub struct Table {
     pub(crate) shared: Arc<Shared>,
 }
+
+/// The key an insert returns for an item it dropped as stale (no item has it:
+/// every key's generation is at least 1).
+pub const DROPPED: u64 = 0;
 
 fn key_of(generation: u32, slot: u32) -> u64 {
     ((generation as u64) << 32) | slot as u64
@@ -179,6 +199,8 @@ impl State {
             lengths: config.external_selection.then(BTreeMap::new),
             frozen: false,
             ext: Extensions::new(&config.extensions),
+            records: Records::new(config.attributes.record()),
+            versions: Versions::new(&config.attributes, config.max_staleness),
         }
     }
 
@@ -209,6 +231,9 @@ impl State {
     fn remove(&mut self, slot: u32, store: &Store) {
         let item = self.slots[slot as usize].item.take().expect("removed slot holds an item");
         self.count_length(item.length, false);
+        if let Some(v) = &mut self.versions {
+            v.removed(slot, self.records.get(slot));
+        }
         let event = ItemEvent { slot, seq: item.seq, priority: item.priority, times_sampled: item.times_sampled };
         self.ext.removed(event);
         self.sampler.remove(slot);
@@ -231,7 +256,8 @@ impl State {
         });
     }
 
-    fn insert(&mut self, new: &NewItem, store: &Store) -> u64 {
+    /// Inserts `new` with attribute record `record` (empty without attributes).
+    fn insert(&mut self, new: &NewItem, record: &[u8], store: &Store) -> u64 {
         let slot = match self.free_slots.pop() {
             Some(s) => {
                 self.slots[s as usize].generation = self.slots[s as usize].generation.wrapping_add(1).max(1);
@@ -260,6 +286,10 @@ impl State {
         self.sampler.insert(slot, seq, new.priority);
         self.remover.insert(slot, seq, new.priority);
         self.slots[slot as usize].window = 0;
+        self.records.set(slot, record);
+        if let Some(v) = &mut self.versions {
+            v.added(slot, record);
+        }
         self.slots[slot as usize].item = Some(Item {
             key,
             seq,
@@ -311,6 +341,9 @@ impl Table {
             spec.validate().map_err(|e| invalid!("table '{}' {role}: {e}", config.name))?;
         }
         ExtensionSpec::validate_list(&config.extensions).map_err(|e| invalid!("table '{}': {e}", config.name))?;
+        if config.max_staleness.is_some() {
+            config.attributes.version("max_staleness").map_err(|e| invalid!("table '{}': {e}", config.name))?;
+        }
         if store.find_table(&config.name).is_some() {
             return Err(invalid!("a table named '{}' already exists on this store", config.name));
         }
@@ -421,21 +454,41 @@ impl Table {
     }
 
     /// Inserts items whose rows the caller holds references on, in order, waiting
-    /// for the rate limiter as needed. When the deadline passes first, fails with
-    /// `Timeout` whose partial result lists the keys inserted so far.
-    pub fn insert<'w>(&self, items: &[NewItem], wait: impl Into<Wait<'w>>) -> Result<Vec<u64>> {
+    /// for the rate limiter as needed. `attributes` holds each item's attribute
+    /// record, end to end (empty for a table without attributes). When the
+    /// deadline passes first, fails with `Timeout` whose partial result lists the
+    /// keys inserted so far. An item already stale under `max_staleness` is
+    /// dropped (counted in `stale_dropped`; its key is [`DROPPED`]).
+    pub fn insert<'w>(&self, items: &[NewItem], attributes: &[u8], wait: impl Into<Wait<'w>>) -> Result<Vec<u64>> {
         self.check_items(items)?;
-        self.insert_checked(items, wait.into())
+        self.check_records(items.len(), attributes)?;
+        self.insert_checked(items, attributes, wait.into())
     }
 
-    /// [`Table::insert`] for items whose windows and priorities were checked.
-    pub(crate) fn insert_checked(&self, items: &[NewItem], wait: Wait<'_>) -> Result<Vec<u64>> {
+    /// Checks that `records` holds attribute records for `n` items.
+    pub fn check_records(&self, n: usize, records: &[u8]) -> Result<()> {
+        self.shared.config.attributes.check_records(self.name(), n, records)
+    }
+
+    /// [`Table::insert`] for items whose windows, priorities and records were checked.
+    pub(crate) fn insert_checked(&self, items: &[NewItem], records: &[u8], wait: Wait<'_>) -> Result<Vec<u64>> {
         let sh = &*self.shared;
         let deadline = wait.deadline();
+        let record = sh.config.attributes.record();
+        let record_of = |i: usize| &records[i * record..(i + 1) * record];
         let mut keys = Vec::with_capacity(items.len());
         let mut slow = SlowWait::lazy();
         let mut st = sh.state.lock();
         while keys.len() < items.len() {
+            // A late rollout is normal: an item already too old is dropped here,
+            // before the limiter, which never counts it.
+            if let Some(v) = &mut st.versions {
+                if v.is_stale(record_of(keys.len())) {
+                    v.stale_dropped += 1;
+                    keys.push(DROPPED);
+                    continue;
+                }
+            }
             let want = (items.len() - keys.len()) as u64;
             let permits = if st.frozen { 0 } else { st.limiter.insert_permits(want, st.size) };
             if permits == 0 {
@@ -460,15 +513,23 @@ impl Table {
                     }
                 }
             }
-            for _ in 0..permits {
+            let mut granted = permits;
+            while granted > 0 && keys.len() < items.len() {
+                let i = keys.len();
+                if st.versions.as_ref().is_some_and(|v| v.is_stale(record_of(i))) {
+                    st.versions.as_mut().expect("checked above").stale_dropped += 1;
+                    keys.push(DROPPED);
+                    continue;
+                }
                 if st.size >= sh.config.max_size {
                     let state = &mut *st;
                     let victim = state.remover.pick(&mut state.rng);
                     state.remove(victim.slot, &sh.store);
                     state.num_evictions += 1;
                 }
-                let key = st.insert(&items[keys.len()], &sh.store);
+                let key = st.insert(&items[i], record_of(i), &sh.store);
                 keys.push(key);
+                granted -= 1;
             }
             st.ext.flush();
             sh.sample_cv.notify_all();
@@ -611,13 +672,117 @@ impl Table {
             limiter_samples: st.limiter.samples,
             blocked_insert_seconds: st.limiter.blocked_insert.as_secs_f64(),
             blocked_sample_seconds: st.limiter.blocked_sample.as_secs_f64(),
+            version: st.versions.as_ref().map(|v| v.current),
+            stale_removed: st.versions.as_ref().map_or(0, |v| v.stale_removed),
+            stale_dropped: st.versions.as_ref().map_or(0, |v| v.stale_dropped),
         }
+    }
+
+    /// The table's policy version (None without an int64 attribute `version`).
+    pub fn version(&self) -> Option<i64> {
+        self.shared.state.lock().versions.as_ref().map(|v| v.current)
+    }
+
+    /// Sets the policy version: `version` must not be below the current one.
+    /// With `max_staleness = k`, every item whose version is below `version - k`
+    /// leaves at once (counted in `stale_removed`); returns how many did.
+    pub fn set_version(&self, version: i64) -> Result<u64> {
+        let sh = &*self.shared;
+        let mut st = sh.state.lock();
+        let state = &mut *st;
+        let Some(v) = &mut state.versions else {
+            return Err(invalid!("table '{}': set_version: {}", self.name(), sh.config.attributes.version("set_version").unwrap_err()));
+        };
+        if version < v.current {
+            return Err(invalid!(
+                "table '{}': set_version({version}) is below the current version {}; versions only move forward",
+                self.name(),
+                v.current
+            ));
+        }
+        v.current = version;
+        let stale = v.take_stale();
+        let mut removed = 0;
+        for slot in stale.into_iter().flatten() {
+            state.remove(slot, &sh.store);
+            removed += 1;
+        }
+        if let Some(v) = &mut state.versions {
+            v.stale_removed += removed;
+        }
+        state.ext.flush();
+        if removed > 0 {
+            sh.insert_cv.notify_all();
+        }
+        Ok(removed)
+    }
+
+    /// Sets attribute `name` of the items `keys` to `values` (one record field per
+    /// key, `values.len() == keys.len() * itemsize`, little-endian). Keys no longer
+    /// in the table are skipped; returns how many were updated. With
+    /// `max_staleness` an item's version is fixed and cannot be updated.
+    pub fn update_attribute(&self, keys: &[u64], name: &str, values: &[u8]) -> Result<usize> {
+        let attrs = &self.shared.config.attributes;
+        let Some(i) = attrs.find(name) else {
+            return Err(Error::NotFound(format!(
+                "table '{}' has no attribute '{name}'; its attributes are {:?}",
+                self.name(),
+                attrs.names()
+            )));
+        };
+        let size = attrs.specs()[i].dtype.itemsize();
+        if values.len() != keys.len() * size {
+            return Err(invalid!(
+                "table '{}': {} keys but {} bytes of '{name}' ({}); expected one value per key",
+                self.name(),
+                keys.len(),
+                values.len(),
+                attrs.specs()[i].dtype.name()
+            ));
+        }
+        if name == crate::attributes::VERSION && self.shared.config.max_staleness.is_some() {
+            return Err(invalid!(
+                "table '{}' has max_staleness: an item's version is fixed when it is created and cannot be updated",
+                self.name()
+            ));
+        }
+        let at = attrs.offset(i);
+        let mut st = self.shared.state.lock();
+        let mut updated = 0;
+        for (j, &k) in keys.iter().enumerate() {
+            if let Some(slot) = st.lookup(k) {
+                st.records.get_mut(slot)[at..at + size].copy_from_slice(&values[j * size..(j + 1) * size]);
+                updated += 1;
+            }
+        }
+        Ok(updated)
+    }
+
+    /// The attribute records of the items `keys` end to end, and which were found
+    /// (a missing key's record is zeros).
+    pub fn attributes_of(&self, keys: &[u64]) -> (Vec<u8>, Vec<bool>) {
+        let record = self.shared.config.attributes.record();
+        let st = self.shared.state.lock();
+        let mut out = vec![0; keys.len() * record];
+        let mut found = vec![false; keys.len()];
+        for (j, &k) in keys.iter().enumerate() {
+            if let Some(slot) = st.lookup(k) {
+                out[j * record..(j + 1) * record].copy_from_slice(st.records.get(slot));
+                found[j] = true;
+            }
+        }
+        (out, found)
     }
 
     /// What the table's extensions report: `{name: statistics}` (see
     /// [`crate::extensions`]); `{}` without extensions.
     pub fn stats(&self) -> serde_json::Value {
-        self.shared.state.lock().ext.stats()
+        let st = self.shared.state.lock();
+        let mut stats = st.ext.stats();
+        if let (Some(v), Some(map)) = (&st.versions, stats.as_object_mut()) {
+            map.insert("Staleness".into(), v.stats());
+        }
+        stats
     }
 
     /// Every item in insertion order (for inspection and tests).
@@ -678,6 +843,9 @@ fn release_all(st: &mut State, store: &Store) {
     st.sampler.clear();
     st.remover.clear();
     st.ext.cleared();
+    if let Some(v) = &mut st.versions {
+        v.clear();
+    }
     if let Some(lengths) = &mut st.lengths {
         lengths.clear();
     }
@@ -692,6 +860,9 @@ impl Drop for Shared {
 
 mod batch_insert;
 mod resident;
+mod versions;
+pub use versions::LAGS;
+use versions::Versions;
 mod sampling;
 mod shard;
 pub use resident::{Admitted, ResidentChange};

@@ -158,11 +158,105 @@ impl Table {
         Ok((done, false))
     }
 
+    /// One draw of `slot` with `probability`: counted, added to `batch` with its
+    /// attribute record, removed when it reached `max_times_sampled`. The caller
+    /// flushes the extensions.
+    #[inline]
+    pub(crate) fn take(&self, st: &mut State, slot: u32, probability: f64, batch: &mut SampleBatch) {
+        let sh = &*self.shared;
+        let max_times = sh.config.max_times_sampled;
+        let item = st.item(slot);
+        item.times_sampled += 1;
+        let sampled = SampledItem {
+            key: item.key,
+            probability,
+            priority: item.priority,
+            times_sampled: item.times_sampled,
+            length: item.length,
+            window: item.window.clone(),
+        };
+        let exhausted = max_times > 0 && item.times_sampled >= max_times;
+        let event = ItemEvent { slot, seq: item.seq, priority: item.priority, times_sampled: item.times_sampled };
+        let record = st.records.get(slot);
+        batch.push(sampled, record);
+        if let Some(v) = &mut st.versions {
+            v.drawn(record);
+        }
+        st.limiter.samples += 1;
+        st.num_samples += 1;
+        st.ext.drawn(event, st.next_seq, &mut st.slots[slot as usize].window);
+        if exhausted {
+            st.remove(slot, &sh.store);
+            st.num_evictions += 1;
+        }
+    }
+
+    /// Draws whole items, by the sampler, until the next pick would take the batch
+    /// past `budget` steps (that pick is put back: not counted, not sampled). It
+    /// waits, as `sample` does, only for the first item; after that it stops
+    /// early rather than wait, when the rate limiter allows no further draw now or
+    /// the table is empty. Each pick is made as `sample(n)` makes it (with
+    /// replacement, the same probabilities), so a sample of `k` items is the first
+    /// `k` picks of a `sample(n)` draw; the budget only decides where it stops. A
+    /// first pick longer than the whole budget fails with `InvalidArgument` and
+    /// changes nothing.
+    pub fn sample_tokens<'w>(&self, budget: u64, wait: impl Into<Wait<'w>>) -> Result<SampleBatch> {
+        let sh = &*self.shared;
+        if sh.config.external_selection {
+            return Err(invalid!(
+                "table '{}' selects items on a device (selection_device); a token budget needs selection on the host",
+                self.name()
+            ));
+        }
+        if budget == 0 {
+            return Err(invalid!("table '{}': the token budget must be >= 1 step, got 0", self.name()));
+        }
+        let wait = wait.into();
+        let mut batch = SampleBatch::pinned(&sh.store);
+        let mut st = sh.state.lock();
+        let mut refused = None;
+        let taken = self.under_limiter(&mut st, 1, 0, &wait, |table, st, _| {
+            batch.table_size = st.size;
+            let mut left = budget;
+            let mut pick = Vec::with_capacity(1);
+            while st.size > 0 && st.limiter.sample_permits(1, st.size) > 0 {
+                pick.clear();
+                let state = &mut **st;
+                state.sampler.sample(1, &mut state.rng, &mut pick);
+                let Some(p) = pick.first() else { break };
+                let length = st.item(p.slot).length as u64;
+                if length > left {
+                    if batch.is_empty() {
+                        refused = Some(invalid!(
+                            "table '{}': a drawn item has {length} steps, more than the whole token budget of {budget}; \
+                             raise the budget to at least the longest item",
+                            table.name()
+                        ));
+                    }
+                    break;
+                }
+                let (slot, probability) = (p.slot, p.probability);
+                table.take(st, slot, probability, &mut batch);
+                left -= length;
+            }
+            st.ext.flush();
+            (batch.len(), refused.is_some())
+        });
+        if let Some(e) = refused {
+            return Err(e);
+        }
+        match taken {
+            Ok(_) => Ok(batch),
+            Err(Stopped::Interrupted) => Err(Error::Interrupted { partial: Partial::Nothing }),
+            Err(Stopped::TimedOut(message)) => Err(Error::Timeout { message, partial: Partial::Nothing }),
+            Err(Stopped::Invalid(e)) => Err(e),
+        }
+    }
+
     /// Draws up to `count` items (fewer when the table empties). Returns true when
     /// an external sampler's candidates ran out first.
     fn draw(&self, st: &mut MutexGuard<'_, State>, count: usize, batch: &mut SampleBatch) -> bool {
-        let sh = &*self.shared;
-        let max_times = sh.config.max_times_sampled;
+        let max_times = self.shared.config.max_times_sampled;
         let mut picks = std::mem::take(&mut st.picks);
         let mut left = count;
         while left > 0 && st.size > 0 {
@@ -183,27 +277,7 @@ impl Table {
                 if let Some(next) = picks.get(i + AHEAD) {
                     crate::memory::prefetch(&st.slots[next.slot as usize]);
                 }
-                let item = st.item(pick.slot);
-                item.times_sampled += 1;
-                let sampled = SampledItem {
-                    key: item.key,
-                    probability: pick.probability,
-                    priority: item.priority,
-                    times_sampled: item.times_sampled,
-                    length: item.length,
-                    window: item.window.clone(),
-                };
-                let exhausted = max_times > 0 && item.times_sampled >= max_times;
-                let event = ItemEvent { slot: pick.slot, seq: item.seq, priority: item.priority, times_sampled: item.times_sampled };
-                batch.push(sampled);
-                st.limiter.samples += 1;
-                st.num_samples += 1;
-                let state = &mut **st;
-                state.ext.drawn(event, state.next_seq, &mut state.slots[pick.slot as usize].window);
-                if exhausted {
-                    st.remove(pick.slot, &sh.store);
-                    st.num_evictions += 1;
-                }
+                self.take(st, pick.slot, pick.probability, batch);
             }
             st.ext.flush();
             let starved = picks.len() < chunk;

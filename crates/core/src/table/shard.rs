@@ -7,12 +7,11 @@
 //! cluster mode decides globally whether a step may sample; they still count as
 //! samples in the limiter (which keeps pacing this shard's inserts).
 
-use super::{State, Table};
-use crate::extensions::ItemEvent;
+use super::Table;
 use crate::cluster::merge::Candidate;
 use crate::cluster::plan::{ShardFigures, Target};
 use crate::cluster::GENERATION_BITS;
-use crate::sample::{SampleBatch, SampledItem};
+use crate::sample::SampleBatch;
 
 /// A shard's figures for one step.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -105,6 +104,7 @@ impl Table {
             self.take(&mut st, slot, probability, &mut batch);
             filled.push(true);
         }
+        st.ext.flush();
         sh.insert_cv.notify_all();
         (batch, filled)
     }
@@ -123,6 +123,7 @@ impl Table {
             }
             filled.push(live);
         }
+        st.ext.flush();
         sh.insert_cv.notify_all();
         (batch, filled)
     }
@@ -134,32 +135,5 @@ impl Table {
         let s = st.slots.get(slot as usize)?;
         let item = s.item.as_ref()?;
         (s.generation & ((1 << GENERATION_BITS) - 1) == generation).then_some(item.key)
-    }
-
-    /// One draw of `slot`: counted, held by `batch`, removed when used up.
-    fn take(&self, st: &mut State, slot: u32, probability: f64, batch: &mut SampleBatch) {
-        let sh = &*self.shared;
-        let item = st.item(slot);
-        item.times_sampled += 1;
-        let sampled = SampledItem {
-            key: item.key,
-            probability,
-            priority: item.priority,
-            times_sampled: item.times_sampled,
-            length: item.length,
-            window: item.window.clone(),
-        };
-        let max_times = sh.config.max_times_sampled;
-        let exhausted = max_times > 0 && item.times_sampled >= max_times;
-        let event = ItemEvent { slot, seq: item.seq, priority: item.priority, times_sampled: item.times_sampled };
-        batch.push(sampled);
-        st.limiter.samples += 1;
-        st.num_samples += 1;
-        st.ext.drawn(event, st.next_seq, &mut st.slots[slot as usize].window);
-        if exhausted {
-            st.remove(slot, &sh.store);
-            st.num_evictions += 1;
-        }
-        st.ext.flush();
     }
 }

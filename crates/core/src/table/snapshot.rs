@@ -32,6 +32,8 @@ pub struct ItemRecord {
     pub ranges: Vec<RowRange>,
     pub priority: f64,
     pub times_sampled: u32,
+    /// The item's attribute record (empty without attributes).
+    pub attributes: Vec<u8>,
 }
 
 /// Everything a table needs to continue exactly where it was.
@@ -58,6 +60,9 @@ pub struct TableSnapshot {
     /// Each extension's state, in the order of `config.extensions` (a default
     /// `Saved`, as a checkpoint from before extensions gives, starts it empty).
     pub extensions: Vec<Saved>,
+    /// The policy version and its counters (tables with a `version` attribute;
+    /// None restores version 0 and zero counts).
+    pub versions: Option<serde_json::Value>,
 }
 
 /// References on blocks; released when dropped.
@@ -157,6 +162,7 @@ impl Table {
                     ranges: item.window.ranges().to_vec(),
                     priority: item.priority,
                     times_sampled: item.times_sampled,
+                    attributes: st.records.get(slot as u32).to_vec(),
                 });
             }
         }
@@ -182,6 +188,7 @@ impl Table {
             sampler_order: st.sampler.order(),
             remover_order: st.remover.order(),
             extensions: st.ext.save(&st.slots.iter().map(|s| s.window).collect::<Vec<_>>()),
+            versions: st.versions.as_ref().map(|v| v.save()),
         };
         (snapshot, Pins { store: sh.store.clone(), blocks })
     }
@@ -215,6 +222,14 @@ impl Table {
             if !r.priority.is_finite() || r.priority < 0.0 {
                 return Err(corrupt(&name, format!("item {} has priority {}", r.key, r.priority)));
             }
+            if r.attributes.len() != snap.config.attributes.record() {
+                return Err(corrupt(&name, format!(
+                    "item {} has a {}-byte attribute record; the table's attributes take {}",
+                    r.key,
+                    r.attributes.len(),
+                    snap.config.attributes.record()
+                )));
+            }
             used[s] = true;
         }
         let mut free_seen = vec![false; n_slots];
@@ -231,9 +246,16 @@ impl Table {
         if snap.items.len() as u64 > snap.config.max_size {
             return Err(corrupt(&name, format!("{} items, more than max_size {}", snap.items.len(), snap.config.max_size)));
         }
+        if let (Some(v), Some(saved)) = (&mut state.versions, &snap.versions) {
+            v.restore(saved).map_err(|e| corrupt(&name, e))?;
+        }
         let alloc = store.allocator();
         for r in &snap.items {
             let s = r.slot as usize;
+            state.records.set(r.slot, &r.attributes);
+            if let Some(v) = &mut state.versions {
+                v.added(r.slot, &r.attributes);
+            }
             let window = Window::from_ranges(r.ranges.clone());
             for_each_block(window.ranges(), store.block_steps(), |b| {
                 if state.block_items.len() <= b as usize {

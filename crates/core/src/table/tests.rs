@@ -28,7 +28,9 @@ fn config(name: &str, sampler: SelectorSpec, remover: SelectorSpec, max_size: u6
         evict_when_store_full: true,
         external_selection: false,
         extensions: crate::ExtensionSpec::defaults(),
-    }
+    },
+    attributes: Default::default(),
+    max_staleness: None,
 }
 
 /// Inserts items whose single step holds `value`, returning their keys.
@@ -628,7 +630,9 @@ fn resident_config(max_times_sampled: u32, extensions: Vec<crate::ExtensionSpec>
     c.external_selection = true;
     c.max_times_sampled = max_times_sampled;
     c.extensions = extensions;
-    c
+    c,
+    attributes: Default::default(),
+    max_staleness: None,
 }
 
 #[test]

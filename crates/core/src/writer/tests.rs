@@ -33,6 +33,8 @@ fn table(s: &Store, name: &str, max_size: u64) -> Table {
         evict_when_store_full: true,
         external_selection: false,
         extensions: crate::ExtensionSpec::defaults(),
+        attributes: Default::default(),
+        max_staleness: None,
     };
     Table::new(c, s).unwrap()
 }

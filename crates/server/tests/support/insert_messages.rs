@@ -34,6 +34,8 @@ pub fn fresh_table() -> (Store, Table) {
         evict_when_store_full: true,
         external_selection: false,
         extensions: reprise_core::ExtensionSpec::defaults(),
+        attributes: Default::default(),
+        max_staleness: None,
     };
     let table = Table::new(config, &store).expect("a valid table");
     (store, table)
