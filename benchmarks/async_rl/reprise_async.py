@@ -10,7 +10,9 @@ max_size=100,000, attributes={"version": "int64", "reward": "float32", "group": 
 - insert: one ``store.writer()`` per pass; per sequence ``w.extend({field: array [L]})``,
   ``w.create_item(table, num_steps=L, priority=1.0, attributes={...})``,
   ``w.end_episode()``; the pass ends when the writer's ``with`` block has flushed (every
-  item sampleable). The arrays are copied into the store.
+  item sampleable). The arrays are copied into the store. Timed after the store's ring has
+  been written round once (``workloads.py``); the first pass into the new store is
+  ``cold_tokens_per_s``.
 - sample_pack: ``table.sample(tokens=65_536)`` (as many whole items as fit in the budget),
   then ``.packed()`` (``data[f]`` [total], ``cu_seqlens`` int32[n + 1], ``lengths``,
   ``position_ids``); the attributes are ``sample.attributes[key]`` [n].
@@ -40,6 +42,7 @@ class Rollouts:
     def __init__(self, cfg, max_staleness: int | None = None) -> None:
         signature = {f: rp.Field((), wl.FIELD_DTYPES[f]) for f in wl.FIELDS}
         self.store = rp.Store(signature, capacity=cfg.store_capacity, block_steps=cfg.block_steps)
+        self.store_capacity = cfg.store_capacity
         kwargs = {} if max_staleness is None else {"max_staleness": max_staleness}
         self.table = rp.Table("rollouts", self.store, sampler=rp.selectors.Uniform(),
                               remover=rp.selectors.Fifo(), max_size=cfg.max_size,
@@ -56,6 +59,16 @@ class Rollouts:
                     w.create_item(table, num_steps=int(seqs.lengths[i]), priority=1.0,
                                   attributes={"version": version, "reward": float(seqs.reward[i]), "group": gid})
                     w.end_episode()
+
+    def warm(self, seqs: wl.Sequences) -> None:
+        """Write every group until the store's ring has wrapped once (all its pages touched),
+        then empty the table: later writes land on pages in use, as in a running buffer."""
+        written = 0
+        groups = [(g, 0, g) for g in range(seqs.groups)]
+        while written < self.store_capacity:
+            self.write(seqs, groups)
+            self.table.reset()
+            written += seqs.tokens
 
     def close(self) -> None:
         self.store.close()
@@ -78,7 +91,8 @@ def insert(cfg, seqs: wl.Sequences) -> dict:
     r = Rollouts(cfg)
     try:
         all_groups = [(g, 0, g) for g in range(seqs.groups)]
-        out = wl.insert_passes(lambda: r.write(seqs, all_groups), r.table.reset, seqs.tokens, cfg)
+        out = wl.insert_passes(lambda: r.write(seqs, all_groups), r.table.reset, seqs.tokens, cfg,
+                               warm_tokens=cfg.store_capacity + seqs.tokens)
         assert len(r.table) == seqs.groups * seqs.group_size, (len(r.table), seqs.groups * seqs.group_size)
     finally:
         r.close()
@@ -113,6 +127,7 @@ def staleness(cfg, seqs: wl.Sequences) -> dict:
     try:
         table, budget = r.table, cfg.token_budget
         sched = wl.StaleSchedule(cfg, seqs)
+        r.warm(seqs)
         r.write(seqs, [(gid % seqs.groups, v, gid) for gid, v in sched.prefill()])
         table.set_version(sched.version)
         inserted = [0]

@@ -54,7 +54,7 @@ mod tests {
         };
         let table = Table::new(config, &store).unwrap();
         let values: Vec<u8> = (0..10i64).flat_map(|v| v.to_ne_bytes()).collect();
-        table.insert_batch(&[&values], 10, 1, &[1.0; 10], None).unwrap();
+        table.insert_batch(&[&values], 10, 1, &[1.0; 10], &[], None).unwrap();
         let dir = std::env::temp_dir().join(format!("reprise-server-checkpoint-{}", std::process::id()));
         let save = to_directory(&dir, vec![table.clone()], Compression::Zstd);
         let first = save().unwrap();

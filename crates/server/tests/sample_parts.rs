@@ -40,7 +40,7 @@ fn table_with(lengths: &[u32]) -> Table {
             w.append(&[&a, &b], None).unwrap();
             v = v.wrapping_add(3);
         }
-        w.create_item(&table, u64::from(len), 1.0, None).unwrap();
+        w.create_item(&table, u64::from(len), 1.0, &[], None).unwrap();
         w.end_episode();
     }
     table

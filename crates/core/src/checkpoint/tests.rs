@@ -53,9 +53,9 @@ fn config(name: &str, sampler: SelectorSpec, remover: SelectorSpec, max_size: u6
         evict_when_store_full: true,
         external_selection: false,
         extensions: crate::ExtensionSpec::defaults(),
-    },
-    attributes: Default::default(),
-    max_staleness: None,
+        attributes: Default::default(),
+        max_staleness: None,
+    }
 }
 
 /// `n` items of `steps` steps; step i of the batch has act = start + i, obs = act.
@@ -63,7 +63,7 @@ fn put(t: &Table, n: usize, steps: usize, start: i64, priorities: &[f64]) -> Vec
     let acts: Vec<i64> = (0..(n * steps) as i64).map(|i| start + i).collect();
     let obs: Vec<u8> = acts.iter().flat_map(|&a| [a as f32; 3].into_iter().flat_map(f32::to_ne_bytes)).collect();
     let act: Vec<u8> = acts.iter().flat_map(|a| a.to_ne_bytes()).collect();
-    t.insert_batch(&[&obs, &act], n, steps, priorities, None).unwrap()
+    t.insert_batch(&[&obs, &act], n, steps, priorities, &[], None).unwrap()
 }
 
 /// Two tables over one store, with items sampled, updated and deleted.
@@ -203,12 +203,21 @@ fn damaged_files_are_named_and_load_nothing() {
 fn other_versions_and_garbage_are_corrupt() {
     let dir = TempDir::new("version");
     let (store, t, _q) = tables(256);
+    let size = t.info().size;
     let path = save(&dir.0, &[t], SaveOptions::default()).unwrap();
     let m = path.join(MANIFEST);
     let text = std::fs::read_to_string(&m).unwrap();
-    std::fs::write(&m, text.replace("\"version\": 1", "\"version\": 2")).unwrap();
-    let Err(Error::Corrupt(e)) = load(&path, LoadOptions::default()) else { panic!("loaded version 2") };
-    assert!(e.ends_with("MANIFEST.json: format version 2; this Reprise reads version 1"), "{e}");
+    // Version 1 (before attributes) still loads: its tables have none.
+    std::fs::write(&m, text.replace("\"version\": 2", "\"version\": 1")).unwrap();
+    let loaded = load(&path, LoadOptions::default()).unwrap();
+    assert_eq!(loaded.tables[0].info().size, size);
+    for s in &loaded.stores {
+        s.unlink();
+    }
+    drop(loaded);
+    std::fs::write(&m, text.replace("\"version\": 2", "\"version\": 3")).unwrap();
+    let Err(Error::Corrupt(e)) = load(&path, LoadOptions::default()) else { panic!("loaded version 3") };
+    assert!(e.ends_with("MANIFEST.json: format version 3; this Reprise reads versions 1 to 2"), "{e}");
     std::fs::write(&m, "{not json").unwrap();
     let Err(Error::Corrupt(e)) = load(&path, LoadOptions::default()) else { panic!("loaded garbage") };
     assert!(e.contains("MANIFEST.json: unreadable"), "{e}");
@@ -367,7 +376,7 @@ fn stores_kept_off_the_host_are_read_and_written_through_their_callbacks() {
     let limiter = RateLimiterConfig::min_size(1).unwrap();
     let t = Table::new(config("d", SelectorSpec::Uniform, SelectorSpec::Fifo, 16, limiter), &store).unwrap();
     let one = vec![0u8; 20];
-    t.insert_batch(&[&one], 10, 2, &[1.0; 10], None).unwrap();
+    t.insert_batch(&[&one], 10, 2, &[1.0; 10], &[], None).unwrap();
     let row_bytes = vec![12, 8];
     let columns = row_bytes.iter().map(|rb| (0..64 * rb).map(|i| (i % 251) as u8).collect()).collect();
     let mut device = Offside { columns, row_bytes: row_bytes.clone() };

@@ -117,7 +117,7 @@ fn run(ops: &[Op], sampler: SelectorSpec, max_times: u32) {
         match op {
             Op::Insert(ps) => {
                 let bytes = vec![0u8; 8 * ps.len()];
-                let keys = t.insert_batch(&[&bytes], ps.len(), 1, ps, None).unwrap();
+                let keys = t.insert_batch(&[&bytes], ps.len(), 1, ps, &[], None).unwrap();
                 for (k, &p) in keys.iter().zip(ps) {
                     if m.live.len() == 6 {
                         let oldest = *m.live.iter().min_by_key(|(_, v)| v.0).unwrap().0;
@@ -211,7 +211,7 @@ fn no_extensions_report_nothing() {
     config.name = "bare".into();
     config.extensions.clear();
     let t = Table::new(config, &s).unwrap();
-    t.insert_batch(&[&[0u8; 8]], 1, 1, &[1.0], None).unwrap();
+    t.insert_batch(&[&[0u8; 8]], 1, 1, &[1.0], &[], None).unwrap();
     assert_eq!(t.stats(), json!({}));
 }
 

@@ -871,3 +871,5 @@ pub mod snapshot;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod async_tests;

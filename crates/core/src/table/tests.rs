@@ -28,15 +28,15 @@ fn config(name: &str, sampler: SelectorSpec, remover: SelectorSpec, max_size: u6
         evict_when_store_full: true,
         external_selection: false,
         extensions: crate::ExtensionSpec::defaults(),
-    },
-    attributes: Default::default(),
-    max_staleness: None,
+        attributes: Default::default(),
+        max_staleness: None,
+    }
 }
 
 /// Inserts items whose single step holds `value`, returning their keys.
 fn put(table: &Table, values: &[i64], priorities: &[f64]) -> Vec<u64> {
     let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_ne_bytes()).collect();
-    table.insert_batch(&[&bytes], values.len(), 1, priorities, None).unwrap()
+    table.insert_batch(&[&bytes], values.len(), 1, priorities, &[], None).unwrap()
 }
 
 fn values(table: &Table, batch: &SampleBatch) -> Vec<i64> {
@@ -93,7 +93,7 @@ fn bad_priority_changes_nothing_and_names_the_key() {
     let p: Vec<f64> = t.items().iter().map(|i| i.priority).collect();
     assert_eq!(p, vec![1.0, 2.0]);
     let free = s.free_blocks();
-    let e = t.insert_batch(&[&[0u8; 16]], 2, 1, &[1.0, -1.0], None).unwrap_err().to_string();
+    let e = t.insert_batch(&[&[0u8; 16]], 2, 1, &[1.0, -1.0], &[], None).unwrap_err().to_string();
     assert!(e.contains("item 1") && e.contains("-1"), "{e}");
     assert_eq!((t.size(), s.free_blocks()), (2, free));
 }
@@ -123,8 +123,8 @@ fn blocks_return_when_items_leave_every_table() {
     for v in 0..4i64 {
         w.append(&[&v.to_ne_bytes()], None).unwrap();
     }
-    let ka = w.create_item(&a, 4, 1.0, None).unwrap();
-    let kb = w.create_item(&b, 2, 1.0, None).unwrap();
+    let ka = w.create_item(&a, 4, 1.0, &[], None).unwrap();
+    let kb = w.create_item(&b, 2, 1.0, &[], None).unwrap();
     w.close();
     assert_eq!(s.free_blocks(), 3);
     a.delete(&[ka]);
@@ -168,7 +168,7 @@ fn queue_blocks_inserts_until_sampled() {
     let t = Table::new(c, &s).unwrap();
     put(&t, &[1, 2], &[1.0; 2]);
     let bytes = 3i64.to_ne_bytes();
-    match t.insert_batch(&[&bytes], 1, 1, &[1.0], Some(Duration::from_millis(10))) {
+    match t.insert_batch(&[&bytes], 1, 1, &[1.0], &[], Some(Duration::from_millis(10))) {
         Err(Error::Timeout { partial: Partial::Inserted(k), .. }) => assert!(k.is_empty()),
         other => panic!("expected a timeout, got {other:?}"),
     }
@@ -272,7 +272,7 @@ fn queues_keep_their_items_when_the_store_is_full() {
     let t = Table::new(c, &s).unwrap();
     put(&t, &[1, 2, 3, 4, 5, 6, 7, 8], &[1.0; 8]);
     let bytes = 9i64.to_ne_bytes();
-    let e = t.insert_batch(&[&bytes], 1, 1, &[1.0], None).unwrap_err();
+    let e = t.insert_batch(&[&bytes], 1, 1, &[1.0], &[], None).unwrap_err();
     assert!(matches!(e, Error::ResourceExhausted(_)), "{e}");
     assert_eq!(t.size(), 8);
     // Consuming the first block's items makes room.
@@ -289,7 +289,7 @@ fn store_pressure_never_evicts_blocks_a_writer_still_holds() {
     let mut w = Writer::new(s.clone(), Some(8)).unwrap();
     for v in 0..8i64 {
         w.append(&[&v.to_ne_bytes()], None).unwrap();
-        w.create_item(&t, 1, 1.0, None).unwrap();
+        w.create_item(&t, 1, 1.0, &[], None).unwrap();
     }
     // The episode still holds both blocks: evicting their items would free nothing.
     let e = w.append(&[&8i64.to_ne_bytes()], None).unwrap_err();
@@ -327,7 +327,7 @@ fn large_gathers_split_across_threads_copy_every_row_in_place() {
     let t = Table::new(c, &s).unwrap();
     let n = 200;
     let data: Vec<u8> = (0..n).flat_map(|i| (0..row).map(move |j| (i * 7 + j / 4096) as u8)).collect();
-    t.insert_batch(&[&data], n, 1, &vec![1.0; n], None).unwrap();
+    t.insert_batch(&[&data], n, 1, &vec![1.0; n], &[], None).unwrap();
     let b = t.sample(n, Some(Duration::ZERO)).unwrap();
     assert!(b.items.len() * row > 2 * crate::sample::PARALLEL_BYTES);
     let mut out = vec![0u8; n * row];
@@ -510,7 +510,7 @@ fn a_frozen_table_holds_inserts_until_thawed() {
     let s = store(64);
     let t = Table::new(config("t", SelectorSpec::Uniform, SelectorSpec::Fifo, 10), &s).unwrap();
     t.freeze();
-    let err = t.insert_batch(&[&5i64.to_ne_bytes()], 1, 1, &[1.0], Some(Duration::from_millis(30))).unwrap_err();
+    let err = t.insert_batch(&[&5i64.to_ne_bytes()], 1, 1, &[1.0], &[], Some(Duration::from_millis(30))).unwrap_err();
     assert!(matches!(err, Error::Timeout { .. }), "{err}");
     assert_eq!(t.size(), 0);
     let t2 = t.clone();
@@ -605,7 +605,7 @@ fn a_default_writer_keeps_only_its_longest_item_once_the_store_is_full() {
     // A continuing task: one episode, one-step items, for ten times the store.
     for v in 0..80i64 {
         w.append(&[&v.to_ne_bytes()], None).unwrap();
-        w.create_item(&t, 1, 1.0, None).unwrap();
+        w.create_item(&t, 1, 1.0, &[], None).unwrap();
     }
     let mut got = Vec::new();
     for item in t.items() {
@@ -615,14 +615,14 @@ fn a_default_writer_keeps_only_its_longest_item_once_the_store_is_full() {
     assert_eq!(got.last(), Some(&79));
     assert!(got.len() >= 4 && got.windows(2).all(|p| p[1] == p[0] + 1), "{got:?}");
     // An item longer than what the writer kept says how to keep more.
-    let e = w.create_item(&t, 3, 1.0, None).unwrap_err();
+    let e = w.create_item(&t, 3, 1.0, &[], None).unwrap_err();
     assert!(e.to_string().contains("max_sequence_length=3"), "{e}");
     // A new episode keeps everything again until the store fills.
     w.end_episode();
     for v in 0..4i64 {
         w.append(&[&v.to_ne_bytes()], None).unwrap();
     }
-    w.create_item(&t, 4, 1.0, None).unwrap();
+    w.create_item(&t, 4, 1.0, &[], None).unwrap();
 }
 
 fn resident_config(max_times_sampled: u32, extensions: Vec<crate::ExtensionSpec>) -> TableConfig {
@@ -630,9 +630,7 @@ fn resident_config(max_times_sampled: u32, extensions: Vec<crate::ExtensionSpec>
     c.external_selection = true;
     c.max_times_sampled = max_times_sampled;
     c.extensions = extensions;
-    c,
-    attributes: Default::default(),
-    max_staleness: None,
+    c
 }
 
 #[test]
@@ -698,7 +696,7 @@ fn admit_refuses_items_longer_than_asked_for_without_changing_anything() {
     let s = store(64);
     let t = Table::new(resident_config(0, vec![]), &s).unwrap();
     let bytes: Vec<u8> = (0..6i64).flat_map(|v| v.to_ne_bytes()).collect();
-    t.insert_batch(&[&bytes], 2, 3, &[1.0, 1.0], None).unwrap();
+    t.insert_batch(&[&bytes], 2, 3, &[1.0, 1.0], &[], None).unwrap();
     let e = t.admit(4, None, Some(2)).unwrap_err().to_string();
     assert!(e.contains("holds an item of 3 steps; draws of at most 2 steps"), "{e}");
     assert_eq!((t.info().num_samples, t.info().limiter_samples), (0, 0));

@@ -117,7 +117,7 @@ proptest! {
                 }
                 Op::Item(k) => {
                     let allowed = (k as usize) <= episode.len() && max_seq.is_none_or(|m| k <= m);
-                    let r = w.create_item(&t, k, 1.0, None);
+                    let r = w.create_item(&t, k, 1.0, &[], None);
                     prop_assert_eq!(r.is_ok(), allowed, "{:?}", r);
                     if allowed {
                         expected.push(episode[episode.len() - k as usize..].to_vec());
@@ -126,7 +126,7 @@ proptest! {
                 Op::Items(k, n) => {
                     let need = k + n - 1;
                     let allowed = (need as usize) <= episode.len() && max_seq.is_none_or(|m| need <= m);
-                    let r = w.create_items(&t, k, &vec![1.0; n as usize], None);
+                    let r = w.create_items(&t, k, &vec![1.0; n as usize], &[], None);
                     prop_assert_eq!(r.is_ok(), allowed, "{:?}", r);
                     if allowed {
                         for back in (0..n as usize).rev() {
@@ -182,7 +182,7 @@ fn items_never_span_episodes() {
     append(&mut w, 2);
     w.end_episode();
     append(&mut w, 3);
-    let e = w.create_item(&t, 2, 1.0, None).unwrap_err().to_string();
+    let e = w.create_item(&t, 2, 1.0, &[], None).unwrap_err().to_string();
     assert!(e.contains("longer than the episode so far (1 steps)"), "{e}");
     assert_eq!(t.size(), 0);
 }
@@ -196,8 +196,8 @@ fn create_item_by_name_finds_tables_on_the_store() {
     append(&mut w, 1);
     append(&mut w, 2);
     let (by_a, by_b) = (w.table("a").unwrap(), w.table("b").unwrap());
-    w.create_item(&by_a, 2, 1.0, None).unwrap();
-    w.create_item(&by_b, 1, 1.0, None).unwrap();
+    w.create_item(&by_a, 2, 1.0, &[], None).unwrap();
+    w.create_item(&by_b, 1, 1.0, &[], None).unwrap();
     assert_eq!((a.size(), b.size()), (1, 1));
     let e = w.table("nope").err().unwrap();
     assert!(matches!(e, Error::NotFound(_)) && e.to_string().contains("'nope'"), "{e}");
@@ -222,7 +222,7 @@ fn extend_into_a_full_store_appends_nothing() {
     let a: Vec<u8> = vs.iter().flat_map(|v| v.to_ne_bytes()).collect();
     let b: Vec<u8> = vs.iter().flat_map(|&v| [v as u8; 3]).collect();
     w.extend(&[&a[..48], &b[..18]], 6, None).unwrap();
-    w.create_item(&t, 6, 1.0, None).unwrap();
+    w.create_item(&t, 6, 1.0, &[], None).unwrap();
     let e = w.extend(&[&a[..24], &b[..9]], 3, None).unwrap_err();
     assert!(matches!(e, Error::ResourceExhausted(_)), "{e}");
     assert_eq!(w.episode_steps(), 6);
@@ -237,7 +237,7 @@ fn writer_for_another_store_is_rejected() {
     let t = table(&s2, "t", 4);
     let mut w = Writer::new(s1.clone(), None).unwrap();
     append(&mut w, 1);
-    let e = w.create_item(&t, 1, 1.0, None).unwrap_err().to_string();
+    let e = w.create_item(&t, 1, 1.0, &[], None).unwrap_err().to_string();
     assert!(e.contains("different store"), "{e}");
 }
 
@@ -250,9 +250,9 @@ fn create_items_makes_one_item_per_step_of_an_extend() {
     let a: Vec<u8> = vs.iter().flat_map(|v| v.to_ne_bytes()).collect();
     let b: Vec<u8> = vs.iter().flat_map(|&v| [v as u8; 3]).collect();
     w.extend(&[&a, &b], 6, None).unwrap();
-    let keys = w.create_items(&t, 2, &[1.0, 2.0, 3.0], None).unwrap();
+    let keys = w.create_items(&t, 2, &[1.0, 2.0, 3.0], &[], None).unwrap();
     assert_eq!(keys.len(), 3);
-    let e = w.create_items(&t, 2, &[1.0; 6], None).unwrap_err().to_string();
+    let e = w.create_items(&t, 2, &[1.0; 6], &[], None).unwrap_err().to_string();
     assert!(e.contains("6 items of 2 steps") && e.contains("need 7 steps"), "{e}");
     assert_eq!(contents(&s, &t), vec![vec![2, 3], vec![3, 4], vec![4, 5]]);
 }
