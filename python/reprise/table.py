@@ -76,6 +76,18 @@ def _items_in(data) -> int:
     return 0
 
 
+_ITEM_SETTINGS = ("attributes", "max_staleness")
+
+
+def _item_settings(name: str, items: dict) -> dict:
+    """The item settings a queue or stack passes on (anything else is refused)."""
+    for k in items:
+        if k not in _ITEM_SETTINGS:
+            raise InvalidArgument(f"table '{name}': unexpected setting {k!r}; a queue or stack takes "
+                                  f"{list(_ITEM_SETTINGS)} besides its own")
+    return items
+
+
 class Table:
     """A replay table.
 
@@ -188,17 +200,20 @@ class Table:
         return t
 
     @classmethod
-    def queue(cls, name: str, store: Store, max_size: int, seed: int | None = None) -> "Table":
+    def queue(cls, name: str, store: Store, max_size: int, seed: int | None = None, **items) -> "Table":
         """Fifo in, Fifo out, each item sampled exactly once; inserts block while
-        ``max_size`` items wait, samples block while none does."""
+        ``max_size`` items wait, samples block while none does. ``items``: the
+        item settings a table takes (``attributes``, ``max_staleness``)."""
         return cls(name, store, sampler=Fifo(), remover=Fifo(), max_size=max_size,
-                   rate_limiter=Queue(max_size), max_times_sampled=1, seed=seed, evict_when_store_full=False)
+                   rate_limiter=Queue(max_size), max_times_sampled=1, seed=seed, evict_when_store_full=False,
+                   **_item_settings(name, items))
 
     @classmethod
-    def stack(cls, name: str, store: Store, max_size: int, seed: int | None = None) -> "Table":
+    def stack(cls, name: str, store: Store, max_size: int, seed: int | None = None, **items) -> "Table":
         """Like ``queue`` but the newest item comes out first."""
         return cls(name, store, sampler=Lifo(), remover=Lifo(), max_size=max_size,
-                   rate_limiter=Stack(max_size), max_times_sampled=1, seed=seed, evict_when_store_full=False)
+                   rate_limiter=Stack(max_size), max_times_sampled=1, seed=seed, evict_when_store_full=False,
+                   **_item_settings(name, items))
 
     def __reduce__(self):
         """Pickles a copy, with its store (``reprise.pickling``): the unpickled table

@@ -1,0 +1,411 @@
+"""Asynchronous RL for large models: item attributes, policy versions and bounded
+staleness, token budgets, packing and splitting (in process; docs/async-rl.md)."""
+
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+from test_selectors_stats import CHI2_999, chi_square
+
+import reprise as rp
+
+SIG = {"token": rp.Field((), "int32"), "logprob": rp.Field((), "float32"), "mask": rp.Field((), "bool")}
+ATTRS = {"version": "int64", "reward": "float32", "group": "int64"}
+
+
+def token_store(capacity=1 << 16, block_steps=256):
+    return rp.Store(SIG, capacity=capacity, block_steps=block_steps)
+
+
+def write(table, lengths, versions=None, start=0):
+    """Writes one sequence per length; token j of sequence i is ``i * 100_000 + j``.
+    Returns the keys."""
+    keys = []
+    with table.store.writer() as w:
+        for k, n in enumerate(lengths):
+            i = start + k
+            toks = (i * 100_000 + np.arange(n)).astype(np.int32)
+            w.extend({"token": toks, "logprob": -toks.astype(np.float32), "mask": toks % 2 == 0})
+            v = 0 if versions is None else versions[k]
+            keys.append(w.create_item(table, num_steps=n, priority=1.0,
+                                      attributes={"version": v, "reward": float(i), "group": i}))
+            w.end_episode()
+    return np.array(keys, dtype=np.uint64)
+
+
+def fingerprint(t):
+    i = t.info()
+    return (i["size"], i["num_inserts"], i["num_samples"], i["stale_removed"], i["stale_dropped"],
+            tuple(map(tuple, t.items())))
+
+
+# --- attributes -----------------------------------------------------------------------
+
+def test_attributes_come_back_with_every_draw_in_their_dtypes():
+    store = token_store()
+    t = rp.Table("r", store, sampler=rp.selectors.Fifo(), max_size=100, attributes=ATTRS)
+    assert t.attributes == ATTRS
+    write(t, [3, 5])
+    s = t.sample(2)
+    assert {k: v.dtype.name for k, v in s.attributes.items()} == ATTRS
+    assert s.attributes["reward"].tolist() == [0.0, 0.0] and s.attributes["group"].tolist() == [0, 0]
+    keys = t.insert({"token": np.ones((2, 4), np.int32), "logprob": np.zeros((2, 4), np.float32),
+                     "mask": np.ones((2, 4), bool)}, [1.0, 2.0], attributes={"version": 7, "reward": [0.5, 1.5],
+                                                                             "group": np.array([9, 10])})
+    found, ok = t.attributes_of(keys)
+    assert ok.all() and found["reward"].tolist() == [0.5, 1.5] and found["version"].tolist() == [7, 7]
+    assert t.sample(1, device="cpu").attributes["group"].dtype == np.int64  # numpy beside torch data
+
+
+@pytest.mark.parametrize("attributes, message", [
+    (None, "every item needs its attributes"),
+    ({"version": 1, "reward": 1.0}, "attribute 'group' is missing"),
+    ({"version": 1, "reward": 1.0, "group": 1, "extra": 2}, "no attribute 'extra'"),
+    ({"version": 1.5, "reward": 1.0, "group": 1}, "would lose their kind"),
+    ({"version": [1, 2, 3], "reward": 1.0, "group": 1}, "expected one value for every item, [1]"),
+    ({"version": "x", "reward": 1.0, "group": 1}, "must be numeric"),
+])
+def test_bad_attributes_are_refused_and_change_nothing(attributes, message):
+    store = token_store()
+    t = rp.Table("r", store, max_size=100, attributes=ATTRS)
+    write(t, [4])
+    before = fingerprint(t)
+    with store.writer() as w:
+        w.extend({"token": np.zeros(2, np.int32), "logprob": np.zeros(2, np.float32), "mask": np.zeros(2, bool)})
+        with pytest.raises((rp.errors.InvalidArgument, rp.errors.NotFound), match=message.replace("[", r"\[")):
+            w.create_item(t, num_steps=2, priority=1.0, attributes=attributes)
+    data = {"token": np.zeros((1, 2), np.int32), "logprob": np.zeros((1, 2), np.float32), "mask": np.zeros((1, 2), bool)}
+    with pytest.raises((rp.errors.InvalidArgument, rp.errors.NotFound), match=message.replace("[", r"\[")):
+        t.insert(data, 1.0, attributes=attributes)
+    assert fingerprint(t) == before
+
+
+def test_attribute_schemas_are_checked():
+    store = token_store()
+    with pytest.raises(rp.errors.InvalidArgument, match="attribute 'v' has dtype 'nope'"):
+        rp.Table("a", store, attributes={"v": "nope"})
+    with pytest.raises(rp.errors.InvalidArgument, match="needs an int64 attribute 'version'"):
+        rp.Table("b", store, attributes={"reward": "float32"}, max_staleness=1)
+    with pytest.raises(rp.errors.InvalidArgument, match="'version' to be int64"):
+        rp.Table("c", store, attributes={"version": "float64"}, max_staleness=1)
+    with pytest.raises(rp.errors.InvalidArgument, match="max_staleness must be >= 0"):
+        rp.Table("d", store, attributes=ATTRS, max_staleness=-1)
+    t = rp.Table("e", store)
+    with pytest.raises(rp.errors.InvalidArgument, match="has no attributes"):
+        t.insert({"token": np.zeros((1, 1), np.int32), "logprob": np.zeros((1, 1), np.float32),
+                  "mask": np.zeros((1, 1), bool)}, 1.0, attributes={"x": 1})
+    with pytest.raises(rp.errors.InvalidArgument, match="set_version needs an int64 attribute 'version'"):
+        t.set_version(1)
+    assert t.version is None and len(t) == 0
+
+
+def test_update_attributes_writes_back_rewards_and_skips_evicted_keys():
+    store = token_store()
+    t = rp.Table("r", store, max_size=2, attributes=ATTRS)
+    keys = write(t, [2, 2, 2])  # the first is evicted by the third
+    assert t.update_attributes(keys, {"reward": [10.0, 11.0, 12.0]}) == 2
+    found, ok = t.attributes_of(keys)
+    assert ok.tolist() == [False, True, True] and found["reward"].tolist() == [0.0, 11.0, 12.0]
+    before = fingerprint(t), t.attributes_of(keys)[0]["reward"].tolist()
+    with pytest.raises(rp.errors.InvalidArgument, match="would lose their kind"):
+        t.update_attributes(keys, {"reward": [1.0, 1.0, 1.0], "group": [0.5, 0.5, 0.5]})
+    with pytest.raises(rp.errors.NotFound, match="no attribute 'nope'"):
+        t.update_attributes(keys, {"nope": 1})
+    with pytest.raises(rp.errors.InvalidArgument, match=r"expected one value for every item, \[3\]"):
+        t.update_attributes(keys, {"reward": [1.0]})
+    assert (fingerprint(t), t.attributes_of(keys)[0]["reward"].tolist()) == before
+
+
+# --- versions and staleness -----------------------------------------------------------
+
+def test_set_version_removes_stale_items_at_once_and_late_rollouts_are_dropped():
+    store = token_store()
+    t = rp.Table("r", store, max_size=1000, attributes=ATTRS, max_staleness=2)
+    write(t, [2] * 6, versions=[0, 1, 2, 3, 4, 5])
+    assert t.version == 0 and t.max_staleness == 2
+    assert t.set_version(4) == 2  # versions 0 and 1 are below 4 - 2
+    assert t.info()["stale_removed"] == 2 and len(t) == 4
+    with pytest.raises(rp.errors.InvalidArgument, match="below the current version 4"):
+        t.set_version(3)
+    keys = write(t, [2, 2], versions=[1, 6], start=10)
+    assert keys[0] == 0 and keys[1] != 0  # a late rollout is dropped, not an error
+    assert t.info()["stale_dropped"] == 1
+    s = t.sample(500)
+    assert s.attributes["version"].min() >= 2
+    st_ = t.stats()["Staleness"]
+    assert st_["version"] == 4 and st_["draws"] == 500 and st_["ahead"] == (s.attributes["version"] > 4).sum()
+    assert sum(st_["behind"]) + st_["ahead"] == 500
+
+
+def test_updating_a_version_under_max_staleness_is_refused():
+    t = rp.Table("r", token_store(), attributes=ATTRS, max_staleness=0)
+    keys = write(t, [1])
+    with pytest.raises(rp.errors.InvalidArgument, match="version is fixed"):
+        t.update_attributes(keys, {"version": 5, "reward": 1.0})
+    assert t.attributes_of(keys)[0]["reward"].tolist() == [0.0]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.one_of(st.tuples(st.just("insert"), st.lists(st.integers(-2, 10), min_size=1, max_size=4)),
+                          st.tuples(st.just("version"), st.integers(0, 3)),
+                          st.tuples(st.just("sample"), st.integers(1, 6))), min_size=1, max_size=25),
+       st.integers(0, 2))
+def test_staleness_matches_a_plain_model(ops, k):
+    store = token_store(capacity=1 << 14, block_steps=64)
+    t = rp.Table("r", store, max_size=10_000, attributes=ATTRS, max_staleness=k, seed=1)
+    model, current, n = {}, 0, 0
+    for op, arg in ops:
+        if op == "insert":
+            keys = write(t, [1] * len(arg), versions=arg, start=n)
+            n += len(arg)
+            for key, v in zip(keys, arg):
+                assert (key == 0) == (v < current - k)
+                if key:
+                    model[int(key)] = v
+        elif op == "version":
+            current += arg
+            before = len(model)
+            model = {key: v for key, v in model.items() if v >= current - k}
+            assert t.set_version(current) == before - len(model)
+        elif model:
+            s = t.sample(arg)
+            assert all(model[int(key)] == v for key, v in zip(s.keys, s.attributes["version"]))
+        assert sorted(int(i[0]) for i in t.items()) == sorted(model)
+
+
+def test_no_stale_item_is_drawn_while_writers_commit_and_the_version_moves():
+    store = token_store(capacity=1 << 18, block_steps=256)
+    t = rp.Table("r", store, max_size=100_000, attributes=ATTRS, max_staleness=1)
+    stop = threading.Event()
+    lock = threading.Lock()
+    version = [0]
+    bad = []
+
+    def writer(seed):
+        rng = np.random.default_rng(seed)
+        with store.writer() as w:
+            while not stop.is_set():
+                v = version[0] - int(rng.integers(0, 3))  # some late, some current
+                w.extend({"token": np.zeros(3, np.int32), "logprob": np.zeros(3, np.float32),
+                          "mask": np.zeros(3, bool)})
+                w.create_item(t, num_steps=3, priority=1.0, attributes={"version": v, "reward": 0.0, "group": 0})
+                w.end_episode()
+
+    def sampler():
+        while not stop.is_set():
+            with lock:
+                floor = version[0] - 1  # set_version(version[0]) has returned
+            try:
+                s = t.sample(16, timeout=0.05)
+            except rp.errors.Timeout:
+                continue
+            if (s.attributes["version"] < floor).any():
+                bad.append((floor, s.attributes["version"].min()))
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(2)] + [threading.Thread(target=sampler)]
+    for th in threads:
+        th.start()
+    try:
+        for v in range(1, 40):
+            with lock:
+                t.set_version(v)
+                version[0] = v
+    finally:
+        stop.set()
+        for th in threads:
+            th.join(timeout=30)
+    assert not bad
+    info = t.info()
+    assert info["stale_removed"] + info["stale_dropped"] > 0
+    assert all(v >= 38 for v in t.attributes_of([i[0] for i in t.items()])[0]["version"])
+
+
+# --- token budgets, packing, splitting ------------------------------------------------
+
+def expected_tokens(key_to_index, keys, lengths):
+    return np.concatenate([(key_to_index[int(k)] * 100_000 + np.arange(n)).astype(np.int32)
+                           for k, n in zip(keys, lengths)])
+
+
+def test_a_token_budget_packs_whole_items_with_no_padding_anywhere():
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(1, 300, size=60)
+    store = token_store(capacity=1 << 16)
+    t = rp.Table("r", store, max_size=1000, attributes=ATTRS, seed=5)
+    keys = write(t, lengths)
+    index = {int(k): i for i, k in enumerate(keys)}
+    for budget in (300, 1000, 4096):
+        s = t.sample(tokens=budget)
+        assert 1 <= len(s) and s.num_steps <= budget
+        assert s.packed_data["token"].shape == (s.num_steps,)
+        p = s.packed()
+        assert p.data["token"] is s.packed_data["token"]  # already packed: no copy
+        assert p.cu_seqlens.dtype == np.int32 and p.cu_seqlens[0] == 0
+        assert np.array_equal(np.diff(p.cu_seqlens), s.lengths) and p.total_steps == s.num_steps
+        np.testing.assert_array_equal(p.data["token"], expected_tokens(index, s.keys, s.lengths))
+        np.testing.assert_array_equal(p.data["logprob"], -p.data["token"].astype(np.float32))
+        np.testing.assert_array_equal(p.position_ids, np.concatenate([np.arange(n) for n in s.lengths]))
+        assert p.max_seqlen == s.lengths.max()
+        assert s.attributes["reward"].tolist() == [float(index[int(k)]) for k in s.keys]
+        # data pads on demand, to the longest.
+        assert s.data["token"].shape == (len(s), s.lengths.max())
+        for i, n in enumerate(s.lengths):
+            assert (s.data["token"][i, n:] == 0).all()
+
+
+def test_a_padded_sample_packs_to_the_same_layout():
+    store = token_store()
+    t = rp.Table("r", store, sampler=rp.selectors.Fifo(), max_size=100, attributes=ATTRS)
+    write(t, [5, 2, 7])
+    s = t.sample(3)
+    p = s.packed(fields=["token"])
+    assert list(p.data) == ["token"] and p.cu_seqlens.tolist() == [0, 5, 10, 15]
+    with pytest.raises(rp.errors.InvalidArgument, match="unknown field 'nope'"):
+        s.packed(fields=["nope"])
+    torch = pytest.importorskip("torch")
+    q = t.sample(tokens=12).packed(device="cpu")
+    assert isinstance(q.data["token"], torch.Tensor) and isinstance(q.cu_seqlens, torch.Tensor)
+    assert q.cu_seqlens.dtype == torch.int32
+
+
+def test_token_budget_bad_inputs_change_nothing():
+    store = token_store()
+    t = rp.Table("r", store, sampler=rp.selectors.Fifo(), max_size=100, attributes=ATTRS)
+    write(t, [50, 10])
+    before = fingerprint(t)
+    with pytest.raises(rp.errors.InvalidArgument, match="50 steps, more than the whole token budget of 49"):
+        t.sample(tokens=49)
+    with pytest.raises(rp.errors.InvalidArgument, match="n or tokens, not both"):
+        t.sample(4, tokens=100)
+    with pytest.raises(rp.errors.InvalidArgument, match="needs n"):
+        t.sample()
+    with pytest.raises(rp.errors.InvalidArgument, match="tokens must be >= 1"):
+        t.sample(tokens=0)
+    with pytest.raises(rp.errors.NotFound, match="unknown field 'nope'"):
+        t.sample(tokens=100, fields=["nope"])
+    assert fingerprint(t) == before
+    with pytest.raises(rp.errors.Timeout):
+        rp.Table("empty", store, attributes=ATTRS).sample(tokens=10, timeout=0.05)
+
+
+def test_token_budget_picks_follow_the_sampler_distribution():
+    """Equal-length items under Uniform: every pick of a budget draw is uniform, so
+    item counts over many draws pass a chi-square test; under Prioritized with
+    unequal priorities (the negative control) they fail it."""
+    def counts(sampler, priorities):
+        store = token_store(capacity=1 << 14, block_steps=64)
+        t = rp.Table("r", store, sampler=sampler, max_size=100, attributes=ATTRS, seed=11)
+        keys = write(t, [4] * 20)
+        t.update_priorities(keys, priorities)
+        c = {int(k): 0 for k in keys}
+        for _ in range(300):
+            for k in t.sample(tokens=40).keys:
+                c[int(k)] += 1
+        return np.array(list(c.values()))
+
+    uniform = counts(rp.selectors.Uniform(), np.ones(20))
+    assert uniform.sum() == 3000
+    assert chi_square(uniform, np.full(20, 1 / 20)) < CHI2_999[19]
+    skewed = counts(rp.selectors.Prioritized(1.0), np.linspace(0.1, 2.0, 20))
+    assert chi_square(skewed, np.full(20, 1 / 20)) > 3 * CHI2_999[19]
+
+
+def test_split_balances_tokens_and_keeps_every_item_exactly_once():
+    rng = np.random.default_rng(9)
+    store = token_store(capacity=1 << 17)
+    t = rp.Table("r", store, max_size=1000, attributes=ATTRS, seed=2)
+    keys = write(t, rng.integers(1, 2000, size=80))
+    index = {int(k): i for i, k in enumerate(keys)}
+    s = t.sample(tokens=30_000)
+    for k in (1, 3, 4, 8):
+        parts = s.split(k, balance="tokens")
+        assert len(parts) == k
+        assert sorted(np.concatenate([p.keys for p in parts]).tolist()) == sorted(s.keys.tolist())
+        loads = [p.num_steps for p in parts]
+        assert sum(loads) == s.num_steps
+        assert max(loads) - min(loads) <= s.lengths.max()  # LPT: within one longest item
+        for p in parts:
+            q = p.packed()
+            np.testing.assert_array_equal(q.data["token"], expected_tokens(index, p.keys, p.lengths))
+            assert p.attributes["reward"].tolist() == [float(index[int(x)]) for x in p.keys]
+    assert [len(p) for p in s.split(2, balance="items")] in ([len(s) // 2, len(s) - len(s) // 2],
+                                                             [len(s) - len(s) // 2, len(s) // 2])
+    with pytest.raises(rp.errors.InvalidArgument, match="k must be an int >= 1"):
+        s.split(0)
+    with pytest.raises(rp.errors.InvalidArgument, match="balance must be"):
+        s.split(2, balance="bytes")
+
+
+def test_million_token_batches_draw_and_pack():
+    store = token_store(capacity=1 << 21, block_steps=4096)
+    t = rp.Table("r", store, max_size=1000, attributes=ATTRS, seed=4)
+    write(t, [16_384] * 100)
+    s = t.sample(tokens=1 << 20)
+    assert s.num_steps == 64 * 16_384 and s.packed().total_steps == 1 << 20
+
+
+# --- consume once, partial rollouts, checkpoints --------------------------------------
+
+def test_a_queue_of_versioned_rollouts_hands_each_out_once_by_token_budget():
+    store = token_store()
+    q = rp.Table.queue("rollouts", store, max_size=100, attributes=ATTRS, max_staleness=0)
+    write(q, [10] * 6, versions=[0, 0, 1, 1, 1, 1])
+    q.set_version(1)
+    assert len(q) == 4
+    a = q.sample(tokens=25)
+    b = q.sample(tokens=25)
+    assert len(a) == 2 and len(b) == 2 and len(q) == 0
+    assert set(a.keys.tolist()).isdisjoint(b.keys.tolist())
+    with pytest.raises(rp.errors.InvalidArgument, match="unexpected setting 'group_sizes'"):
+        rp.Table.queue("x", store, max_size=4, group_sizes=2)
+
+
+def test_a_partial_rollout_is_resumed_by_another_worker_with_per_token_versions():
+    """verl/AReaL partial rollouts with the primitives: a queue of partial sequences
+    whose steps carry the version that generated them; the next worker takes one
+    (consume once), extends it under the new policy and puts it back or finishes it."""
+    sig = {"token": rp.Field((), "int32"), "version": rp.Field((), "int64")}
+    store = rp.Store(sig, capacity=1 << 12, block_steps=64)
+    partial = rp.Table.queue("partial", store, max_size=16, attributes={"version": "int64"})
+    done = rp.Table("done", store, max_size=16, attributes={"version": "int64"})
+    with store.writer() as w:  # worker A generates 5 tokens under version 3, then weights change
+        w.extend({"token": np.arange(5, dtype=np.int32), "version": np.full(5, 3)})
+        w.create_item(partial, num_steps=5, priority=1.0, attributes={"version": 3})
+    s = partial.sample(1)  # worker B picks it up under version 4
+    n = int(s.lengths[0])
+    prefix = {k: v[0, :n] for k, v in s.data.items()}
+    with store.writer() as w:
+        w.extend(prefix)
+        w.extend({"token": np.arange(5, 9, dtype=np.int32), "version": np.full(4, 4)})
+        w.create_item(done, num_steps=9, priority=1.0, attributes={"version": 3})  # oldest token's version
+    out = done.sample(1)
+    assert len(partial) == 0
+    assert out.data["version"][0].tolist() == [3] * 5 + [4] * 4
+    assert out.data["token"][0].tolist() == list(range(9))
+    assert out.attributes["version"].tolist() == [3]
+
+
+def test_attributes_versions_and_staleness_figures_survive_a_checkpoint(tmp_path):
+    store = token_store()
+    t = rp.Table("r", store, max_size=1000, attributes=ATTRS, max_staleness=1, seed=3)
+    write(t, [3, 4, 5, 6], versions=[0, 1, 2, 2])
+    t.set_version(2)
+    write(t, [2], versions=[0], start=9)  # dropped
+    t.sample(10)
+    path = rp.checkpoint.save(tmp_path, [t])
+    loaded = rp.checkpoint.load(path)
+    try:
+        u = loaded["r"]
+        assert u.attributes == ATTRS and u.max_staleness == 1 and u.version == 2
+        for k in ("size", "stale_removed", "stale_dropped", "version"):
+            assert u.info()[k] == t.info()[k]
+        keys = [i[0] for i in t.items()]
+        a, b = t.attributes_of(keys)[0], u.attributes_of(keys)[0]
+        assert all(np.array_equal(a[k], b[k]) for k in ATTRS)
+        assert u.stats()["Staleness"] == t.stats()["Staleness"]
+        assert u.set_version(3) == 1  # the version index was rebuilt
+        assert u.sample(tokens=20).attributes["version"].min() >= 2
+    finally:
+        for s in {id(x.store): x.store for x in loaded.values()}.values():
+            s.close()
