@@ -19,9 +19,9 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-REPRISE_KEYS = ["insert", "sample_pack", "staleness"]
-TORCHRL_KEYS = ["insert", "insert[prebuilt]", "sample_pack", "sample_pack[groups]", "staleness",
-                "staleness[max_size]"]
+REPRISE_KEYS = ["insert", "sample_pack", "sample_pack[first]", "staleness"]
+TORCHRL_KEYS = ["insert", "insert[prebuilt]", "sample_pack", "sample_pack[first]", "sample_pack[groups]",
+                "staleness", "staleness[max_size]"]
 
 
 def errors_in(tree, path: str = "") -> list[str]:
@@ -59,6 +59,7 @@ def test_async_rl_quick_measures_both_systems_and_states_the_goal(tmp_path):
             if k.startswith(("sample_pack", "staleness")):
                 assert e["check"]["checked_items"] >= 1 and e["check"]["checked_tokens"] > 0, (name, k, e["check"])
                 assert e["tokens_per_call"] > 0 and e["items_per_call"] >= 1, (name, k)
+                assert e["minor_faults_per_call"] >= 0, (name, k)
     # Reprise's draw keeps to the token budget; the staleness draws only fresh enough items
     assert reprise["sample_pack"]["check"]["checked_tokens"] <= budget
     assert reprise["sample_pack"]["tokens_per_call"] <= budget
@@ -69,7 +70,8 @@ def test_async_rl_quick_measures_both_systems_and_states_the_goal(tmp_path):
     assert reprise["staleness"]["version_reported"] == reprise["staleness"]["final_version"]
     assert torchrl["sample_pack[groups]"]["check"]["whole_groups"]
     summary = report["summary"]
-    for row in ("insert", "sample_pack", "staleness", "insert[prebuilt]", "staleness[max_size]"):
+    for row in ("insert", "sample_pack", "staleness", "sample_pack[first]", "insert[prebuilt]",
+                "staleness[max_size]"):
         assert summary[row]["ratio"] > 0, (row, summary[row])
     assert "ratio" not in summary["sample_pack[groups]"]
     (goal,) = report["goals"]

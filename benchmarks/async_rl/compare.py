@@ -25,7 +25,10 @@ with ``torch.cat``; ``StalenessAwareSampler`` for 3. Extra TorchRL rows, each ma
 ``insert[prebuilt]`` (TensorDicts built before the clock), ``sample_pack[groups]``
 (``PromptGroupSampler``: whole groups, which Reprise cannot do this session: it draws
 items), ``staleness[max_size]`` (storage of 100,000 items like Reprise's table instead of
-the staleness window). The README section "Async RL" says more.
+the staleness window). And ``sample_pack[first]`` on both sides: the same draw as the very
+first workload of a fresh process, where the C allocator has not yet grown its heap and a
+draw's new output buffers page-fault (the other rows run after ``insert``). The README
+section "Async RL" says more.
 
 Both sides run in this python (``sys.executable``), each in a fresh process per pass,
 passes alternating which goes first; each number is the median over every round of every
@@ -50,6 +53,8 @@ SYSTEMS = [("reprise", "benchmarks.async_rl.reprise_async"), ("torchrl", "benchm
 ROWS = [("insert", "insert", "insert", "insert groups of 8 with attributes"),
         ("sample_pack", "sample_pack", "sample_pack", "draw 65,536 tokens + pack (varlen)"),
         ("staleness", "staleness", "staleness", "draw + pack, max_staleness=2, version moving, inserting"),
+        ("sample_pack[first]", "sample_pack[first]", "sample_pack[first]",
+         "extra: sample_pack first thing in a fresh process (allocator not yet warm)"),
         ("insert[prebuilt]", "insert", "insert[prebuilt]", "extra: TorchRL's TensorDicts built before the clock"),
         ("sample_pack[groups]", None, "sample_pack[groups]",
          "extra: whole GRPO groups (TorchRL PromptGroupSampler; Reprise cannot)"),
@@ -109,7 +114,7 @@ def summarize_entry(entries: list[dict]) -> dict | None:
     rounds = [r for e in good for r in e["rounds"]]
     out = {"tokens_per_s": statistics.median(rounds), "passes": len(good), "rounds": len(rounds),
            "path": good[0]["path"]}
-    for k in ("tokens_per_call", "items_per_call", "us_per_call", "cold_tokens_per_s"):
+    for k in ("tokens_per_call", "items_per_call", "us_per_call", "cold_tokens_per_s", "minor_faults_per_call"):
         if k in good[0]:
             out[k] = statistics.median([e[k] for e in good])
     for k in ("stored_items_at_end", "final_version", "stale_removed", "stale_dropped", "items_per_draw"):
@@ -151,7 +156,8 @@ def _rate(e: dict | None) -> str:
 def _per_draw(e: dict | None) -> str:
     if not e or "tokens_per_call" not in e:
         return "—"
-    return f"{e['tokens_per_call']:,.0f} / {e['items_per_call']:.1f}"
+    return (f"{e['tokens_per_call']:,.0f} / {e['items_per_call']:.1f} / {e['us_per_call']:,.0f}"
+            f" / {e['minor_faults_per_call']:,.0f}")
 
 
 def build_markdown(report: dict) -> str:
@@ -197,7 +203,11 @@ def build_markdown(report: dict) -> str:
         rows.append([row, s["what"], _rate(s["reprise"]), _rate(s["torchrl"]), ratio,
                      _per_draw(s["reprise"]), _per_draw(s["torchrl"])])
     out += md_table(["workload", "what", "Reprise tokens/s", "TorchRL tokens/s", "Reprise / TorchRL",
-                     "Reprise tokens / items per draw", "TorchRL tokens / items per draw"], rows)
+                     "Reprise per draw: tokens / items / us / page faults",
+                     "TorchRL per draw: tokens / items / us / page faults"], rows)
+    out += ["", "`sample_pack[first]` runs before anything else in each side's process: a draw's new output "
+            "buffers then page-fault (glibc maps and trims them until a block of several MB has been freed once); "
+            "every other row runs after `insert` in both processes."]
     out += ["", "## Paths", ""]
     for row, s in summ.items():
         for side in ("reprise", "torchrl"):

@@ -167,6 +167,7 @@ def main() -> None:
     seqs = wl.Sequences(cfg, cfg.insert_groups)
     bench.notes.append(f"sequences: {seqs.describe()}")
     bench.notes.append("draws take items, not whole groups: group admission (group_size=) is not implemented")
+    bench.run("sample_pack[first]", sample_pack, cfg, seqs)  # first: the allocator as a new process has it
     bench.run("insert", insert, cfg, seqs)
     bench.run("sample_pack", sample_pack, cfg, seqs)
     bench.cannot("sample_pack[groups]", "no group admission: Reprise samples items, not whole GRPO groups")

@@ -32,6 +32,14 @@ Workloads (keys of each side's ``results``; a row's number is tokens/s):
   ``stale_new_groups`` new groups of the new version are inserted. Inserts and version
   changes are inside the timed span; tokens/s counts the tokens drawn.
 
+- ``sample_pack[first]``: ``sample_pack`` run first thing in each side's fresh process,
+  before any other workload. Where a draw's output buffers come from depends on the C
+  allocator's state: glibc serves large blocks by mmap and trims the heap's top until a
+  block of several MB has been freed once, after which they come from already-mapped heap
+  pages. A fresh process pays a page fault per 4 KiB of every draw's new buffers
+  (``minor_faults_per_call``); a process that has run for a while (here: after the
+  ``insert`` workload) does not. The other rows run after ``insert`` in both processes.
+
 Timing: each sample workload warms up (>= 2 calls and ``warmup_seconds``), then runs
 ``rounds`` rounds of >= 2 calls and ``round_seconds``; a round's rate is the tokens its
 calls returned over its seconds; the entry's number is the median round.
@@ -39,6 +47,7 @@ calls returned over its seconds; the entry's number is the median round.
 
 from __future__ import annotations
 
+import resource
 import statistics
 import time
 from typing import Callable
@@ -126,6 +135,7 @@ def token_rounds(call: Callable[[], tuple[int, int]], cfg) -> dict:
         call()
         n += 1
     rates, calls, tokens, items = [], 0, 0, 0
+    faults0 = minor_faults()
     for _ in range(cfg.rounds):
         c = tok = 0
         t0 = time.perf_counter()
@@ -140,7 +150,14 @@ def token_rounds(call: Callable[[], tuple[int, int]], cfg) -> dict:
         tokens += tok
     return {"tokens_per_s": statistics.median(rates), "rounds": rates, "calls": calls,
             "tokens_per_call": tokens / calls, "items_per_call": items / calls,
-            "us_per_call": 1e6 * statistics.median([tokens / calls / r for r in rates])}
+            "us_per_call": 1e6 * statistics.median([tokens / calls / r for r in rates]),
+            "minor_faults_per_call": (minor_faults() - faults0) / calls}
+
+
+def minor_faults() -> int:
+    """This process's minor page faults so far (a draw whose output buffers come from fresh
+    pages pays one per 4 KiB page)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def insert_passes(insert_all: Callable[[], None], empty: Callable[[], None], tokens: int, cfg,

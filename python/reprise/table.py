@@ -76,7 +76,7 @@ def _items_in(data) -> int:
     return 0
 
 
-_ITEM_SETTINGS = ("attributes", "max_staleness")
+_ITEM_SETTINGS = ("attributes", "max_staleness", "group_size", "group_timeout", "on_group_timeout")
 
 
 def _item_settings(name: str, items: dict) -> dict:
@@ -113,14 +113,21 @@ class Table:
     ``max_staleness=k`` (needs an int64 attribute ``version``): an item whose
     version is below ``table.version - k`` is never drawn; ``set_version`` removes
     such items at once and an insert that is already stale is dropped (its key is
-    0). See docs/async-rl.md.
+    0). ``group_size=G`` (needs an int64 attribute ``group``): items become
+    sampleable only in whole groups of G (GRPO's prompt groups); ``sample(n)``
+    (n a multiple of G) returns whole groups side by side, picked by the sampler
+    with a group's priority the sum of its members'. A group still incomplete
+    ``group_timeout`` seconds after its first member arrived is dropped
+    (``on_group_timeout="drop"``) or admitted as it is (``"partial"``). See
+    docs/async-rl.md.
     """
 
     def __init__(self, name: str, store: Store, sampler: Selector | None = None, remover: Selector | None = None,
                  max_size: int | None = None, rate_limiter: RateLimiter | None = None,
                  max_times_sampled: int = 0, seed: int | None = None, selection_device: str | None = None,
                  evict_when_store_full: bool = True, extensions=None, attributes: dict | None = None,
-                 max_staleness: int | None = None):
+                 max_staleness: int | None = None, group_size: int | None = None,
+                 group_timeout: float | None = None, on_group_timeout: str = "drop"):
         if not isinstance(name, str) or not name:
             raise InvalidArgument(f"table name must be a non-empty string, got {name!r}")
         if not isinstance(store, Store):
@@ -157,13 +164,25 @@ class Table:
         schema = check_schema(name, attributes)
         if max_staleness is not None:
             max_staleness = as_int(f"table '{name}': max_staleness", max_staleness, minimum=0)
-        if max_staleness is not None and store._device_columns is not None:
-            raise InvalidArgument(f"table '{name}': max_staleness needs a host store in this version; "
+        group = None
+        if group_size is not None:
+            group_size = as_int(f"table '{name}': group_size", group_size, minimum=1)
+            if group_timeout is not None:
+                if isinstance(group_timeout, bool) or not isinstance(group_timeout, (int, float)) \
+                        or not group_timeout >= 0 or group_timeout == float("inf"):
+                    raise InvalidArgument(f"table '{name}': group_timeout must be a finite number of seconds >= 0 "
+                                          f"or None, got {group_timeout!r}")
+                group_timeout = float(group_timeout)
+            group = (group_size, group_timeout, on_group_timeout)
+        elif group_timeout is not None:
+            raise InvalidArgument(f"table '{name}': group_timeout is for tables with group_size")
+        if (max_staleness is not None or group is not None) and store._device_columns is not None:
+            raise InvalidArgument(f"table '{name}': max_staleness and group_size need a host store in this version; "
                                   f"this store keeps its steps on {store.device}")
         native = _native.Table(
             name, store._native, sampler._spec(), remover._spec(), max_size, rate_limiter._spec(),
             max_times_sampled, seed, bool(evict_when_store_full), selection is not None, extensions, schema,
-            max_staleness,
+            max_staleness, group,
         )
         self._store = store
         store._tables[name] = self

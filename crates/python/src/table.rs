@@ -6,6 +6,7 @@ use numpy::{PyArray1, PyReadonlyArray1};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use reprise_core::attributes::{AttributeSpec, Attributes};
+use reprise_core::table::{GroupConfig, OnTimeout};
 use reprise_core::DType;
 use reprise_core::{ExtensionSpec, RateLimiterConfig, SelectorSpec, Table, TableConfig, TableInfo, Wait};
 
@@ -66,7 +67,7 @@ type Admission<'py> = (usize, u64, u64, u64, bool, u32, u32, PySampleRows, Optio
 #[pymethods]
 impl PyTable {
     #[new]
-    #[pyo3(signature = (name, store, sampler, remover, max_size, rate_limiter, max_times_sampled=0, seed=None, evict_when_store_full=true, external_selection=false, extensions=None, attributes=Vec::new(), max_staleness=None))]
+    #[pyo3(signature = (name, store, sampler, remover, max_size, rate_limiter, max_times_sampled=0, seed=None, evict_when_store_full=true, external_selection=false, extensions=None, attributes=Vec::new(), max_staleness=None, group=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -83,7 +84,23 @@ impl PyTable {
         extensions: Option<String>,
         attributes: Vec<(String, String)>,
         max_staleness: Option<i64>,
+        group: Option<(i64, Option<f64>, String)>,
     ) -> PyResult<Self> {
+        let groups = match group {
+            None => None,
+            Some((size, timeout, on_timeout)) => Some(GroupConfig {
+                size: u32::try_from(size).map_err(|_| invalid(py, format!("table '{name}': group_size must be 1 to 2^32-1, got {size}")))?,
+                timeout: match timeout {
+                    None => None,
+                    Some(t) => Some(std::time::Duration::try_from_secs_f64(t).map_err(|_| {
+                        invalid(py, format!("table '{name}': group_timeout must be a finite number of seconds >= 0, got {t}"))
+                    })?),
+                },
+                on_timeout: OnTimeout::from_name(&on_timeout).ok_or_else(|| {
+                    invalid(py, format!("table '{name}': on_group_timeout must be 'drop' or 'partial', got {on_timeout:?}"))
+                })?,
+            }),
+        };
         let specs = attributes
             .into_iter()
             .map(|(name, dtype)| {
@@ -122,6 +139,7 @@ impl PyTable {
             external_selection,
             attributes,
             max_staleness,
+            groups,
             name,
         };
         let table = Table::new(config, &store.store).map_err(py_err(py))?;
@@ -549,6 +567,9 @@ pub fn info_dict<'py>(py: Python<'py>, i: &TableInfo) -> PyResult<Bound<'py, PyD
     d.set_item("version", i.version)?;
     d.set_item("stale_removed", i.stale_removed)?;
     d.set_item("stale_dropped", i.stale_dropped)?;
+    if let Some(g) = &i.groups {
+        d.set_item("groups", py.import("json")?.getattr("loads")?.call1((g.to_string(),))?)?;
+    }
     Ok(d)
 }
 

@@ -51,6 +51,7 @@ mod tests {
             extensions: reprise_core::ExtensionSpec::defaults(),
             attributes: Default::default(),
             max_staleness: None,
+            groups: None,
         };
         let table = Table::new(config, &store).unwrap();
         let values: Vec<u8> = (0..10i64).flat_map(|v| v.to_ne_bytes()).collect();

@@ -481,6 +481,7 @@ mod tests {
             extensions: reprise_core::ExtensionSpec::defaults(),
             attributes: Default::default(),
             max_staleness: None,
+            groups: None,
         };
         Table::new(config, store).expect("a valid table")
     }

@@ -42,6 +42,7 @@ fn setup_with(name: &str, rate_limiter: RateLimiterConfig, max_times_sampled: u3
             extensions: reprise_core::ExtensionSpec::defaults(),
             attributes: Default::default(),
             max_staleness: None,
+            groups: None,
         },
         &store,
     )

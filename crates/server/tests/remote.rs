@@ -44,6 +44,7 @@ fn setup_with(rate_limiter: RateLimiterConfig, options: RemoteServerOptions) -> 
         extensions: reprise_core::ExtensionSpec::defaults(),
         attributes: Default::default(),
         max_staleness: None,
+        groups: None,
     };
     let table = Table::new(config, &store).unwrap();
     let server = RemoteServer::start(vec![table.clone()], "127.0.0.1:0", options).unwrap();

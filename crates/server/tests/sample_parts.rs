@@ -28,6 +28,7 @@ fn table_with(lengths: &[u32]) -> Table {
         extensions: Vec::new(),
         attributes: Default::default(),
         max_staleness: None,
+        groups: None,
     };
     let table = Table::new(config, &store).unwrap();
     let mut w = Writer::new(store, None).unwrap();

@@ -212,6 +212,7 @@ pub fn put_info(f: &mut Frame, i: &reprise_core::TableInfo) {
         f.f64(x);
     }
     f.u64(i.version.is_some() as u64).u64(i.version.unwrap_or(0) as u64).u64(i.stale_removed).u64(i.stale_dropped);
+    f.str(&i.groups.as_ref().map(|g| g.to_string()).unwrap_or_default());
 }
 
 pub fn get_info(r: &mut Reader<'_>) -> Result<reprise_core::TableInfo> {
@@ -244,6 +245,7 @@ pub fn get_info(r: &mut Reader<'_>) -> Result<reprise_core::TableInfo> {
         version: (r.u64()? != 0).then_some(r.u64()? as i64),
         stale_removed: r.u64()?,
         stale_dropped: r.u64()?,
+        groups: serde_json::from_str(&r.str()?).ok(),
     })
 }
 

@@ -33,6 +33,7 @@ impl From<reprise_core::TableInfo> for TableInfo {
             version: i.version,
             stale_removed: i.stale_removed,
             stale_dropped: i.stale_dropped,
+            groups_json: i.groups.map(|g| g.to_string()).unwrap_or_default(),
         }
     }
 }
@@ -65,6 +66,7 @@ impl From<TableInfo> for reprise_core::TableInfo {
             version: i.version,
             stale_removed: i.stale_removed,
             stale_dropped: i.stale_dropped,
+            groups: serde_json::from_str(&i.groups_json).ok(),
         }
     }
 }

@@ -101,6 +101,16 @@ pub struct TableScalars {
     /// The policy version and its counters (version 2; tables with a `version` attribute).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub versions: Option<serde_json::Value>,
+    /// Group settings and counters (version 2; tables with `group_size`): each
+    /// item's role is the table file's byte array `group_role`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_size: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_timeout: Option<F64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_group_timeout: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub groups: Option<serde_json::Value>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -12,7 +12,7 @@ use crate::extensions::{ExtensionSpec, Saved};
 use crate::rate_limiter::RateLimiterConfig;
 use crate::selectors::SelectorSpec;
 use crate::snapshot::{ItemRecord, TableSnapshot};
-use crate::table::TableConfig;
+use crate::table::{GroupConfig, OnTimeout, TableConfig};
 
 /// The manifest scalars and the table file's bytes of a snapshot.
 pub(crate) fn encode(s: &TableSnapshot) -> Result<(TableScalars, Vec<u8>), String> {
@@ -52,6 +52,10 @@ pub(crate) fn encode(s: &TableSnapshot) -> Result<(TableScalars, Vec<u8>), Strin
         attributes: c.attributes.specs().iter().map(|a| (a.name.clone(), a.dtype.name().to_string())).collect(),
         max_staleness: c.max_staleness,
         versions: s.versions.clone(),
+        group_size: c.groups.map(|g| g.size),
+        group_timeout: c.groups.and_then(|g| g.timeout).map(|t| F64(t.as_secs_f64())),
+        on_group_timeout: c.groups.map(|g| g.on_timeout.name().to_string()),
+        groups: s.groups.clone(),
     };
     let it = &s.items;
     let mut arrays = vec![
@@ -68,6 +72,9 @@ pub(crate) fn encode(s: &TableSnapshot) -> Result<(TableScalars, Vec<u8>), Strin
     ];
     if !c.attributes.is_empty() {
         arrays.push(("attributes", Array::U8(it.iter().flat_map(|i| i.attributes.iter().copied()).collect())));
+    }
+    if c.groups.is_some() {
+        arrays.push(("group_role", Array::U8(it.iter().map(|i| i.group_role).collect())));
     }
     if let Some(o) = &s.sampler_order {
         arrays.push(("sampler_order", Array::U32(o.clone())));
@@ -131,6 +138,18 @@ pub(crate) fn decode(scalars: &TableScalars, file: &[u8]) -> Result<TableSnapsho
         )
         .map_err(|e| e.to_string())?,
         max_staleness: i.max_staleness,
+        groups: match i.group_size {
+            None => None,
+            Some(size) => Some(GroupConfig {
+                size,
+                timeout: match i.group_timeout {
+                    None => None,
+                    Some(t) => Some(std::time::Duration::try_from_secs_f64(t.0).map_err(|_| format!("group_timeout {}", t.0))?),
+                },
+                on_timeout: OnTimeout::from_name(i.on_group_timeout.as_deref().unwrap_or("drop"))
+                    .ok_or_else(|| format!("on_group_timeout {:?}", i.on_group_timeout))?,
+            }),
+        },
     };
     ExtensionSpec::validate_list(&config.extensions)?;
     // A checkpoint from before extensions: every built-in, each started empty.
@@ -164,6 +183,12 @@ pub(crate) fn decode(scalars: &TableScalars, file: &[u8]) -> Result<TableSnapsho
         Some(_) => return Err("array 'attributes' has the wrong dtype (expected uint8)".into()),
         None => return Err("no array 'attributes' though the table has attributes".into()),
     };
+    let roles = match a.remove("group_role") {
+        None if config.groups.is_none() => vec![0; n],
+        Some(Array::U8(v)) if v.len() == n => v,
+        Some(_) => return Err("array 'group_role' has the wrong dtype or length (expected uint8, one per item)".into()),
+        None => return Err("no array 'group_role' though the table has groups".into()),
+    };
     if [key.len(), seq.len(), priority.len(), times.len(), num_ranges.len()].iter().any(|&l| l != n)
         || starts.len() != lens.len()
         || num_ranges.iter().map(|&k| k as usize).sum::<usize>() != starts.len()
@@ -177,7 +202,16 @@ pub(crate) fn decode(scalars: &TableScalars, file: &[u8]) -> Result<TableSnapsho
         let ranges = (at..at + k).map(|r| RowRange { start: starts[r], len: lens[r] }).collect();
         at += k;
         let attributes = records[j * record..(j + 1) * record].to_vec();
-        items.push(ItemRecord { slot: slot[j], key: key[j], seq: seq[j], ranges, priority: priority[j], times_sampled: times[j], attributes });
+        items.push(ItemRecord {
+            slot: slot[j],
+            key: key[j],
+            seq: seq[j],
+            ranges,
+            priority: priority[j],
+            times_sampled: times[j],
+            attributes,
+            group_role: roles[j],
+        });
     }
     let order = |a: &mut BTreeMap<String, Array>, key: &str| -> Result<Option<Vec<u32>>, String> {
         if a.contains_key(key) {
@@ -202,5 +236,6 @@ pub(crate) fn decode(scalars: &TableScalars, file: &[u8]) -> Result<TableSnapsho
         remover_order: order(&mut a, "remover_order")?,
         extensions,
         versions: i.versions.clone(),
+        groups: i.groups.clone(),
     })
 }

@@ -40,6 +40,7 @@ fn table(store: &Store, sampler: SelectorSpec, max_times_sampled: u32) -> Table 
         ],
         attributes: Default::default(),
         max_staleness: None,
+        groups: None,
     };
     Table::new(config, store).unwrap()
 }

@@ -35,6 +35,7 @@ fn versioned(s: &Store, sampler: SelectorSpec, max_size: u64, max_staleness: Opt
         extensions: crate::ExtensionSpec::defaults(),
         attributes,
         max_staleness,
+        groups: None,
     };
     Table::new(config, s).unwrap()
 }

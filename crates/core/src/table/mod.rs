@@ -52,6 +52,9 @@ pub struct TableConfig {
     /// Never draw an item whose `version` attribute is below the table's version
     /// minus this (None: no bound). Needs an int64 attribute `version`.
     pub max_staleness: Option<u64>,
+    /// Items become sampleable in whole groups (None: one by one). Needs an
+    /// int64 attribute `group`.
+    pub groups: Option<GroupConfig>,
 }
 
 /// Counters and settings reported by `info()`.
@@ -80,6 +83,9 @@ pub struct TableInfo {
     pub stale_removed: u64,
     /// Items dropped at commit because they were already stale.
     pub stale_dropped: u64,
+    /// With `group_size`: the group settings and figures (live, pending,
+    /// pending_items, admitted, dropped, partial, duplicates).
+    pub groups: Option<serde_json::Value>,
 }
 
 /// One item as `items()` reports it.
@@ -124,6 +130,10 @@ pub(crate) struct State {
     pub(crate) lengths: Option<BTreeMap<u32, u64>>,
     /// Cluster mode: inserts wait while a global draw reads this table's figures.
     pub(crate) frozen: bool,
+    /// The table's `max_size` (admitting a group evicts to stay within it).
+    pub(crate) max_size: u64,
+    /// Group admission (tables with `group_size`).
+    pub(crate) groups: Option<Groups>,
     pub(crate) ext: Extensions,
     /// Each slot's attribute record.
     pub(crate) records: Records,
@@ -200,6 +210,8 @@ impl State {
             frozen: false,
             ext: Extensions::new(&config.extensions),
             records: Records::new(config.attributes.record()),
+            max_size: config.max_size,
+            groups: config.groups.and_then(|g| Groups::new(g, &config.attributes)),
             versions: Versions::new(&config.attributes, config.max_staleness),
         }
     }
@@ -227,19 +239,41 @@ impl State {
         self.slots[slot as usize].item.as_mut().expect("selected slot holds an item")
     }
 
-    /// Removes the item in `slot` from selectors and slots and releases its blocks.
-    fn remove(&mut self, slot: u32, store: &Store) {
+    /// Removes the unit `slot` belongs to: the item, or with groups every member
+    /// of its group (admitted or pending). Returns how many items left.
+    fn remove(&mut self, slot: u32, store: &Store) -> u64 {
+        let Some(groups) = &mut self.groups else {
+            self.remove_one(slot, true, store);
+            self.size -= 1;
+            return 1;
+        };
+        let admitted = matches!(groups.role(slot), Role::Leader | Role::Member);
+        let slots = groups.take_unit(slot);
+        for (k, &s) in slots.iter().enumerate() {
+            // Only an admitted group's leader is in the selectors.
+            self.remove_one(s, admitted && k == 0, store);
+        }
+        if admitted {
+            self.size -= slots.len() as u64;
+        }
+        slots.len() as u64
+    }
+
+    /// Removes the item in `slot` (from the selectors when `selected`) and
+    /// releases its blocks.
+    fn remove_one(&mut self, slot: u32, selected: bool, store: &Store) {
         let item = self.slots[slot as usize].item.take().expect("removed slot holds an item");
         self.count_length(item.length, false);
         if let Some(v) = &mut self.versions {
-            v.removed(slot, self.records.get(slot));
+            v.removed(slot);
         }
         let event = ItemEvent { slot, seq: item.seq, priority: item.priority, times_sampled: item.times_sampled };
         self.ext.removed(event);
-        self.sampler.remove(slot);
-        self.remover.remove(slot);
+        if selected {
+            self.sampler.remove(slot);
+            self.remover.remove(slot);
+        }
         self.free_slots.push(slot);
-        self.size -= 1;
         let alloc = store.allocator();
         let block_items = &mut self.block_items;
         for_each_block(item.window.ranges(), store.block_steps(), |b| {
@@ -256,7 +290,9 @@ impl State {
         });
     }
 
-    /// Inserts `new` with attribute record `record` (empty without attributes).
+    /// Inserts `new` with attribute record `record` (empty without attributes):
+    /// into the selectors, or with groups as a pending member, admitting its
+    /// group when it is complete.
     fn insert(&mut self, new: &NewItem, record: &[u8], store: &Store) -> u64 {
         let slot = match self.free_slots.pop() {
             Some(s) => {
@@ -283,13 +319,8 @@ impl State {
         let length = window_len(new.window.ranges()) as u32;
         self.max_length = self.max_length.max(length);
         self.count_length(length, true);
-        self.sampler.insert(slot, seq, new.priority);
-        self.remover.insert(slot, seq, new.priority);
         self.slots[slot as usize].window = 0;
         self.records.set(slot, record);
-        if let Some(v) = &mut self.versions {
-            v.added(slot, record);
-        }
         self.slots[slot as usize].item = Some(Item {
             key,
             seq,
@@ -298,11 +329,90 @@ impl State {
             priority: new.priority,
             times_sampled: 0,
         });
-        self.size += 1;
         self.limiter.inserts += 1;
         self.num_inserts += 1;
         self.ext.inserted(ItemEvent { slot, seq, priority: new.priority, times_sampled: 0 });
+        match &mut self.groups {
+            None => self.select(slot, new.priority, seq, record),
+            Some(g) => {
+                let id = g.id_of(record);
+                if let Some(slots) = g.arrived(slot, id, Instant::now()) {
+                    self.admit(id, slots, false, store);
+                }
+            }
+        }
         key
+    }
+
+    /// Drops or admits the groups whose timeout has passed.
+    pub(crate) fn expire_groups(&mut self, store: &Store) {
+        let Some(g) = &mut self.groups else { return };
+        if g.config.timeout.is_none() {
+            return;
+        }
+        let expired = g.expire(Instant::now());
+        for slots in expired.drop {
+            for s in slots {
+                self.remove_one(s, false, store);
+            }
+        }
+        for slots in expired.admit {
+            let id = self.groups.as_ref().map_or(0, |g| g.id_of(self.records.get(slots[0])));
+            self.admit(id, slots, true, store);
+        }
+    }
+
+    /// An arriving item already stale: it is dropped, and with groups so is the
+    /// rest of its pending group (a group is as old as its oldest member).
+    fn drop_stale_arrival(&mut self, record: &[u8], store: &Store) {
+        let mut dropped = 1;
+        if let Some(slot) = self.groups.as_ref().and_then(|g| g.pending_of(g.id_of(record))) {
+            dropped += self.remove(slot, store);
+        }
+        if let Some(v) = &mut self.versions {
+            v.stale_dropped += dropped;
+        }
+    }
+
+    /// What a draw picks among: admitted groups with groups, else items.
+    pub(crate) fn units(&self) -> u64 {
+        self.groups.as_ref().map_or(self.size, |g| g.live_groups())
+    }
+
+    /// Puts a sampleable unit (an item, or a group's leader) into the selectors
+    /// and the version index.
+    fn select(&mut self, slot: u32, priority: f64, seq: u64, record: &[u8]) {
+        self.sampler.insert(slot, seq, priority);
+        self.remover.insert(slot, seq, priority);
+        self.size += 1;
+        if let Some(v) = &mut self.versions {
+            let version = v.of(record);
+            v.added(slot, version);
+        }
+    }
+
+    /// Admits group `id` (its pending `slots`, oldest first): evicts whole units
+    /// until the table has room for its items, then makes the first member the
+    /// leader, selected with the sum of the members' priorities and indexed under
+    /// the group's oldest version.
+    fn admit(&mut self, id: i64, slots: Vec<u32>, partial: bool, store: &Store) {
+        let members = slots.len() as u64;
+        while self.size + members > self.max_size && self.size > 0 {
+            let victim = self.remover.pick(&mut self.rng);
+            let gone = self.remove(victim.slot, store);
+            self.num_evictions += gone;
+        }
+        let leader = slots[0];
+        let priority: f64 = slots.iter().map(|&s| self.slots[s as usize].item.as_ref().map_or(0.0, |i| i.priority)).sum();
+        let seq = self.slots[leader as usize].item.as_ref().map_or(0, |i| i.seq);
+        let oldest = self.versions.as_ref().map(|v| slots.iter().map(|&s| v.of(self.records.get(s))).min().unwrap_or(0));
+        self.sampler.insert(leader, seq, priority);
+        self.remover.insert(leader, seq, priority);
+        self.size += members;
+        if let (Some(v), Some(oldest)) = (&mut self.versions, oldest) {
+            v.added(leader, oldest);
+        }
+        self.groups.as_mut().expect("admitting a group").admitted(id, slots, partial);
     }
 }
 
@@ -343,6 +453,23 @@ impl Table {
         ExtensionSpec::validate_list(&config.extensions).map_err(|e| invalid!("table '{}': {e}", config.name))?;
         if config.max_staleness.is_some() {
             config.attributes.version("max_staleness").map_err(|e| invalid!("table '{}': {e}", config.name))?;
+        }
+        if let Some(g) = config.groups {
+            match config.attributes.find(groups::GROUP).map(|i| config.attributes.specs()[i].dtype) {
+                Some(crate::DType::Int64) => {}
+                Some(other) => return Err(invalid!("table '{}': group_size needs the attribute 'group' to be int64, got {}", config.name, other.name())),
+                None => return Err(invalid!(
+                    "table '{}': group_size needs an int64 attribute 'group' naming each item's group; the table's attributes are {:?}",
+                    config.name,
+                    config.attributes.names()
+                )),
+            }
+            if g.size == 0 || g.size as u64 > config.max_size {
+                return Err(invalid!("table '{}': group_size must be 1 to max_size ({}), got {}", config.name, config.max_size, g.size));
+            }
+            if config.external_selection {
+                return Err(invalid!("table '{}': groups are selected on the host; selection_device cannot be used with group_size", config.name));
+            }
         }
         if store.find_table(&config.name).is_some() {
             return Err(invalid!("a table named '{}' already exists on this store", config.name));
@@ -401,7 +528,9 @@ impl Table {
     }
 
     pub fn size(&self) -> u64 {
-        self.shared.state.lock().size
+        let mut st = self.shared.state.lock();
+        st.expire_groups(&self.shared.store);
+        st.size
     }
 
     /// Checks many priorities (see [`Table::check_priority`]); `what(i)` names the
@@ -479,6 +608,23 @@ impl Table {
         let mut keys = Vec::with_capacity(items.len());
         let mut slow = SlowWait::lazy();
         let mut st = sh.state.lock();
+        st.expire_groups(&sh.store);
+        if let Some(g) = &st.groups {
+            // A member of a group that is complete already is refused up front,
+            // before anything changes.
+            let mut arriving: BTreeMap<i64, usize> = BTreeMap::new();
+            for i in 0..items.len() {
+                *arriving.entry(g.id_of(record_of(i))).or_default() += 1;
+            }
+            if let Some((id, n)) = arriving.iter().find(|&(&id, &n)| g.is_duplicate(id, n)) {
+                return Err(invalid!(
+                    "table '{}': group {id} cannot take {n} more member(s): it is complete (group_size {}) or \
+                     already admitted; each group id names one group of group_size items",
+                    self.name(),
+                    g.config.size
+                ));
+            }
+        }
         while keys.len() < items.len() {
             // A late rollout is normal: an item already too old is dropped here,
             // before the limiter, which never counts it.
@@ -517,15 +663,22 @@ impl Table {
             while granted > 0 && keys.len() < items.len() {
                 let i = keys.len();
                 if st.versions.as_ref().is_some_and(|v| v.is_stale(record_of(i))) {
-                    st.versions.as_mut().expect("checked above").stale_dropped += 1;
+                    st.drop_stale_arrival(record_of(i), &sh.store);
                     keys.push(DROPPED);
                     continue;
                 }
-                if st.size >= sh.config.max_size {
+                if let Some(g) = &mut st.groups {
+                    // Only a race with another writer gets here (checked up front).
+                    if g.is_duplicate(g.id_of(record_of(i)), 1) {
+                        g.duplicates += 1;
+                        keys.push(DROPPED);
+                        continue;
+                    }
+                } else if st.size >= sh.config.max_size {
                     let state = &mut *st;
                     let victim = state.remover.pick(&mut state.rng);
-                    state.remove(victim.slot, &sh.store);
-                    state.num_evictions += 1;
+                    let gone = state.remove(victim.slot, &sh.store);
+                    state.num_evictions += gone;
                 }
                 let key = st.insert(&items[i], record_of(i), &sh.store);
                 keys.push(key);
@@ -562,7 +715,9 @@ impl Table {
     fn wait(&self, st: &mut MutexGuard<'_, State>, cv: &Condvar, deadline: Option<Instant>, wait: &Wait<'_>, inserting: bool, slow: &SlowWait) -> Woke {
         let start = Instant::now();
         let slice = wait.interrupt.map(|_| start + Wait::POLL);
-        let until = [deadline, slice, slow.due()].into_iter().flatten().min();
+        // A group's timeout may admit it (or free room): wake for it.
+        let expiry = st.groups.as_ref().and_then(|g| g.next_expiry());
+        let until = [deadline, slice, slow.due(), expiry].into_iter().flatten().min();
         let woke = match until {
             _ if deadline.is_some_and(|d| start >= d) => Woke::TimedOut,
             None => {
@@ -606,20 +761,37 @@ impl Table {
         let mut st = self.shared.state.lock();
         let mut slots = Vec::with_capacity(keys.len());
         let mut present = Vec::with_capacity(keys.len());
+        let mut leaders = Vec::new();
+        let mut applied = 0;
         for (&k, &p) in keys.iter().zip(priorities) {
             if let Some(slot) = st.lookup(k) {
                 let item = st.item(slot);
                 let old = std::mem::replace(&mut item.priority, p);
                 let event = ItemEvent { slot, seq: item.seq, priority: p, times_sampled: item.times_sampled };
                 st.ext.updated(event, old);
-                slots.push(slot);
-                present.push(p);
+                applied += 1;
+                match &st.groups {
+                    None => {
+                        slots.push(slot);
+                        present.push(p);
+                    }
+                    // A group is selected by the sum of its members' priorities
+                    // (a pending member's counts once its group is admitted).
+                    Some(g) => leaders.extend(g.leader_of(slot)),
+                }
             }
+        }
+        leaders.sort_unstable();
+        leaders.dedup();
+        for leader in leaders {
+            let members = st.groups.as_ref().expect("a table with groups").members(leader).to_vec();
+            slots.push(leader);
+            present.push(members.iter().map(|&m| st.item(m).priority).sum());
         }
         st.sampler.update_batch(&slots, &present);
         st.remover.update_batch(&slots, &present);
         st.ext.flush();
-        Ok(slots.len())
+        Ok(applied)
     }
 
     /// Removes items by key. Keys no longer in the table are skipped; returns how
@@ -630,8 +802,7 @@ impl Table {
         let mut removed = 0;
         for &k in keys {
             if let Some(slot) = st.lookup(k) {
-                st.remove(slot, &sh.store);
-                removed += 1;
+                removed += st.remove(slot, &sh.store) as usize;
             }
         }
         st.num_deletes += removed as u64;
@@ -654,7 +825,8 @@ impl Table {
 
     pub fn info(&self) -> TableInfo {
         let c = &self.shared.config;
-        let st = self.shared.state.lock();
+        let mut st = self.shared.state.lock();
+        st.expire_groups(&self.shared.store);
         TableInfo {
             name: c.name.clone(),
             size: st.size,
@@ -675,6 +847,7 @@ impl Table {
             version: st.versions.as_ref().map(|v| v.current),
             stale_removed: st.versions.as_ref().map_or(0, |v| v.stale_removed),
             stale_dropped: st.versions.as_ref().map_or(0, |v| v.stale_dropped),
+            groups: st.groups.as_ref().map(|g| g.info()),
         }
     }
 
@@ -702,10 +875,21 @@ impl Table {
         }
         v.current = version;
         let stale = v.take_stale();
+        let oldest = v.oldest_allowed();
         let mut removed = 0;
         for slot in stale.into_iter().flatten() {
-            state.remove(slot, &sh.store);
-            removed += 1;
+            removed += state.remove(slot, &sh.store);
+        }
+        // A pending group is as old as its oldest member.
+        if let (Some(g), Some(oldest), Some(v)) = (&state.groups, oldest, &state.versions) {
+            let too_old: Vec<u32> = g
+                .pending_slots()
+                .filter(|slots| slots.iter().any(|&s| v.of(state.records.get(s)) < oldest))
+                .map(|slots| slots[0])
+                .collect();
+            for slot in too_old {
+                removed += state.remove(slot, &sh.store);
+            }
         }
         if let Some(v) = &mut state.versions {
             v.stale_removed += removed;
@@ -814,8 +998,7 @@ impl TableOverStore for Shared {
         let mut evicted = 0;
         for slot in slots {
             if st.slots[slot as usize].item.is_some() {
-                st.remove(slot, store);
-                evicted += 1;
+                evicted += st.remove(slot, store);
             }
         }
         st.num_evictions += evicted;
@@ -846,6 +1029,9 @@ fn release_all(st: &mut State, store: &Store) {
     if let Some(v) = &mut st.versions {
         v.clear();
     }
+    if let Some(g) = &mut st.groups {
+        g.clear();
+    }
     if let Some(lengths) = &mut st.lengths {
         lengths.clear();
     }
@@ -860,7 +1046,10 @@ impl Drop for Shared {
 
 mod batch_insert;
 mod resident;
+mod groups;
 mod versions;
+pub use groups::{GroupConfig, OnTimeout};
+use groups::{Groups, Role};
 pub use versions::LAGS;
 use versions::Versions;
 mod sampling;

@@ -32,8 +32,21 @@ impl Table {
                 self.name()
             ));
         }
+        self.check_group_multiple(n)?;
         let batch = SampleBatch::new(self.shared.store.clone(), 0);
         self.sample_into(batch, n, wait.into()).map(|(batch, _)| batch)
+    }
+
+    /// With groups a sample takes whole groups: `n` must be a multiple of `group_size`.
+    fn check_group_multiple(&self, n: usize) -> Result<()> {
+        match self.shared.config.groups {
+            Some(g) if n % g.size as usize != 0 || n == 0 => Err(invalid!(
+                "table '{}' samples whole groups of {}: n must be a multiple of group_size, got {n}",
+                self.name(),
+                g.size
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// [`Table::sample`] into a [`SampleBatch::pinned`] batch: the rows are held by
@@ -44,6 +57,7 @@ impl Table {
         if self.shared.config.external_selection {
             return self.sample(n, wait);
         }
+        self.check_group_multiple(n)?;
         let batch = SampleBatch::pinned(&self.shared.store);
         self.sample_into(batch, n, wait.into()).map(|(batch, _)| batch)
     }
@@ -90,7 +104,10 @@ impl Table {
         let done = batch.len();
         let taken = self.under_limiter(&mut st, n, done, &wait, |table, st, permits| {
             if batch.is_empty() {
-                batch.table_size = st.size;
+                batch.table_size = st.units();
+            }
+            if st.groups.is_some() {
+                return (table.draw_groups(st, permits, &mut batch), false);
             }
             let before = batch.len();
             let starved = table.draw(st, permits, &mut batch);
@@ -122,8 +139,12 @@ impl Table {
         }
         let deadline = wait.deadline();
         let mut slow = SlowWait::lazy();
+        // With groups a draw takes a whole group: permits come in group_size.
+        let unit = st.groups.as_ref().map_or(1, |g| g.config.size as u64);
         while done < n {
+            st.expire_groups(&sh.store);
             let permits = if st.size == 0 { 0 } else { st.limiter.sample_permits((n - done) as u64, st.size) };
+            let permits = permits - permits % unit;
             if permits == 0 {
                 slow.begin();
                 if slow.is_due() {
@@ -158,6 +179,47 @@ impl Table {
         Ok((done, false))
     }
 
+    /// One draw of the group led by `leader` with `probability`: every member,
+    /// in order, counted and added to `batch`; the group leaves when its leader
+    /// reached `max_times_sampled`. Returns the group's steps.
+    fn take_group(&self, st: &mut State, leader: u32, probability: f64, batch: &mut SampleBatch) -> u64 {
+        let sh = &*self.shared;
+        let members = st.groups.as_ref().expect("a table with groups").members(leader).to_vec();
+        let mut steps = 0;
+        let mut leader_times = 0;
+        for &m in &members {
+            let (times, length) = self.count_draw(st, m, probability, batch);
+            steps += length as u64;
+            if m == leader {
+                leader_times = times;
+            }
+        }
+        let max_times = sh.config.max_times_sampled;
+        if max_times > 0 && leader_times >= max_times {
+            let gone = st.remove(leader, &sh.store);
+            st.num_evictions += gone;
+        }
+        steps
+    }
+
+    /// Draws up to `count / group_size` groups (fewer when the table empties);
+    /// returns `group_size` per group drawn (what the limiter's loop counts).
+    fn draw_groups(&self, st: &mut MutexGuard<'_, State>, count: usize, batch: &mut SampleBatch) -> usize {
+        let unit = st.groups.as_ref().map_or(1, |g| g.config.size as usize);
+        let mut pick = Vec::with_capacity(1);
+        let mut used = 0;
+        while used + unit <= count && st.size > 0 {
+            pick.clear();
+            let state = &mut **st;
+            state.sampler.sample(1, &mut state.rng, &mut pick);
+            let Some(&p) = pick.first() else { break };
+            self.take_group(st, p.slot, p.probability, batch);
+            used += unit;
+        }
+        st.ext.flush();
+        used
+    }
+
     /// One draw of `slot` with `probability`: counted, added to `batch` with its
     /// attribute record, removed when it reached `max_times_sampled`. The caller
     /// flushes the extensions.
@@ -165,6 +227,17 @@ impl Table {
     pub(crate) fn take(&self, st: &mut State, slot: u32, probability: f64, batch: &mut SampleBatch) {
         let sh = &*self.shared;
         let max_times = sh.config.max_times_sampled;
+        let (times, _) = self.count_draw(st, slot, probability, batch);
+        if max_times > 0 && times >= max_times {
+            st.remove(slot, &sh.store);
+            st.num_evictions += 1;
+        }
+    }
+
+    /// Counts one draw of `slot` and adds it to `batch`; returns its times
+    /// sampled (this draw included) and its length.
+    #[inline]
+    fn count_draw(&self, st: &mut State, slot: u32, probability: f64, batch: &mut SampleBatch) -> (u32, u32) {
         let item = st.item(slot);
         item.times_sampled += 1;
         let sampled = SampledItem {
@@ -175,7 +248,7 @@ impl Table {
             length: item.length,
             window: item.window.clone(),
         };
-        let exhausted = max_times > 0 && item.times_sampled >= max_times;
+        let done = (item.times_sampled, item.length);
         let event = ItemEvent { slot, seq: item.seq, priority: item.priority, times_sampled: item.times_sampled };
         let record = st.records.get(slot);
         batch.push(sampled, record);
@@ -185,10 +258,7 @@ impl Table {
         st.limiter.samples += 1;
         st.num_samples += 1;
         st.ext.drawn(event, st.next_seq, &mut st.slots[slot as usize].window);
-        if exhausted {
-            st.remove(slot, &sh.store);
-            st.num_evictions += 1;
-        }
+        done
     }
 
     /// Draws whole items, by the sampler, until the next pick would take the batch
@@ -215,32 +285,47 @@ impl Table {
         let mut batch = SampleBatch::pinned(&sh.store);
         let mut st = sh.state.lock();
         let mut refused = None;
-        let taken = self.under_limiter(&mut st, 1, 0, &wait, |table, st, _| {
-            batch.table_size = st.size;
+        let unit = st.groups.as_ref().map_or(1, |g| g.config.size as usize);
+        let taken = self.under_limiter(&mut st, unit, 0, &wait, |table, st, _| {
+            batch.table_size = st.units();
             let mut left = budget;
             let mut pick = Vec::with_capacity(1);
-            while st.size > 0 && st.limiter.sample_permits(1, st.size) > 0 {
+            while st.size > 0 && st.limiter.sample_permits(unit as u64, st.size) >= unit as u64 {
                 pick.clear();
                 let state = &mut **st;
                 state.sampler.sample(1, &mut state.rng, &mut pick);
-                let Some(p) = pick.first() else { break };
-                let length = st.item(p.slot).length as u64;
+                let Some(&p) = pick.first() else { break };
+                let length = match &st.groups {
+                    None => st.item(p.slot).length as u64,
+                    Some(g) => g.members(p.slot).to_vec().iter().map(|&m| st.item(m).length as u64).sum(),
+                };
                 if length > left {
                     if batch.is_empty() {
+                        let what = if unit > 1 { "group" } else { "item" };
                         refused = Some(invalid!(
-                            "table '{}': a drawn item has {length} steps, more than the whole token budget of {budget}; \
-                             raise the budget to at least the longest item",
+                            "table '{}': a drawn {what} has {length} steps, more than the whole token budget of {budget}; \
+                             raise the budget to at least the longest {what}",
                             table.name()
                         ));
                     }
                     break;
                 }
-                let (slot, probability) = (p.slot, p.probability);
-                table.take(st, slot, probability, &mut batch);
+                if st.groups.is_some() {
+                    table.take_group(st, p.slot, p.probability, &mut batch);
+                } else {
+                    table.take(st, p.slot, p.probability, &mut batch);
+                }
                 left -= length;
             }
             st.ext.flush();
-            (batch.len(), refused.is_some())
+            // Anything drawn ends the call (a partial group may hold fewer than
+            // `unit` items); nothing drawn means the limiter or an empty table
+            // stopped it, and the loop waits for the first draw.
+            if batch.is_empty() && refused.is_none() {
+                (0, false)
+            } else {
+                (unit, true)
+            }
         });
         if let Some(e) = refused {
             return Err(e);

@@ -34,6 +34,8 @@ pub struct ItemRecord {
     pub times_sampled: u32,
     /// The item's attribute record (empty without attributes).
     pub attributes: Vec<u8>,
+    /// With groups: 1 a group's leader, 2 another member, 3 pending (0 otherwise).
+    pub group_role: u8,
 }
 
 /// Everything a table needs to continue exactly where it was.
@@ -63,6 +65,8 @@ pub struct TableSnapshot {
     /// The policy version and its counters (tables with a `version` attribute;
     /// None restores version 0 and zero counts).
     pub versions: Option<serde_json::Value>,
+    /// The group counters (tables with `group_size`).
+    pub groups: Option<serde_json::Value>,
 }
 
 /// References on blocks; released when dropped.
@@ -163,6 +167,7 @@ impl Table {
                     priority: item.priority,
                     times_sampled: item.times_sampled,
                     attributes: st.records.get(slot as u32).to_vec(),
+                    group_role: st.groups.as_ref().map_or(0, |g| g.role_code(slot as u32)),
                 });
             }
         }
@@ -189,6 +194,7 @@ impl Table {
             remover_order: st.remover.order(),
             extensions: st.ext.save(&st.slots.iter().map(|s| s.window).collect::<Vec<_>>()),
             versions: st.versions.as_ref().map(|v| v.save()),
+            groups: st.groups.as_ref().map(|g| g.save()),
         };
         (snapshot, Pins { store: sh.store.clone(), blocks })
     }
@@ -243,7 +249,7 @@ impl Table {
         if snap.free_slots.len() + snap.items.len() != n_slots {
             return Err(corrupt(&name, "slots are neither free nor used"));
         }
-        if snap.items.len() as u64 > snap.config.max_size {
+        if snap.items.iter().filter(|r| r.group_role != 3).count() as u64 > snap.config.max_size {
             return Err(corrupt(&name, format!("{} items, more than max_size {}", snap.items.len(), snap.config.max_size)));
         }
         if let (Some(v), Some(saved)) = (&mut state.versions, &snap.versions) {
@@ -253,9 +259,6 @@ impl Table {
         for r in &snap.items {
             let s = r.slot as usize;
             state.records.set(r.slot, &r.attributes);
-            if let Some(v) = &mut state.versions {
-                v.added(r.slot, &r.attributes);
-            }
             let window = Window::from_ranges(r.ranges.clone());
             for_each_block(window.ranges(), store.block_steps(), |b| {
                 if state.block_items.len() <= b as usize {
@@ -263,8 +266,14 @@ impl Table {
                 }
                 state.block_items[b as usize].push_back(r.slot);
             });
-            state.sampler.insert(r.slot, r.seq, r.priority);
-            state.remover.insert(r.slot, r.seq, r.priority);
+            if state.groups.is_none() {
+                state.sampler.insert(r.slot, r.seq, r.priority);
+                state.remover.insert(r.slot, r.seq, r.priority);
+                if let Some(v) = &mut state.versions {
+                    let version = v.of(&r.attributes);
+                    v.added(r.slot, version);
+                }
+            }
             let length = window_len(window.ranges()) as u32;
             state.max_length = state.max_length.max(length);
             state.count_length(length, true);
@@ -277,6 +286,10 @@ impl Table {
                 times_sampled: r.times_sampled,
             });
         }
+        let admitted = match &mut state.groups {
+            None => snap.items.len() as u64,
+            Some(_) => restore_groups(&mut state, snap).map_err(|e| corrupt(&name, e))?,
+        };
         let mut limiter = RateLimiter::new(snap.config.rate_limiter);
         limiter.inserts = snap.limiter_inserts;
         limiter.samples = snap.limiter_samples;
@@ -321,7 +334,7 @@ impl Table {
         }
         state.slots = slots;
         state.free_slots = snap.free_slots.clone();
-        state.size = snap.items.len() as u64;
+        state.size = admitted;
         state.next_seq = snap.next_seq;
         [state.num_inserts, state.num_samples, state.num_evictions, state.num_deletes, state.num_store_evictions] = snap.counters;
         Table::register(snap.config.clone(), store, state)
@@ -376,4 +389,45 @@ impl Store {
         unsafe { self.columns().write_rows(col, row, bytes) };
         Ok(())
     }
+}
+
+/// Rebuilds the groups of a restored table from its items' roles and group ids:
+/// admitted groups go back into the selectors (leader first, with the members'
+/// priority sum, under the group's oldest version), pending members wait again
+/// with their timeout counted from now. Returns how many items are admitted.
+fn restore_groups(state: &mut State, snap: &TableSnapshot) -> std::result::Result<u64, String> {
+    let g = state.groups.as_mut().expect("a table with groups");
+    let mut live: std::collections::BTreeMap<i64, Vec<&ItemRecord>> = std::collections::BTreeMap::new();
+    let now = std::time::Instant::now();
+    for r in &snap.items {
+        let id = g.id_of(&r.attributes);
+        match r.group_role {
+            1 | 2 => live.entry(id).or_default().push(r),
+            3 => g.restore_pending(r.slot, id, now),
+            other => return Err(format!("item {} has group role {other}; expected 1, 2 or 3", r.key)),
+        }
+    }
+    let mut admitted = 0;
+    for (id, mut members) in live {
+        members.sort_by_key(|r| (r.group_role, r.seq));
+        if members.iter().filter(|r| r.group_role == 1).count() != 1 {
+            return Err(format!("group {id} has {} leaders; expected one", members.iter().filter(|r| r.group_role == 1).count()));
+        }
+        let leader = members[0];
+        let priority: f64 = members.iter().map(|r| r.priority).sum();
+        state.sampler.insert(leader.slot, leader.seq, priority);
+        state.remover.insert(leader.slot, leader.seq, priority);
+        if let Some(v) = &mut state.versions {
+            let oldest = members.iter().map(|r| v.of(&r.attributes)).min().expect("a group has members");
+            v.added(leader.slot, oldest);
+        }
+        admitted += members.len() as u64;
+        let g = state.groups.as_mut().expect("a table with groups");
+        g.admitted(id, members.iter().map(|r| r.slot).collect(), false);
+    }
+    let g = state.groups.as_mut().expect("a table with groups");
+    if let Some(saved) = &snap.groups {
+        g.restore_counters(saved)?;
+    }
+    Ok(admitted)
 }

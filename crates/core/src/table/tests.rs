@@ -30,6 +30,7 @@ fn config(name: &str, sampler: SelectorSpec, remover: SelectorSpec, max_size: u6
         extensions: crate::ExtensionSpec::defaults(),
         attributes: Default::default(),
         max_staleness: None,
+        groups: None,
     }
 }
 

@@ -21,9 +21,10 @@ pub(crate) struct Versions {
     offset: usize,
     pub(crate) current: i64,
     pub(crate) max_staleness: Option<u64>,
-    /// With `max_staleness`: the slots of each version, and each slot's place in its bucket.
+    /// With `max_staleness`: the slots of each version, and each slot's version
+    /// and place in its bucket (checked against the bucket: a stale entry is ignored).
     buckets: BTreeMap<i64, Vec<u32>>,
-    place: Vec<u32>,
+    place: Vec<(i64, u32)>,
     pub(crate) stale_removed: u64,
     pub(crate) stale_dropped: u64,
     /// Draws by how many versions behind `current` the item was (`LAGS` and more in the last).
@@ -64,32 +65,35 @@ impl Versions {
         self.oldest_allowed().is_some_and(|oldest| self.of(record) < oldest)
     }
 
-    /// Indexes a new item (with `max_staleness`).
-    pub(crate) fn added(&mut self, slot: u32, record: &[u8]) {
+    /// Indexes a new sampleable unit (an item, or a group's leader with the
+    /// group's oldest version) under `version` (with `max_staleness`).
+    pub(crate) fn added(&mut self, slot: u32, version: i64) {
         if self.max_staleness.is_none() {
             return;
         }
-        let bucket = self.buckets.entry(self.of(record)).or_default();
+        let bucket = self.buckets.entry(version).or_default();
         if self.place.len() <= slot as usize {
-            self.place.resize(slot as usize + 1, 0);
+            self.place.resize(slot as usize + 1, (0, 0));
         }
-        self.place[slot as usize] = bucket.len() as u32;
+        self.place[slot as usize] = (version, bucket.len() as u32);
         bucket.push(slot);
     }
 
-    /// Forgets an item that left (with `max_staleness`). A bucket already taken
-    /// out by [`Versions::take_stale`] is not there to update.
-    pub(crate) fn removed(&mut self, slot: u32, record: &[u8]) {
+    /// Forgets a unit that left, if it was indexed. A bucket already taken out by
+    /// [`Versions::take_stale`] is not there to update.
+    pub(crate) fn removed(&mut self, slot: u32) {
         if self.max_staleness.is_none() {
             return;
         }
-        let version = self.of(record);
+        let Some(&(version, at)) = self.place.get(slot as usize) else { return };
         let Some(bucket) = self.buckets.get_mut(&version) else { return };
-        let at = self.place[slot as usize] as usize;
-        debug_assert_eq!(bucket.get(at), Some(&slot), "a slot's place in its version bucket");
+        let at = at as usize;
+        if bucket.get(at) != Some(&slot) {
+            return; // not indexed (a group member, or pending)
+        }
         bucket.swap_remove(at);
         if let Some(&moved) = bucket.get(at) {
-            self.place[moved as usize] = at as u32;
+            self.place[moved as usize].1 = at as u32;
         }
         if bucket.is_empty() {
             self.buckets.remove(&version);

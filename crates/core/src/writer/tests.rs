@@ -35,6 +35,7 @@ fn table(s: &Store, name: &str, max_size: u64) -> Table {
         extensions: crate::ExtensionSpec::defaults(),
         attributes: Default::default(),
         max_staleness: None,
+        groups: None,
     };
     Table::new(c, s).unwrap()
 }

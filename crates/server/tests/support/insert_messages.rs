@@ -36,6 +36,7 @@ pub fn fresh_table() -> (Store, Table) {
         extensions: reprise_core::ExtensionSpec::defaults(),
         attributes: Default::default(),
         max_staleness: None,
+        groups: None,
     };
     let table = Table::new(config, &store).expect("a valid table");
     (store, table)
