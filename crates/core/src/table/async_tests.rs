@@ -9,6 +9,7 @@ use crate::attributes::{AttributeSpec, Attributes};
 use crate::selectors::SelectorSpec;
 use crate::signature::{DType, Field, Signature};
 use crate::writer::Writer;
+use std::time::Instant;
 
 fn store(capacity: u64) -> Store {
     let sig = Signature::new(vec![Field::new("x", DType::Int64, vec![]).unwrap()]).unwrap();
@@ -242,6 +243,190 @@ proptest! {
             let mut held_sorted = held.clone();
             held_sorted.sort_unstable();
             prop_assert_eq!(held_sorted, model.keys().copied().collect::<Vec<_>>());
+        }
+    }
+}
+
+// --- groups ---------------------------------------------------------------------------
+
+/// A table with attributes `version, group` (int64) and groups of `size`.
+fn grouped(s: &Store, sampler: SelectorSpec, max_size: u64, size: u32, timeout: Option<u64>, on_timeout: OnTimeout) -> Table {
+    let attributes = Attributes::new(vec![
+        AttributeSpec { name: "version".into(), dtype: DType::Int64 },
+        AttributeSpec { name: "group".into(), dtype: DType::Int64 },
+    ])
+    .unwrap();
+    let mut c = versioned(s, sampler, max_size, Some(1)).config().clone();
+    c.name = format!("g{}", s.table_names().len());
+    c.attributes = attributes;
+    c.groups = Some(GroupConfig { size, timeout: timeout.map(std::time::Duration::from_secs), on_timeout });
+    Table::new(c, s).unwrap()
+}
+
+fn member(version: i64, group: i64) -> Vec<u8> {
+    [version.to_le_bytes(), group.to_le_bytes()].concat()
+}
+
+/// Inserts one one-step item per `(version, group)`; returns the keys.
+fn arrive(t: &Table, members: &[(i64, i64)]) -> Result<Vec<u64>> {
+    let n = members.len();
+    let records: Vec<u8> = members.iter().flat_map(|&(v, g)| member(v, g)).collect();
+    t.insert_batch(&[&vec![0u8; n * 8]], n, 1, &vec![1.0; n], &records, None)
+}
+
+fn groups_info(t: &Table) -> serde_json::Value {
+    t.info().groups.unwrap()
+}
+
+#[test]
+fn groups_are_admitted_whole_in_any_arrival_order() {
+    let s = store(4096);
+    let t = grouped(&s, SelectorSpec::Fifo, 100, 3, None, OnTimeout::Drop);
+    let keys = arrive(&t, &[(0, 7), (0, 8), (0, 7)]).unwrap();
+    assert!(keys.iter().all(|&k| k != DROPPED));
+    assert_eq!(t.size(), 0);
+    assert!(t.sample(3, Some(std::time::Duration::from_millis(10))).is_err(), "nothing is sampleable yet");
+    assert_eq!(groups_info(&t)["pending_items"], 3);
+    arrive(&t, &[(0, 8), (0, 8), (0, 7)]).unwrap();
+    assert_eq!(t.size(), 6);
+    // Fifo by completion order: group 8 completed first.
+    let b = t.sample(3, None).unwrap();
+    let groups: Vec<i64> = b.attributes.chunks(16).map(|r| Attributes::read_i64(r, 8)).collect();
+    assert_eq!(groups, [8, 8, 8]);
+    assert_eq!(b.table_size, 2, "a grouped draw picks among groups");
+    // A member of a complete group is refused, naming it, and nothing changes.
+    let before = t.info();
+    let e = arrive(&t, &[(0, 9), (0, 7)]).unwrap_err().to_string();
+    assert!(e.contains("group 7 cannot take 1 more"), "{e}");
+    assert_eq!(t.info(), before);
+    let e = arrive(&t, &[(0, 9); 4]).unwrap_err().to_string();
+    assert!(e.contains("group 9 cannot take 4 more"), "{e}");
+    assert!(t.sample(2, None).unwrap_err().to_string().contains("multiple of group_size"));
+}
+
+#[test]
+fn a_group_leaves_whole() {
+    let s = store(4096);
+    let t = grouped(&s, SelectorSpec::Fifo, 6, 2, None, OnTimeout::Drop);
+    let keys = arrive(&t, &[(0, 1), (0, 1), (0, 2), (0, 2), (0, 3), (0, 3)]).unwrap();
+    assert_eq!(t.size(), 6);
+    // Admitting a fourth group evicts the oldest whole.
+    arrive(&t, &[(0, 4), (0, 4)]).unwrap();
+    assert_eq!((t.size(), t.info().num_evictions), (6, 2));
+    // Deleting one member removes its group.
+    assert_eq!(t.delete(&[keys[2]]), 2);
+    assert_eq!(t.size(), 4);
+    // A group is as old as its oldest member: max_staleness 1, set_version 2.
+    arrive(&t, &[(2, 5), (0, 5)]).unwrap();
+    arrive(&t, &[(2, 6)]).unwrap(); // pending, fresh
+    arrive(&t, &[(0, 7)]).unwrap(); // pending, stale at version 2
+    assert_eq!(t.set_version(2).unwrap(), 2 + 2 + 2 + 1, "groups 3, 4 and 5, and pending group 7");
+    assert_eq!(t.size(), 0);
+    assert_eq!(groups_info(&t)["pending_items"], 1);
+    // A stale arrival drops its pending group with it.
+    let k = arrive(&t, &[(0, 6)]).unwrap();
+    assert_eq!(k, [DROPPED]);
+    assert_eq!(groups_info(&t)["pending_items"], 0);
+    assert_eq!(t.info().stale_dropped, 2);
+}
+
+#[test]
+fn max_times_sampled_counts_per_group() {
+    let s = store(4096);
+    let mut c = grouped(&s, SelectorSpec::Fifo, 100, 2, None, OnTimeout::Drop).config().clone();
+    c.name = "once".into();
+    c.max_times_sampled = 1;
+    let t = Table::new(c, &s).unwrap();
+    arrive(&t, &[(0, 1), (0, 1), (0, 2), (0, 2)]).unwrap();
+    let b = t.sample(4, None).unwrap();
+    let groups: Vec<i64> = b.attributes.chunks(16).map(|r| Attributes::read_i64(r, 8)).collect();
+    assert_eq!(groups, [1, 1, 2, 2]);
+    assert_eq!(t.size(), 0);
+}
+
+#[test]
+fn incomplete_groups_time_out_by_the_clock() {
+    let s = store(4096);
+    let drop = grouped(&s, SelectorSpec::Fifo, 100, 3, Some(30), OnTimeout::Drop);
+    let partial = grouped(&s, SelectorSpec::Fifo, 100, 3, Some(30), OnTimeout::Partial);
+    for t in [&drop, &partial] {
+        arrive(t, &[(0, 1), (0, 1), (0, 2)]).unwrap();
+        let later = Instant::now() + std::time::Duration::from_secs(31);
+        t.shared.state.lock().expire_groups_at(later, &s);
+    }
+    let (d, p) = (groups_info(&drop), groups_info(&partial));
+    assert_eq!((drop.size(), &d["dropped"], &d["pending"]), (0, &serde_json::json!(2), &serde_json::json!(0)));
+    assert_eq!((partial.size(), &p["partial"], &p["live"]), (3, &serde_json::json!(2), &serde_json::json!(2)));
+    // A partial group's size is what it has.
+    let b = partial.sample(3, None).unwrap();
+    assert_eq!(b.len(), 2);
+    // Not yet due: nothing happens.
+    arrive(&drop, &[(0, 3)]).unwrap();
+    drop.shared.state.lock().expire_groups_at(Instant::now() + std::time::Duration::from_secs(29), &s);
+    assert_eq!(groups_info(&drop)["pending"], 1);
+}
+
+#[test]
+fn a_group_is_picked_by_its_priority_sum() {
+    let s = store(4096);
+    let t = grouped(&s, SelectorSpec::Prioritized { priority_exponent: 1.0 }, 100, 2, None, OnTimeout::Drop);
+    let keys = arrive(&t, &[(0, 1), (0, 1), (0, 2), (0, 2)]).unwrap();
+    assert_eq!(t.update_priorities(&keys, &[1.0, 2.0, 0.5, 0.5]).unwrap(), 4);
+    let b = t.sample(2, None).unwrap();
+    let p: Vec<f64> = b.items.iter().map(|i| i.probability).collect();
+    let group = Attributes::read_i64(&b.attributes[..16], 8);
+    let expected = if group == 1 { 3.0 / 4.0 } else { 1.0 / 4.0 };
+    assert!(p.iter().all(|&q| (q - expected).abs() < 1e-12), "{p:?}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Group admission against a plain model (pending counts per id, admitted
+    /// ids): in any arrival order a group is sampleable exactly when all its
+    /// members are in, a member beyond group_size is refused with nothing
+    /// changed, and a draw returns one whole group side by side.
+    #[test]
+    fn group_admission_matches_a_reference_model(batches in prop::collection::vec(prop::collection::vec(0i64..6, 1..4), 1..25)) {
+        const G: usize = 3;
+        let s = store(1 << 14);
+        let t = grouped(&s, SelectorSpec::Uniform, 1000, G as u32, None, OnTimeout::Drop);
+        let mut pending: BTreeMap<i64, usize> = BTreeMap::new();
+        let mut live: Vec<i64> = Vec::new();
+        for batch in batches {
+            let mut arriving: BTreeMap<i64, usize> = BTreeMap::new();
+            for &g in &batch {
+                *arriving.entry(g).or_default() += 1;
+            }
+            let refused = arriving.iter().any(|(g, n)| live.contains(g) || pending.get(g).copied().unwrap_or(0) + n > G);
+            let members: Vec<(i64, i64)> = batch.iter().map(|&g| (0, g)).collect();
+            let before = t.info();
+            match arrive(&t, &members) {
+                Err(_) => {
+                    prop_assert!(refused);
+                    prop_assert_eq!(t.info(), before);
+                }
+                Ok(_) => {
+                    prop_assert!(!refused);
+                    for (g, n) in arriving {
+                        let p = pending.entry(g).or_default();
+                        *p += n;
+                        if *p == G {
+                            pending.remove(&g);
+                            live.push(g);
+                        }
+                    }
+                }
+            }
+            prop_assert_eq!(t.size(), (live.len() * G) as u64);
+            let info = groups_info(&t);
+            prop_assert_eq!(info["pending_items"].as_u64().unwrap(), pending.values().sum::<usize>() as u64);
+            if !live.is_empty() {
+                let b = t.sample(G, None).unwrap();
+                let ids: Vec<i64> = b.attributes.chunks(16).map(|r| Attributes::read_i64(r, 8)).collect();
+                prop_assert_eq!(ids.len(), G);
+                prop_assert!(ids.iter().all(|&g| g == ids[0]) && live.contains(&ids[0]));
+            }
         }
     }
 }

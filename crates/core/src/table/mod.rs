@@ -346,11 +346,16 @@ impl State {
 
     /// Drops or admits the groups whose timeout has passed.
     pub(crate) fn expire_groups(&mut self, store: &Store) {
+        self.expire_groups_at(Instant::now(), store)
+    }
+
+    /// [`State::expire_groups`] as of `now` (tests move the clock).
+    pub(crate) fn expire_groups_at(&mut self, now: Instant, store: &Store) {
         let Some(g) = &mut self.groups else { return };
         if g.config.timeout.is_none() {
             return;
         }
-        let expired = g.expire(Instant::now());
+        let expired = g.expire(now);
         for slots in expired.drop {
             for s in slots {
                 self.remove_one(s, false, store);
@@ -628,12 +633,10 @@ impl Table {
         while keys.len() < items.len() {
             // A late rollout is normal: an item already too old is dropped here,
             // before the limiter, which never counts it.
-            if let Some(v) = &mut st.versions {
-                if v.is_stale(record_of(keys.len())) {
-                    v.stale_dropped += 1;
-                    keys.push(DROPPED);
-                    continue;
-                }
+            if st.versions.as_ref().is_some_and(|v| v.is_stale(record_of(keys.len()))) {
+                st.drop_stale_arrival(record_of(keys.len()), &sh.store);
+                keys.push(DROPPED);
+                continue;
             }
             let want = (items.len() - keys.len()) as u64;
             let permits = if st.frozen { 0 } else { st.limiter.insert_permits(want, st.size) };
