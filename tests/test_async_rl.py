@@ -409,3 +409,131 @@ def test_attributes_versions_and_staleness_figures_survive_a_checkpoint(tmp_path
     finally:
         for s in {id(x.store): x.store for x in loaded.values()}.values():
             s.close()
+
+
+# --- groups ---------------------------------------------------------------------------
+
+def grouped_table(store, G=4, name="g", **kw):
+    return rp.Table(name, store, max_size=kw.pop("max_size", 1000), attributes=ATTRS, group_size=G, **kw)
+
+
+def write_groups(table, groups, G, length=lambda i: 3, version=0, start=0):
+    """Writes G sequences for each group id, members interleaved across groups."""
+    keys = {}
+    with table.store.writer() as w:
+        for j in range(G):
+            for g in groups:
+                i = start + g * G + j
+                n = length(i)
+                toks = (i * 100_000 + np.arange(n)).astype(np.int32)
+                w.extend({"token": toks, "logprob": np.zeros(n, np.float32), "mask": np.ones(n, bool)})
+                keys.setdefault(g, []).append(w.create_item(table, num_steps=n, priority=1.0,
+                                                            attributes={"version": version, "reward": float(j),
+                                                                        "group": g}))
+                w.end_episode()
+    return keys
+
+
+def test_groups_become_sampleable_whole_and_come_back_side_by_side():
+    store = token_store()
+    t = grouped_table(store, G=4, seed=3)
+    write_groups(t, [0, 1, 2], 3)  # three members each: none complete
+    assert len(t) == 0 and t.info()["groups"]["pending"] == 3 and t.info()["groups"]["pending_items"] == 9
+    with pytest.raises(rp.errors.Timeout):
+        t.sample(4, timeout=0.05)
+    write_groups(t, [0, 1], 1, start=1000)
+    assert len(t) == 8 and t.info()["groups"]["live"] == 2
+    s = t.sample(8)
+    g = s.attributes["group"]
+    assert len(s) == 8 and (g[:4] == g[0]).all() and (g[4:] == g[4]).all()
+    assert s.table_size == 2  # a draw picks among groups
+    with pytest.raises(rp.errors.InvalidArgument, match="multiple of group_size"):
+        t.sample(6)
+    before = fingerprint(t)
+    with pytest.raises(rp.errors.InvalidArgument, match="group 0 cannot take 1 more"):
+        write_groups(t, [0], 1, start=2000)
+    assert fingerprint(t) == before
+    parts = t.sample(tokens=100).split(2, balance="tokens")
+    assert sum(len(p) for p in parts) % 4 == 0
+
+
+def test_group_selection_probabilities_follow_priority_sums():
+    store = token_store(capacity=1 << 14, block_steps=64)
+    t = grouped_table(store, G=2, sampler=rp.selectors.Prioritized(1.0), seed=8)
+    keys = write_groups(t, [0, 1, 2], 2)
+    prio = {0: [1.0, 1.0], 1: [2.0, 2.0], 2: [0.5, 3.5]}  # sums 2, 4, 4
+    for g, ks in keys.items():
+        t.update_priorities(ks, prio[g])
+    counts = np.zeros(3)
+    for _ in range(1000):
+        s = t.sample(2)
+        counts[s.attributes["group"][0]] += 1
+        assert s.probabilities[0] == pytest.approx(sum(prio[s.attributes["group"][0]]) / 10)
+    assert chi_square(counts, [0.2, 0.4, 0.4]) < CHI2_999[2]
+    assert chi_square(counts, [1 / 3, 1 / 3, 1 / 3]) > CHI2_999[2]  # negative control: per-item or uniform is wrong
+
+
+def test_stragglers_time_out_without_blocking_other_groups():
+    store = token_store()
+    drop = grouped_table(store, G=3, name="drop", group_timeout=0.15, on_group_timeout="drop")
+    part = grouped_table(store, G=3, name="part", group_timeout=0.15, on_group_timeout="partial")
+    for t in (drop, part):
+        write_groups(t, [5], 2)  # a straggler never arrives
+        write_groups(t, [6], 3, start=100)
+        assert len(t) == 3  # the complete group is sampleable at once
+        assert set(t.sample(3).attributes["group"]) == {6}
+    # A sampler waiting on a table with only a straggler group wakes when its
+    # timeout admits it as it is.
+    wake = grouped_table(store, G=3, name="wake", group_timeout=0.15, on_group_timeout="partial")
+    write_groups(wake, [5], 2)
+    s = wake.sample(3, timeout=5)
+    assert s.attributes["group"].tolist() == [5, 5] and wake.info()["groups"]["partial"] == 1
+    import time
+    time.sleep(0.2)
+    assert len(part) == 5 and part.info()["groups"]["partial"] == 1
+    assert len(drop) == 3 and drop.info()["groups"]["dropped"] == 1 and drop.info()["groups"]["pending"] == 0
+    with pytest.raises(rp.errors.InvalidArgument, match="on_group_timeout must be 'drop' or 'partial'"):
+        grouped_table(store, name="bad", group_timeout=1, on_group_timeout="wait")
+    with pytest.raises(rp.errors.InvalidArgument, match="group_timeout must be a finite number"):
+        grouped_table(store, name="bad", group_timeout=-1)
+    with pytest.raises(rp.errors.InvalidArgument, match="needs an int64 attribute 'group'"):
+        rp.Table("bad", store, attributes={"version": "int64"}, group_size=2)
+    with pytest.raises(rp.errors.InvalidArgument, match="group_timeout is for tables with group_size"):
+        rp.Table("bad", store, attributes=ATTRS, group_timeout=1.0)
+
+
+def test_groups_versions_and_token_budgets_combine():
+    store = token_store()
+    t = grouped_table(store, G=2, max_staleness=0)
+    write_groups(t, [0, 1], 2, length=lambda i: 10, version=0)
+    t.set_version(1)
+    assert len(t) == 0 and t.info()["stale_removed"] == 4
+    write_groups(t, [2, 3, 4], 2, length=lambda i: 10, version=1, start=100)
+    s = t.sample(tokens=45)  # two groups of 20 tokens fit, a third does not
+    assert len(s) == 4 and s.num_steps == 40
+    with pytest.raises(rp.errors.InvalidArgument, match="drawn group has 20 steps, more than the whole token budget of 19"):
+        t.sample(tokens=19)
+    q = rp.Table.queue("q", store, max_size=10, attributes=ATTRS, group_size=2)
+    write_groups(q, [0, 1], 2)
+    a, b = q.sample(2), q.sample(2)
+    assert {a.attributes["group"][0], b.attributes["group"][0]} == {0, 1} and len(q) == 0
+
+
+def test_incomplete_groups_survive_a_checkpoint(tmp_path):
+    store = token_store()
+    t = grouped_table(store, G=3, seed=2)
+    write_groups(t, [0, 1], 3)
+    write_groups(t, [2], 2, start=100)
+    path = rp.checkpoint.save(tmp_path, [t])
+    loaded = rp.checkpoint.load(path)
+    try:
+        u = loaded["g"]
+        assert u.info()["groups"] == t.info()["groups"]
+        assert len(u) == 6
+        write_groups(u, [2], 1, start=200)  # the pending group completes after the load
+        assert len(u) == 9 and u.info()["groups"]["live"] == 3
+        s = u.sample(9)
+        assert all((s.attributes["group"][k:k + 3] == s.attributes["group"][k]).all() for k in (0, 3, 6))
+    finally:
+        for s in {id(x.store): x.store for x in loaded.values()}.values():
+            s.close()
