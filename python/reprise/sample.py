@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -10,26 +11,35 @@ import numpy as np
 from .errors import InvalidArgument
 
 
-@dataclass
 class Packed:
     """Items' steps end to end, the layout varlen attention kernels take.
 
     ``data[field]`` has shape ``[total_steps, *field.shape]``; item ``i`` is
     ``data[field][cu_seqlens[i]:cu_seqlens[i + 1]]``. ``cu_seqlens`` is int32
     ``[n + 1]`` starting at 0 (flash-attn's convention), ``lengths`` int64 ``[n]``,
-    ``position_ids`` int64 ``[total_steps]`` (each item counts from 0) and
-    ``max_seqlen`` the longest item. With a ``device`` these are torch tensors there.
+    ``position_ids`` int64 ``[total_steps]`` (each item counts from 0; made when
+    first read) and ``max_seqlen`` the longest item. With a ``device`` these are
+    torch tensors there.
     """
 
-    data: dict
-    cu_seqlens: object
-    lengths: object
-    position_ids: object
-    max_seqlen: int
+    def __init__(self, data: dict, cu_seqlens, lengths, max_seqlen: int, device=None):
+        self.data, self.cu_seqlens, self.lengths, self.max_seqlen = data, cu_seqlens, lengths, max_seqlen
+        self._device = device
+
+    @functools.cached_property
+    def position_ids(self):
+        cu = _host(self.cu_seqlens).astype(np.int64)
+        lengths = np.diff(cu)
+        ids = np.arange(int(cu[-1]), dtype=np.int64) - np.repeat(cu[:-1], lengths)
+        return ids if self._device is None else _move(ids, self._device)
 
     @property
     def total_steps(self) -> int:
         return int(self.cu_seqlens[-1])
+
+    def __repr__(self):
+        fields = ", ".join(f"{k}: {v.dtype}{list(v.shape)}" for k, v in self.data.items())
+        return f"Packed(n={len(self.lengths)}, total_steps={self.total_steps}, data={{{fields}}})"
 
 
 class _Padded(Mapping):
@@ -51,10 +61,19 @@ class _Padded(Mapping):
         return len(self._packed)
 
 
-def _pad(flat: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+def _pad(flat, lengths: np.ndarray):
+    """``[n, longest, ...]`` of packed rows, zeros past each item's length (numpy,
+    or torch on the packed rows' device)."""
     n, t = len(lengths), int(lengths.max()) if len(lengths) else 0
-    out = np.zeros((n, t) + flat.shape[1:], dtype=flat.dtype)
-    out[np.arange(t) < lengths[:, None]] = flat
+    if isinstance(flat, np.ndarray):
+        out = np.zeros((n, t) + flat.shape[1:], dtype=flat.dtype)
+        out[np.arange(t) < lengths[:, None]] = flat
+        return out
+    from .torch._device import torch_module
+    torch = torch_module()
+    out = torch.zeros((n, t) + tuple(flat.shape[1:]), dtype=flat.dtype, device=flat.device)
+    mask = torch.arange(t, device=flat.device)[None, :] < torch.as_tensor(lengths, device=flat.device)[:, None]
+    out[mask] = flat
     return out
 
 
@@ -125,11 +144,11 @@ class Sample:
                 known = list(source if source is not None else self.data)
                 raise InvalidArgument(f"packed: unknown field {name!r}; this sample has {known}")
         cu = _cu_seqlens(lengths)
-        total = int(cu[-1])
-        position_ids = np.arange(total, dtype=np.int64) - np.repeat(cu[:-1].astype(np.int64), lengths)
         max_seqlen = int(lengths.max()) if len(lengths) else 0
-        p = Packed(data, cu, lengths, position_ids, max_seqlen)
-        return p if device is None else _packed_on(p, device)
+        if device is None:
+            return Packed(data, cu, lengths, max_seqlen)
+        return Packed({k: _move(v, device) for k, v in data.items()}, _move(cu, device), _move(lengths, device),
+                      max_seqlen, device)
 
     def split(self, k: int, balance: str = "tokens") -> list["Sample"]:
         """k samples whose token counts are near equal (longest items first, each
@@ -161,19 +180,12 @@ class Sample:
     def to(self, device) -> "Sample":
         """This sample with its arrays and attributes as torch tensors on ``device``
         (``"cpu"``: sharing memory). A packed sample's ``packed_data`` moves."""
-        from .torch._device import torch_module
-        torch = torch_module()
-        dev = torch.device(device)
-
-        def move(v):
-            return torch.from_numpy(np.ascontiguousarray(v)).to(dev) if isinstance(v, np.ndarray) else v.to(dev)
-
-        self.attributes = {k: move(v) for k, v in self.attributes.items()}
+        self.attributes = {k: _move(v, device) for k, v in self.attributes.items()}
         if self.packed_data is not None:
-            self.packed_data = {k: move(v) for k, v in self.packed_data.items()}
+            self.packed_data = {k: _move(v, device) for k, v in self.packed_data.items()}
             self.data = _Padded(self.packed_data, np.asarray(self.lengths))
         else:
-            self.data = {k: move(v) for k, v in self.data.items()}
+            self.data = {k: _move(v, device) for k, v in self.data.items()}
         return self
 
     def __repr__(self):
@@ -204,16 +216,12 @@ def _host(v):
     return v.detach().cpu().numpy() if hasattr(v, "detach") else np.asarray(v)
 
 
-def _packed_on(p: Packed, device) -> Packed:
+def _move(v, device):
+    """``v`` as a torch tensor on ``device`` (a numpy array on the CPU shares its memory)."""
     from .torch._device import torch_module
     torch = torch_module()
     dev = torch.device(device)
-
-    def move(v):
-        if isinstance(v, np.ndarray):
-            t = torch.from_numpy(np.ascontiguousarray(v))
-            return t.to(dev, non_blocking=dev.type == "cuda" and t.is_pinned()) if dev.type != "cpu" else t
-        return v.to(dev)
-
-    return Packed({k: move(v) for k, v in p.data.items()}, move(p.cu_seqlens), move(p.lengths),
-                  move(p.position_ids), p.max_seqlen)
+    if isinstance(v, np.ndarray):
+        t = torch.from_numpy(np.ascontiguousarray(v))
+        return t if dev.type == "cpu" else t.to(dev)
+    return v.to(dev)

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyString};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyString};
+use reprise_core::attributes::Attributes;
+use reprise_core::DType;
 use reprise_client::StepWriter;
 use reprise_core::error::Error;
 use reprise_core::{Table, Wait, Writer};
@@ -115,9 +117,65 @@ pub fn records(py: Python<'_>, table: &Table, attributes: Option<&Bound<'_, PyAn
     if schema.is_empty() && attributes.is_none() {
         return Ok(Vec::new());
     }
+    if let Some(record) = attributes.and_then(|a| scalar_record(schema, a, n)) {
+        return Ok(record);
+    }
     let specs: Vec<(String, &str)> = schema.specs().iter().map(|a| (a.name.clone(), a.dtype.name())).collect();
     let bytes = py.import("reprise._attributes")?.getattr("records")?.call1((specs, table.name(), attributes, n))?;
     Ok(bytes.cast_into::<PyBytes>()?.as_bytes().to_vec())
+}
+
+/// The record of one item from `{name: Python int, float or bool}` naming
+/// exactly the table's attributes, each of a kind its dtype takes exactly (the
+/// common `create_item` call, without numpy); None for anything else, which the
+/// checked Python path then handles (and names what is wrong with).
+fn scalar_record(schema: &Attributes, attributes: &Bound<'_, PyAny>, n: usize) -> Option<Vec<u8>> {
+    let dict = attributes.cast::<PyDict>().ok()?;
+    if n != 1 || dict.len() != schema.len() {
+        return None;
+    }
+    let mut out = Vec::with_capacity(schema.record());
+    for spec in schema.specs() {
+        let v = dict.get_item(&spec.name).ok()??;
+        let is_bool = v.is_instance_of::<PyBool>();
+        let is_int = v.is_instance_of::<PyInt>() && !is_bool;
+        match spec.dtype {
+            DType::Int8 | DType::Int16 | DType::Int32 | DType::Int64 if is_int => {
+                let x: i64 = v.extract().ok()?;
+                let bytes = x.to_le_bytes();
+                let size = spec.dtype.itemsize();
+                let fits = match size {
+                    1 => i8::try_from(x).is_ok(),
+                    2 => i16::try_from(x).is_ok(),
+                    4 => i32::try_from(x).is_ok(),
+                    _ => true,
+                };
+                if !fits {
+                    return None;
+                }
+                out.extend_from_slice(&bytes[..size]);
+            }
+            DType::UInt8 | DType::UInt16 | DType::UInt32 | DType::UInt64 if is_int => {
+                let x: u64 = v.extract().ok()?;
+                let size = spec.dtype.itemsize();
+                if size < 8 && x >> (8 * size) != 0 {
+                    return None;
+                }
+                out.extend_from_slice(&x.to_le_bytes()[..size]);
+            }
+            DType::Float32 | DType::Float64 if is_int || v.is_instance_of::<PyFloat>() => {
+                let x: f64 = v.extract().ok()?;
+                if spec.dtype == DType::Float32 {
+                    out.extend_from_slice(&(x as f32).to_le_bytes());
+                } else {
+                    out.extend_from_slice(&x.to_le_bytes());
+                }
+            }
+            DType::Bool if is_bool => out.push(v.extract::<bool>().ok()? as u8),
+            _ => return None,
+        }
+    }
+    Some(out)
 }
 
 impl PyWriter {
