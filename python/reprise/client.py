@@ -74,12 +74,28 @@ class Client:
             max_sequence_length = as_int("max_sequence_length", max_sequence_length, 1)
         return self._native.writer(table, max_sequence_length)
 
-    def sample(self, table: str, n: int, timeout: float | None = None, fields: list[str] | None = None,
-               device: str | None = None) -> Sample:
+    def sample(self, table: str, n: int | None = None, timeout: float | None = None,
+               fields: list[str] | None = None, device: str | None = None, tokens: int | None = None) -> Sample:
         """Draws n items from ``table`` (as ``Table.sample``: ``device`` None gives
-        numpy arrays, ``"cpu"`` torch CPU tensors, ``"cuda"`` tensors on the GPU)."""
-        n = as_int("n", n)
+        numpy arrays, ``"cpu"`` torch CPU tensors, ``"cuda"`` tensors on the GPU).
+
+        ``tokens=B`` instead of ``n``: as many whole items (whole groups) as fit in B
+        steps, as ``Table.sample(tokens=...)`` draws them. From a local client the
+        rows come packed (``s.packed()`` copies nothing); from a remote one they
+        arrive padded and ``s.packed()`` unpads them. ``s.attributes`` holds the
+        items' attributes either way."""
         fields = None if fields is None else list(fields)
+        if tokens is not None:
+            if n is not None:
+                raise InvalidArgument(f"sample from '{table}' takes n or tokens, not both (got n={n}, tokens={tokens})")
+            tokens = as_int("tokens", tokens, 1)
+            if device is not None:
+                torch_module()
+            s = self._native.sample(table, 1, timeout, fields, tokens)
+            return s if device is None else s.to(device)
+        if n is None:
+            raise InvalidArgument(f"sample from '{table}' needs n (items) or tokens (a step budget)")
+        n = as_int("n", n)
         if is_host_device(device):
             draw = functools.partial(self._native.sample, table, n, timeout, fields)
             return draw() if device is None else host_tensors(draw)
@@ -150,6 +166,28 @@ class Client:
     def update_priorities(self, table: str, keys, priorities) -> int:
         """Sets priorities by key; keys no longer present are skipped. Returns how many applied."""
         return self._native.update_priorities(table, keys, priorities)
+
+    def attributes(self, table: str) -> dict:
+        """``{name: dtype}`` of ``table``'s item attributes."""
+        return dict(self._native.attributes(table))
+
+    def set_version(self, table: str, version: int) -> int:
+        """``table.set_version(version)`` on the server: returns how many items left
+        as stale (see ``Table.set_version``)."""
+        return self._native.set_version(table, as_int("version", version, minimum=-(1 << 63)))
+
+    def update_attributes(self, table: str, keys, attributes: dict) -> int:
+        """``table.update_attributes`` on the server: ``{name: array[len(keys)] or
+        scalar}``; keys no longer present are skipped. Every value is checked
+        before any is sent. Returns how many items were updated."""
+        import numpy as np
+        from ._attributes import values
+        keys = np.ascontiguousarray(keys, dtype=np.uint64)
+        if not isinstance(attributes, dict) or not attributes:
+            raise InvalidArgument(f"table '{table}': update_attributes takes {{name: values}}, got {attributes!r}")
+        schema = self._native.attributes(table)
+        staged = [(name, values(schema, table, name, v, len(keys))) for name, v in attributes.items()]
+        return min(self._native.update_attribute(table, keys, name, v) for name, v in staged)
 
     def delete(self, table: str, keys) -> int:
         """Removes items by key; keys no longer present are skipped. Returns how many."""

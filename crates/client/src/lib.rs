@@ -85,6 +85,17 @@ pub trait ReplayClient: Send + Sync {
     /// waiting up to `timeout` for the rate limiter.
     fn sample(&self, table: &str, n: u32, fields: &[String], timeout: Option<Duration>, interrupt: Interrupt<'_>) -> Result<Drawn<Self::Sample>>;
 
+    /// Draws whole items (whole groups) from `table` until the next would pass
+    /// `tokens` steps (`Table::sample_tokens`), waiting only for the first.
+    fn sample_tokens(&self, table: &str, tokens: u64, fields: &[String], timeout: Option<Duration>, interrupt: Interrupt<'_>) -> Result<Drawn<Self::Sample>>;
+
+    /// Sets `table`'s policy version; returns how many items left as stale.
+    fn set_version(&self, table: &str, version: i64) -> Result<u64>;
+
+    /// Sets attribute `name` of the items `keys` from `values` (one value per key,
+    /// little-endian); keys no longer present are skipped. Returns how many were updated.
+    fn update_attribute(&self, table: &str, keys: &[u64], name: &str, values: &[u8]) -> Result<u64>;
+
     /// Draws batches of `n` one after another, up to `max_in_flight` requested ahead
     /// where the transport can pipeline them.
     fn sampler(&self, table: &str, n: u32, fields: &[String], timeout: Option<Duration>, max_in_flight: u32) -> Result<Self::Sampler>;
@@ -141,12 +152,14 @@ pub trait StepWriter: Send {
     /// wait for the server (for replies to earlier commits, or for room to send).
     fn items_may_wait(&self, items: usize) -> bool;
 
-    /// Queues an item over the last `num_steps` steps for `table`.
-    fn create_item(&mut self, table: &str, num_steps: u64, priority: f64, wait: Wait<'_>) -> Result<()>;
+    /// Queues an item over the last `num_steps` steps for `table`, with attribute
+    /// record `record` (empty for a table without attributes; checked by the server).
+    fn create_item(&mut self, table: &str, num_steps: u64, priority: f64, record: &[u8], wait: Wait<'_>) -> Result<()>;
 
     /// Queues one item per priority over `num_steps` steps ending at each of the last
-    /// `priorities.len()` steps, oldest first (one item per step of an `extend`).
-    fn create_items(&mut self, table: &str, num_steps: u64, priorities: &[f64], wait: Wait<'_>) -> Result<()>;
+    /// `priorities.len()` steps, oldest first (one item per step of an `extend`), with
+    /// attribute records `records` end to end.
+    fn create_items(&mut self, table: &str, num_steps: u64, priorities: &[f64], records: &[u8], wait: Wait<'_>) -> Result<()>;
 
     /// Ends the episode: items never span episodes.
     fn end_episode(&mut self, wait: Wait<'_>) -> Result<()>;

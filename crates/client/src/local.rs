@@ -279,6 +279,62 @@ impl LocalClient {
         Ok(self.shared.info.stores[store as usize].clone())
     }
 
+    /// One draw by the server: `n` items, or with `tokens` > 0 a token budget.
+    /// The rows stay where they are until the sample is collected. While the server
+    /// waits, `interrupt` is checked every [`POLL`]; when it fires the connection is
+    /// retired (shut once no sample drawn on it is alive).
+    fn draw(&self, table: &str, n: u32, tokens: u64, fields: &[String], timeout: Option<Duration>, interrupt: Interrupt<'_>) -> Result<Drawn<LocalSample>> {
+        let t = self.shared.table(table)?;
+        let columns = self.shared.info.stores[self.shared.info.tables[t as usize].store as usize].clone();
+        let fields = columns.signature().select(fields)?;
+        let mut f = Frame::new(p::SAMPLE);
+        f.u32(t).u32(n).i64(p::timeout_to_wire(timeout)).u64(tokens);
+        let mut hold = Hold::new(&self.shared);
+        let slow = Slow { path: &self.shared.path, what: "sample", table: Some(table), want: n.max(1) as u64 };
+        let (kind, body) = self.shared.call_slow(f, interrupt, Some(&slow))?;
+        if kind != p::SAMPLED {
+            return Err(unexpected(kind));
+        }
+        let mut r = Reader::new(&body);
+        let status = r.u8()?;
+        let message = r.str()?;
+        hold.id = Some(r.u64()?);
+        let table_size = r.u64()?;
+        let count = r.count(p::MAX_ITEMS, "sampled items")?;
+        let mut items = Vec::with_capacity(count as usize);
+        for _ in 0..count {
+            items.push(SampledItem {
+                key: r.u64()?,
+                probability: r.f64()?,
+                priority: r.f64()?,
+                times_sampled: r.u32()?,
+                length: r.u32()?,
+                window: Window::from_ranges(r.ranges()?),
+            });
+        }
+        let attributes = r.bytes(p::MAX_FRAME, "attribute records")?.to_vec();
+        r.done()?;
+        for item in &items {
+            let len: u64 = item.window.ranges().iter().map(|r| r.len as u64).sum();
+            let inside = item.window.ranges().iter().all(|r| r.start + r.len as u64 <= columns.capacity());
+            if len != item.length as u64 || !inside {
+                return Err(Error::Corrupt(format!("sampled item {} has rows outside the store", item.key)));
+            }
+        }
+        let sample = LocalSample { items, attributes, table_size, columns, fields, _hold: hold };
+        let cut_short = (status != 0).then(|| Error::Timeout { message, partial: Default::default() });
+        Ok(Drawn { sample, cut_short })
+    }
+
+    /// Sends `f` and reads a `COUNT` reply.
+    fn count_reply(&self, f: Frame) -> Result<u64> {
+        let (kind, body) = self.shared.call(f, None)?;
+        if kind != p::COUNT {
+            return Err(unexpected(kind));
+        }
+        Reader::new(&body).u64()
+    }
+
     fn keyed(&self, kind: u8, table: &str, keys: &[u64], priorities: Option<&[f64]>) -> Result<u64> {
         let t = self.shared.table(table)?;
         if keys.len() > p::MAX_ITEMS as usize {
@@ -292,11 +348,7 @@ impl LocalClient {
         priorities.unwrap_or(&[]).iter().for_each(|&x| {
             f.f64(x);
         });
-        let (kind, body) = self.shared.call(f, None)?;
-        if kind != p::COUNT {
-            return Err(unexpected(kind));
-        }
-        Reader::new(&body).u64()
+        self.count_reply(f)
     }
 }
 
@@ -333,50 +385,37 @@ impl ReplayClient for LocalClient {
         Ok(LocalWriter { writer: Writer::new(blocks, max_sequence_length)?, info: Arc::new(info) })
     }
 
-    /// The server draws; the rows stay where they are until the sample is collected.
-    /// While the server waits, `interrupt` is checked every [`POLL`]; when it fires
-    /// the connection is retired (shut once no sample drawn on it is alive).
     fn sample(&self, table: &str, n: u32, fields: &[String], timeout: Option<Duration>, interrupt: Interrupt<'_>) -> Result<Drawn<LocalSample>> {
-        let t = self.shared.table(table)?;
         check_sample_size(n, p::MAX_ITEMS)?;
-        let columns = self.shared.info.stores[self.shared.info.tables[t as usize].store as usize].clone();
-        let fields = columns.signature().select(fields)?;
-        let mut f = Frame::new(p::SAMPLE);
-        f.u32(t).u32(n).i64(p::timeout_to_wire(timeout));
-        let mut hold = Hold::new(&self.shared);
-        let slow = Slow { path: &self.shared.path, what: "sample", table: Some(table), want: n as u64 };
-        let (kind, body) = self.shared.call_slow(f, interrupt, Some(&slow))?;
-        if kind != p::SAMPLED {
-            return Err(unexpected(kind));
+        self.draw(table, n, 0, fields, timeout, interrupt)
+    }
+
+    fn sample_tokens(&self, table: &str, tokens: u64, fields: &[String], timeout: Option<Duration>, interrupt: Interrupt<'_>) -> Result<Drawn<LocalSample>> {
+        if tokens == 0 {
+            return Err(Error::InvalidArgument(format!("table '{table}': the token budget must be >= 1 step, got 0")));
         }
-        let mut r = Reader::new(&body);
-        let status = r.u8()?;
-        let message = r.str()?;
-        hold.id = Some(r.u64()?);
-        let table_size = r.u64()?;
-        let count = r.count(p::MAX_ITEMS, "sampled items")?;
-        let mut items = Vec::with_capacity(count as usize);
-        for _ in 0..count {
-            items.push(SampledItem {
-                key: r.u64()?,
-                probability: r.f64()?,
-                priority: r.f64()?,
-                times_sampled: r.u32()?,
-                length: r.u32()?,
-                window: Window::from_ranges(r.ranges()?),
-            });
+        self.draw(table, 0, tokens, fields, timeout, interrupt)
+    }
+
+    fn set_version(&self, table: &str, version: i64) -> Result<u64> {
+        let t = self.shared.table(table)?;
+        let mut f = Frame::new(p::SET_VERSION);
+        f.u32(t).i64(version);
+        self.count_reply(f)
+    }
+
+    fn update_attribute(&self, table: &str, keys: &[u64], name: &str, values: &[u8]) -> Result<u64> {
+        let t = self.shared.table(table)?;
+        if keys.len() > p::MAX_ITEMS as usize {
+            return Err(Error::InvalidArgument(format!("at most {} keys per call, got {}", p::MAX_ITEMS, keys.len())));
         }
-        r.done()?;
-        for item in &items {
-            let len: u64 = item.window.ranges().iter().map(|r| r.len as u64).sum();
-            let inside = item.window.ranges().iter().all(|r| r.start + r.len as u64 <= columns.capacity());
-            if len != item.length as u64 || !inside {
-                return Err(Error::Corrupt(format!("sampled item {} has rows outside the store", item.key)));
-            }
-        }
-        let sample = LocalSample { items, table_size, columns, fields, _hold: hold };
-        let cut_short = (status != 0).then(|| Error::Timeout { message, partial: Default::default() });
-        Ok(Drawn { sample, cut_short })
+        let mut f = Frame::new(p::UPDATE_ATTRIBUTE);
+        f.u32(t).str(name).u32(keys.len() as u32);
+        keys.iter().for_each(|&k| {
+            f.u64(k);
+        });
+        f.bytes(values);
+        self.count_reply(f)
     }
 
     /// One draw after another: the server holds at most one draw per connection in
@@ -472,6 +511,8 @@ impl Sampler for LocalSampler {
 /// The server keeps them from being reused until this is dropped.
 pub struct LocalSample {
     items: Vec<SampledItem>,
+    /// The items' attribute records, end to end.
+    attributes: Vec<u8>,
     table_size: u64,
     columns: Arc<Columns>,
     fields: Vec<usize>,
@@ -480,6 +521,11 @@ pub struct LocalSample {
 }
 
 impl LocalSample {
+    /// The items' attribute records, end to end (empty for a table without attributes).
+    pub fn attributes(&self) -> &[u8] {
+        &self.attributes
+    }
+
     /// The columns the draw asked for, in the order asked.
     pub fn fields(&self) -> &[usize] {
         &self.fields
@@ -625,14 +671,14 @@ impl LeasedBlocks {
 
     /// Adds an item to the pending message, sending it when full. Waits (within
     /// `wait`) only when more than [`MAX_INFLIGHT`] messages would be in flight.
-    fn push_item(&mut self, table: u32, priority: f64, window: &Window, wait: Wait<'_>) -> Result<()> {
+    fn push_item(&mut self, table: u32, priority: f64, window: &Window, record: &[u8], wait: Wait<'_>) -> Result<()> {
         // Payload: timeout (none: the writer waits in `flush`), item count, items.
         let f = self.pending.get_or_insert_with(|| {
             let mut f = Frame::new(p::CREATE);
             f.i64(-1).u32(0);
             f
         });
-        f.u32(table).f64(priority).ranges(window.ranges());
+        f.u32(table).f64(priority).ranges(window.ranges()).bytes(record);
         self.pending_items += 1;
         if self.pending_items >= BATCH || f.payload_len() > p::MAX_FRAME / 2 {
             self.send_pending()?;
@@ -747,13 +793,22 @@ impl LocalWriter {
     /// gives up then has queued nothing; only a call of more items than
     /// [`MAX_INFLIGHT`] messages hold may wait again midway, and then says how many
     /// it queued.
-    fn queue(&mut self, table: &str, t: u32, windows: &[Window], priorities: &[f64], wait: Wait<'_>) -> Result<()> {
+    fn queue(&mut self, table: &str, t: u32, windows: &[Window], priorities: &[f64], records: &[u8], wait: Wait<'_>) -> Result<()> {
         let deadline = wait.deadline();
+        let n = windows.len();
+        if records.len() % n.max(1) != 0 || records.len() / n.max(1) > p::MAX_RECORD as usize {
+            return Err(Error::InvalidArgument(format!(
+                "table '{table}': {} bytes of attribute records for {n} items; expected one record per item",
+                records.len()
+            )));
+        }
+        let record = records.len() / n.max(1);
         let blocks = self.writer.source_mut();
         let room = blocks.room_for(windows.len());
         blocks.drain(room, wait)?;
         for (i, (window, &p)) in windows.iter().zip(priorities).enumerate() {
-            if let Err(e) = blocks.push_item(t, p, window, wait.until(deadline)) {
+            let r = &records[i * record..(i + 1) * record];
+            if let Err(e) = blocks.push_item(t, p, window, r, wait.until(deadline)) {
                 let n = windows.len();
                 return Err(match e {
                     Error::Timeout { message, partial } => Error::Timeout {
@@ -790,22 +845,22 @@ impl StepWriter for LocalWriter {
     }
 
     /// The item is sent with the next batch of commits.
-    fn create_item(&mut self, table: &str, num_steps: u64, priority: f64, wait: Wait<'_>) -> Result<()> {
+    fn create_item(&mut self, table: &str, num_steps: u64, priority: f64, record: &[u8], wait: Wait<'_>) -> Result<()> {
         self.check()?;
         let t = self.table_of_store(table)?;
         check_priority(priority, || format!("table '{table}' new item"))?;
         let window = self.writer.window(table, num_steps)?;
-        self.queue(table, t, std::slice::from_ref(&window), &[priority], wait)
+        self.queue(table, t, std::slice::from_ref(&window), &[priority], record, wait)
     }
 
-    fn create_items(&mut self, table: &str, num_steps: u64, priorities: &[f64], wait: Wait<'_>) -> Result<()> {
+    fn create_items(&mut self, table: &str, num_steps: u64, priorities: &[f64], records: &[u8], wait: Wait<'_>) -> Result<()> {
         self.check()?;
         let t = self.table_of_store(table)?;
         for (i, &p) in priorities.iter().enumerate() {
             check_priority(p, || format!("table '{table}' item {i}"))?;
         }
         let windows = self.writer.windows(table, num_steps, priorities.len() as u64)?;
-        self.queue(table, t, &windows, priorities, wait)
+        self.queue(table, t, &windows, priorities, records, wait)
     }
 
     /// Sends the episode's releases; waits for nothing.

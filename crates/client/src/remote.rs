@@ -354,7 +354,42 @@ impl RemoteClient {
             num_items: n,
             fields: fields.to_vec(),
             timeout_seconds: timeout.map_or(-1.0, |t| t.as_secs_f64()),
+            tokens: 0,
         })
+    }
+}
+
+impl RemoteClient {
+    /// One request on the client's `Sample` stream (reopened if it broke).
+    fn draw(&self, table: &str, req: pb::SampleRequest, interrupt: Interrupt<'_>) -> Result<Drawn<RemoteSample>> {
+        let n = req.num_items.max(1);
+        let mut guard = self.sampler.lock();
+        if guard.is_none() {
+            let (tx, rx) = mpsc::channel::<pb::SampleRequest>(4);
+            let mut stub = self.stub.clone();
+            let responses = self.rt.block_on(stub.sample(Request::new(ReceiverStream::new(rx)))).map_err(from_status)?.into_inner();
+            *guard = Some(SampleStream { tx, rx: responses });
+        }
+        let stream = guard.as_mut().expect("opened above");
+        let signature = self.signature_of(table)?;
+        let result = wait_for(
+            &self.rt,
+            async {
+                stream.tx.send(req.clone()).await.map_err(lost)?;
+                receive(&mut stream.rx, signature).await
+            },
+            None,
+            interrupt,
+            "sample",
+            Some(Slow { stub: &self.stub, server: &self.address, table: Some(table), want: n as u64 }),
+        );
+        match result {
+            Ok(r) => Ok(drawn(r, &req)),
+            Err(e) => {
+                *guard = None; // a broken or interrupted stream is not reused
+                Err(e)
+            }
+        }
     }
 }
 
@@ -409,36 +444,30 @@ impl ReplayClient for RemoteClient {
         })
     }
 
-    /// One request on the client's `Sample` stream (reopened if it broke).
     fn sample(&self, table: &str, n: u32, fields: &[String], timeout: Option<Duration>, interrupt: Interrupt<'_>) -> Result<Drawn<RemoteSample>> {
         let req = self.sample_request(table, n, fields, timeout)?;
-        let mut guard = self.sampler.lock();
-        if guard.is_none() {
-            let (tx, rx) = mpsc::channel::<pb::SampleRequest>(4);
-            let mut stub = self.stub.clone();
-            let responses = self.rt.block_on(stub.sample(Request::new(ReceiverStream::new(rx)))).map_err(from_status)?.into_inner();
-            *guard = Some(SampleStream { tx, rx: responses });
+        self.draw(table, req, interrupt)
+    }
+
+    fn sample_tokens(&self, table: &str, tokens: u64, fields: &[String], timeout: Option<Duration>, interrupt: Interrupt<'_>) -> Result<Drawn<RemoteSample>> {
+        if tokens == 0 {
+            return Err(Error::InvalidArgument(format!("table '{table}': the token budget must be >= 1 step, got 0")));
         }
-        let stream = guard.as_mut().expect("opened above");
-        let signature = self.signature_of(table)?;
-        let result = wait_for(
-            &self.rt,
-            async {
-                stream.tx.send(req.clone()).await.map_err(lost)?;
-                receive(&mut stream.rx, signature).await
-            },
-            None,
-            interrupt,
-            "sample",
-            Some(Slow { stub: &self.stub, server: &self.address, table: Some(table), want: n as u64 }),
-        );
-        match result {
-            Ok(r) => Ok(drawn(r, &req)),
-            Err(e) => {
-                *guard = None; // a broken or interrupted stream is not reused
-                Err(e)
-            }
-        }
+        let mut req = self.sample_request(table, 1, fields, timeout)?;
+        (req.num_items, req.tokens) = (0, tokens);
+        self.draw(table, req, interrupt)
+    }
+
+    fn set_version(&self, table: &str, version: i64) -> Result<u64> {
+        let mut stub = self.stub.clone();
+        let req = pb::SetVersionRequest { table: table.into(), version };
+        Ok(self.rt.block_on(stub.set_version(req)).map_err(from_status)?.into_inner().count)
+    }
+
+    fn update_attribute(&self, table: &str, keys: &[u64], name: &str, values: &[u8]) -> Result<u64> {
+        let mut stub = self.stub.clone();
+        let req = pb::UpdateAttributeRequest { table: table.into(), name: name.into(), keys: keys.to_vec(), values: values.to_vec().into() };
+        Ok(self.rt.block_on(stub.update_attribute(req)).map_err(from_status)?.into_inner().count)
     }
 
     /// A sampler on its own `Sample` stream that keeps up to `max_in_flight` batch
@@ -756,17 +785,18 @@ impl StepWriter for RemoteWriter {
         Ok(())
     }
 
-    fn create_item(&mut self, table: &str, num_steps: u64, priority: f64, wait: Wait<'_>) -> Result<()> {
+    fn create_item(&mut self, table: &str, num_steps: u64, priority: f64, record: &[u8], wait: Wait<'_>) -> Result<()> {
         self.check()?;
         let num_steps = u32::try_from(num_steps).map_err(|_| Error::InvalidArgument(format!("num_steps must be < 2^32, got {num_steps}")))?;
-        self.push(pb::insert_op::Op::CreateItem(pb::CreateItem { table: table.into(), num_steps, priority }), 32 + table.len(), wait)
+        let op = pb::CreateItem { table: table.into(), num_steps, priority, attributes: record.to_vec().into() };
+        self.push(pb::insert_op::Op::CreateItem(op), 32 + table.len() + record.len(), wait)
     }
 
-    fn create_items(&mut self, table: &str, num_steps: u64, priorities: &[f64], wait: Wait<'_>) -> Result<()> {
+    fn create_items(&mut self, table: &str, num_steps: u64, priorities: &[f64], records: &[u8], wait: Wait<'_>) -> Result<()> {
         self.check()?;
         let num_steps = u32::try_from(num_steps).map_err(|_| Error::InvalidArgument(format!("num_steps must be < 2^32, got {num_steps}")))?;
-        let op = pb::CreateItems { table: table.into(), num_steps, priorities: priorities.to_vec() };
-        self.push(pb::insert_op::Op::CreateItems(op), 32 + table.len() + 8 * priorities.len(), wait)
+        let op = pb::CreateItems { table: table.into(), num_steps, priorities: priorities.to_vec(), attributes: records.to_vec().into() };
+        self.push(pb::insert_op::Op::CreateItems(op), 32 + table.len() + 8 * priorities.len() + records.len(), wait)
     }
 
     fn end_episode(&mut self, wait: Wait<'_>) -> Result<()> {

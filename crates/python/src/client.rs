@@ -5,6 +5,7 @@
 //! of shared memory here, remote rows arrived in the answer) and the zero-copy GPU
 //! path, which only a local client has (`sample_rows`, `store_memory`).
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -13,13 +14,14 @@ use parking_lot::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use reprise_client::{Drawn, LocalClient, LocalSample, RemoteClient, RemoteOptions, RemoteSample, ReplayClient, Sampler};
-use reprise_core::{Collect, Signature};
+use reprise_core::attributes::{AttributeSpec, Attributes};
+use reprise_core::{Collect, DType, Signature};
 
 use crate::arrays::{field_infos, new_array, select_fields, Vector};
 use crate::errors::invalid;
 use crate::raise::{py_err, to_py};
 use crate::rows::{HeldRows, PySampleRows};
-use crate::sample::{sample_class, sample_object};
+use crate::sample::{sample_class, sample_with};
 use crate::table::info_dict;
 use crate::timeout::{self, Signals};
 use crate::writer::{AnyWriter, PyWriter};
@@ -44,6 +46,23 @@ macro_rules! each {
 #[pyclass(name = "Client", module = "reprise._native", frozen)]
 pub struct PyClient {
     connection: Connection,
+    /// Each table's attribute schema, asked of the server once (it never changes).
+    schemas: Mutex<HashMap<String, Arc<Attributes>>>,
+}
+
+/// Every table's attribute schema from the server's figures.
+fn schemas_of(infos: &[reprise_core::TableInfo]) -> reprise_core::Result<HashMap<String, Arc<Attributes>>> {
+    infos
+        .iter()
+        .map(|i| {
+            let specs = i
+                .attributes
+                .iter()
+                .map(|(name, dtype)| Ok(AttributeSpec { name: name.clone(), dtype: DType::from_name(dtype)? }))
+                .collect::<reprise_core::Result<Vec<_>>>()?;
+            Ok((i.name.clone(), Arc::new(Attributes::new(specs)?)))
+        })
+        .collect()
 }
 
 fn socket_path(py: Python<'_>, address: &str) -> PyResult<PathBuf> {
@@ -76,15 +95,18 @@ fn finish<'py, S>(py: Python<'py>, drawn: Drawn<S>, drew_any: impl Fn(&S) -> boo
 
 /// `select`: the columns to copy, as `select_fields` made them from Python's `fields`
 /// (`None`: all; an empty list: none, as `Table.sample` does).
-fn local_sample<'py>(py: Python<'py>, drawn: Drawn<LocalSample>, select: Option<&[usize]>) -> PyResult<Bound<'py, PyAny>> {
-    finish(py, drawn, |s| !s.items().is_empty(), |s| sample_object(py, s, select))
+fn local_sample<'py>(py: Python<'py>, drawn: Drawn<LocalSample>, select: Option<&[usize]>, schema: &Attributes, packed: bool) -> PyResult<Bound<'py, PyAny>> {
+    finish(py, drawn, |s| !s.items().is_empty(), |s| {
+        let records = s.attributes().to_vec();
+        sample_with(py, s, select, schema, &records, packed)
+    })
 }
 
 /// A remote answer as a `reprise.Sample`: the rows arrived as `[n, T, row]` bytes per
 /// field (in one message or several), zero past each item's length; they are copied
 /// once, from the received messages into numpy arrays. (Views of the messages would
 /// save that copy but be misaligned for their dtypes wherever protobuf put them.)
-fn remote_sample<'py>(py: Python<'py>, drawn: Drawn<RemoteSample>, sig: &Signature) -> PyResult<Bound<'py, PyAny>> {
+fn remote_sample<'py>(py: Python<'py>, drawn: Drawn<RemoteSample>, sig: &Signature, schema: &Attributes) -> PyResult<Bound<'py, PyAny>> {
     finish(py, drawn, |s| !s.response.keys.is_empty(), |s| {
         let r = &s.response;
         let (n, t) = (r.keys.len(), r.max_length as usize);
@@ -115,6 +137,7 @@ fn remote_sample<'py>(py: Python<'py>, drawn: Drawn<RemoteSample>, sig: &Signatu
             data.set_item(name, array)?;
         }
         let r = s.response;
+        let attributes = attribute_columns(py, schema, &r.attributes, r.keys.len())?;
         let kwargs = PyDict::new(py);
         kwargs.set_item("keys", PyArray1::from_vec(py, r.keys))?;
         kwargs.set_item("probabilities", PyArray1::from_vec(py, r.probabilities))?;
@@ -123,11 +146,47 @@ fn remote_sample<'py>(py: Python<'py>, drawn: Drawn<RemoteSample>, sig: &Signatu
         kwargs.set_item("table_size", r.table_size)?;
         kwargs.set_item("lengths", PyArray1::from_iter(py, r.lengths.iter().map(|&x| x as i64)))?;
         kwargs.set_item("data", data)?;
+        kwargs.set_item("attributes", attributes)?;
         sample_class(py)?.call((), Some(&kwargs))
     })
 }
 
+/// `{name: array[n]}` from a remote answer's attribute columns (one per attribute,
+/// in the table's order); a column of the wrong size is `Corrupt`.
+fn attribute_columns<'py>(py: Python<'py>, schema: &Attributes, columns: &[impl AsRef<[u8]>], n: usize) -> PyResult<Bound<'py, PyDict>> {
+    let out = PyDict::new(py);
+    if columns.is_empty() {
+        return Ok(out);
+    }
+    if columns.len() != schema.len() {
+        return Err(crate::errors::new_error(py, "Corrupt", format!("the server sent {} attribute columns; the table has {}", columns.len(), schema.len())));
+    }
+    for (spec, column) in schema.specs().iter().zip(columns) {
+        let column = column.as_ref();
+        if column.len() != n * spec.dtype.itemsize() {
+            return Err(crate::errors::new_error(py, "Corrupt", format!("attribute '{}': {} bytes for {n} items", spec.name, column.len())));
+        }
+        let dtype: Py<PyArrayDescr> = PyArrayDescr::new(py, spec.dtype.name())?.unbind();
+        let (array, mut dst) = new_array(py, &[n], &dtype, false)?;
+        dst.bytes().copy_from_slice(column);
+        out.set_item(&spec.name, array)?;
+    }
+    Ok(out)
+}
+
 impl PyClient {
+    /// `table`'s attribute schema (asked of the server the first time).
+    fn schema(&self, py: Python<'_>, table: &str) -> PyResult<Arc<Attributes>> {
+        if let Some(s) = self.schemas.lock().get(table) {
+            return Ok(s.clone());
+        }
+        let infos = py.detach(|| each!(&self.connection, c => c.info())).map_err(py_err(py))?;
+        let all = schemas_of(&infos).map_err(py_err(py))?;
+        let mut cache = self.schemas.lock();
+        cache.extend(all);
+        cache.get(table).cloned().ok_or_else(|| crate::errors::new_error(py, "NotFound", format!("no table named '{table}' on this server")))
+    }
+
     fn local(&self, py: Python<'_>, what: &str) -> PyResult<&LocalClient> {
         match &self.connection {
             Connection::Local(c) => Ok(c),
@@ -158,7 +217,7 @@ impl PyClient {
             let options = RemoteOptions { token, tls: tls || tls_ca.is_some(), ca_pem: tls_ca, domain: tls_domain, connect_timeout, compression };
             Connection::Remote(Box::new(py.detach(|| RemoteClient::connect(address, options)).map_err(py_err(py))?))
         };
-        Ok(PyClient { connection })
+        Ok(PyClient { connection, schemas: Mutex::new(HashMap::new()) })
     }
 
     /// True for a local client (same host, shared memory).
@@ -189,30 +248,66 @@ impl PyClient {
         let writer: Box<dyn reprise_client::StepWriter> = py
             .detach(|| each!(&self.connection, c => c.writer(table.as_deref(), msl).map(|w| Box::new(w) as Box<dyn reprise_client::StepWriter>)))
             .map_err(py_err(py))?;
-        Ok(PyWriter::new(AnyWriter::Client { writer, release_gil: !self.is_local() }, Arc::new(field_infos(py, &sig)?)))
+        let infos = py.detach(|| each!(&self.connection, c => c.info())).map_err(py_err(py))?;
+        let schemas = Arc::new(schemas_of(&infos).map_err(py_err(py))?);
+        Ok(PyWriter::new(AnyWriter::Client { writer, release_gil: !self.is_local(), schemas }, Arc::new(field_infos(py, &sig)?)))
     }
 
-    /// Draws n items; a `reprise.Sample` of numpy arrays (`fields`: a subset).
-    #[pyo3(signature = (table, n, timeout=None, fields=None))]
-    fn sample<'py>(&self, py: Python<'py>, table: &str, n: i64, timeout: Option<f64>, fields: Option<Vec<String>>) -> PyResult<Bound<'py, PyAny>> {
+    /// Draws n items, or with `tokens` as many whole items as fit in that many
+    /// steps; a `reprise.Sample` of numpy arrays (`fields`: a subset). A token
+    /// sample from a local client is packed; a remote one arrives padded.
+    #[pyo3(signature = (table, n, timeout=None, fields=None, tokens=None))]
+    fn sample<'py>(&self, py: Python<'py>, table: &str, n: i64, timeout: Option<f64>, fields: Option<Vec<String>>, tokens: Option<i64>) -> PyResult<Bound<'py, PyAny>> {
         let timeout = timeout::parse(py, timeout)?;
-        let n = sample_size(py, n)?;
+        let tokens = match tokens {
+            None => None,
+            Some(t) => Some(u64::try_from(t).ok().filter(|&t| t >= 1).ok_or_else(|| invalid(py, format!("tokens must be >= 1, got {t}")))?),
+        };
+        let n = if tokens.is_some() { 1 } else { sample_size(py, n)? };
+        let schema = self.schema(py, table)?;
         let signals = Signals::default();
         let check = || signals.check();
         match &self.connection {
             Connection::Local(c) => {
                 let columns = c.columns(Some(table)).map_err(py_err(py))?;
                 let select = select_fields(py, columns.signature(), fields)?;
-                let drawn = py.detach(|| c.sample(table, n, &[], timeout, Some(&check))).map_err(|e| to_py(py, e, None, signals.take()))?;
-                local_sample(py, drawn, select.as_deref())
+                let drawn = py
+                    .detach(|| match tokens {
+                        Some(t) => c.sample_tokens(table, t, &[], timeout, Some(&check)),
+                        None => c.sample(table, n, &[], timeout, Some(&check)),
+                    })
+                    .map_err(|e| to_py(py, e, None, signals.take()))?;
+                local_sample(py, drawn, select.as_deref(), &schema, tokens.is_some())
             }
             Connection::Remote(c) => {
                 let sig = c.signature_of(table).map_err(py_err(py))?;
                 let fields = fields.unwrap_or_default();
-                let drawn = py.detach(|| c.sample(table, n, &fields, timeout, Some(&check))).map_err(|e| to_py(py, e, None, signals.take()))?;
-                remote_sample(py, drawn, sig)
+                let drawn = py
+                    .detach(|| match tokens {
+                        Some(t) => c.sample_tokens(table, t, &fields, timeout, Some(&check)),
+                        None => c.sample(table, n, &fields, timeout, Some(&check)),
+                    })
+                    .map_err(|e| to_py(py, e, None, signals.take()))?;
+                remote_sample(py, drawn, sig, &schema)
             }
         }
+    }
+
+    /// Sets `table`'s policy version; returns how many items left as stale.
+    fn set_version(&self, py: Python<'_>, table: &str, version: i64) -> PyResult<u64> {
+        py.detach(|| each!(&self.connection, c => c.set_version(table, version))).map_err(py_err(py))
+    }
+
+    /// Sets attribute `name` of `keys` from `values` (its dtype's bytes, one per key).
+    fn update_attribute(&self, py: Python<'_>, table: &str, keys: &Bound<'_, PyAny>, name: &str, values: Bound<'_, pyo3::types::PyBytes>) -> PyResult<u64> {
+        let keys = Vector::<u64>::new(py, "keys", keys, None)?;
+        let (k, v) = (keys.as_slice(), values.as_bytes());
+        py.detach(|| each!(&self.connection, c => c.update_attribute(table, k, name, v))).map_err(py_err(py))
+    }
+
+    /// `[(name, dtype)]` of `table`'s item attributes.
+    fn attributes(&self, py: Python<'_>, table: &str) -> PyResult<Vec<(String, &'static str)>> {
+        Ok(self.schema(py, table)?.specs().iter().map(|a| (a.name.clone(), a.dtype.name())).collect())
     }
 
     /// Batches drawn one after another (`Sampler.next()`); a remote client keeps
@@ -222,15 +317,16 @@ impl PyClient {
         let timeout = timeout::parse(py, timeout)?;
         let n = sample_size(py, n)?;
         let k = u32::try_from(max_in_flight).ok().filter(|&k| k >= 1).ok_or_else(|| invalid(py, format!("max_in_flight must be >= 1, got {max_in_flight}")))?;
+        let schema = self.schema(py, table)?;
         let inner = match &self.connection {
             Connection::Local(c) => {
                 let select = select_fields(py, c.columns(Some(table)).map_err(py_err(py))?.signature(), fields)?;
-                AnySampler::Local(py.detach(|| c.sampler(table, n, &[], timeout, k)).map_err(py_err(py))?, select)
+                AnySampler::Local(py.detach(|| c.sampler(table, n, &[], timeout, k)).map_err(py_err(py))?, select, schema)
             }
             Connection::Remote(c) => {
                 let sig = c.signature(table).map_err(py_err(py))?;
                 let fields = fields.unwrap_or_default();
-                AnySampler::Remote(Box::new(py.detach(|| c.sampler(table, n, &fields, timeout, k)).map_err(py_err(py))?), sig)
+                AnySampler::Remote(Box::new(py.detach(|| c.sampler(table, n, &fields, timeout, k)).map_err(py_err(py))?), sig, schema)
             }
         };
         Ok(PySampler { inner: Mutex::new(inner) })
@@ -312,8 +408,8 @@ impl PyClient {
 }
 
 enum AnySampler {
-    Local(reprise_client::local::LocalSampler, Option<Vec<usize>>),
-    Remote(Box<reprise_client::RemoteSampler>, Signature),
+    Local(reprise_client::local::LocalSampler, Option<Vec<usize>>, Arc<Attributes>),
+    Remote(Box<reprise_client::RemoteSampler>, Signature, Arc<Attributes>),
 }
 
 #[pyclass(name = "Sampler", module = "reprise._native", frozen)]
@@ -331,13 +427,13 @@ impl PySampler {
         let signals = Signals::default();
         let check = || signals.check();
         match &mut *guard {
-            AnySampler::Local(s, select) => {
+            AnySampler::Local(s, select, schema) => {
                 let drawn = py.detach(|| s.next(Some(&check))).map_err(|e| to_py(py, e, None, signals.take()))?;
-                local_sample(py, drawn, select.as_deref())
+                local_sample(py, drawn, select.as_deref(), schema, false)
             }
-            AnySampler::Remote(s, sig) => {
+            AnySampler::Remote(s, sig, schema) => {
                 let drawn = py.detach(|| s.next(Some(&check))).map_err(|e| to_py(py, e, None, signals.take()))?;
-                remote_sample(py, drawn, sig)
+                remote_sample(py, drawn, sig, schema)
             }
         }
     }

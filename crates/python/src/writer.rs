@@ -3,6 +3,7 @@
 //! local or remote (`reprise_client::StepWriter`: items are queued and committed in
 //! batches; see `flush`).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,7 +31,7 @@ pub enum AnyWriter {
     /// A client's writer. `release_gil`: its item calls may wait (a remote writer's
     /// send queue), so they run without the GIL; a local writer's only queue a record
     /// (a full batch is one socket write), cheaper than releasing the GIL per step.
-    Client { writer: Box<dyn StepWriter>, release_gil: bool },
+    Client { writer: Box<dyn StepWriter>, release_gil: bool, schemas: Arc<HashMap<String, Arc<Attributes>>> },
 }
 
 /// Runs `f` without the GIL when `release`, else with it.
@@ -102,18 +103,25 @@ fn target(py: Python<'_>, table: &Bound<'_, PyAny>, num_steps: i64) -> PyResult<
     Ok((Target::Table(native.get().table.clone()), num_steps as u64))
 }
 
-/// Item attributes do not travel over clients yet: said plainly, not dropped.
-fn client_attributes(py: Python<'_>) -> PyErr {
-    invalid(py, "item attributes are given in process (rp.Table over a Store) in this version; a client's \
-                 writer cannot carry them yet"
-        .into())
+/// The attribute records of `n` new items of the served table `table`, from the
+/// schemas the client's server gave (a table it does not serve is left to the
+/// server to refuse, naming it).
+fn client_records(py: Python<'_>, schemas: &HashMap<String, Arc<Attributes>>, table: &str, attributes: Option<&Bound<'_, PyAny>>, n: usize) -> PyResult<Vec<u8>> {
+    match schemas.get(table) {
+        Some(schema) => records_for(py, schema, table, attributes, n),
+        None => Ok(Vec::new()),
+    }
 }
 
 /// The attribute records of `n` new items of `table` from `{name: value}`
 /// (checked by `reprise._attributes.records`); empty for a table without
 /// attributes given none.
 pub fn records(py: Python<'_>, table: &Table, attributes: Option<&Bound<'_, PyAny>>, n: usize) -> PyResult<Vec<u8>> {
-    let schema = &table.config().attributes;
+    records_for(py, &table.config().attributes, table.name(), attributes, n)
+}
+
+/// [`records`] for a table named `table` with attributes `schema`.
+fn records_for(py: Python<'_>, schema: &Attributes, table: &str, attributes: Option<&Bound<'_, PyAny>>, n: usize) -> PyResult<Vec<u8>> {
     if schema.is_empty() && attributes.is_none() {
         return Ok(Vec::new());
     }
@@ -121,7 +129,7 @@ pub fn records(py: Python<'_>, table: &Table, attributes: Option<&Bound<'_, PyAn
         return Ok(record);
     }
     let specs: Vec<(String, &str)> = schema.specs().iter().map(|a| (a.name.clone(), a.dtype.name())).collect();
-    let bytes = py.import("reprise._attributes")?.getattr("records")?.call1((specs, table.name(), attributes, n))?;
+    let bytes = py.import("reprise._attributes")?.getattr("records")?.call1((specs, table, attributes, n))?;
     Ok(bytes.cast_into::<PyBytes>()?.as_bytes().to_vec())
 }
 
@@ -266,11 +274,11 @@ impl PyWriter {
         let check = || signals.check();
         self.with(py, |w| match w {
             // May wait for room in the send queue: without the GIL.
-            AnyWriter::Client { .. } if attributes.is_some() => Err(client_attributes(py)),
-            AnyWriter::Client { writer, release_gil } => {
+            AnyWriter::Client { writer, release_gil, schemas } => {
+                let records = client_records(py, schemas, target.name(), attributes.as_ref(), 1)?;
                 let release = *release_gil || writer.items_may_wait(1);
                 let wait = Wait { timeout, interrupt: Some(&check) };
-                maybe_detach(py, release, || writer.create_item(target.name(), n, priority, wait))
+                maybe_detach(py, release, || writer.create_item(target.name(), n, priority, &records, wait))
                     .map(|_| None)
                     .map_err(|e| to_py(py, e, None, signals.take()))
             }
@@ -305,11 +313,11 @@ impl PyWriter {
         let signals = Signals::default();
         let check = || signals.check();
         self.with(py, |w| match w {
-            AnyWriter::Client { .. } if attributes.is_some() => Err(client_attributes(py)),
-            AnyWriter::Client { writer, release_gil } => {
+            AnyWriter::Client { writer, release_gil, schemas } => {
+                let records = client_records(py, schemas, target.name(), attributes.as_ref(), p.len())?;
                 let release = *release_gil || writer.items_may_wait(p.len());
                 let wait = Wait { timeout, interrupt: Some(&check) };
-                maybe_detach(py, release, || writer.create_items(target.name(), n, p, wait))
+                maybe_detach(py, release, || writer.create_items(target.name(), n, p, &records, wait))
                     .map(|_| None)
                     .map_err(|e| to_py(py, e, None, signals.take()))
             }
@@ -377,7 +385,7 @@ impl PyWriter {
                 w.end_episode();
                 Ok(())
             }
-            AnyWriter::Client { writer, release_gil } => {
+            AnyWriter::Client { writer, release_gil, .. } => {
                 let release = *release_gil || writer.items_may_wait(0);
                 let wait = Wait { timeout, interrupt: Some(&check) };
                 maybe_detach(py, release, || writer.end_episode(wait)).map_err(|e| to_py(py, e, None, signals.take()))

@@ -308,6 +308,25 @@ impl Connection {
                 f.u64(count);
                 Some(f)
             }
+            p::SET_VERSION => {
+                let table = self.table(r.u32()?)?.clone();
+                let version = r.i64()?;
+                r.done()?;
+                let mut f = Frame::new(p::COUNT);
+                f.u64(table.set_version(version)?);
+                Some(f)
+            }
+            p::UPDATE_ATTRIBUTE => {
+                let table = self.table(r.u32()?)?.clone();
+                let name = r.str()?;
+                let n = r.count(p::MAX_ITEMS, "keys")?;
+                let keys = (0..n).map(|_| r.u64()).collect::<Result<Vec<_>>>()?;
+                let values = r.bytes(8 * p::MAX_ITEMS as usize, "attribute values")?.to_vec();
+                r.done()?;
+                let mut f = Frame::new(p::COUNT);
+                f.u64(table.update_attribute(&keys, &name, &values)? as u64);
+                Some(f)
+            }
             p::INFO => {
                 r.done()?;
                 let mut f = Frame::new(p::INFO_OK);
@@ -378,10 +397,12 @@ impl Connection {
         let timeout = p::timeout_from_wire(r.i64()?);
         let n = r.count(p::MAX_ITEMS, "items")?;
         let mut items: Vec<(u32, NewItem)> = Vec::with_capacity(n as usize);
+        let mut records: Vec<&[u8]> = Vec::with_capacity(n as usize);
         for i in 0..n {
             let t = r.u32()?;
             let priority = r.f64()?;
             let ranges = r.ranges()?;
+            records.push(r.bytes(p::MAX_RECORD as usize, "an item's attribute record")?);
             let table = self.table(t)?;
             let store = self.shared.table_store[t as usize];
             let capacity = table.store().capacity();
@@ -409,9 +430,9 @@ impl Connection {
             let end = items[done..].iter().position(|(u, _)| *u != t).map_or(items.len(), |k| done + k);
             let batch: Vec<NewItem> = items[done..end].iter().map(|(_, it)| it.clone()).collect();
             let table = &self.shared.tables[t as usize];
-            // Attributes do not travel over the local protocol yet: a table with
-            // attributes refuses these items, naming what they lack.
-            let result = table.insert(&batch, &[], Wait { timeout, interrupt: Some(&stop) });
+            // The records are checked by the table (one whole record per item).
+            let record_bytes = records[done..end].concat();
+            let result = table.insert(&batch, &record_bytes, Wait { timeout, interrupt: Some(&stop) });
             let inserted = match &result {
                 Ok(k) | Err(Error::Timeout { partial: Partial::Inserted(k), .. }) => k.len(),
                 Err(_) => 0,
@@ -441,9 +462,12 @@ impl Connection {
         let table = self.table(t)?.clone();
         let n = r.count(p::MAX_ITEMS, "samples")?;
         let timeout = p::timeout_from_wire(r.i64()?);
+        let tokens = r.u64()?;
         r.done()?;
         let stop = self.wait_stop();
-        let (batch, message) = match table.sample(n as usize, Wait { timeout, interrupt: Some(&stop) }) {
+        let wait = Wait { timeout, interrupt: Some(&stop) };
+        let drawn = if tokens > 0 { table.sample_tokens(tokens, wait) } else { table.sample(n as usize, wait) };
+        let (mut batch, message) = match drawn {
             Ok(b) => (b, None),
             Err(Error::Timeout { message, partial: Partial::Sampled(b) }) => (b.into_batch(), Some(message)),
             Err(e) => return Err(e),
@@ -457,6 +481,7 @@ impl Connection {
         for it in &batch.items {
             f.u64(it.key).f64(it.probability).f64(it.priority).u32(it.times_sampled).u32(it.length).ranges(it.window.ranges());
         }
+        f.bytes(&std::mem::take(&mut batch.attributes));
         self.samples.insert(id, batch);
         Ok(f)
     }

@@ -30,7 +30,9 @@ use parking_lot::Mutex;
 use reprise_wire::codes::to_status;
 use reprise_wire::pb::{self, replay_server::Replay, replay_server::ReplayServer};
 use reprise_core::error::{Error, Partial, Result};
+use reprise_core::attributes::Attributes;
 use reprise_core::{Collect, SampleBatch, Store, Table, Wait, Writer};
+use tonic::codegen::Bytes;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -437,14 +439,14 @@ impl InsertSession {
                 Some(pb::insert_op::Op::CreateItem(item)) => {
                     let table = shared.table(&item.table)?;
                     let wait = Wait { timeout: self.timeout, interrupt: Some(closed) };
-                    let key = self.writer.create_item(table, u64::from(item.num_steps), item.priority, &[], wait).map_err(to_status)?;
+                    let key = self.writer.create_item(table, u64::from(item.num_steps), item.priority, &item.attributes, wait).map_err(to_status)?;
                     self.keys.push(key);
                     self.count_created(&item.table, 1);
                 }
                 Some(pb::insert_op::Op::CreateItems(items)) => {
                     let table = shared.table(&items.table)?;
                     let wait = Wait { timeout: self.timeout, interrupt: Some(closed) };
-                    let keys = self.writer.create_items(table, u64::from(items.num_steps), &items.priorities, &[], wait).map_err(to_status)?;
+                    let keys = self.writer.create_items(table, u64::from(items.num_steps), &items.priorities, &items.attributes, wait).map_err(to_status)?;
                     self.count_created(&items.table, keys.len() as u64);
                     self.keys.extend(keys);
                 }
@@ -457,13 +459,36 @@ impl InsertSession {
     }
 }
 
+/// The attribute columns of `n` items' records laid out by `schema`: one per
+/// attribute, its values end to end.
+fn attribute_columns(schema: &Attributes, records: &[u8], n: usize) -> Vec<Bytes> {
+    let record = schema.record();
+    if record == 0 || records.len() != n * record {
+        return Vec::new();
+    }
+    schema
+        .specs()
+        .iter()
+        .enumerate()
+        .map(|(i, spec)| {
+            let (at, size) = (schema.offset(i), spec.dtype.itemsize());
+            let mut column = Vec::with_capacity(n * size);
+            for rec in records.chunks_exact(record) {
+                column.extend_from_slice(&rec[at..at + size]);
+            }
+            Bytes::from(column)
+        })
+        .collect()
+}
+
 /// The messages of a drawn batch: its items and the chosen columns, `[n, T, row]`
 /// each, zero past an item's length, in parts of at most `part_bytes` column bytes
 /// (whole items where they fit; an item larger than a part is split by column and
 /// byte). The rows stay in the store until tonic encodes each part.
-pub fn sample_parts(batch: SampleBatch, fields: &[usize], partial: bool, part_bytes: usize) -> Vec<pb::SampleResponse> {
+pub fn sample_parts(mut batch: SampleBatch, fields: &[usize], partial: bool, part_bytes: usize, schema: &Attributes) -> Vec<pb::SampleResponse> {
     let t = batch.max_length();
     let n = batch.len();
+    let records = std::mem::take(&mut batch.attributes);
     let first = pb::SampleResponse {
         keys: batch.items.iter().map(|i| i.key).collect(),
         probabilities: batch.items.iter().map(|i| i.probability).collect(),
@@ -476,6 +501,7 @@ pub fn sample_parts(batch: SampleBatch, fields: &[usize], partial: bool, part_by
         columns: Vec::new(),
         partial,
         more: false,
+        attributes: attribute_columns(schema, &records, n),
     };
     let strides: Vec<usize> = fields.iter().map(|&c| t as usize * batch.store().row_bytes(c)).collect();
     let item_bytes: usize = strides.iter().sum();
@@ -657,7 +683,8 @@ impl Replay for Service {
                 let (sh, tx2) = (shared.clone(), tx.clone());
                 let result = blocking(move || {
                     let table = sh.table(&msg.table)?.clone();
-                    let n = msg.num_items;
+                    // A token budget draws at most as many items as the server's largest batch.
+                    let n = if msg.tokens > 0 { sh.options.max_batch_items } else { msg.num_items };
                     if n == 0 || n > sh.options.max_batch_items {
                         return Err(Status::invalid_argument(format!(
                             "num_items must be from 1 to {} (the server's max_batch_items), got {n}",
@@ -678,9 +705,12 @@ impl Replay for Service {
                         )));
                     }
                     let part = (max - head).min(PART_BYTES);
-                    match table.sample(n as usize, Wait { timeout, interrupt: Some(&closed) }) {
-                        Ok(batch) => Ok(sample_parts(batch, &fields, false, part)),
-                        Err(Error::Timeout { partial: Partial::Sampled(batch), .. }) => Ok(sample_parts(batch.into_batch(), &fields, true, part)),
+                    let wait = Wait { timeout, interrupt: Some(&closed) };
+                    let schema = &table.config().attributes;
+                    let drawn = if msg.tokens > 0 { table.sample_tokens(msg.tokens, wait) } else { table.sample(n as usize, wait) };
+                    match drawn {
+                        Ok(batch) => Ok(sample_parts(batch, &fields, false, part, schema)),
+                        Err(Error::Timeout { partial: Partial::Sampled(batch), .. }) => Ok(sample_parts(batch.into_batch(), &fields, true, part, schema)),
                         Err(Error::Timeout { .. }) => Ok(vec![pb::SampleResponse { partial: true, ..Default::default() }]),
                         Err(e) => Err(to_status(e)),
                     }
@@ -743,6 +773,24 @@ impl Replay for Service {
         })
         .await;
         let count = sh.count("UpdatePriorities", count)?;
+        Ok(Response::new(pb::CountResponse { count: count as u64 }))
+    }
+
+    async fn set_version(&self, req: Request<pb::SetVersionRequest>) -> std::result::Result<Response<pb::CountResponse>, Status> {
+        let shared = self.shared.clone();
+        let m = req.into_inner();
+        let sh = shared.clone();
+        let count = blocking(move || shared.table(&m.table)?.set_version(m.version).map_err(to_status)).await;
+        let count = sh.count("SetVersion", count)?;
+        Ok(Response::new(pb::CountResponse { count }))
+    }
+
+    async fn update_attribute(&self, req: Request<pb::UpdateAttributeRequest>) -> std::result::Result<Response<pb::CountResponse>, Status> {
+        let shared = self.shared.clone();
+        let m = req.into_inner();
+        let sh = shared.clone();
+        let count = blocking(move || shared.table(&m.table)?.update_attribute(&m.keys, &m.name, &m.values).map_err(to_status)).await;
+        let count = sh.count("UpdateAttribute", count)?;
         Ok(Response::new(pb::CountResponse { count: count as u64 }))
     }
 

@@ -13,8 +13,13 @@ use std::io::{Read, Write};
 use reprise_core::error::{Error, Result};
 use reprise_core::RowRange;
 
-/// Version 2: `CREATED` carries the committed items' keys.
-pub const VERSION: u32 = 3;
+/// Version 2: `CREATED` carries the committed items' keys. Version 4: item
+/// attribute records in `CREATE` and `SAMPLED`, token budgets in `SAMPLE`, the
+/// attribute schema, version and group figures in `INFO_OK`, `SET_VERSION` and
+/// `UPDATE_ATTRIBUTE`.
+pub const VERSION: u32 = 4;
+/// Largest attribute record of one item.
+pub const MAX_RECORD: u32 = 1 << 16;
 /// Largest frame either side accepts.
 pub const MAX_FRAME: usize = 64 << 20;
 /// Largest item count in one create or sample request.
@@ -39,6 +44,10 @@ pub const RESET: u8 = 10;
 pub const CHECKPOINT: u8 = 11;
 /// What the server is doing (tables, statistics, clients): its monitor's snapshot.
 pub const SNAPSHOT: u8 = 12;
+/// `u32 table | i64 version`: sets a table's policy version; `COUNT` of items removed as stale.
+pub const SET_VERSION: u8 = 13;
+/// `u32 table | str name | u32 n | n x u64 key | bytes values`: `COUNT` of items updated.
+pub const UPDATE_ATTRIBUTE: u8 = 14;
 
 // Replies.
 pub const HELLO_OK: u8 = 129;
@@ -87,6 +96,12 @@ impl Frame {
     pub fn str(&mut self, s: &str) -> &mut Self {
         self.u32(s.len() as u32);
         self.0.extend_from_slice(s.as_bytes());
+        self
+    }
+    /// `u32 length | bytes`.
+    pub fn bytes(&mut self, b: &[u8]) -> &mut Self {
+        self.u32(b.len() as u32);
+        self.0.extend_from_slice(b);
         self
     }
     pub fn ranges(&mut self, ranges: &[RowRange]) -> &mut Self {
@@ -167,6 +182,14 @@ impl<'a> Reader<'a> {
     pub fn f64(&mut self) -> Result<f64> {
         Ok(f64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
     }
+    /// `u32 length | bytes`, at most `max` bytes.
+    pub fn bytes(&mut self, max: usize, what: &str) -> Result<&'a [u8]> {
+        let n = self.u32()? as usize;
+        if n > max {
+            return Err(Error::Corrupt(format!("{what} of {n} bytes; at most {max}")));
+        }
+        self.take(n)
+    }
     pub fn str(&mut self) -> Result<String> {
         let n = self.u32()? as usize;
         let bytes = self.take(n)?;
@@ -213,6 +236,10 @@ pub fn put_info(f: &mut Frame, i: &reprise_core::TableInfo) {
     }
     f.u64(i.version.is_some() as u64).u64(i.version.unwrap_or(0) as u64).u64(i.stale_removed).u64(i.stale_dropped);
     f.str(&i.groups.as_ref().map(|g| g.to_string()).unwrap_or_default());
+    f.u32(i.attributes.len() as u32);
+    for (name, dtype) in &i.attributes {
+        f.str(name).str(dtype);
+    }
 }
 
 pub fn get_info(r: &mut Reader<'_>) -> Result<reprise_core::TableInfo> {
@@ -246,6 +273,10 @@ pub fn get_info(r: &mut Reader<'_>) -> Result<reprise_core::TableInfo> {
         stale_removed: r.u64()?,
         stale_dropped: r.u64()?,
         groups: serde_json::from_str(&r.str()?).ok(),
+        attributes: {
+            let n = r.count(1 << 10, "attributes")?;
+            (0..n).map(|_| Ok((r.str()?, r.str()?))).collect::<Result<Vec<_>>>()?
+        },
     })
 }
 

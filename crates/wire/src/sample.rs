@@ -99,6 +99,8 @@ pub struct SampleResponse {
     pub columns: Vec<Column>,
     pub partial: bool,
     pub more: bool,
+    /// One column per item attribute, in the table's order (first part only).
+    pub attributes: Vec<Bytes>,
 }
 
 const KEYS: u32 = 1;
@@ -112,6 +114,7 @@ const FIELDS: u32 = 8;
 const COLUMNS: u32 = 9;
 const PARTIAL: u32 = 10;
 const MORE: u32 = 11;
+const ATTRIBUTES: u32 = 12;
 
 impl SampleResponse {
     /// Bytes of column data in this message.
@@ -149,6 +152,7 @@ impl prost::Message for SampleResponse {
         if self.more {
             encoding::bool::encode(MORE, &self.more, buf);
         }
+        encoding::bytes::encode_repeated(ATTRIBUTES, &self.attributes, buf);
     }
 
     fn merge_field(&mut self, tag: u32, wire_type: WireType, buf: &mut impl Buf, ctx: DecodeContext) -> Result<(), DecodeError> {
@@ -169,6 +173,7 @@ impl prost::Message for SampleResponse {
             }
             PARTIAL => encoding::bool::merge(wire_type, &mut self.partial, buf, ctx),
             MORE => encoding::bool::merge(wire_type, &mut self.more, buf, ctx),
+            ATTRIBUTES => encoding::bytes::merge_repeated(wire_type, &mut self.attributes, buf, ctx),
             _ => encoding::skip_field(wire_type, tag, buf, ctx),
         }
     }
@@ -190,6 +195,7 @@ impl prost::Message for SampleResponse {
             + columns
             + if self.partial { encoding::bool::encoded_len(PARTIAL, &self.partial) } else { 0 }
             + if self.more { encoding::bool::encoded_len(MORE, &self.more) } else { 0 }
+            + encoding::bytes::encoded_len_repeated(ATTRIBUTES, &self.attributes)
     }
 
     fn clear(&mut self) {

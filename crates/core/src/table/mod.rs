@@ -86,6 +86,8 @@ pub struct TableInfo {
     /// With `group_size`: the group settings and figures (live, pending,
     /// pending_items, admitted, dropped, partial, duplicates).
     pub groups: Option<serde_json::Value>,
+    /// The item attributes: `(name, numpy dtype)` in order.
+    pub attributes: Vec<(String, String)>,
 }
 
 /// One item as `items()` reports it.
@@ -851,6 +853,7 @@ impl Table {
             stale_removed: st.versions.as_ref().map_or(0, |v| v.stale_removed),
             stale_dropped: st.versions.as_ref().map_or(0, |v| v.stale_dropped),
             groups: st.groups.as_ref().map(|g| g.info()),
+            attributes: c.attributes.specs().iter().map(|a| (a.name.clone(), a.dtype.name().to_string())).collect(),
         }
     }
 
