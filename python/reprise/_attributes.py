@@ -80,6 +80,14 @@ def column(table: str, name: str, dtype: str, value, n: int) -> np.ndarray:
     return a
 
 
+def arrays(schema, raw: bytes, n: int) -> dict:
+    """``{name: array[n]}`` of ``n`` items' records ``raw`` (``{}`` without attributes)."""
+    if not schema or not raw:
+        return {}
+    rec = np.frombuffer(raw, dtype=_layout(schema), count=n)
+    return {name: np.ascontiguousarray(rec[name]).astype(np.dtype(dtype), copy=False) for name, dtype in schema}
+
+
 def values(schema, table: str, name: str, value, n: int) -> bytes:
     """``n`` values of attribute ``name`` as its dtype's bytes (``update_attributes``)."""
     dtypes = dict(schema)

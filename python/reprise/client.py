@@ -110,14 +110,15 @@ class Client:
             for f in fields:
                 if f not in columns.fields:
                     raise NotFound(f"unknown field '{f}'; expected one of {columns.fields}")
+        schema = self._native.attributes(table)
         try:
             rows = self._native.sample_rows(table, n, timeout)
         except BaseException as e:
             partial = getattr(e, "partial", None)
             if isinstance(partial, _native.SampleRows):
-                e.partial = collect_rows(partial, columns, fields)
+                e.partial = collect_rows(partial, columns, fields, schema=schema)
             raise
-        return collect_rows(rows, columns, fields)
+        return collect_rows(rows, columns, fields, schema=schema)
 
     def iterate(self, table: str, batch_size: int, max_in_flight: int = 2, timeout: float | None = None,
                 fields: list[str] | None = None, num_batches: int | None = None, device=None):

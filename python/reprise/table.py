@@ -8,8 +8,10 @@ import json
 import time
 import warnings
 
+import numpy as np
+
 from . import _native
-from ._attributes import check_schema, records, values
+from ._attributes import arrays, check_schema, records, values
 from ._convert import as_int
 from .errors import CapacityWarning, InvalidArgument, NotFound
 from .extensions import Extension, _from_spec, _specs_json
@@ -20,19 +22,23 @@ from .store import Store
 from .torch._device import host_tensors, is_host_device, torch_module
 
 
-def _collect(rows, columns, fields, to_host=False, stream=None) -> Sample:
+def _collect(rows, columns, fields, to_host=False, stream=None, schema=None) -> Sample:
     """A Sample of ``rows``: copied on the host (``columns`` None) or gathered from
-    ``columns`` on their device (then moved to numpy when ``to_host``)."""
+    ``columns`` on their device (then moved to numpy when ``to_host``), with the
+    items' attributes by ``schema``."""
     if columns is None:
-        return rows.to_sample(fields)
+        s = rows.to_sample(fields)
+        s.attributes = arrays(schema, rows.records(), len(s)) if schema else {}
+        return s
     from .torch.collect import collect_rows
-    s = collect_rows(rows, columns, fields, stream)
+    s = collect_rows(rows, columns, fields, stream, schema)
     return _to_host(s) if to_host else s
 
 
 def _to_host(s: Sample) -> Sample:
     """``s`` with its device tensors copied into numpy arrays."""
     s.data = {k: v.cpu().numpy() for k, v in s.data.items()}
+    s.attributes = {k: v.cpu().numpy() for k, v in s.attributes.items()}
     return s
 
 
@@ -328,14 +334,15 @@ class Table:
         partial draw (timeout, interrupt) is collected the same way into ``err.partial``."""
         if getattr(self._selection, "resident", False):
             return self._draw_resident(n, timeout, fields, columns, to_host, stream)
+        schema = self._native.attributes
         try:
             rows = self._sample_rows(n, timeout)
         except BaseException as e:
             rows = getattr(e, "partial", None)
             if isinstance(rows, _native.SampleRows):
-                e.partial = _collect(rows, columns, fields, to_host, stream)
+                e.partial = _collect(rows, columns, fields, to_host, stream, schema)
             raise
-        return _collect(rows, columns, fields, to_host, stream)
+        return _collect(rows, columns, fields, to_host, stream, schema)
 
     def _draw_resident(self, n, timeout, fields, columns, to_host, stream) -> Sample:
         """A device-resident draw (``reprise.torch.resident``): rows gathered on
@@ -348,10 +355,22 @@ class Table:
             s = sel.draw(n, timeout, columns, names, stream)
         except BaseException as e:
             partial = getattr(e, "partial", None)
-            if to_host and isinstance(partial, Sample):
-                _to_host(partial)
+            if isinstance(partial, Sample):
+                self._resident_attributes(partial, sel.device)
+                if to_host:
+                    _to_host(partial)
             raise
+        self._resident_attributes(s, sel.device)
         return _to_host(s) if to_host else s
+
+    def _resident_attributes(self, s: Sample, device):
+        """A device-resident draw's attributes, looked up by key right after it
+        (the table only learns which items a device drew when it folds them)."""
+        if not self._native.attributes:
+            return
+        torch = torch_module()
+        found, _ = self._native.attributes_of(np.asarray(s.keys))
+        s.attributes = {k: torch.from_numpy(v).to(device) for k, v in found.items()}
 
     def iterate(self, batch_size: int, device=None, prefetch: int = 2, timeout: float | None = None,
                 fields: list[str] | None = None, num_batches: int | None = None):

@@ -25,7 +25,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let refs: Vec<&[u8]> = columns.iter().map(Vec::as_slice).collect();
         writer.append(&refs, Wait::default())?;
         if t >= 1 {
-            writer.create_item(&table, 2, 1.0 + f64::from(t), Wait::default())?;
+            writer.create_item(&table, 2, 1.0 + f64::from(t), &[], Wait::default())?;
         }
     }
     writer.end_episode(Wait::default())?;

@@ -521,10 +521,6 @@ pub struct LocalSample {
 }
 
 impl LocalSample {
-    /// The items' attribute records, end to end (empty for a table without attributes).
-    pub fn attributes(&self) -> &[u8] {
-        &self.attributes
-    }
 
     /// The columns the draw asked for, in the order asked.
     pub fn fields(&self) -> &[usize] {
@@ -545,6 +541,9 @@ unsafe impl Collect for LocalSample {
     }
     fn columns(&self) -> &Columns {
         &self.columns
+    }
+    fn attributes(&self) -> &[u8] {
+        &self.attributes
     }
 }
 

@@ -131,6 +131,11 @@ pub unsafe trait Collect: Sync {
     fn table_size(&self) -> u64;
     fn columns(&self) -> &Columns;
 
+    /// The items' attribute records, end to end (empty without attributes).
+    fn attributes(&self) -> &[u8] {
+        &[]
+    }
+
     /// The longest item, in steps: the `T` of `[n, T, ...]` arrays.
     fn max_length(&self) -> u32 {
         self.items().iter().map(|i| i.length).max().unwrap_or(0)
@@ -286,6 +291,9 @@ unsafe impl Collect for SampleBatch {
     }
     fn columns(&self) -> &Columns {
         self.store.columns()
+    }
+    fn attributes(&self) -> &[u8] {
+        &self.attributes
     }
 }
 

@@ -171,6 +171,12 @@ impl PySampleRows {
     }
 
     /// `(keys, probabilities, priorities, times_sampled, table_size, lengths)`.
+    /// The items' attribute records, end to end (empty without attributes).
+    fn records<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
+        let records = self.with(py, |c| c.attributes().to_vec())?;
+        Ok(pyo3::types::PyBytes::new(py, &records))
+    }
+
     fn meta<'py>(&self, py: Python<'py>) -> PyResult<Meta<'py>> {
         let guard = self.inner.lock();
         Ok(meta_of(py, guard.as_ref().ok_or_else(|| released(py))?.collect()))

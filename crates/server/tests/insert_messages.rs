@@ -47,9 +47,9 @@ fn insert_op() -> impl Strategy<Value = pb::InsertOp> {
     prop_oneof![
         4 => steps(),
         3 => (table_name(), 0u32..10, priority())
-            .prop_map(|(table, num_steps, priority)| op(pb::insert_op::Op::CreateItem(pb::CreateItem { table, num_steps, priority }))),
+            .prop_map(|(table, num_steps, priority)| op(pb::insert_op::Op::CreateItem(pb::CreateItem { table, num_steps, priority, attributes: Default::default() }))),
         1 => (table_name(), 0u32..6, vec(priority(), 0..5))
-            .prop_map(|(table, num_steps, priorities)| op(pb::insert_op::Op::CreateItems(pb::CreateItems { table, num_steps, priorities }))),
+            .prop_map(|(table, num_steps, priorities)| op(pb::insert_op::Op::CreateItems(pb::CreateItems { table, num_steps, priorities, attributes: Default::default() }))),
         1 => Just(op(pb::insert_op::Op::EndEpisode(pb::EndEpisode {}))),
         1 => any::<u64>().prop_map(|id| op(pb::insert_op::Op::Flush(pb::Flush { id }))),
         1 => Just(pb::InsertOp { op: None }),
@@ -84,7 +84,7 @@ fn a_well_formed_stream_stores_its_items() {
     let mut stream = Vec::new();
     for n in 1..=3u32 {
         let steps = pb::Steps { num_steps: 2 * n, columns: vec![vec![0u8; 16 * n as usize].into(), vec![0u8; 2 * n as usize].into()] };
-        let item = pb::CreateItem { table: "t".into(), num_steps: n, priority: f64::from(n) };
+        let item = pb::CreateItem { table: "t".into(), num_steps: n, priority: f64::from(n), attributes: Default::default() };
         let ops = vec![op(pb::insert_op::Op::Steps(steps)), op(pb::insert_op::Op::CreateItem(item))];
         stream.push(pb::InsertRequest { table: "t".into(), ops, ..Default::default() });
     }

@@ -65,7 +65,7 @@ fn samples_stay_held_after_their_client_closes_and_flush_returns_keys() {
     let mut w = client.writer(None, None).unwrap();
     for v in 0..4i64 {
         w.append(&[&v.to_ne_bytes()], Wait::default()).unwrap();
-        w.create_item("replay", 1, 1.0, Wait::default()).unwrap();
+        w.create_item("replay", 1, 1.0, &[], Wait::default()).unwrap();
     }
     let keys = w.flush(Wait::default()).unwrap();
     assert_eq!(keys.len(), 4);
@@ -94,7 +94,7 @@ fn client_writes_in_place_and_samples_read_in_place() {
     for v in 0..10i64 {
         w.append(&[&v.to_ne_bytes()], Wait::default()).unwrap();
         if v >= 2 {
-            w.create_item("replay", 3, 1.0, Wait::default()).unwrap();
+            w.create_item("replay", 3, 1.0, &[], Wait::default()).unwrap();
         }
     }
     w.flush(Wait::default()).unwrap();
@@ -134,7 +134,7 @@ fn killed_writer_child() {
     // Three one-step items in block 0 fill the queue's three places.
     for v in 0..3i64 {
         w.append(&[&v.to_ne_bytes()], Wait::default()).unwrap();
-        w.create_item("replay", 1, 1.0, Wait::default()).unwrap();
+        w.create_item("replay", 1, 1.0, &[], Wait::default()).unwrap();
     }
     w.flush(Wait::default()).unwrap();
     say("committed 3");
@@ -142,7 +142,7 @@ fn killed_writer_child() {
     for v in 3..24i64 {
         w.append(&[&v.to_ne_bytes()], Wait::default()).unwrap();
     }
-    w.create_item("replay", 8, 1.0, Wait::default()).unwrap();
+    w.create_item("replay", 8, 1.0, &[], Wait::default()).unwrap();
     say("sending the 4th");
     // The queue is full: the server holds the commit until a sample makes room, and
     // this flush waits for its answer until the test kills the process.
@@ -247,15 +247,15 @@ fn raw_client_with_a_block(path: &Path) -> (UnixStream, u32) {
     (s, u32::from_le_bytes(body[..4].try_into().unwrap()))
 }
 
-/// Bytes of one item in a CREATE record: table, priority, one row range.
-const ITEM_BYTES: usize = 4 + 8 + 4 + 8 + 4;
+/// Bytes of one item in a CREATE record: table, priority, one row range, an empty attribute record.
+const ITEM_BYTES: usize = 4 + 8 + 4 + 8 + 4 + 4;
 
 /// A commit record of two one-step items over rows of `block`, as the client library writes it.
 fn create_record(block: u32) -> Vec<u8> {
     let mut f = Frame::new(p::CREATE);
     f.i64(p::timeout_to_wire(None)).u32(2);
     for row in 0..2 {
-        f.u32(0).f64(1.0).ranges(&[RowRange { start: u64::from(block) * 8 + row, len: 1 }]);
+        f.u32(0).f64(1.0).ranges(&[RowRange { start: u64::from(block) * 8 + row, len: 1 }]).bytes(&[]);
     }
     f.finish()
 }
@@ -311,7 +311,7 @@ fn unknown_tables_are_not_found() {
     assert!(matches!(client.sample("nope", 1, &[], None, None), Err(Error::NotFound(_))));
     let mut w = client.writer(None, None).unwrap();
     w.append(&[&1i64.to_ne_bytes()], Wait::default()).unwrap();
-    assert!(matches!(w.create_item("nope", 1, 1.0, Wait::default()), Err(Error::NotFound(_))));
-    assert!(matches!(w.create_item("replay", 1, f64::NAN, Wait::default()), Err(Error::InvalidArgument(_))));
-    assert!(matches!(w.create_item("replay", 2, 1.0, Wait::default()), Err(Error::InvalidArgument(_))));
+    assert!(matches!(w.create_item("nope", 1, 1.0, &[], Wait::default()), Err(Error::NotFound(_))));
+    assert!(matches!(w.create_item("replay", 1, f64::NAN, &[], Wait::default()), Err(Error::InvalidArgument(_))));
+    assert!(matches!(w.create_item("replay", 2, 1.0, &[], Wait::default()), Err(Error::InvalidArgument(_))));
 }

@@ -70,7 +70,7 @@ fn steps(n: u32, bytes_per_step: usize) -> pb::InsertOp {
 }
 
 fn item(table: &str, n: u32, priority: f64) -> pb::InsertOp {
-    pb::InsertOp { op: Some(pb::insert_op::Op::CreateItem(pb::CreateItem { table: table.into(), num_steps: n, priority })) }
+    pb::InsertOp { op: Some(pb::insert_op::Op::CreateItem(pb::CreateItem { table: table.into(), num_steps: n, priority, attributes: Default::default() })) }
 }
 
 fn flush() -> pb::InsertOp {
@@ -313,7 +313,7 @@ fn requests_past_the_per_connection_limit_wait_until_an_earlier_one_ends() {
         let mut open = Vec::new();
         for i in 0..limit {
             let (tx, rx) = tokio::sync::mpsc::channel(1);
-            let request = pb::SampleRequest { table: "t".into(), num_items: 1, fields: vec![], timeout_seconds: 2.0 * PATIENCE.as_secs_f64() };
+            let request = pb::SampleRequest { table: "t".into(), num_items: 1, fields: vec![], timeout_seconds: 2.0 * PATIENCE.as_secs_f64(), tokens: 0 };
             tx.send(request).await.unwrap();
             let call = client.sample(tokio_stream::wrappers::ReceiverStream::new(rx));
             let responses = tokio::time::timeout(PATIENCE, call).await.unwrap_or_else(|_| panic!("stream {i} of {limit} did not open"));
@@ -352,7 +352,7 @@ fn oversized_messages_are_refused_and_the_server_stays_up() {
         let mut client = ReplayClient::new(ch.clone());
         let layout = client.get_layout(pb::GetLayoutRequest {}).await.unwrap().into_inner();
         assert_eq!(layout.max_message_bytes, 64 << 10);
-        let too_many = pb::SampleRequest { table: "t".into(), num_items: layout.max_batch_items + 1, fields: vec![], timeout_seconds: 0.0 };
+        let too_many = pb::SampleRequest { table: "t".into(), num_items: layout.max_batch_items + 1, fields: vec![], timeout_seconds: 0.0, tokens: 0 };
         let err = client.sample(tokio_stream::iter(vec![too_many])).await.unwrap().into_inner().message().await.unwrap_err();
         assert_eq!(err.code(), Code::InvalidArgument);
         assert!(err.message().contains("max_batch_items"));
@@ -433,7 +433,7 @@ fn rust_client_writes_samples_and_updates() {
     for i in 0..10u8 {
         w.append(&[&[i; 16]], Wait::default()).unwrap();
         if i >= 2 {
-            w.create_item("t", 3, 1.0, Wait::default()).unwrap();
+            w.create_item("t", 3, 1.0, &[], Wait::default()).unwrap();
         }
     }
     w.end_episode(Wait::default()).unwrap();

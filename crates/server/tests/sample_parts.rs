@@ -66,7 +66,7 @@ proptest! {
             })
             .collect();
         let keys: Vec<u64> = batch.items.iter().map(|i| i.key).collect();
-        let parts = sample_parts(batch, &fields, false, part);
+        let parts = sample_parts(batch, &fields, false, part, &Default::default());
         let mut joined = vec![Vec::new(); fields.len()];
         for (i, p) in parts.iter().enumerate() {
             prop_assert_eq!(p.more, i + 1 < parts.len());
@@ -95,7 +95,7 @@ fn a_batch_that_fits_is_one_message_with_every_column() {
     let table = table_with(&[2, 3]);
     let batch = table.sample(2, None).unwrap();
     let t = batch.max_length() as usize;
-    let parts = sample_parts(batch, &[0, 1], true, 1 << 20);
+    let parts = sample_parts(batch, &[0, 1], true, 1 << 20, &Default::default());
     assert_eq!(parts.len(), 1);
     let got = pb::SampleResponse::decode(parts[0].encode_to_vec().as_slice()).unwrap();
     assert!(got.partial && !got.more);

@@ -97,6 +97,7 @@ def on_device(draw, dev):
 
     def move(s):
         s.data = {k: torch.from_numpy(v).to(dev) for k, v in s.data.items()}
+        s.attributes = {k: torch.from_numpy(v).to(dev) for k, v in s.attributes.items()}
         return s
 
     try:

@@ -20,6 +20,7 @@ import threading
 import time
 
 from ..sample import Sample
+from .._attributes import arrays
 from ._device import new_event, torch_module, use_stream
 
 log = logging.getLogger("reprise")
@@ -195,15 +196,17 @@ def gather(columns, names, idx, n: int, t: int, ragged: bool) -> dict:
     return data
 
 
-def collect_rows(rows, columns, fields=None, stream=None) -> Sample:
+def collect_rows(rows, columns, fields=None, stream=None, schema=None) -> Sample:
     """Gathers ``rows`` (a ``SampleRows``) from ``columns`` (``HostColumns`` or
-    ``DeviceColumns``) into a ``Sample`` whose ``data`` holds device tensors.
+    ``DeviceColumns``) into a ``Sample`` whose ``data`` holds device tensors, and
+    whose ``attributes`` (by ``schema``, ``[(name, dtype)]``) are on that device too.
 
     Work is queued on ``stream`` (default: the current stream); the tensors are
     ready when that stream reaches this point. The rows are released once it has.
     """
     dev = columns.device
     names = columns.fields if fields is None else fields
+    raw = rows.records() if schema else b""
     staging = _staging(dev)
     k = -1
     try:
@@ -229,5 +232,7 @@ def collect_rows(rows, columns, fields=None, stream=None) -> Sample:
         rows.release()
         raise
     release_after(rows, event, dev)
+    torch = torch_module()
+    attributes = {k: torch.from_numpy(v).to(dev) for k, v in arrays(schema, raw, len(keys)).items()}
     return Sample(keys=keys, probabilities=probabilities, priorities=priorities, times_sampled=times_sampled,
-                  table_size=int(table_size), lengths=lengths, data=data)
+                  table_size=int(table_size), lengths=lengths, data=data, attributes=attributes)
