@@ -134,7 +134,7 @@ def test_set_version_removes_stale_items_at_once_and_late_rollouts_are_dropped()
     assert t.info()["stale_dropped"] == 1
     s = t.sample(500)
     assert s.attributes["version"].min() >= 2
-    st_ = t.stats()["Staleness"]
+    st_ = t.stats()["staleness"]
     assert st_["version"] == 4 and st_["draws"] == 500 and st_["ahead"] == (s.attributes["version"] > 4).sum()
     assert sum(st_["behind"]) + st_["ahead"] == 500
 
@@ -404,7 +404,7 @@ def test_attributes_versions_and_staleness_figures_survive_a_checkpoint(tmp_path
         keys = [i[0] for i in t.items()]
         a, b = t.attributes_of(keys)[0], u.attributes_of(keys)[0]
         assert all(np.array_equal(a[k], b[k]) for k in ATTRS)
-        assert u.stats()["Staleness"] == t.stats()["Staleness"]
+        assert u.stats()["staleness"] == t.stats()["staleness"]
         assert u.set_version(3) == 1  # the version index was rebuilt
         assert u.sample(tokens=20).attributes["version"].min() >= 2
     finally:
@@ -456,6 +456,11 @@ def test_groups_become_sampleable_whole_and_come_back_side_by_side():
     assert fingerprint(t) == before
     parts = t.sample(tokens=100).split(2, balance="tokens")
     assert sum(len(p) for p in parts) % 4 == 0
+    keys = [i[0] for i in t.items()]
+    rewards = t.attributes_of(keys)[0]["reward"].tolist()
+    with pytest.raises(rp.errors.InvalidArgument, match="group is fixed"):
+        t.update_attributes(keys, {"reward": 5.0, "group": 9})
+    assert t.attributes_of(keys)[0]["reward"].tolist() == rewards
 
 
 def test_group_selection_probabilities_follow_priority_sums():

@@ -188,6 +188,11 @@ class Client:
             raise InvalidArgument(f"table '{table}': update_attributes takes {{name: values}}, got {attributes!r}")
         schema = self._native.attributes(table)
         staged = [(name, values(schema, table, name, v, len(keys))) for name, v in attributes.items()]
+        if "group" in attributes:
+            from .table import _check_group_fixed
+            _check_group_fixed(table, attributes, self.info()[table])
+        # The version first: under max_staleness the server refuses it before anything changed.
+        staged.sort(key=lambda nv: nv[0] != "version")
         return min(self._native.update_attribute(table, keys, name, v) for name, v in staged)
 
     def delete(self, table: str, keys) -> int:

@@ -82,6 +82,13 @@ def _items_in(data) -> int:
     return 0
 
 
+def _check_group_fixed(table: str, attributes: dict, info: dict) -> None:
+    """Refuses updating an item's group under group_size (before anything changes)."""
+    if "group" in attributes and info.get("groups") is not None:
+        raise InvalidArgument(f"table '{table}' has group_size: an item's group is fixed when it is created "
+                              f"and cannot be updated")
+
+
 _ITEM_SETTINGS = ("attributes", "max_staleness", "group_size", "group_timeout", "on_group_timeout")
 
 
@@ -501,6 +508,7 @@ class Table:
         if "version" in attributes and self.max_staleness is not None:
             raise InvalidArgument(f"table '{self.name}' has max_staleness: an item's version is fixed when it is "
                                   f"created and cannot be updated")
+        _check_group_fixed(self.name, attributes, self.info())
         return min(self._native.update_attribute(keys, name, v) for name, v in staged)
 
     def attributes_of(self, keys) -> tuple[dict, "np.ndarray"]:

@@ -567,9 +567,15 @@ pub fn info_dict<'py>(py: Python<'py>, i: &TableInfo) -> PyResult<Bound<'py, PyD
     d.set_item("version", i.version)?;
     d.set_item("stale_removed", i.stale_removed)?;
     d.set_item("stale_dropped", i.stale_dropped)?;
-    if let Some(g) = &i.groups {
-        d.set_item("groups", py.import("json")?.getattr("loads")?.call1((g.to_string(),))?)?;
+    match &i.groups {
+        Some(g) => d.set_item("groups", py.import("json")?.getattr("loads")?.call1((g.to_string(),))?)?,
+        None => d.set_item("groups", py.None())?,
     }
+    let attributes = PyDict::new(py);
+    for (name, dtype) in &i.attributes {
+        attributes.set_item(name, dtype)?;
+    }
+    d.set_item("attributes", attributes)?;
     Ok(d)
 }
 

@@ -195,6 +195,11 @@ pub fn info_json(i: &TableInfo) -> Value {
             "blocked_insert_seconds": i.blocked_insert_seconds,
             "blocked_sample_seconds": i.blocked_sample_seconds,
         },
+        "version": i.version,
+        "stale_removed": i.stale_removed,
+        "stale_dropped": i.stale_dropped,
+        "groups": i.groups,
+        "attributes": i.attributes.iter().map(|(n, d)| (n.clone(), json!(d))).collect::<serde_json::Map<_, _>>(),
     })
 }
 

@@ -295,6 +295,22 @@ function drawDetail(snapshot) {
   const unique = stats.unique_samples;
   $("unique-fraction").textContent = unique && unique.fraction != null
     ? `${Math.round(100 * unique.fraction)}% unique in the last ${formatCount(unique.window)} draws` : "";
+  drawStaleness(table, stats.staleness);
+}
+
+// How many policy versions behind the table's version drawn items were (tables with a
+// `version` attribute), with the version, the staleness counters and the pending groups.
+function drawStaleness(table, s) {
+  const hist = s ? { counts: s.behind, bounds: s.behind.map((_, i) => i).concat([s.behind.length]),
+                     total: s.behind.reduce((a, b) => a + b, 0) } : null;
+  drawHistogram($("staleness-histogram"), hist, (v) => (s && v >= s.behind.length ? "∞" : String(v)));
+  const parts = [];
+  if (table.version != null) parts.push(`version ${formatCount(table.version)}`);
+  if (s && s.max_staleness != null) parts.push(`max ${formatCount(s.max_staleness)} behind`);
+  if (table.stale_removed) parts.push(`${formatCount(table.stale_removed)} removed stale`);
+  if (table.stale_dropped) parts.push(`${formatCount(table.stale_dropped)} dropped stale`);
+  if (table.groups) parts.push(`${formatCount(table.groups.pending)} groups pending`);
+  $("staleness-summary").textContent = parts.join(" · ");
 }
 
 // [times, inserts/s, samples/s]: from the table's `rates` extension, else from what this page saw

@@ -97,7 +97,7 @@ fn set_version_removes_the_stale_at_once_and_late_inserts_are_dropped() {
         assert!(Attributes::read_i64(r, 0) >= 1);
     }
     let stats = t.stats();
-    assert_eq!(stats["Staleness"]["draws"], 200);
+    assert_eq!(stats["staleness"]["draws"], 200);
     // Without max_staleness the version is tracked and nothing leaves.
     let s2 = store(1024);
     let u = versioned(&s2, SelectorSpec::Uniform, 100, None);

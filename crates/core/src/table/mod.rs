@@ -936,6 +936,12 @@ impl Table {
                 self.name()
             ));
         }
+        if name == groups::GROUP && self.shared.config.groups.is_some() {
+            return Err(invalid!(
+                "table '{}' has group_size: an item's group is fixed when it is created and cannot be updated",
+                self.name()
+            ));
+        }
         let at = attrs.offset(i);
         let mut st = self.shared.state.lock();
         let mut updated = 0;
@@ -970,7 +976,7 @@ impl Table {
         let st = self.shared.state.lock();
         let mut stats = st.ext.stats();
         if let (Some(v), Some(map)) = (&st.versions, stats.as_object_mut()) {
-            map.insert("Staleness".into(), v.stats());
+            map.insert("staleness".into(), v.stats());
         }
         stats
     }
