@@ -17,24 +17,12 @@ import subprocess
 import sys
 
 import pytest
+from test_benchmarks import errors_in
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPRISE_KEYS = ["insert", "sample_pack", "sample_pack[first]", "staleness"]
 TORCHRL_KEYS = ["insert", "insert[prebuilt]", "sample_pack", "sample_pack[first]", "sample_pack[groups]",
                 "staleness", "staleness[max_size]"]
-
-
-def errors_in(tree, path: str = "") -> list[str]:
-    found = []
-    if isinstance(tree, dict):
-        if "error" in tree:
-            found.append(f"{path}: {str(tree['error']).splitlines()[0]}")
-        for k, v in tree.items():
-            found += errors_in(v, f"{path}/{k}")
-    elif isinstance(tree, list):
-        for i, v in enumerate(tree):
-            found += errors_in(v, f"{path}[{i}]")
-    return found
 
 
 def test_async_rl_quick_measures_both_systems_and_states_the_goal(tmp_path):
