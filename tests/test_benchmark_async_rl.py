@@ -20,7 +20,7 @@ import pytest
 from test_benchmarks import errors_in
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-REPRISE_KEYS = ["insert", "sample_pack", "sample_pack[first]", "staleness"]
+REPRISE_KEYS = ["insert", "sample_pack", "sample_pack[first]", "sample_pack[groups]", "staleness"]
 TORCHRL_KEYS = ["insert", "insert[prebuilt]", "sample_pack", "sample_pack[first]", "sample_pack[groups]",
                 "staleness", "staleness[max_size]"]
 
@@ -38,7 +38,7 @@ def test_async_rl_quick_measures_both_systems_and_states_the_goal(tmp_path):
     reprise = report["systems"]["reprise#1"]["results"]
     torchrl = report["systems"]["torchrl#1"]["results"]
     assert set(TORCHRL_KEYS) <= set(torchrl), sorted(torchrl)
-    assert "unsupported" in reprise["sample_pack[groups]"]  # no group admission: said so, not measured
+    assert reprise["sample_pack[groups]"]["check"]["whole_groups"]
     budget = report["config"]["token_budget"]
     for name, results, keys in (("reprise", reprise, REPRISE_KEYS), ("torchrl", torchrl, TORCHRL_KEYS)):
         for k in keys:
@@ -65,7 +65,7 @@ def test_async_rl_quick_measures_both_systems_and_states_the_goal(tmp_path):
     (goal,) = report["goals"]
     assert goal["check"] == "sample_pack: Reprise / TorchRL" and goal["value"] > 0
     assert "| sample_pack | draw 65,536 tokens + pack (varlen) |" in r.stdout
-    assert "## Goal" in r.stdout and "group admission" in r.stdout
+    assert "## Goal" in r.stdout and "whole GRPO groups" in r.stdout
 
 
 def test_async_rl_full_run_sizes_are_the_issues(monkeypatch):

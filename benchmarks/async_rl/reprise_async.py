@@ -20,9 +20,9 @@ max_size=100,000, attributes={"version": "int64", "reward": "float32", "group": 
   version advances, new groups written with ``attributes={"version": v, ...}``; the table
   drops items that went stale (``info()["stale_removed"]``, ``["stale_dropped"]``).
 
-Items, not groups: Reprise has no group admission this session (``group_size=`` is not
-implemented), so a draw takes items and may split a GRPO group; TorchRL's
-``sample_pack[groups]`` row (``PromptGroupSampler``) has no Reprise counterpart.
+- sample_pack[groups]: the table made with ``group_size=8``: a group becomes sampleable
+  when all 8 sequences are in, and ``table.sample(16)`` draws two whole groups, packed
+  (TorchRL's row: ``PromptGroupSampler(num_groups=2)``). The other rows draw items.
 """
 
 from __future__ import annotations
@@ -39,11 +39,13 @@ from benchmarks.common.bench import Bench, package_versions
 class Rollouts:
     """A store and its table (closed by ``close``)."""
 
-    def __init__(self, cfg, max_staleness: int | None = None) -> None:
+    def __init__(self, cfg, max_staleness: int | None = None, group_size: int | None = None) -> None:
         signature = {f: rp.Field((), wl.FIELD_DTYPES[f]) for f in wl.FIELDS}
         self.store = rp.Store(signature, capacity=cfg.store_capacity, block_steps=cfg.block_steps)
         self.store_capacity = cfg.store_capacity
         kwargs = {} if max_staleness is None else {"max_staleness": max_staleness}
+        if group_size is not None:
+            kwargs["group_size"] = group_size
         self.table = rp.Table("rollouts", self.store, sampler=rp.selectors.Uniform(),
                               remover=rp.selectors.Fifo(), max_size=cfg.max_size,
                               attributes=dict(wl.ATTRIBUTES), **kwargs)
@@ -122,6 +124,31 @@ def sample_pack(cfg, seqs: wl.Sequences) -> dict:
     return out
 
 
+def sample_pack_groups(cfg, seqs: wl.Sequences) -> dict:
+    """Two whole groups per draw from a table that admits groups of ``group_size``."""
+    r = Rollouts(cfg, group_size=seqs.group_size)
+    try:
+        r.write(seqs, [(g, 0, g) for g in range(seqs.groups)])
+        table, n = r.table, 2 * seqs.group_size
+        assert len(table) == seqs.groups * seqs.group_size, len(table)
+
+        def call():
+            p = table.sample(n).packed()
+            return int(p.cu_seqlens[-1]), len(p.lengths)
+
+        out = wl.token_rounds(call, cfg)
+        s = table.sample(n)
+        g = s.attributes["group"]
+        whole = bool((g[: seqs.group_size] == g[0]).all() and (g[seqs.group_size:] == g[-1]).all())
+        if not whole:
+            raise AssertionError(f"a draw of two groups returned groups {g.tolist()}")
+        out["check"] = check(seqs, s, s.packed(), budget=1 << 62) | {"whole_groups": whole}
+    finally:
+        r.close()
+    out["path"] = f"Table(group_size={seqs.group_size}).sample({2 * seqs.group_size}).packed()"
+    return out
+
+
 def staleness(cfg, seqs: wl.Sequences) -> dict:
     r = Rollouts(cfg, max_staleness=cfg.max_staleness)
     try:
@@ -166,11 +193,10 @@ def main() -> None:
     bench.versions["reprise_module"] = rp.__file__
     seqs = wl.Sequences(cfg, cfg.insert_groups)
     bench.notes.append(f"sequences: {seqs.describe()}")
-    bench.notes.append("draws take items, not whole groups: group admission (group_size=) is not implemented")
     bench.run("sample_pack[first]", sample_pack, cfg, seqs)  # first: the allocator as a new process has it
     bench.run("insert", insert, cfg, seqs)
     bench.run("sample_pack", sample_pack, cfg, seqs)
-    bench.cannot("sample_pack[groups]", "no group admission: Reprise samples items, not whole GRPO groups")
+    bench.run("sample_pack[groups]", sample_pack_groups, cfg, seqs)
     bench.run("staleness", staleness, cfg, seqs)
     bench.finish()
 

@@ -28,8 +28,8 @@ sequence (ragged tensors, scalars beside them) and the trainer samples B sequenc
   stack of the items' scalars). This was faster here than ``as_nested_tensor=True,
   layout=torch.jagged`` + ``.values()`` / ``.offsets()`` (about 2x, measured while writing it);
 - ``sample_pack[groups]``: ``PromptGroupSampler(num_groups=2, group_key="group")``, batch
-  2 x 8 = 16 items: whole GRPO groups, which Reprise does not offer this session (its draw
-  takes items, not groups);
+  2 x 8 = 16 items: whole GRPO groups (Reprise's row: a table with ``group_size=8``,
+  ``sample(16)``);
 - ``staleness``: ``StalenessAwareSampler(max_staleness=2, staleness_weight_fn=uniform)``
   (the hard gate without the default 1/(staleness+1) weighting: Reprise draws uniformly
   among the items it admits), ``sampler.consumer_version = v`` as the version advances.

@@ -12,7 +12,9 @@ A = ``env -u PYTHONPATH <this python>`` (the ``reprise`` installed in site-packa
 ``env PYTHONPATH=<repo>/python <this python>`` (the tree's package). Every run starts in the
 repository root, so ``benchmarks`` is this checkout's for both sides; only ``reprise`` differs.
 The script checks that the two sides import ``reprise`` from different directories (each
-child's JSON notes say where from) and stops otherwise (``--allow-same`` for an A/A run).
+child's JSON notes say where from) and stops otherwise (``--allow-same`` for an A/A run);
+it records the size and mtime of each side's native module and Python files, and warns
+(stderr, the markdown) if they change during the run (a rebuild or an edit mid-A/B).
 
 Each workload runs in a fresh process per side (``reprise_core --only KEY``: the core suite's
 own sizes, warm-up and rounds; its number is the median of its rounds), A and B next to each
@@ -60,6 +62,20 @@ def reprise_dir(out: dict) -> str | None:
         if "reprise from " in note:
             return note.split("reprise from ", 1)[1].strip()
     return None
+
+
+def build_stamp(directory: str | None) -> dict:
+    """Size and mtime of each file at the top of a reprise package directory (its native
+    module and Python files): a rebuild or an edit in the middle of an A/B shows up."""
+    if not directory or not os.path.isdir(directory):
+        return {}
+    out = {}
+    for name in sorted(os.listdir(directory)):
+        path = os.path.join(directory, name)
+        if os.path.isfile(path) and name.endswith((".so", ".py")):
+            st = os.stat(path)
+            out[name] = [st.st_size, round(st.st_mtime, 3)]
+    return out
 
 
 def run_one(prefix: list[str], key: str, quick: bool, log, timeout: float) -> dict:
@@ -116,6 +132,9 @@ def build_markdown(report: dict) -> str:
            f"`{report['reprise_dirs']['a']}`",
            f"- B ({names['b']}): `{report['commands']['b']}` -> reprise from "
            f"`{report['reprise_dirs']['b']}`",
+           *[f"- **Warning:** side {side.upper()}'s reprise files changed during the run "
+             f"(first seen at {where}): its runs mix two builds."
+             for side, where in report["reprise_changed_during_run"].items()],
            f"- {report['pairs']} pairs, one fresh process per workload and side, order flipped "
            "every pair (A B, B A, ...); each run's number is the median of the core suite's "
            f"rounds. Load average (1 min) from {report['load']['min_1m']:.2f} to "
@@ -194,6 +213,8 @@ def main() -> None:
     sequence = []
     dirs: dict[str, str | None] = {}
     errors: dict[str, str] = {}
+    stamps: dict[str, dict] = {}
+    changed: dict[str, str] = {}
     log_path = os.path.join(args.out_dir, stem + ".log")
     t_start = time.perf_counter()
     with open(log_path, "w") as log:
@@ -213,6 +234,11 @@ def main() -> None:
                     if dirs.setdefault(side, d) != d:
                         raise SystemExit(f"side {side} imported reprise from {d}, "
                                          f"earlier from {dirs[side]}")
+                    stamp = build_stamp(d)
+                    if stamps.setdefault(side, stamp) != stamp and side not in changed:
+                        changed[side] = f"pair {p + 1}, {key}"
+                        print(f"WARNING: side {side}'s reprise files in {d} changed during the "
+                              f"run (first seen at pair {p + 1}, {key})", file=sys.stderr, flush=True)
                     if len(dirs) == 2 and dirs["a"] == dirs["b"] and not args.allow_same:
                         raise SystemExit(f"both sides import reprise from {dirs['a']}; "
                                          "pass --allow-same for an A/A run")
@@ -236,6 +262,8 @@ def main() -> None:
     report["load"] = {"min_1m": min(loads), "max_1m": max(loads),
                       "median_1m": statistics.median(loads)}
     report["reprise_dirs"] = {"a": dirs.get("a"), "b": dirs.get("b")}
+    report["reprise_files"] = stamps
+    report["reprise_changed_during_run"] = changed
     report["elapsed_s"] = round(time.perf_counter() - t_start, 1)
     report["sequence"] = sequence
     report["runs"] = runs

@@ -109,9 +109,10 @@ class Sample:
     attributes: dict = field(default_factory=dict)
     packed_data: dict | None = None
 
-    def __post_init__(self):
-        if self.data is None:
-            self.data = _Padded(self.packed_data, np.asarray(self.lengths))
+    @classmethod
+    def _packed(cls, packed_data: dict, **fields) -> "Sample":
+        """A sample whose rows are packed (``packed_data``); ``data`` pads on demand."""
+        return cls(**fields, data=_Padded(packed_data, np.asarray(fields["lengths"])), packed_data=packed_data)
 
     def __len__(self) -> int:
         return int(self.keys.shape[0])
@@ -175,7 +176,7 @@ class Sample:
         cu = _cu_seqlens(np.asarray(self.lengths, dtype=np.int64))
         rows = (np.concatenate([np.arange(cu[i], cu[i + 1]) for i in idx]) if len(idx)
                 else np.zeros(0, dtype=np.int64))
-        return Sample(**base, data=None, packed_data={k: v[rows] for k, v in self.packed_data.items()})
+        return Sample._packed({k: v[rows] for k, v in self.packed_data.items()}, **base)
 
     def to(self, device) -> "Sample":
         """This sample with its arrays and attributes as torch tensors on ``device``

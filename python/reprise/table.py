@@ -282,11 +282,14 @@ class Table:
                 raise InvalidArgument(f"table '{self.name}': item attributes need a host store in this version")
             from .torch.device_store import insert
             return insert(self, data, priorities, timeout)
-        schema = self._native.attributes
-        if not schema and attributes is None:
+        if attributes is None and not self._has_attributes:
             return self._native.insert(data, priorities, timeout)
-        return self._native.insert(data, priorities, timeout, records=records(schema, self.name, attributes,
-                                                                               _items_in(data)))
+        return self._native.insert(data, priorities, timeout, records=records(self._native.attributes, self.name,
+                                                                               attributes, _items_in(data)))
+
+    @functools.cached_property
+    def _has_attributes(self) -> bool:
+        return bool(self._native.attributes)
 
     def sample(self, n: int | None = None, timeout: float | None = None, fields: list[str] | None = None,
                device=None, tokens: int | None = None) -> Sample:

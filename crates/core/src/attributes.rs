@@ -101,6 +101,7 @@ impl Attributes {
     }
 
     /// Checks that `bytes` holds whole records for `n` items.
+    #[inline]
     pub fn check_records(&self, table: &str, n: usize, bytes: &[u8]) -> Result<()> {
         if bytes.len() == n * self.record {
             return Ok(());
@@ -134,7 +135,11 @@ impl Records {
         Records { record, bytes: Vec::new() }
     }
 
+    #[inline]
     pub(crate) fn get(&self, slot: u32) -> &[u8] {
+        if self.record == 0 {
+            return &[];
+        }
         let at = slot as usize * self.record;
         &self.bytes[at..at + self.record]
     }
@@ -145,6 +150,7 @@ impl Records {
     }
 
     /// Sets `slot`'s record (growing the buffer to reach it).
+    #[inline]
     pub(crate) fn set(&mut self, slot: u32, record: &[u8]) {
         if self.record == 0 {
             return;

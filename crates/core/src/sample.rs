@@ -72,13 +72,16 @@ impl SampleBatch {
 
     /// Adds a drawn item and its attribute record; the caller holds the table
     /// lock, so its blocks are live.
+    #[inline(always)]
     pub(crate) fn push(&mut self, item: SampledItem, record: &[u8]) {
         if self.epoch.is_none() {
             let alloc = self.store.allocator();
             for_each_block(item.window.ranges(), self.store.block_steps(), |b| alloc.retain(b));
         }
         self.items.push(item);
-        self.attributes.extend_from_slice(record);
+        if !record.is_empty() {
+            self.attributes.extend_from_slice(record);
+        }
     }
 
     pub fn len(&self) -> usize {

@@ -32,7 +32,7 @@ pub fn sample_with<'py, S: Collect + Send + Sync>(
 ) -> PyResult<Bound<'py, PyAny>> {
     let n = batch.items().len();
     let t = batch.max_length() as usize;
-    let total: usize = batch.items().iter().map(|i| i.length as usize).sum();
+    let total: usize = if packed { batch.items().iter().map(|i| i.length as usize).sum() } else { 0 };
     let ragged = batch.ragged();
     let sig = batch.columns().signature().clone();
     let all: Vec<usize> = (0..sig.len()).collect();
@@ -55,7 +55,7 @@ pub fn sample_with<'py, S: Collect + Send + Sync>(
     let times_sampled = PyArray1::from_iter(py, items.iter().map(|i| i.times_sampled as i64));
     let lengths = PyArray1::from_iter(py, items.iter().map(|i| i.length as i64));
     let table_size = batch.table_size();
-    let attributes = attribute_arrays(py, schema, records, n)?;
+    let attributes = if schema.is_empty() { None } else { Some(attribute_arrays(py, schema, records, n)?) };
     py.detach(|| {
         for (col, out) in outs.iter_mut() {
             if packed {
@@ -74,13 +74,13 @@ pub fn sample_with<'py, S: Collect + Send + Sync>(
     kwargs.set_item("times_sampled", times_sampled)?;
     kwargs.set_item("table_size", table_size)?;
     kwargs.set_item("lengths", lengths)?;
-    kwargs.set_item("attributes", attributes)?;
-    if packed {
-        kwargs.set_item("packed_data", data)?;
-        kwargs.set_item("data", py.None())?;
-    } else {
-        kwargs.set_item("data", data)?;
+    if let Some(attributes) = attributes {
+        kwargs.set_item("attributes", attributes)?;
     }
+    if packed {
+        return class.getattr("_packed")?.call((data,), Some(&kwargs));
+    }
+    kwargs.set_item("data", data)?;
     class.call((), Some(&kwargs))
 }
 

@@ -16,7 +16,7 @@ use crate::arrays::{views, FieldInfo, Vector};
 use crate::rows::{rows_error, HeldRows, PySampleRows};
 use crate::errors::invalid;
 use crate::raise::{py_err, to_py};
-use crate::sample::{attribute_arrays, sample_with};
+use crate::sample::{attribute_arrays, sample_object, sample_with};
 use crate::store::PyStore;
 use crate::timeout::{self, Alone, Signals};
 
@@ -215,6 +215,9 @@ impl PyTable {
         let mut batch = py
             .detach(|| self.table.sample(n, wait))
             .map_err(|e| to_py(py, alone.explain(e, n as u64), select.as_deref(), signals.take()))?;
+        if self.table.config().attributes.is_empty() {
+            return sample_object(py, batch, select.as_deref());
+        }
         let records = std::mem::take(&mut batch.attributes);
         sample_with(py, batch, select.as_deref(), &self.table.config().attributes, &records, false)
     }

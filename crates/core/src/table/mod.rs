@@ -346,9 +346,13 @@ impl State {
         key
     }
 
-    /// Drops or admits the groups whose timeout has passed.
+    /// Drops or admits the groups whose timeout has passed (reads the clock only
+    /// for a table whose groups time out).
+    #[inline]
     pub(crate) fn expire_groups(&mut self, store: &Store) {
-        self.expire_groups_at(Instant::now(), store)
+        if self.groups.as_ref().is_some_and(|g| g.config.timeout.is_some()) {
+            self.expire_groups_at(Instant::now(), store)
+        }
     }
 
     /// [`State::expire_groups`] as of `now` (tests move the clock).

@@ -223,7 +223,7 @@ impl Table {
     /// One draw of `slot` with `probability`: counted, added to `batch` with its
     /// attribute record, removed when it reached `max_times_sampled`. The caller
     /// flushes the extensions.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn take(&self, st: &mut State, slot: u32, probability: f64, batch: &mut SampleBatch) {
         let sh = &*self.shared;
         let max_times = sh.config.max_times_sampled;
@@ -236,7 +236,7 @@ impl Table {
 
     /// Counts one draw of `slot` and adds it to `batch`; returns its times
     /// sampled (this draw included) and its length.
-    #[inline]
+    #[inline(always)]
     fn count_draw(&self, st: &mut State, slot: u32, probability: f64, batch: &mut SampleBatch) -> (u32, u32) {
         let item = st.item(slot);
         item.times_sampled += 1;
