@@ -456,6 +456,9 @@ def test_groups_become_sampleable_whole_and_come_back_side_by_side():
     assert fingerprint(t) == before
     parts = t.sample(tokens=100).split(2, balance="tokens")
     assert sum(len(p) for p in parts) % 4 == 0
+    q = t.sample(8, packed=True)  # whole groups, their rows end to end with no padding
+    assert q.packed_data["token"].shape == (q.num_steps,) and q.packed().data["token"] is q.packed_data["token"]
+    assert (q.attributes["group"][:4] == q.attributes["group"][0]).all()
     keys = [i[0] for i in t.items()]
     rewards = t.attributes_of(keys)[0]["reward"].tolist()
     with pytest.raises(rp.errors.InvalidArgument, match="group is fixed"):

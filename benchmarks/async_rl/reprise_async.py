@@ -133,11 +133,11 @@ def sample_pack_groups(cfg, seqs: wl.Sequences) -> dict:
         assert len(table) == seqs.groups * seqs.group_size, len(table)
 
         def call():
-            p = table.sample(n).packed()
+            p = table.sample(n, packed=True).packed()
             return int(p.cu_seqlens[-1]), len(p.lengths)
 
         out = wl.token_rounds(call, cfg)
-        s = table.sample(n)
+        s = table.sample(n, packed=True)
         g = s.attributes["group"]
         whole = bool((g[: seqs.group_size] == g[0]).all() and (g[seqs.group_size:] == g[-1]).all())
         if not whole:
@@ -145,7 +145,7 @@ def sample_pack_groups(cfg, seqs: wl.Sequences) -> dict:
         out["check"] = check(seqs, s, s.packed(), budget=1 << 62) | {"whole_groups": whole}
     finally:
         r.close()
-    out["path"] = f"Table(group_size={seqs.group_size}).sample({2 * seqs.group_size}).packed()"
+    out["path"] = f"Table(group_size={seqs.group_size}).sample({2 * seqs.group_size}, packed=True).packed()"
     return out
 
 

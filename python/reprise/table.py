@@ -292,7 +292,7 @@ class Table:
         return bool(self._native.attributes)
 
     def sample(self, n: int | None = None, timeout: float | None = None, fields: list[str] | None = None,
-               device=None, tokens: int | None = None) -> Sample:
+               device=None, tokens: int | None = None, packed: bool = False) -> Sample:
         """Draws n items (with replacement, by the sampler). ``fields`` limits which
         fields are collected. On ``Timeout`` the exception's ``partial`` is a Sample
         of the items drawn before the deadline (they count as sampled).
@@ -308,7 +308,11 @@ class Table:
         the first pick that would pass the budget (that pick is put back). Their
         rows come packed end to end, with no padding: ``s.packed()`` gives the
         varlen layout (``cu_seqlens``) without a copy. Waits (up to ``timeout``)
-        only for the first item. A first pick longer than ``B`` is refused."""
+        only for the first item. A first pick longer than ``B`` is refused.
+
+        ``packed=True`` (host tables): the n items' rows come packed as a token
+        sample's do, gathered with no padding, so ``s.packed()`` copies nothing
+        (whole groups of very different lengths, for instance)."""
         if tokens is not None:
             if n is not None:
                 raise InvalidArgument(f"table '{self.name}': sample takes n or tokens, not both (got n={n}, tokens={tokens})")
@@ -316,6 +320,15 @@ class Table:
         if n is None:
             raise InvalidArgument(f"table '{self.name}': sample needs n (items) or tokens (a step budget)")
         n = as_int("n", n)
+        if packed:
+            if self._selection is not None or self._store._device_columns is not None:
+                raise InvalidArgument(f"table '{self.name}': sample(packed=True) needs a table that selects on the "
+                                      f"host over a host store in this version")
+            self._check_fields(fields)
+            if device is not None:
+                torch_module()
+            s = self._native.sample(n, timeout, fields, True)
+            return s if device is None else s.to(device)
         if is_host_device(device):
             if self._selection is None and self._store._device_columns is None:
                 draw = functools.partial(self._native.sample, n, timeout, fields)

@@ -203,8 +203,9 @@ impl PyTable {
     }
 
     /// Draws n items; returns a `reprise.Sample`.
-    #[pyo3(signature = (n, timeout=None, fields=None))]
-    fn sample<'py>(&self, py: Python<'py>, n: i64, timeout: Option<f64>, fields: Option<Vec<String>>) -> PyResult<Bound<'py, PyAny>> {
+    /// `packed`: the rows end to end (`packed_data`), as a token sample has them.
+    #[pyo3(signature = (n, timeout=None, fields=None, packed=false))]
+    fn sample<'py>(&self, py: Python<'py>, n: i64, timeout: Option<f64>, fields: Option<Vec<String>>, packed: bool) -> PyResult<Bound<'py, PyAny>> {
         let timeout = timeout::parse(py, timeout)?;
         let n = non_negative(py, &format!("table '{}': sample size", self.table.name()), n, 1)? as usize;
         let select = crate::arrays::select_fields(py, self.table.store().signature(), fields)?;
@@ -215,11 +216,11 @@ impl PyTable {
         let mut batch = py
             .detach(|| self.table.sample(n, wait))
             .map_err(|e| to_py(py, alone.explain(e, n as u64), select.as_deref(), signals.take()))?;
-        if self.table.config().attributes.is_empty() {
+        if self.table.config().attributes.is_empty() && !packed {
             return sample_object(py, batch, select.as_deref());
         }
         let records = std::mem::take(&mut batch.attributes);
-        sample_with(py, batch, select.as_deref(), &self.table.config().attributes, &records, false)
+        sample_with(py, batch, select.as_deref(), &self.table.config().attributes, &records, packed)
     }
 
     /// Draws whole items until the next would pass `budget` steps; returns a
