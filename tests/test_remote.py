@@ -377,6 +377,15 @@ def test_sigterm_finishes_inserts_in_flight_and_checkpoints_them(tmp_path):
         s.close()
 
 
+def refused(call):
+    """The error type and the start of the message a call is refused with."""
+    try:
+        call()
+    except rp.errors.RepriseError as e:
+        return type(e).__name__, str(e)[:40]
+    return None
+
+
 def test_client_api_matches_local_client(tmp_path):
     """Every public method of rp.Client answers the same through the local (shared
     memory) and the remote (gRPC) transport of one server."""
@@ -406,6 +415,9 @@ def test_client_api_matches_local_client(tmp_path):
                 got["snapshot"] = ([x["name"] for x in snap["tables"]], snap["tables"][0]["size"] == len(t),
                                    kind in {x["kind"] for x in snap["clients"]})
                 got["checkpoint"] = os.path.isdir(c.checkpoint())
+                got["attributes"] = c.attributes("replay")
+                got["set_version"] = refused(lambda: c.set_version("replay", 1))        # no version attribute
+                got["update_attributes"] = refused(lambda: c.update_attributes("replay", s.keys, {"reward": 1.0}))
                 got["reset"] = c.reset("replay") or len(t)
                 got["close"] = c.close()
             public = {m for m in dir(rp.Client) if not m.startswith("_")}

@@ -169,7 +169,7 @@ def sigkill(p):
 # as a client that reads sampled rows slowly or sends what the real client never would.
 HELLO, LEASE, RELEASE, CREATE, SAMPLE, SAMPLE_DONE, INFO = 1, 2, 3, 4, 5, 6, 9
 HELLO_OK, LEASED, CREATED, SAMPLED, INFO_OK, ERROR = 129, 130, 131, 132, 134, 136
-PROTOCOL_VERSION = 2   # reprise_wire::local::VERSION
+PROTOCOL_VERSION = 4   # reprise_wire::local::VERSION
 ERROR_CODES = {1: "InvalidArgument", 2: "NotFound", 3: "Timeout", 4: "ResourceExhausted", 5: "Corrupt", 6: "Io"}
 
 
@@ -215,11 +215,12 @@ class Raw:
         for table, priority, ranges in items:
             out += struct.pack("<IdI", table, priority, len(ranges))
             out += b"".join(struct.pack("<QI", s, n) for s, n in ranges)
+            out += struct.pack("<I", 0)  # the item's attribute record: none
         return self.call(CREATE, out)
 
     def sample(self, table, n, timeout_ms=2000):
         """Returns ``(sample id, [(key, [(start, len), ...])])``."""
-        kind, body = self.call(SAMPLE, struct.pack("<IIq", table, n, timeout_ms))
+        kind, body = self.call(SAMPLE, struct.pack("<IIqQ", table, n, timeout_ms, 0))  # no token budget
         assert kind == SAMPLED, error_of(kind, body)
         at = 1
         (mlen,) = struct.unpack_from("<I", body, at)
@@ -235,6 +236,8 @@ class Raw:
                 ranges.append(struct.unpack_from("<QI", body, at))
                 at += 12
             items.append((key, ranges))
+        (records,) = struct.unpack_from("<I", body, at)  # the items' attribute records
+        at += 4 + records
         assert at == len(body)
         return sid, items
 

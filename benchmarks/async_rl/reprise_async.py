@@ -103,49 +103,38 @@ def insert(cfg, seqs: wl.Sequences) -> dict:
     return out
 
 
-def sample_pack(cfg, seqs: wl.Sequences) -> dict:
-    r = Rollouts(cfg)
+def sample_pack(cfg, seqs: wl.Sequences, groups: bool = False) -> dict:
+    """``sample(tokens=budget).packed()`` from an item table; with ``groups``, two whole
+    groups per draw (``sample(2 * group_size, packed=True)``) from a table that admits
+    groups of ``group_size``."""
+    r = Rollouts(cfg, group_size=seqs.group_size if groups else None)
     try:
         r.write(seqs, [(g, 0, g) for g in range(seqs.groups)])
-        table, budget = r.table, cfg.token_budget
-
-        def call():
-            s, p = draw(table, budget)
-            return int(p.cu_seqlens[-1]), len(p.lengths)
-
-        out = wl.token_rounds(call, cfg)
-        s, p = draw(table, budget)
-        out["check"] = check(seqs, s, p, budget)
-        out["check"]["packed_types"] = {f: str(np.asarray(p.data[f]).dtype) for f in wl.FIELDS} | {
-            "cu_seqlens": str(np.asarray(p.cu_seqlens).dtype), "position_ids": str(np.asarray(p.position_ids).dtype)}
-    finally:
-        r.close()
-    out["path"] = f"table.sample(tokens={cfg.token_budget}).packed()"
-    return out
-
-
-def sample_pack_groups(cfg, seqs: wl.Sequences) -> dict:
-    """Two whole groups per draw from a table that admits groups of ``group_size``."""
-    r = Rollouts(cfg, group_size=seqs.group_size)
-    try:
-        r.write(seqs, [(g, 0, g) for g in range(seqs.groups)])
-        table, n = r.table, 2 * seqs.group_size
+        table, budget, n = r.table, cfg.token_budget, 2 * seqs.group_size
         assert len(table) == seqs.groups * seqs.group_size, len(table)
 
+        def sample():
+            return table.sample(n, packed=True) if groups else table.sample(tokens=budget)
+
         def call():
-            p = table.sample(n, packed=True).packed()
+            p = sample().packed()
             return int(p.cu_seqlens[-1]), len(p.lengths)
 
         out = wl.token_rounds(call, cfg)
-        s = table.sample(n, packed=True)
-        g = s.attributes["group"]
-        whole = bool((g[: seqs.group_size] == g[0]).all() and (g[seqs.group_size:] == g[-1]).all())
-        if not whole:
-            raise AssertionError(f"a draw of two groups returned groups {g.tolist()}")
-        out["check"] = check(seqs, s, s.packed(), budget=1 << 62) | {"whole_groups": whole}
+        s = sample()
+        p = s.packed()
+        out["check"] = check(seqs, s, p, 1 << 62 if groups else budget)
+        out["check"]["packed_types"] = {f: str(np.asarray(p.data[f]).dtype) for f in wl.FIELDS} | {
+            "cu_seqlens": str(np.asarray(p.cu_seqlens).dtype), "position_ids": str(np.asarray(p.position_ids).dtype)}
+        if groups:
+            g, k = s.attributes["group"], seqs.group_size
+            out["check"]["whole_groups"] = bool((g[:k] == g[0]).all() and (g[k:] == g[-1]).all())
+            if not out["check"]["whole_groups"]:
+                raise AssertionError(f"a draw of two groups returned groups {g.tolist()}")
     finally:
         r.close()
-    out["path"] = f"Table(group_size={seqs.group_size}).sample({2 * seqs.group_size}, packed=True).packed()"
+    out["path"] = (f"Table(group_size={seqs.group_size}).sample({n}, packed=True).packed()" if groups
+                   else f"table.sample(tokens={cfg.token_budget}).packed()")
     return out
 
 
@@ -196,7 +185,7 @@ def main() -> None:
     bench.run("sample_pack[first]", sample_pack, cfg, seqs)  # first: the allocator as a new process has it
     bench.run("insert", insert, cfg, seqs)
     bench.run("sample_pack", sample_pack, cfg, seqs)
-    bench.run("sample_pack[groups]", sample_pack_groups, cfg, seqs)
+    bench.run("sample_pack[groups]", sample_pack, cfg, seqs, True)
     bench.run("staleness", staleness, cfg, seqs)
     bench.finish()
 

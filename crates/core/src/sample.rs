@@ -237,31 +237,27 @@ fn cores() -> usize {
     *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
-/// Copies column `col` of `items` into `dst` end to end (packed), prefetching
-/// the next items' first rows.
+/// Copies column `col` of `items` into `dst` end to end (packed).
 fn gather_runs(columns: &Columns, items: &[SampledItem], col: usize, dst: &mut [u8]) {
-    const AHEAD: usize = 4;
-    let row = columns.row_bytes(col);
-    let prefetch = |i: usize| {
-        if let Some(item) = items.get(i) {
-            columns.prefetch(col, &item.window.ranges()[0], 1024);
-        }
-    };
-    (0..AHEAD).for_each(prefetch);
-    let mut at = 0;
-    for (i, item) in items.iter().enumerate() {
-        prefetch(i + AHEAD);
-        let bytes = item.length as usize * row;
-        // SAFETY: `gather_runs` runs only inside `Collect::gather_packed`, whose
-        // implementor holds references on these items' blocks (the trait's contract).
-        unsafe { columns.read_ranges(col, item.window.ranges(), &mut dst[at..at + bytes]) };
-        at += bytes;
-    }
+    let mut next = 0;
+    copy_items(columns, items, col, dst, |_, bytes| {
+        let at = next;
+        next += bytes;
+        at
+    });
 }
 
-/// Copies column `col` of `items` into `dst` (`stride` bytes per item),
-/// prefetching a few items ahead so random rows' memory latency overlaps.
+/// Copies column `col` of `items` into `dst` (`stride` bytes per item).
 fn gather_items(columns: &Columns, items: &[SampledItem], col: usize, stride: usize, dst: &mut [u8]) {
+    copy_items(columns, items, col, dst, |i, _| i * stride);
+}
+
+/// Copies column `col` of each item `i` (`bytes` of it) to `dst` at `at(i, bytes)`,
+/// prefetching a few items ahead so random rows' memory latency overlaps. Runs only
+/// inside `Collect::gather` and `Collect::gather_packed`, whose implementor holds
+/// references on these items' blocks (the trait's contract).
+#[inline(always)]
+fn copy_items(columns: &Columns, items: &[SampledItem], col: usize, dst: &mut [u8], mut at: impl FnMut(usize, usize) -> usize) {
     const AHEAD: usize = 8;
     let row = columns.row_bytes(col);
     let prefetch = |i: usize| {
@@ -272,10 +268,9 @@ fn gather_items(columns: &Columns, items: &[SampledItem], col: usize, stride: us
     (0..AHEAD).for_each(prefetch);
     for (i, item) in items.iter().enumerate() {
         prefetch(i + AHEAD);
-        let at = i * stride;
         let bytes = item.length as usize * row;
-        // SAFETY: `gather_items` runs only inside `Collect::gather`, whose implementor
-        // holds references on these items' blocks (the trait's contract).
+        let at = at(i, bytes);
+        // SAFETY: see above: the caller's `Collect` holds the items' blocks.
         unsafe { columns.read_ranges(col, item.window.ranges(), &mut dst[at..at + bytes]) };
     }
 }
