@@ -70,6 +70,8 @@ class StopSignals:
         self._pending = False
         self._mark = None               # ``count`` when the stop began
         self._previous = {}
+        self._lost = False              # a raise that a callback swallowed (see _unraisable)
+        self._hook = None
 
     def __enter__(self) -> "StopSignals":
         if threading.current_thread() is not threading.main_thread():
@@ -80,7 +82,18 @@ class StopSignals:
                 continue
             self._previous[s] = previous
             signal.signal(s, self._handle)
+        self._hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
         return self
+
+    def _unraisable(self, unraisable):
+        """A signal that lands while the interpreter runs a callback that cannot raise
+        (a weakref callback of importlib's module locks, during an import) has its
+        ``Interrupted`` swallowed and printed as "Exception ignored": keep it quiet and
+        remember it, so that ``hold`` and ``optional`` still see the stop."""
+        if isinstance(unraisable.exc_value, Interrupted):
+            self._lost = True
+            return
+        (self._hook or sys.__unraisablehook__)(unraisable)
 
     def __exit__(self, *exc):
         """Restores the previous handlers; with ``quiet_after`` (a command's ``main``, whose
@@ -88,6 +101,8 @@ class StopSignals:
         Ctrl-C pressed again while the interpreter exits is then neither a KeyboardInterrupt
         nor a death by SIGINT (the interpreter resets Python-level handlers to the default
         as it finalizes; it leaves SIG_IGN alone)."""
+        if self._hook is not None:
+            sys.unraisablehook, self._hook = self._hook, None
         if self.quiet_after and self.first is not None:
             self.stopping()
             for s in self._previous:
@@ -124,8 +139,8 @@ class StopSignals:
             yield
         finally:
             self._raising = raising and self._mark is None
-        if self._pending and self._raising:
-            self._pending = self._raising = False
+        if (self._pending or self._lost) and self._raising:
+            self._pending = self._raising = self._lost = False
             raise Interrupted(self.first)
 
     def stopping(self) -> None:
@@ -144,7 +159,8 @@ class StopSignals:
             return False, None
         self._raising = True
         try:
-            return True, fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+            return (False, None) if self._lost else (True, result)
         except Interrupted:
             return False, None
         finally:
