@@ -175,6 +175,12 @@ def test_staleness_matches_a_plain_model(ops, k):
         assert sorted(int(i[0]) for i in t.items()) == sorted(model)
 
 
+def committed(t) -> int:
+    """Items a table took in or dropped as stale: what its writers committed."""
+    i = t.info()
+    return i["num_inserts"] + i["stale_dropped"]
+
+
 def test_no_stale_item_is_drawn_while_writers_commit_and_the_version_moves():
     store = token_store(capacity=1 << 18, block_steps=256)
     t = rp.Table("r", store, max_size=100_000, attributes=ATTRS, max_staleness=1)
@@ -208,7 +214,13 @@ def test_no_stale_item_is_drawn_while_writers_commit_and_the_version_moves():
     for th in threads:
         th.start()
     try:
+        import time
         for v in range(1, 40):
+            # Each version sees commits (however slow the machine): the writers get to
+            # write late items between bumps instead of the loop racing past them.
+            seen, until = committed(t), time.monotonic() + 10
+            while committed(t) < seen + 4 and time.monotonic() < until:
+                time.sleep(0.001)
             with lock:
                 t.set_version(v)
                 version[0] = v
