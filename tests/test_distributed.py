@@ -394,7 +394,7 @@ def test_a_row_damaged_in_transit_fails_its_crc_check(make_store, where, what):
     offsets, stride = _rows.layout(SIG, 2)
     out = np.zeros(3 * stride, dtype=np.uint8)
     rows.pack(out, stride, offsets, 1, np.arange(3, dtype=np.int64), np.ones(3, dtype=bool))
-    header, data = _rows.unpack(torch.from_numpy(out.reshape(3, stride)), SIG, 2, True, "t")
+    header, _, data = _rows.unpack(torch.from_numpy(out.reshape(3, stride)), SIG, 2, True, "t")
     assert (data["x"][:, 0] // 10_000 == 1).all() and (header["shard"] == 1).all()
     damaged = out.reshape(3, stride).copy()
     damaged[1, offsets[1] if where is None else where] ^= 0x01 if what == "flag" else 0xFF
@@ -443,12 +443,12 @@ def test_native_unpack_equals_the_torch_unpack_in_any_arrival_order(make_store):
     starts = np.array([0, parts[0].size])
     order = np.array([2, 5, 0, 6, 1, 3, 4])  # arrival j lands at position order[j]
     for verify in (True, False):
-        h1, d1 = _rows.unpack_received(recv, starts, counts, order, stride, SIG, 3, verify, "t",
+        h1, _, d1 = _rows.unpack_received(recv, starts, counts, order, stride, SIG, 3, verify, "t",
                                        np.array(filled_counts))
         arrived = torch.from_numpy(np.concatenate([p[_rows.STATUS:] for p in parts]).reshape(-1, stride))
         inverse = np.empty_like(order)
         inverse[order] = np.arange(order.size)
-        h2, d2 = _rows.unpack(arrived[torch.from_numpy(inverse)], SIG, 3, verify, "t")
+        h2, _, d2 = _rows.unpack(arrived[torch.from_numpy(inverse)], SIG, 3, verify, "t")
         assert np.array_equal(h1, h2) and len(h1) == 5
         for k in SIG:
             assert np.array_equal(d1[k], d2[k]), k
@@ -483,3 +483,48 @@ def test_pack_writes_every_byte_so_a_reused_buffer_needs_no_zero_fill(make_store
     with pytest.raises(rp.errors.InvalidArgument, match="ascending"):
         table._native.sample_rows(1, None).pack(np.zeros(stride, np.uint8), stride, offsets[::-1], 0,
                                                 np.arange(1, dtype=np.int64), np.ones(1, dtype=bool))
+
+
+def test_rows_carry_attribute_records_and_unpack_packed(make_store):
+    """A table with attributes: each row carries its item's record after the header
+    (every byte written, so stale bytes never show); the native pass returns the
+    records and, packed, each field's steps end to end, equal to the torch unpack's
+    padded rows with the padding taken out."""
+    import torch
+
+    from reprise._attributes import arrays, check_schema, record_size
+    from reprise.distributed import _rows
+    schema = check_schema("t", {"version": "int64", "reward": "float32"})
+    record = record_size(schema)
+    store = make_store(SIG, capacity=256, block_steps=4)
+    table = rp.Table("t", store, attributes=dict(schema))
+    for n, T in ((3, 1), (3, 3)):
+        table.insert(items_of(0, 0, T, n, T), np.ones(n), attributes={"version": np.arange(n) + 10 * T,
+                                                                      "reward": np.arange(n) / 4})
+    offsets, stride = _rows.layout(SIG, 3, record)
+    assert offsets[0] == _rows.HEADER + 16 and record == 12
+    rows = table._native.sample_rows(5, None)
+    want = arrays(schema, rows.records(), 5)
+    fill = np.array([True, True, False, True, True, True])
+    out = np.full(fill.size * stride, 0xCD, np.uint8)
+    rows.pack(out, stride, offsets, 0, np.arange(fill.size, dtype=np.int64), fill, record)
+    rows.release()
+    assert rp._native.cluster.check_rows(out, stride) == -1
+    assert (out.reshape(-1, stride)[fill][:, _rows.HEADER + record:offsets[0]] == 0).all()
+    recv = np.concatenate([np.zeros(_rows.STATUS, np.uint8), out])
+    args = (recv, np.array([0]), np.array([6]), np.arange(6), stride, SIG, 3, True, "t", np.array([5]))
+    h1, r1, padded = _rows.unpack_received(*args, record=record)
+    h2, r2, packed = _rows.unpack_received(*args, record=record, packed=True)
+    h3, r3, torch_padded = _rows.unpack(torch.from_numpy(out.reshape(-1, stride)), SIG, 3, True, "t", record=record)
+    assert np.array_equal(h1, h2) and np.array_equal(h1, h3)
+    for r in (r1, r2, r3):
+        got = arrays(schema, r.tobytes(), 5)
+        assert all(np.array_equal(got[k], want[k]) for k in want)
+    lengths = h1["length"].astype(np.int64)
+    keep = np.arange(3)[None, :] < lengths[:, None]
+    for k in SIG:
+        assert np.array_equal(padded[k], torch_padded[k])
+        assert packed[k].shape[0] == lengths.sum() and np.array_equal(packed[k], padded[k][keep])
+    with pytest.raises(rp.errors.InvalidArgument, match="past the header and the record"):
+        table._native.sample_rows(1, None).pack(np.zeros(stride, np.uint8), stride, _rows.layout(SIG, 3)[0], 0,
+                                                np.arange(1, dtype=np.int64), np.ones(1, dtype=bool), record)

@@ -32,6 +32,11 @@ def _layout(schema) -> np.dtype:
     return np.dtype([(name, np.dtype(dtype).newbyteorder("<")) for name, dtype in schema])
 
 
+def record_size(schema) -> int:
+    """Bytes of one item's record (0 without attributes)."""
+    return _layout(schema).itemsize if schema else 0
+
+
 def records(schema, table: str, attributes, n: int) -> bytes:
     """The records of ``n`` items from ``{name: value}``: a scalar (every item) or
     an array of ``n``. Every attribute of the table must be given and nothing else;

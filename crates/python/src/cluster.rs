@@ -75,7 +75,14 @@ fn merge<'py>(
     for &c in counts {
         shards.push(
             (at..at + c as usize)
-                .map(|i| Candidate { slot: slots[i], seq: seqs[i], priority: prios[i], times_sampled: times[i], visible_step: steps[i] })
+                .map(|i| Candidate {
+                    slot: slots[i],
+                    seq: seqs[i],
+                    priority: prios[i],
+                    times_sampled: times[i],
+                    visible_step: steps[i],
+                    length: 0,
+                })
                 .collect::<Vec<_>>(),
         );
         at += c as usize;
@@ -103,6 +110,15 @@ fn assign<'py>(
     let how = Assignment::from_name(how).ok_or_else(|| invalid(py, format!("assignment must be 'local' or 'iid', got {how:?}")))?;
     let (shard, shard_host, consumer_host) = (slice(py, "shard", &shard)?, slice(py, "shard_host", &shard_host)?, slice(py, "consumer_host", &consumer_host)?);
     let out = cluster::assign::assign(how, shard, shard_host, consumer_host).map_err(py_err(py))?;
+    Ok(PyArray1::from_vec(py, out))
+}
+
+/// The consumer index of each pick of a token-budget step that fits (a prefix of
+/// `lengths`, the picks' item lengths in draw order; `cluster::tokens::cut`).
+#[pyfunction]
+fn token_cut<'py>(py: Python<'py>, lengths: PyReadonlyArray1<'py, u32>, consumers: usize, budget: u64) -> PyResult<Array<'py, u32>> {
+    let lengths = slice(py, "lengths", &lengths)?;
+    let out = cluster::tokens::cut(lengths, consumers, budget).map_err(py_err(py))?;
     Ok(PyArray1::from_vec(py, out))
 }
 
@@ -148,13 +164,14 @@ fn check_rows(py: Python<'_>, rows: PyReadonlyArray1<'_, u8>, stride: usize) -> 
 
 /// Unpacks received rows in one pass over each: row i of the output is the
 /// `stride`-byte row at byte `at[i]` of `recv` (positions in order, filled rows
-/// only). Its 48-byte header goes to `header[i]` and field c's steps to
-/// `outputs[c][i]` (`longest * items[c]` bytes: the item's `length` steps from
-/// `offsets[c]`, zeros after). With `verify`, each row's CRC-32 is checked as it is
-/// read. Returns the first row whose CRC fails (nothing is promised of the outputs
-/// then), or -1.
+/// only). Its 48-byte header goes to `header[i]`, its attribute record (`record`
+/// bytes after the header) to `records[i]`, and field c's steps to `outputs[c]`:
+/// padded, `longest * items[c]` bytes per row (the item's `length` steps from
+/// `offsets[c]`, zeros after); `packed`, the rows' steps end to end with nothing
+/// between. With `verify`, each row's CRC-32 is checked as it is read. Returns the
+/// first row whose CRC fails (nothing is promised of the outputs then), or -1.
 #[pyfunction]
-#[pyo3(signature = (recv, at, stride, offsets, items, longest, header, outputs, verify))]
+#[pyo3(signature = (recv, at, stride, offsets, items, longest, header, outputs, verify, record=0, records=None, packed=false))]
 #[allow(clippy::too_many_arguments)]
 fn unpack_rows(
     py: Python<'_>,
@@ -167,24 +184,43 @@ fn unpack_rows(
     header: Bound<'_, PyArray1<u8>>,
     outputs: Vec<Bound<'_, PyArray1<u8>>>,
     verify: bool,
+    record: usize,
+    records: Option<Bound<'_, PyArray1<u8>>>,
+    packed: bool,
 ) -> PyResult<i64> {
     use crate::rows::{row_crc, CRC_AT, HEADER};
     let bytes = slice(py, "recv", &recv)?;
     let at = slice(py, "at", &at)?;
     let n = at.len();
-    if stride < HEADER || offsets.len() != items.len() || outputs.len() != items.len() {
+    if stride < HEADER + record || offsets.len() != items.len() || outputs.len() != items.len() {
         return Err(invalid(py, "unpack_rows: one offset, item size and output per field, rows past the header".into()));
     }
     for (c, (&o, &item)) in offsets.iter().zip(&items).enumerate() {
-        if o < HEADER || o + longest * item > stride {
+        if o < HEADER + record || o + longest * item > stride {
             return Err(invalid(py, format!("unpack_rows: field {c} of {longest} steps does not fit a row of {stride}")));
         }
     }
     if let Some(&bad) = at.iter().find(|&&a| a < 0 || a as usize + stride > bytes.len()) {
         return Err(invalid(py, format!("unpack_rows: a row at {bad} runs past the {} bytes received", bytes.len())));
     }
+    let length_of = |a: i64| (word(&bytes[a as usize..], 28) as usize).min(longest);
+    // Where each row's steps start in the outputs (in steps).
+    let mut starts = Vec::with_capacity(n);
+    let mut steps = 0usize;
+    for &a in at {
+        starts.push(steps);
+        steps += if packed { length_of(a) } else { longest };
+    }
     let mut header = header.try_readwrite().map_err(|e| invalid(py, format!("unpack_rows: header: {e}")))?;
     let header = header.as_slice_mut().map_err(|e| invalid(py, format!("unpack_rows: header: {e}")))?;
+    let mut record_guard = match &records {
+        Some(r) => Some(r.try_readwrite().map_err(|e| invalid(py, format!("unpack_rows: records: {e}")))?),
+        None => None,
+    };
+    let records: &mut [u8] = match record_guard.as_mut() {
+        Some(g) => g.as_slice_mut().map_err(|e| invalid(py, format!("unpack_rows: records: {e}")))?,
+        None => &mut [],
+    };
     let mut guards = Vec::with_capacity(outputs.len());
     for o in &outputs {
         guards.push(o.try_readwrite().map_err(|e| invalid(py, format!("unpack_rows: output: {e}")))?);
@@ -193,7 +229,7 @@ fn unpack_rows(
     for g in guards.iter_mut() {
         outs.push(g.as_slice_mut().map_err(|e| invalid(py, format!("unpack_rows: output: {e}")))?);
     }
-    if header.len() != n * HEADER || outs.iter().zip(&items).any(|(o, &item)| o.len() != n * longest * item) {
+    if header.len() != n * HEADER || records.len() != n * record || outs.iter().zip(&items).any(|(o, &item)| o.len() != steps * item) {
         return Err(invalid(py, format!("unpack_rows: outputs of the wrong size for {n} rows of {longest} steps")));
     }
     let bad = py.detach(|| {
@@ -203,9 +239,11 @@ fn unpack_rows(
                 return Some(i);
             }
             header[i * HEADER..(i + 1) * HEADER].copy_from_slice(&row[..HEADER]);
-            let length = (word(row, 28) as usize).min(longest);
+            records[i * record..(i + 1) * record].copy_from_slice(&row[HEADER..HEADER + record]);
+            let length = length_of(a);
+            let width = if packed { length } else { longest };
             for ((out, &o), &item) in outs.iter_mut().zip(&offsets).zip(&items) {
-                let dst = &mut out[i * longest * item..(i + 1) * longest * item];
+                let dst = &mut out[starts[i] * item..(starts[i] + width) * item];
                 dst[..length * item].copy_from_slice(&row[o..o + length * item]);
                 dst[length * item..].fill(0);
             }
@@ -221,6 +259,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     c.add_function(wrap_pyfunction!(merge, &c)?)?;
     c.add_function(wrap_pyfunction!(candidates_needed, &c)?)?;
     c.add_function(wrap_pyfunction!(assign, &c)?)?;
+    c.add_function(wrap_pyfunction!(token_cut, &c)?)?;
     c.add_function(wrap_pyfunction!(table_id, &c)?)?;
     c.add_function(wrap_pyfunction!(global_keys, &c)?)?;
     c.add_function(wrap_pyfunction!(split_keys, &c)?)?;

@@ -226,9 +226,10 @@ impl PySampleRows {
     /// targets in order). Each row: a 48-byte header (global key u64, probability
     /// f64, priority f64, times sampled u32, length u32, shard u32, slot u32,
     /// CRC-32 of every other byte of the row u32 (`row_crc`), flags u32: 1 = filled),
+    /// then the item's attribute record (`record` bytes, a table with attributes),
     /// then column c at `offsets[c]`, its item's rows and zeros past them. An unfilled
     /// target's row is zeros but its CRC (flags 0). Rows are kept held.
-    #[pyo3(signature = (out, stride, offsets, shard, order, filled))]
+    #[pyo3(signature = (out, stride, offsets, shard, order, filled, record=0))]
     #[allow(clippy::too_many_arguments)]
     fn pack<'py>(
         &self,
@@ -239,6 +240,7 @@ impl PySampleRows {
         shard: u32,
         order: numpy::PyReadonlyArray1<'py, i64>,
         filled: numpy::PyReadonlyArray1<'py, bool>,
+        record: usize,
     ) -> PyResult<()> {
         let mut out = out.try_readwrite().map_err(|e| invalid(py, format!("pack needs a writable uint8 array: {e}")))?;
         let dst = out.as_slice_mut().map_err(|e| invalid(py, format!("pack needs a contiguous array: {e}")))?;
@@ -260,11 +262,15 @@ impl PySampleRows {
             return Err(invalid(py, format!("pack: {} items drawn but {next} targets filled", c.items().len())));
         }
         let columns = c.columns();
+        let records = c.attributes();
+        if records.len() != next * record {
+            return Err(invalid(py, format!("pack: {} bytes of attribute records for {next} items of {record}", records.len())));
+        }
         if offsets.len() != columns.signature().fields().len()
-            || offsets.first().is_some_and(|&o| o < HEADER)
+            || offsets.first().is_some_and(|&o| o < HEADER + record)
             || offsets.windows(2).any(|w| w[0] > w[1])
         {
-            return Err(invalid(py, "pack: one offset per field, ascending, past the header, is needed".into()));
+            return Err(invalid(py, "pack: one offset per field, ascending, past the header and the record, is needed".into()));
         }
         let widest = c.items().iter().map(|i| i.length as usize).max().unwrap_or(0);
         for (col, &at) in offsets.iter().enumerate() {
@@ -284,6 +290,9 @@ impl PySampleRows {
                 };
                 c.copy_item(i, &offsets, row);
                 let item = &c.items()[i];
+                let first = offsets.first().copied().unwrap_or(stride);
+                row[HEADER..HEADER + record].copy_from_slice(&records[i * record..(i + 1) * record]);
+                row[HEADER + record..first].fill(0);
                 // Zeros past each field's steps, up to the next field (or the row's end).
                 for (col, &at) in offsets.iter().enumerate() {
                     let end = offsets.get(col + 1).copied().unwrap_or(stride);

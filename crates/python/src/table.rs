@@ -451,8 +451,8 @@ impl PyTable {
         (s.size, s.mass, s.next_seq, s.num_inserts, s.num_samples, s.max_length)
     }
 
-    /// `(slots, seqs, priorities, times_sampled)` of the first k items in the
-    /// sampler's order (empty for random samplers).
+    /// `(slots, seqs, priorities, times_sampled, lengths)` of the first k items in
+    /// the sampler's order (empty for random samplers).
     fn ranked<'py>(&self, py: Python<'py>, k: usize) -> Ranked<'py> {
         let c = py.detach(|| self.table.ranked(k));
         (
@@ -460,7 +460,25 @@ impl PyTable {
             PyArray1::from_iter(py, c.iter().map(|c| c.seq)),
             PyArray1::from_iter(py, c.iter().map(|c| c.priority)),
             PyArray1::from_iter(py, c.iter().map(|c| c.times_sampled)),
+            PyArray1::from_iter(py, c.iter().map(|c| c.length)),
         )
+    }
+
+    /// The length of the item each planned target (as `draw_planned` takes them)
+    /// would draw now, 0 where none would; draws nothing.
+    #[pyo3(signature = (by_mass, index, mass, summary_size, summary_mass))]
+    fn planned_lengths<'py>(
+        &self,
+        py: Python<'py>,
+        by_mass: bool,
+        index: PyReadonlyArray1<'py, u64>,
+        mass: PyReadonlyArray1<'py, f64>,
+        summary_size: u64,
+        summary_mass: f64,
+    ) -> PyResult<Bound<'py, PyArray1<u32>>> {
+        let targets = planned_targets(py, by_mass, &index, &mass)?;
+        let summary = reprise_core::cluster::plan::ShardFigures { size: summary_size, mass: summary_mass };
+        Ok(PyArray1::from_vec(py, py.detach(|| self.table.planned_lengths(&targets, &summary))))
     }
 
     /// Draws planned targets (`mass` when `by_mass`, else `index`): `(rows, filled)`.
@@ -477,12 +495,7 @@ impl PyTable {
         summary_size: u64,
         summary_mass: f64,
     ) -> PyResult<(PySampleRows, Bound<'py, PyArray1<bool>>)> {
-        use reprise_core::cluster::plan::Target;
-        let targets: Vec<Target> = if by_mass {
-            mass.as_slice().map_err(|_| invalid(py, "mass must be contiguous".into()))?.iter().map(|&m| Target::Mass(m)).collect()
-        } else {
-            index.as_slice().map_err(|_| invalid(py, "index must be contiguous".into()))?.iter().map(|&i| Target::Index(i)).collect()
-        };
+        let targets = planned_targets(py, by_mass, &index, &mass)?;
         let summary = reprise_core::cluster::plan::ShardFigures { size: summary_size, mass: summary_mass };
         let (batch, filled) = py.detach(|| self.table.draw_planned(&targets, divisor, table_size, &summary));
         Ok((PySampleRows::new(HeldRows::InProcess(batch)), PyArray1::from_vec(py, filled)))
@@ -517,11 +530,32 @@ impl PyTable {
     }
 }
 
+/// A plan's targets for this shard: `mass` when `by_mass`, else `index`.
+fn planned_targets(
+    py: Python<'_>,
+    by_mass: bool,
+    index: &PyReadonlyArray1<'_, u64>,
+    mass: &PyReadonlyArray1<'_, f64>,
+) -> PyResult<Vec<reprise_core::cluster::plan::Target>> {
+    use reprise_core::cluster::plan::Target;
+    Ok(if by_mass {
+        mass.as_slice().map_err(|_| invalid(py, "mass must be contiguous".into()))?.iter().map(|&m| Target::Mass(m)).collect()
+    } else {
+        index.as_slice().map_err(|_| invalid(py, "index must be contiguous".into()))?.iter().map(|&i| Target::Index(i)).collect()
+    })
+}
+
 /// `(keys, found)`.
 type LocalKeys<'py> = (Bound<'py, PyArray1<u64>>, Bound<'py, PyArray1<bool>>);
 
 /// `(slots, seqs, priorities, times_sampled)`.
-type Ranked<'py> = (Bound<'py, PyArray1<u32>>, Bound<'py, PyArray1<u64>>, Bound<'py, PyArray1<f64>>, Bound<'py, PyArray1<u32>>);
+type Ranked<'py> = (
+    Bound<'py, PyArray1<u32>>,
+    Bound<'py, PyArray1<u64>>,
+    Bound<'py, PyArray1<f64>>,
+    Bound<'py, PyArray1<u32>>,
+    Bound<'py, PyArray1<u32>>,
+);
 
 /// The four numbers of a rate-limiter preset, validated by the core.
 #[pyfunction]

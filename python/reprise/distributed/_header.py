@@ -11,7 +11,8 @@ import numpy as np
 (W_TABLE, W_STEP, W_OP, W_ARG, W_ERROR, W_EXPIRED, W_OWNER, W_SIZE, W_MASS, W_NEXT_SEQ, W_INSERTS,
  W_SAMPLES, W_MAXLEN) = range(13)
 WORDS = 16
-OPS = {1: "sample", 2: "update_priorities", 3: "delete", 4: "info", 5: "save", 6: "placement_report"}
+OPS = {1: "sample", 2: "update_priorities", 3: "delete", 4: "info", 5: "save", 6: "placement_report",
+       7: "sample_tokens", 8: "set_version"}
 OP = {v: k for k, v in OPS.items()}
 
 

@@ -1,5 +1,6 @@
-"""The packed rows of cluster mode's exchange: a 48-byte header then each field's
-steps, every part 8-byte aligned, the same fixed size for every row of a step
+"""The packed rows of cluster mode's exchange: a 48-byte header, the item's
+attribute record (tables with attributes), then each field's steps, every part
+8-byte aligned, the same fixed size for every row of a step
 (so split sizes follow from the plan and no counts are exchanged). Each source's
 part starts with ``STATUS`` bytes: its status word (0: rows follow) and how many of
 its rows are filled, which the receiver checks against the rows marked filled. A
@@ -32,9 +33,10 @@ def step_bytes(field) -> int:
     return int(np.prod(field.shape, dtype=np.int64)) * np.dtype(field.dtype).itemsize
 
 
-def layout(signature: dict, steps: int) -> tuple[list[int], int]:
-    """``(offsets, stride)``: where each field starts in a row of ``steps`` steps."""
-    offsets, at = [], HEADER
+def layout(signature: dict, steps: int, record: int = 0) -> tuple[list[int], int]:
+    """``(offsets, stride)``: where each field starts in a row of ``steps`` steps
+    whose attribute record takes ``record`` bytes after the header."""
+    offsets, at = [], HEADER + _align(record)
     for f in signature.values():
         offsets.append(at)
         at += _align(steps * step_bytes(f))
@@ -75,14 +77,17 @@ def check_counts(filled_by_source: np.ndarray, declared: np.ndarray, what: str) 
 
 
 def unpack_received(recv: np.ndarray, starts: np.ndarray, counts: np.ndarray, order: np.ndarray, stride: int,
-                    signature: dict, steps: int, verify: bool, what: str, declared: np.ndarray, device=None):
-    """``(header, data)`` straight from the received bytes on the host (``recv``,
-    uint8): the rows of source s (``counts[s]`` from byte ``starts[s] + STATUS``),
-    where the j-th to arrive is position ``order[j]``, unpacked in position order in
-    one native pass (``_native.cluster.unpack_rows``: header, each field's steps and
-    zeros after, the CRC checked as each row is read with ``verify``). Unfilled rows are
-    dropped after checking each source's count against ``declared``. ``data`` as
-    ``unpack``'s; large fields in pooled memory (``reprise._pool``)."""
+                    signature: dict, steps: int, verify: bool, what: str, declared: np.ndarray, device=None,
+                    record: int = 0, packed: bool = False):
+    """``(header, records, data)`` straight from the received bytes on the host
+    (``recv``, uint8): the rows of source s (``counts[s]`` from byte ``starts[s] +
+    STATUS``), where the j-th to arrive is position ``order[j]``, unpacked in position
+    order in one native pass (``_native.cluster.unpack_rows``: header, attribute
+    record of ``record`` bytes, each field's steps, the CRC checked as each row is
+    read with ``verify``). Unfilled rows are dropped after checking each source's
+    count against ``declared``. ``data`` as ``unpack``'s, or with ``packed`` each
+    field's steps end to end, ``[total_steps, *shape]``; large fields in pooled
+    memory (``reprise._pool``). ``records``: ``n * record`` bytes."""
     arrival = np.concatenate([s + STATUS + np.arange(int(n), dtype=np.int64) * stride
                               for s, n in zip(starts.tolist(), counts.tolist())]) if len(counts) else \
         np.zeros(0, np.int64)
@@ -94,23 +99,28 @@ def unpack_received(recv: np.ndarray, starts: np.ndarray, counts: np.ndarray, or
     check_counts(np.bincount(source_of[filled], minlength=len(counts)), declared, what)
     at = at[filled]
     n = at.size
-    longest = min(int(words[(at + 28) // 4].max()), steps) if n else 0  # (a damaged length fails its CRC)
-    offsets, _ = layout(signature, steps)
+    lengths = np.minimum(words[(at + 28) // 4], steps).astype(np.int64)  # (a damaged length fails its CRC)
+    longest = int(lengths.max()) if n else 0
+    total = int(lengths.sum()) if packed else n * longest
+    offsets, _ = layout(signature, steps, record)
     items = [step_bytes(f) for f in signature.values()]
-    outputs = [POOL.empty(n * longest * item) for item in items]
+    outputs = [POOL.empty(total * item) for item in items]
     header = np.empty(n * HEADER, np.uint8)
-    bad = _native.cluster.unpack_rows(recv, at, stride, offsets, items, longest, header, outputs, verify)
+    records = np.empty(n * record, np.uint8)
+    bad = _native.cluster.unpack_rows(recv, at, stride, offsets, items, longest, header, outputs, verify,
+                                      record, records, packed)
     if bad >= 0:
         raise _crc_failure(what, recv[at[bad]:at[bad] + HEADER].copy().view(HEADER_DTYPE)[0])
     header = header.view(HEADER_DTYPE)
     data = {}
     for (name, f), out in zip(signature.items(), outputs):
-        arr = out.view(np.dtype(f.dtype)).reshape((n, longest, *f.shape))
+        shape = (total, *f.shape) if packed else (n, longest, *f.shape)
+        arr = out.view(np.dtype(f.dtype)).reshape(shape)
         if device is not None:
             import torch
             arr = torch.from_numpy(arr).to(device)
         data[name] = arr
-    return header, data
+    return header, records, data
 
 
 def in_position_order(recv, starts: np.ndarray, counts: np.ndarray, stride: int, order: np.ndarray):
@@ -129,16 +139,18 @@ def in_position_order(recv, starts: np.ndarray, counts: np.ndarray, stride: int,
     return arrived.index_select(0, torch.from_numpy(inverse).to(recv.device))
 
 
-def unpack(rows, signature: dict, steps: int, verify: bool, what: str, device=None, declared=None, sources=None):
-    """``(header, data)`` of ``rows`` (``[n, stride]`` uint8 tensor, on the host or a
-    GPU) with unfilled rows dropped; ``data[field]`` is ``[n, T, *shape]`` with T the
-    longest item: numpy arrays when ``device`` is None, else tensors there (rows on a
-    GPU stay there: only headers, and with ``verify`` the rows, cross to the host).
-    Raises ``Corrupt`` when a row's CRC-32 does not match, or (given each row's source
-    rank ``sources`` and each source's ``declared`` count of filled rows) when a
-    source's rows marked filled are not as many as it sent."""
+def unpack(rows, signature: dict, steps: int, verify: bool, what: str, device=None, declared=None, sources=None,
+           record: int = 0):
+    """``(header, records, data)`` of ``rows`` (``[n, stride]`` uint8 tensor, on the
+    host or a GPU) with unfilled rows dropped; ``data[field]`` is ``[n, T, *shape]``
+    with T the longest item: numpy arrays when ``device`` is None, else tensors there
+    (rows on a GPU stay there: only headers, attribute records and, with ``verify``,
+    the rows cross to the host). Raises ``Corrupt`` when a row's CRC-32 does not
+    match, or (given each row's source rank ``sources`` and each source's
+    ``declared`` count of filled rows) when a source's rows marked filled are not as
+    many as it sent."""
     import torch
-    offsets, stride = layout(signature, steps)
+    offsets, stride = layout(signature, steps, record)
     on_host = rows.device.type == "cpu"
     if verify:
         host = rows.numpy() if on_host else rows.cpu().numpy()
@@ -154,6 +166,7 @@ def unpack(rows, signature: dict, steps: int, verify: bool, what: str, device=No
     if not keep.all():
         header = header[keep]
         rows = rows.index_select(0, torch.from_numpy(np.nonzero(keep)[0]).to(rows.device))
+    records = rows[:, HEADER:HEADER + record].cpu().numpy().reshape(-1).copy()
     longest = min(int(header["length"].max()), steps) if len(header) else 0
     data = {}
     for (name, f), at in zip(signature.items(), offsets):
@@ -166,4 +179,4 @@ def unpack(rows, signature: dict, steps: int, verify: bool, what: str, device=No
             from ..torch.columns import torch_dtype
             t = part.view(torch_dtype(f.dtype)).reshape(shape)
             data[name] = t.cpu().numpy() if device is None else t.to(device)
-    return header, data
+    return header, records, data

@@ -45,7 +45,8 @@ def save(table, path) -> str:
                     "signature": [[k, list(f.shape), f.dtype] for k, f in table._signature.items()],
                     "sampler": list(table._sampler._spec()), "remover": list(table._remover._spec()),
                     "rate_limiter": list(table._rate_limiter._spec()), "max_times_sampled": table._max_times,
-                    "shards_by": table._shards_by,
+                    "shards_by": table._shards_by, "attributes": [list(a) for a in table._schema],
+                    "max_staleness": table._max_staleness, "policy_version": table.version,
                     "assignment": table._assignment}
         tmp = os.path.join(root, MANIFEST + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -107,8 +108,10 @@ def restore(cls, path, group, topology, assignment, timeout, data_backend, verif
                 rate_limiter=RateLimiter(*m["rate_limiter"]), seed=m["seed"], group=group, shards=m["shards_by"],
                 topology=topology, assignment=assignment or m["assignment"], timeout=timeout,
                 max_times_sampled=m["max_times_sampled"], data_backend=data_backend, verify_rows=verify_rows,
+                attributes=dict(m.get("attributes", [])) or None, max_staleness=m.get("max_staleness"),
                 _restore=_Lazy(), _expect_shards=m["num_shards"])
     table._step = int(m["step"])
+    table._version = m.get("policy_version", table._version)
     if table.shard is not None:
         table._boundaries = [tuple(b) for b in by_shard[table.shard]["boundaries"]]
     return table

@@ -36,7 +36,7 @@ def report(table, owners: np.ndarray, batch: int) -> dict:
     names = table._g.host_names
     n_consumers = len(table._consumers)
     quota = batch // n_consumers if batch % n_consumers == 0 else None
-    _, stride = _rows.layout(table._signature, max(1, int(owners[:, W_MAXLEN].max())))
+    _, stride = _rows.layout(table._signature, max(1, int(owners[:, W_MAXLEN].max())), table._record)
     hosts, remote_rows = [], 0.0
     for h, name in enumerate(names):
         mass = float(weights[table._shard_host == h].sum())

@@ -66,6 +66,50 @@ class ReferenceTable:
         self.step += 1
         return {"keys": keys[filled], "probabilities": probabilities[filled], "table_size": table_size}
 
+    def sample_tokens(self, tokens: int, consumers: int = 1) -> dict:
+        """``sample``'s result for a token-budget step of ``tokens`` per consumer
+        over ``consumers`` consumers, with ``consumer``: which one takes each position."""
+        cap = consumers * tokens + 1
+        k = min(cap, 16 * consumers)
+        while True:
+            lengths = self._lengths(k)
+            consumer = C.token_cut(lengths, consumers, tokens)
+            if len(consumer) < len(lengths) or len(lengths) < k or k >= cap:
+                break
+            k = min(cap, 2 * k)
+        out = self.sample(len(consumer))
+        out["consumer"] = consumer
+        return out
+
+    def _lengths(self, n: int) -> np.ndarray:
+        """The lengths of the items the next step's first ``n`` positions would draw."""
+        natives = [t._native for t in self.tables]
+        summaries = [t.shard_summary() for t in natives]
+        sizes = np.array([s[0] for s in summaries], dtype=np.uint64)
+        masses = np.array([s[1] for s in summaries], dtype=np.float64)
+        kind = self.tables[0]._sampler._spec()
+        if kind[0] in ("Uniform", "Prioritized"):
+            shard, index, mass, by_mass, _, _ = C.plan(kind[0] == "Prioritized", sizes, masses, n, self.seed,
+                                                       self.table_id, self.step)
+            lengths = np.zeros(n, dtype=np.uint32)
+            for s, t in enumerate(natives):
+                at = np.nonzero(shard == s)[0]
+                lengths[at] = t.planned_lengths(by_mass, np.ascontiguousarray(index[at]),
+                                                np.ascontiguousarray(mass[at]), int(sizes[s]), float(masses[s]))
+            return lengths
+        max_times = self.tables[0].info()["max_times_sampled"]
+        k = C.candidates_needed(kind, max_times, n)
+        ranked = [t.ranked(k) for t in natives]
+        counts = np.array([len(r[0]) for r in ranked], dtype=np.uint64)
+        visible = [np.searchsorted(np.array(b, dtype=np.int64), r[1].astype(np.int64), side="right")
+                   for b, r in zip(self.boundaries, ranked)]
+        cat = [np.concatenate([r[i] for r in ranked]) for i in range(5)]
+        shard, index = C.merge(kind, max_times, counts, cat[0].astype(np.uint32), cat[1].astype(np.uint64),
+                               cat[2].astype(np.float64), cat[3].astype(np.uint32),
+                               np.concatenate(visible).astype(np.uint64), n, int(sizes.sum()))
+        first = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        return cat[4][first[shard.astype(np.int64)] + index.astype(np.int64)].astype(np.uint32)
+
     @staticmethod
     def _put(rows, ok, at, shard, keys, probabilities, filled):
         local, probs = rows.meta()[:2]

@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from .. import _native
+from .._attributes import arrays, check_schema, record_size
 from .._convert import as_int
 from ..errors import CollectiveError, CollectiveMismatch, InvalidArgument, Timeout
 from ..rate_limiters import MinSize, RateLimiter
@@ -55,6 +56,13 @@ class ShardedTable:
     (seconds) bounds every collective. ``data_backend``: ``"gloo"`` (rows cross on
     the host) or ``"nccl"`` (CUDA rows over the job's NCCL group; one GPU per
     rank). ``verify_rows`` checks each received row's CRC-32.
+
+    ``attributes`` and ``max_staleness`` are ``reprise.Table``'s, for every shard:
+    items carry their attributes through the exchange (``sample.attributes``),
+    ``set_version`` moves every shard's version at once, and ``sample(tokens=B)``
+    fills each consumer with whole items up to ``B`` steps from one global draw
+    (docs/async-rl.md, "Cluster mode"). Groups (``group_size``) are not sharded in
+    this version.
     """
 
     def __init__(self, name: str, signature: dict, capacity_per_shard: int, sampler: Selector | None = None,
@@ -62,6 +70,7 @@ class ShardedTable:
                  rate_limiter: RateLimiter | None = None, seed: int = 0, group=None, shards: str = "host",
                  topology=None, assignment: str = "local", timeout: float = 60.0, max_times_sampled: int = 0,
                  block_steps: int = 64, data_backend: str | None = None, verify_rows: bool = True,
+                 attributes: dict | None = None, max_staleness: int | None = None,
                  _restore=None, _expect_shards: int | None = None):
         what = f"sharded table '{name}'"
         if not isinstance(name, str) or not name:
@@ -77,6 +86,9 @@ class ShardedTable:
         if data_backend not in (None, "gloo", "nccl"):
             raise InvalidArgument(f"{what}: data_backend must be None, 'gloo' or 'nccl', got {data_backend!r}")
         seed = as_int(f"{what}: seed", seed, minimum=0)
+        schema = check_schema(name, attributes)
+        if max_staleness is not None:
+            max_staleness = as_int(f"{what}: max_staleness", max_staleness, minimum=0)
         sampler = Uniform() if sampler is None else sampler
         remover = Fifo() if remover is None else remover
         rate_limiter = MinSize(1) if rate_limiter is None else rate_limiter
@@ -90,6 +102,11 @@ class ShardedTable:
         self._signature = dict(signature)
         self._sampler, self._remover, self._rate_limiter = sampler, remover, rate_limiter
         self._max_times = as_int(f"{what}: max_times_sampled", max_times_sampled, minimum=0)
+        self._schema = schema
+        self._record = record_size(schema)
+        self._max_staleness = max_staleness
+        # The policy version (0 until set_version; None without an int64 'version').
+        self._version: int | None = 0 if dict(schema).get("version") == "int64" else None
         self._seed = seed
         self._assignment = assignment
         self._shards_by = shards
@@ -105,7 +122,7 @@ class ShardedTable:
         g = self._g = Group(group, float(timeout), what)
         config = (name, [(k, tuple(f.shape), f.dtype) for k, f in signature.items()], int(capacity_per_shard),
                   sampler._spec(), remover._spec(), max_size_per_shard, rate_limiter._spec(), self._max_times, seed,
-                  shards, assignment, block_steps)
+                  shards, assignment, block_steps, schema, max_staleness)
         configs = g.all_gather_object(config, "comparing constructor arguments")
         differ = [r for r, c in enumerate(configs) if c != configs[0]]
         if differ:
@@ -140,7 +157,8 @@ class ShardedTable:
                 self._store = Store(signature, capacity=capacity_per_shard, block_steps=block_steps)
                 self._table = Table(name, self._store, sampler=sampler, remover=remover,
                                     max_size=max_size_per_shard, rate_limiter=rate_limiter,
-                                    max_times_sampled=self._max_times, seed=seed)
+                                    max_times_sampled=self._max_times, seed=seed,
+                                    attributes=dict(schema) or None, max_staleness=max_staleness)
         self._local_address = None
         self._shared_host = shards == "host" and len(self._owner) < g.size
         if shards == "host":
@@ -200,13 +218,54 @@ class ShardedTable:
         from ..client import Client
         return Client(self._local_address).writer(max_sequence_length=max_sequence_length)
 
-    def insert(self, data: dict, priorities, timeout: float | None = None) -> np.ndarray:
-        """``Table.insert`` into this rank's shard (owners only); returns global keys.
-        Not a collective."""
+    def insert(self, data: dict, priorities, timeout: float | None = None, attributes: dict | None = None) -> np.ndarray:
+        """``Table.insert`` into this rank's shard (owners only); returns global keys
+        (0 for an item dropped as stale under ``max_staleness``). Not a collective."""
         if self._table is None:
             raise InvalidArgument(f"{self._what}: rank {self._g.rank} owns no shard; write through table.writer()")
-        keys = self._table.insert(data, priorities, timeout)
-        return C.global_keys(self.shard, np.asarray(keys, dtype=np.uint64))
+        keys = np.asarray(self._table.insert(data, priorities, timeout, attributes=attributes), dtype=np.uint64)
+        out = C.global_keys(self.shard, keys)
+        out[keys == 0] = 0
+        return out
+
+    @property
+    def attributes(self) -> dict:
+        """``{name: dtype}`` of the item attributes."""
+        return dict(self._schema)
+
+    @property
+    def max_staleness(self) -> int | None:
+        return self._max_staleness
+
+    @property
+    def version(self) -> int | None:
+        """The policy version (``set_version``'s; 0 before the first, None without an
+        int64 attribute ``version``)."""
+        return self._version
+
+    def set_version(self, version: int) -> int:
+        """Sets every shard's policy version (monotone: a lower one is refused on
+        every rank): ``Table.set_version`` on each shard, so with ``max_staleness``
+        every stale item has left every shard before any rank returns, and no later
+        ``sample`` can draw one. Returns how many items left over all shards. A
+        collective: every rank passes the same version."""
+        err = None
+        try:
+            version = as_int("version", version, minimum=-(1 << 63))
+            if dict(self._schema).get("version") != "int64":
+                raise InvalidArgument(f"{self._what}: set_version needs an int64 attribute 'version' "
+                                      f"(attributes={{'version': 'int64', ...}})")
+            now = self._version if self._table is None or self._table.version is None else self._table.version
+            if now is not None and version < now:
+                raise InvalidArgument(f"{self._what}: version {version} is below the current {now}; "
+                                      f"versions only move forward")
+        except InvalidArgument as e:
+            err, version = e, 0
+        self._begin(OP["set_version"], version, err)
+        removed = 0 if self._table is None else self._table.set_version(version)
+        self._version = version
+        totals = self._g.all_gather(np.array([removed], dtype=np.int64), "set_version: counting stale items")
+        return int(totals.sum())
 
     # -------------------------------------------------------------- the header
 
@@ -260,7 +319,8 @@ class ShardedTable:
 
     # ------------------------------------------------------------------ sample
 
-    def sample(self, batch_size: int, device=None, timeout: float | None = None) -> Sample | None:
+    def sample(self, batch_size: int | None = None, device=None, timeout: float | None = None,
+               tokens: int | None = None) -> Sample | None:
         """One global draw of ``batch_size`` items per consumer: a collective.
         Consumers get a ``Sample`` of ``batch_size`` items of the draw of
         ``batch_size * len(consumers)`` (global ``probabilities`` and
@@ -268,28 +328,52 @@ class ShardedTable:
         ``device="cuda"``: ``data`` holds tensors there (``"cpu"``: torch CPU
         tensors; None: numpy arrays). Waits (every rank together)
         while the rate limiter, on counters summed over the shards, forbids the
-        step; past ``timeout`` every rank raises ``Timeout``."""
+        step; past ``timeout`` every rank raises ``Timeout``.
+
+        ``tokens=B`` instead of ``batch_size``: whole items up to ``B`` steps for each
+        consumer, from one global draw made as ``sample(n)`` makes it: each pick goes
+        to the consumer with the fewest steps so far, and the draw stops at the first
+        pick that would take that consumer past ``B`` (put back, not counted). The
+        consumers' token counts differ by at most the longest item drawn. The rows
+        arrive packed (``packed_data``, ``packed()`` copies nothing on the host). A
+        first pick longer than ``B`` raises ``InvalidArgument`` on every rank and
+        changes nothing. Random samplers need ``max_times_sampled=0`` here."""
         err = None
         try:
-            batch_size = as_int("batch_size", batch_size, 1)
+            if (batch_size is None) == (tokens is None):
+                raise InvalidArgument(f"{self._what}: sample takes batch_size or tokens (a token budget), "
+                                      f"exactly one of them")
+            if tokens is not None:
+                tokens = as_int("tokens", tokens, 1)
+                if self._sampler._spec()[0] in RANDOM and self._max_times:
+                    raise InvalidArgument(
+                        f"{self._what}: a token budget over a {self._sampler._spec()[0]} sampler needs "
+                        f"max_times_sampled=0 (items used up within a step would move the picks the budget "
+                        f"was cut on); for consume-once use a Fifo sampler with max_times_sampled=1")
+            else:
+                batch_size = as_int("batch_size", batch_size, 1)
             if timeout is not None and not (isinstance(timeout, (int, float)) and timeout >= 0):
                 raise InvalidArgument(f"{self._what}: timeout must be None or seconds >= 0, got {timeout!r}")
             if device is not None:   # the torch.device the rows go to; None: numpy
                 from ..torch import resolve
                 device = torch_module().device("cpu") if is_host_device(device) else resolve(device)
         except InvalidArgument as e:
-            err, batch_size = e, -1
-        total = max(batch_size, 0) * len(self._consumers)  # the global draw
+            err, batch_size, tokens = e, (-1 if batch_size is not None else None), (-1 if tokens is not None else None)
+        op, arg = (OP["sample"], batch_size) if tokens is None else (OP["sample_tokens"], tokens)
+        if tokens is None and batch_size is None:
+            op, arg = OP["sample"], -1
+        total = max(batch_size or 0, 0) * len(self._consumers)  # the global draw (items)
         deadline = None if timeout is None else time.monotonic() + float(timeout)
         poll = 0.001
         while True:
             expired = deadline is not None and time.monotonic() >= deadline
-            heads = self._begin(OP["sample"], batch_size, err, freeze=True, expired=expired)
+            heads = self._begin(op, arg, err, freeze=True, expired=expired)
             owners = heads[self._owner]
             plan = None
-            if self._gate(owners, total):
+            permits = self._permits(owners)
+            if permits >= (total if tokens is None else 1):
                 try:
-                    plan = self._plan(owners, total)
+                    plan = self._plan(owners, total) if tokens is None else self._plan_tokens(owners, tokens, permits)
                 except BaseException:
                     self._thaw()
                     raise
@@ -297,12 +381,14 @@ class ShardedTable:
                     break
             self._thaw()
             if heads[:, W_EXPIRED].any():
-                raise Timeout(f"{self._what}: the rate limiter (or max_times_sampled: too few draws left) did not allow a step of {total} before the "
-                              f"timeout (global size {int(owners[:, W_SIZE].sum())}, "
+                want = f"a step of {total}" if tokens is None else "the first item of a token step"
+                raise Timeout(f"{self._what}: the rate limiter (or max_times_sampled: too few draws left) did not "
+                              f"allow {want} before the timeout (global size {int(owners[:, W_SIZE].sum())}, "
                               f"min_size_to_sample {self._rate_limiter.min_size_to_sample})")
             time.sleep(poll)
             poll = min(2 * poll, POLL_MAX)
-        self._last_batch = batch_size
+        if tokens is None:
+            self._last_batch = batch_size
         out = self._exchange(owners, plan, device)
         if self._poison:  # a check's debug mode: no step may read what an earlier one left
             for buf in (self._send, self._recv):
@@ -310,13 +396,15 @@ class ShardedTable:
                     buf.fill_(0xA5)
         return out
 
-    def _gate(self, owners: np.ndarray, batch: int) -> bool:
+    def _permits(self, owners: np.ndarray) -> float:
+        """How many items the rate limiter lets this step draw, on the counters
+        summed over the shards (0 below its minimum size)."""
         spi, min_size, min_diff, _ = self._rate_limiter._spec()
         size = int(owners[:, W_SIZE].sum())
-        if size == 0:
-            return False
+        if size == 0 or size < max(1, min_size):
+            return 0
         inserts, samples = float(owners[:, W_INSERTS].sum()), float(owners[:, W_SAMPLES].sum())
-        return size >= max(1, min_size) and inserts * spi - samples - batch >= min_diff
+        return max(0.0, np.floor(inserts * spi - samples - min_diff))
 
     def _plan(self, owners: np.ndarray, batch: int) -> dict | None:
         """Per position: shard, target, consumer rank; and what the owners need.
@@ -331,38 +419,90 @@ class ShardedTable:
                 batch, self._seed, self._table_id, self._step)
             plan = {"shard": shard, "index": index, "mass": mass, "by_mass": by_mass, "divisor": divisor}
         else:
-            shard, picks = self._merge(kind, owners, batch, table_size)
+            shard, index, _, mine = self._merge(kind, owners, batch, table_size)
             if len(shard) < batch:
                 return None
-            plan = {"shard": shard, "picks": picks}
+            plan = {"shard": shard, "picks": self._picks(shard, index, mine)}
         consumer = C.assign(self._assignment, shard, self._shard_host, self._consumer_host)
         plan["dest"] = np.array(self._consumers, dtype=np.int64)[consumer]
         plan["steps"], plan["table_size"] = steps, table_size
         return plan
 
+    def _plan_tokens(self, owners: np.ndarray, tokens: int, permits: float) -> dict | None:
+        """The plan of a token-budget step: the global draw's first picks, as
+        ``_plan`` makes them, cut where they stop fitting (``C.token_cut``), each
+        sent to the consumer it was cut for. The picks' lengths come from their
+        owners (one gather per round of candidates; rounds double until the cut
+        falls inside one). None when no item can be drawn (ordered selectors whose
+        items are used up): the step waits."""
+        kind = self._sampler._spec()
+        table_size = int(owners[:, W_SIZE].sum())
+        consumers = len(self._consumers)
+        cap = int(min(permits, consumers * tokens + 1))  # every item has a step at least
+        k = min(cap, 16 * consumers)
+        while True:
+            if kind[0] in RANDOM:
+                shard, index, mass, by_mass, divisor, table_size = C.plan(
+                    kind[0] == "Prioritized", owners[:, W_SIZE].astype(np.uint64), bits_f64(owners[:, W_MASS]),
+                    k, self._seed, self._table_id, self._step)
+                lengths = np.zeros(k, dtype=np.int64)
+                if self._table is not None:
+                    here = np.nonzero(shard == self.shard)[0]
+                    lengths[here] = self._table._native.planned_lengths(
+                        by_mass, np.ascontiguousarray(index[here]), np.ascontiguousarray(mass[here]),
+                        int(owners[self.shard, W_SIZE]), float(bits_f64(owners[self.shard:self.shard + 1, W_MASS])[0]))
+                lengths = self._g.all_gather(lengths, f"sample step {self._step}: gathering lengths").max(axis=0)
+            else:
+                shard, index, lengths, mine = self._merge(kind, owners, k, table_size)
+            if len(shard) == 0:
+                return None
+            consumer = C.token_cut(lengths.astype(np.uint32), consumers, tokens)
+            m = len(consumer)
+            if m < len(shard) or len(shard) < k or k >= cap:
+                break
+            k = min(cap, 2 * k)
+        plan = {"shard": shard[:m], "packed": True}
+        if kind[0] in RANDOM:
+            plan.update(index=index[:m], mass=mass[:m], by_mass=by_mass, divisor=divisor)
+        else:
+            plan["picks"] = self._picks(shard[:m], index[:m], mine)
+        plan["dest"] = np.array(self._consumers, dtype=np.int64)[consumer]
+        plan["steps"], plan["table_size"] = int(lengths[:m].max()), table_size
+        return plan
+
     def _merge(self, kind, owners, batch, table_size):
+        """``(shard, index, lengths, mine)`` of an ordered selector's draw of
+        ``batch``: per position its shard, its candidate there and its length;
+        ``mine``, this shard's candidates ``(slots, seqs)`` (None without one)."""
         k = C.candidates_needed(kind, self._max_times, batch)
-        words = np.zeros(1 + 5 * k, dtype=np.int64)
+        words = np.zeros(1 + 6 * k, dtype=np.int64)
         mine = None
         if self._table is not None:
-            slots, seqs, prios, times = self._table._native.ranked(k)
+            slots, seqs, prios, times, lengths = self._table._native.ranked(k)
             visible = self._visible_steps(seqs)
             n = len(slots)
             words[0] = n
-            words[1:].reshape(5, k)[:, :n] = [slots, seqs.astype(np.int64), prios.view(np.int64), times, visible]
+            words[1:].reshape(6, k)[:, :n] = [slots, seqs.astype(np.int64), prios.view(np.int64), times, visible,
+                                              lengths]
             mine = (slots, seqs)
         rows = self._g.all_gather(words, f"sample step {self._step}: gathering candidates")[self._owner]
         counts = rows[:, 0].astype(np.uint64)
-        parts = [r[1:].reshape(5, k)[:, :int(n)] for r, n in zip(rows, counts)]
-        cat = np.concatenate(parts, axis=1) if parts else np.zeros((5, 0), dtype=np.int64)
+        parts = [r[1:].reshape(6, k)[:, :int(n)] for r, n in zip(rows, counts)]
+        cat = np.concatenate(parts, axis=1) if parts else np.zeros((6, 0), dtype=np.int64)
         shard, index = C.merge(kind, self._max_times, counts, cat[0].astype(np.uint32), cat[1].astype(np.uint64),
                                np.ascontiguousarray(cat[2]).view(np.float64), cat[3].astype(np.uint32),
                                cat[4].astype(np.uint64), batch, table_size)
-        picks = None
-        if mine is not None:
-            at = index[shard == self.shard].astype(np.int64)
-            picks = (np.ascontiguousarray(mine[0][at]), np.ascontiguousarray(mine[1][at]))
-        return shard, picks
+        first = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        lengths = cat[5][first[shard.astype(np.int64)] + index.astype(np.int64)] if len(shard) else \
+            np.zeros(0, dtype=np.int64)
+        return shard, index, lengths, mine
+
+    def _picks(self, shard, index, mine):
+        """This shard's ``(slots, seqs)`` at the merged positions it owns, in order."""
+        if mine is None:
+            return None
+        at = index[shard == self.shard].astype(np.int64)
+        return np.ascontiguousarray(mine[0][at]), np.ascontiguousarray(mine[1][at])
 
     def _visible_steps(self, seqs: np.ndarray) -> np.ndarray:
         """The step from which each of ``seqs`` could be drawn."""
@@ -374,7 +514,7 @@ class ShardedTable:
     def _exchange(self, owners, plan, device):
         g = self._g
         shard, dest = plan["shard"], plan["dest"]
-        offsets, stride = _rows.layout(self._signature, plan["steps"])
+        offsets, stride = _rows.layout(self._signature, plan["steps"], self._record)
         source = self._owner[shard]  # the rank that sends each position
         status, failure = 0, None
         sizes = []
@@ -405,7 +545,7 @@ class ShardedTable:
             for d, size in enumerate(sizes):
                 if rows is not None:
                     rows.pack(send[at + _rows.STATUS:at + size], stride, offsets, self.shard,
-                              targets[d].astype(np.int64), filled)
+                              targets[d].astype(np.int64), filled, self._record)
                     counts[d] = int(np.count_nonzero(filled[targets[d]]))
                 at += size
             if rows is not None:
@@ -468,17 +608,25 @@ class ShardedTable:
         mine = np.nonzero(dest == self._g.rank)[0]  # my positions, in position order
         sources = source[mine]  # the rank each of them comes from
         order = np.argsort(sources, kind="stable")  # the order rows arrive in
+        packed = plan.get("packed", False)
         if recv.device.type == "cpu":  # one native pass from the receive buffer
-            header, data = _rows.unpack_received(recv.numpy(), starts, recv_rows, order, stride, self._signature,
-                                                 plan["steps"], self._verify, self._what, declared, device)
-        else:  # rows that arrived on a GPU are unpacked there
+            header, records, data = _rows.unpack_received(
+                recv.numpy(), starts, recv_rows, order, stride, self._signature, plan["steps"], self._verify,
+                self._what, declared, device, self._record, packed)
+        else:  # rows that arrived on a GPU are unpacked there (padded; packed() unpads)
             rows = _rows.in_position_order(recv, starts, recv_rows, stride, order)
-            header, data = _rows.unpack(rows, self._signature, plan["steps"], self._verify, self._what, device,
-                                        declared=declared, sources=sources)
-        return Sample(
-            keys=header["key"].copy(), probabilities=header["probability"].copy(),
-            priorities=header["priority"].copy(), times_sampled=header["times_sampled"].astype(np.int64),
-            table_size=int(plan["table_size"]), lengths=header["length"].astype(np.int64), data=data)
+            header, records, data = _rows.unpack(rows, self._signature, plan["steps"], self._verify, self._what,
+                                                 device, declared=declared, sources=sources, record=self._record)
+            packed = False
+        attributes = arrays(self._schema, records.tobytes(), len(header))
+        if device is not None and attributes:
+            torch = torch_module()
+            attributes = {k: torch.from_numpy(v).to(device) for k, v in attributes.items()}
+        fields = dict(keys=header["key"].copy(), probabilities=header["probability"].copy(),
+                      priorities=header["priority"].copy(), times_sampled=header["times_sampled"].astype(np.int64),
+                      table_size=int(plan["table_size"]), lengths=header["length"].astype(np.int64),
+                      attributes=attributes)
+        return Sample._packed(data, **fields) if packed else Sample(**fields, data=data)
 
     # ------------------------------------------------------- updates, deletes
 
@@ -546,9 +694,11 @@ class ShardedTable:
         mine = None if self._table is None else self._table.info()
         infos = [i for i in self._g.all_gather_object(mine, "info: gathering shard figures") if i is not None]
         total = {k: sum(i[k] for i in infos) for k in ("size", "max_size", "num_inserts", "num_samples",
-                                                       "num_evictions", "num_deletes", "num_store_evictions")}
+                                                       "num_evictions", "num_deletes", "num_store_evictions",
+                                                       "stale_removed", "stale_dropped")}
         return {"name": self.name, "num_shards": self.num_shards, "step": self._step, "consumers": self.consumers,
                 "sampler": infos[0]["sampler"], "remover": infos[0]["remover"], **total,
+                "attributes": self.attributes, "max_staleness": self._max_staleness, "version": self._version,
                 "shards": [{"shard": s, "rank": int(self._owner[s]), "host": self._g.host_names[self._shard_host[s]],
                             **{k: i[k] for k in ("size", "num_inserts", "num_samples", "num_evictions")}}
                            for s, i in enumerate(infos)]}

@@ -27,6 +27,8 @@ pub struct Candidate {
     pub times_sampled: u32,
     /// The step from which draws could see the item.
     pub visible_step: u64,
+    /// The item's steps (what a token-budget step cuts on; the merge ignores it).
+    pub length: u32,
 }
 
 /// `(shard, candidate index)` for every position of the batch.
@@ -102,7 +104,7 @@ mod tests {
     use super::*;
 
     fn c(seq: u64, priority: f64, step: u64) -> Candidate {
-        Candidate { slot: seq as u32, seq, priority, times_sampled: 0, visible_step: step }
+        Candidate { slot: seq as u32, seq, priority, times_sampled: 0, visible_step: step, length: 1 }
     }
 
     #[test]

@@ -7,11 +7,13 @@
 //! * [`merge`]: the ordered selectors (Fifo, Lifo, heaps, TopK) by a merge of
 //!   each shard's local best;
 //! * [`assign`]: which consumer receives each drawn position;
+//! * [`tokens`]: how many positions a token-budget step keeps, and for whom;
 //! * global keys, which carry their shard.
 
 pub mod assign;
 pub mod merge;
 pub mod plan;
+pub mod tokens;
 
 /// Bits of a global key that name the shard (the top ones): 4096 shards at most.
 pub const SHARD_BITS: u32 = 12;

@@ -59,16 +59,21 @@ impl Table {
             .into_iter()
             .filter_map(|slot| {
                 let item = st.slots[slot as usize].item.as_ref()?;
-                Some(Candidate { slot, seq: item.seq, priority: item.priority, times_sampled: item.times_sampled, visible_step: 0 })
+                Some(Candidate {
+                    slot,
+                    seq: item.seq,
+                    priority: item.priority,
+                    times_sampled: item.times_sampled,
+                    visible_step: 0,
+                    length: item.length,
+                })
             })
             .collect()
     }
 
     /// Draws the items at `targets` (in order) for a planned global draw whose
-    /// probabilities divide by `divisor` over `table_size` items. `summary` is the
-    /// size and mass this shard reported for the step: when the shard changed since (items used
-    /// up by `max_times_sampled` within this batch), targets are scaled to what is
-    /// left. Returns the batch and, per target, whether it was filled (false only
+    /// probabilities divide by `divisor` over `table_size` items (`summary`: as
+    /// [`resolve`] takes it). Returns the batch and, per target, whether it was filled (false only
     /// when the shard ran out of items).
     pub fn draw_planned(&self, targets: &[Target], divisor: f64, table_size: u64, summary: &ShardFigures) -> (SampleBatch, Vec<bool>) {
         let sh = &*self.shared;
@@ -76,23 +81,7 @@ impl Table {
         let mut filled = Vec::with_capacity(targets.len());
         let mut st = sh.state.lock();
         for t in targets {
-            let slot = match *t {
-                _ if st.size == 0 => None,
-                Target::Index(i) => {
-                    let i = if st.size == summary.size { i } else { (i as u128 * st.size as u128 / summary.size.max(1) as u128) as u64 };
-                    st.sampler.at_index(i.min(st.size - 1) as usize)
-                }
-                Target::Mass(m) => {
-                    let now = st.sampler.mass().unwrap_or(0.0);
-                    if now > 0.0 {
-                        st.sampler.at_mass(if now == summary.mass { m } else { m * (now / summary.mass) })
-                    } else {
-                        // Every weight left is zero: uniform over what is left.
-                        let i = (m / summary.mass * st.size as f64) as usize;
-                        st.sampler.at_index(i.min(st.size as usize - 1))
-                    }
-                }
-            };
+            let slot = resolve(&st, t, summary);
             let Some(slot) = slot else {
                 filled.push(false);
                 continue;
@@ -107,6 +96,17 @@ impl Table {
         st.ext.flush();
         sh.insert_cv.notify_all();
         (batch, filled)
+    }
+
+    /// The length in steps of the item each of `targets` would draw now (0 where
+    /// none would), without drawing: what a token-budget step cuts on. Equal to
+    /// the lengths `draw_planned` then draws as long as no item leaves in between
+    /// (the shard is frozen, and items used up by `max_times_sampled` within the
+    /// batch would shift later targets, so token budgets exclude it).
+    pub fn planned_lengths(&self, targets: &[Target], summary: &ShardFigures) -> Vec<u32> {
+        let st = self.shared.state.lock();
+        let length = |slot: u32| st.slots[slot as usize].item.as_ref().map_or(0, |i| i.length);
+        targets.iter().map(|t| resolve(&st, t, summary).map_or(0, length)).collect()
     }
 
     /// Draws the merged candidates `(slot, seq)` in order (probability 1). A
@@ -135,5 +135,29 @@ impl Table {
         let s = st.slots.get(slot as usize)?;
         let item = s.item.as_ref()?;
         (s.generation & ((1 << GENERATION_BITS) - 1) == generation).then_some(item.key)
+    }
+}
+
+/// The slot a planned target resolves to in the shard's selector now; `summary` is
+/// the size and mass the shard reported for the step: when the shard changed since
+/// (items used up by `max_times_sampled` within this batch), targets are scaled to
+/// what is left.
+fn resolve(st: &super::State, t: &Target, summary: &ShardFigures) -> Option<u32> {
+    match *t {
+        _ if st.size == 0 => None,
+        Target::Index(i) => {
+            let i = if st.size == summary.size { i } else { (i as u128 * st.size as u128 / summary.size.max(1) as u128) as u64 };
+            st.sampler.at_index(i.min(st.size - 1) as usize)
+        }
+        Target::Mass(m) => {
+            let now = st.sampler.mass().unwrap_or(0.0);
+            if now > 0.0 {
+                st.sampler.at_mass(if now == summary.mass { m } else { m * (now / summary.mass) })
+            } else {
+                // Every weight left is zero: uniform over what is left.
+                let i = (m / summary.mass * st.size as f64) as usize;
+                st.sampler.at_index(i.min(st.size as usize - 1))
+            }
+        }
     }
 }
