@@ -194,3 +194,120 @@ def _host_body(rank, world):
 def test_host_shards_carry_attributes_to_ranks_without_a_shard():
     out = run_ranks(2, _host_body)
     assert all(0 < n <= 9 for n in out)
+
+
+GATTRS = {"group": "int64", "reward": "float32"}
+G = 3
+
+
+def write_groups(table, shard, step, count=2, members=G, seed=11):
+    """``count`` groups of ``members`` items each (lengths 1..8): group id
+    shard * 1000 + step * 10 + j; token t of member m is (gid * 10 + m) * 100 + t."""
+    rng = np.random.default_rng([seed, shard, step])
+    for j in range(count):
+        gid = shard * 1000 + step * 10 + j
+        for m in range(members):
+            n = int(rng.integers(1, 9))
+            c = gid * 10 + m
+            table.insert({"token": (c * 100 + np.arange(n, dtype=np.int64))[None],
+                          "logprob": np.full((1, n, 2), m, np.float32)}, np.array([rng.uniform(0.1, 2.0)]),
+                         attributes={"group": gid, "reward": m / 2})
+
+
+def check_whole_groups(s, sizes=(G,)):
+    """Every group of ``s`` sits side by side, each member once, in member order."""
+    p = s.packed()
+    groups = s.attributes["group"].tolist()
+    i = 0
+    while i < len(groups):
+        gid = groups[i]
+        run = 1
+        while i + run < len(groups) and groups[i + run] == gid and run < G:
+            run += 1
+        assert run in sizes, (groups, i)
+        for m in range(run):
+            toks = p.data["token"][p.cu_seqlens[i + m]:p.cu_seqlens[i + m + 1]]
+            assert int(toks[0]) // 100 == gid * 10 + m and s.attributes["reward"][i + m] == m / 2
+        i += run
+    return len(groups) // G
+
+
+def _groups_body(rank, world, samplers, tokens):
+    """Groups across shards: each shard admits the groups written to it; sample(n)
+    and sample(tokens=...) hand out whole groups, exactly as the reference draws."""
+    out = []
+    for name in samplers:
+        kw = dict(sampler=sampler_of(name), seed=2, attributes=GATTRS, group_size=G)
+        t = rp.distributed.ShardedTable("g", SIG, capacity_per_shard=1 << 13, shards="rank", timeout=20,
+                                        assignment="iid", block_steps=8, **kw)
+        ref = None
+        if rank == 0:
+            ref = rp.distributed.ReferenceTable(
+                [rp.Table("g", rp.Store(SIG, capacity=1 << 13, block_steps=8), **kw) for _ in range(world)], seed=2)
+        for step in range(3):
+            for shard in range(world):
+                if shard == rank:
+                    write_groups(t, shard, step)
+                if ref is not None:
+                    write_groups(ref.tables[shard], shard, step)
+            a = t.sample(2 * G)
+            assert check_whole_groups(a) == 2
+            b = t.sample(tokens=tokens)
+            check_whole_groups(b)
+            assert b.num_steps <= tokens
+            got = t._g.all_gather_object((a.keys.tolist(), a.probabilities.tolist(), b.keys.tolist()), "test gather")
+            if ref is not None:
+                want = ref.sample(2 * world)  # units: 2 groups per consumer
+                assert [k for g in got for k in g[0]] == want["keys"].tolist(), (name, step)
+                assert [p for g in got for p in g[1]] == want["probabilities"].tolist()
+                want = ref.sample_tokens(tokens, consumers=world)
+                rows = np.repeat(want["consumer"], G)  # every group here is complete
+                order = np.argsort(rows, kind="stable")
+                assert [k for g in got for k in g[2]] == want["keys"][order].tolist(), (name, step)
+                out.append((name, step, len(want["keys"])))
+        info = t.info()["groups"]
+        assert info["group_size"] == G and info["live"] == 6 * world and info["pending"] == 0
+        with pytest.raises(rp.errors.InvalidArgument, match="batch_size 4 is not a multiple of group_size 3"):
+            t.sample(4)
+        t.close()
+    return out
+
+
+def test_groups_are_drawn_whole_across_shards_exactly_as_the_reference():
+    out = run_ranks(2, _groups_body, ("Uniform", "Prioritized", "Fifo"), 40)
+    assert len(out[0]) == 9 and all(n > 0 for *_, n in out[0])
+
+
+def _partial_body(rank, world, path):
+    """A straggler: shard 1's second group never completes; after group_timeout it
+    is admitted as it is and drawn with 2 members; checkpoints keep the settings."""
+    t = rp.distributed.ShardedTable("p", SIG, capacity_per_shard=1 << 12, shards="rank", timeout=20, seed=0,
+                                    sampler=rp.selectors.Fifo(), max_times_sampled=1, attributes=GATTRS,
+                                    group_size=G, group_timeout=0.3, on_group_timeout="partial", block_steps=8)
+    write_groups(t, rank, 0, count=1)
+    if rank == 1:
+        write_groups(t, rank, 1, count=1, members=2)
+    before = t.info()["groups"]
+    import time
+    time.sleep(0.4)
+    s = t.sample(tokens=100, timeout=5)  # consume-once: the 3 groups, shared by the 2 consumers
+    check_whole_groups(s, sizes=(2, G))
+    drawn = s.attributes["group"].tolist()
+    with pytest.raises(rp.errors.Timeout, match="did not allow the first item of a token step"):
+        t.sample(tokens=100, timeout=0.2)  # every group was handed out once
+    after = t.info()["groups"]
+    t.save(path)
+    t.close()
+    r = rp.distributed.ShardedTable.restore(path, timeout=20)
+    restored = r.info()["groups"]
+    r.close()
+    return before["pending"], before["live"], sorted(drawn), after["partial"], restored["group_size"], \
+        restored["on_timeout"]
+
+
+def test_a_straggler_group_is_admitted_partial_and_drawn_with_its_members(tmp_path):
+    out = run_ranks(2, _partial_body, str(tmp_path / "ckpt"))
+    drawn = sorted(out[0][2] + out[1][2])
+    assert drawn == [0] * G + [1000] * G + [1010] * 2
+    for pending, live, _, partial, size, on_timeout in out:
+        assert (pending, live, partial, size, on_timeout) == (1, 2, 1, G, "partial")

@@ -47,6 +47,7 @@ def save(table, path) -> str:
                     "rate_limiter": list(table._rate_limiter._spec()), "max_times_sampled": table._max_times,
                     "shards_by": table._shards_by, "attributes": [list(a) for a in table._schema],
                     "max_staleness": table._max_staleness, "policy_version": table.version,
+                    "groups": None if table._groups is None else list(table._groups),
                     "assignment": table._assignment}
         tmp = os.path.join(root, MANIFEST + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -57,6 +58,14 @@ def save(table, path) -> str:
         os.replace(tmp, os.path.join(root, MANIFEST))
     g.barrier("save: waiting for the manifest")
     return root
+
+
+def _group_settings(groups) -> dict:
+    """The constructor's group arguments from a manifest's ``groups`` entry."""
+    if groups is None:
+        return {}
+    size, timeout, on_timeout = groups
+    return {"group_size": size, "group_timeout": timeout, "on_group_timeout": on_timeout}
 
 
 def _find(path) -> str:
@@ -109,6 +118,7 @@ def restore(cls, path, group, topology, assignment, timeout, data_backend, verif
                 topology=topology, assignment=assignment or m["assignment"], timeout=timeout,
                 max_times_sampled=m["max_times_sampled"], data_backend=data_backend, verify_rows=verify_rows,
                 attributes=dict(m.get("attributes", [])) or None, max_staleness=m.get("max_staleness"),
+                **_group_settings(m.get("groups")),
                 _restore=_Lazy(), _expect_shards=m["num_shards"])
     table._step = int(m["step"])
     table._version = m.get("policy_version", table._version)

@@ -26,7 +26,8 @@ class ReferenceTable:
         self.boundaries = [[] for _ in self.tables]
 
     def sample(self, n: int) -> dict:
-        """``{keys, probabilities, table_size}`` of step ``self.step``'s n positions."""
+        """``{keys, probabilities, table_size}`` of step ``self.step``'s n positions
+        (drawn units: with ``group_size`` G, n groups, their members in order)."""
         natives = [t._native for t in self.tables]
         summaries = [t.shard_summary() for t in natives]
         sizes = np.array([s[0] for s in summaries], dtype=np.uint64)
@@ -34,9 +35,11 @@ class ReferenceTable:
         kind = self.tables[0]._sampler._spec()
         max_times = self.tables[0].info()["max_times_sampled"]
         table_size = int(sizes.sum())
-        keys = np.zeros(n, dtype=np.uint64)
-        probabilities = np.zeros(n, dtype=np.float64)
-        filled = np.zeros(n, dtype=bool)
+        groups = self.tables[0].info()["groups"]
+        rows = n * (groups["group_size"] if groups else 1)
+        keys = np.zeros(rows, dtype=np.uint64)
+        probabilities = np.zeros(rows, dtype=np.float64)
+        filled = np.zeros(rows, dtype=bool)
         if kind[0] in ("Uniform", "Prioritized"):
             shard, index, mass, by_mass, divisor, table_size = C.plan(
                 kind[0] == "Prioritized", sizes, masses, n, self.seed, self.table_id, self.step)
@@ -112,9 +115,13 @@ class ReferenceTable:
 
     @staticmethod
     def _put(rows, ok, at, shard, keys, probabilities, filled):
+        """Puts a shard's drawn rows at their positions: ``ok`` holds ``width`` rows
+        per position in ``at`` (a group's members with ``group_size``), so the
+        outputs hold ``width`` rows per position."""
         local, probs = rows.meta()[:2]
         rows.release()
-        done = at[ok]
+        width = len(ok) // len(at) if len(at) else 1
+        done = (at[:, None] * width + np.arange(width)).reshape(-1)[ok]
         keys[done] = C.global_keys(shard, local)
         probabilities[done] = probs
         filled[done] = True

@@ -57,12 +57,13 @@ class ShardedTable:
     the host) or ``"nccl"`` (CUDA rows over the job's NCCL group; one GPU per
     rank). ``verify_rows`` checks each received row's CRC-32.
 
-    ``attributes`` and ``max_staleness`` are ``reprise.Table``'s, for every shard:
-    items carry their attributes through the exchange (``sample.attributes``),
-    ``set_version`` moves every shard's version at once, and ``sample(tokens=B)``
-    fills each consumer with whole items up to ``B`` steps from one global draw
-    (docs/async-rl.md, "Cluster mode"). Groups (``group_size``) are not sharded in
-    this version.
+    ``attributes``, ``max_staleness``, ``group_size``, ``group_timeout`` and
+    ``on_group_timeout`` are ``reprise.Table``'s, for every shard: items carry their
+    attributes through the exchange (``sample.attributes``), ``set_version`` moves
+    every shard's version at once, a group is admitted in the shard its members
+    were written to (write a group's members through one host's writers) and
+    drawn whole, and ``sample(tokens=B)`` fills each consumer with whole items (or
+    groups) up to ``B`` steps from one global draw (docs/async-rl.md, "Cluster mode").
     """
 
     def __init__(self, name: str, signature: dict, capacity_per_shard: int, sampler: Selector | None = None,
@@ -70,7 +71,8 @@ class ShardedTable:
                  rate_limiter: RateLimiter | None = None, seed: int = 0, group=None, shards: str = "host",
                  topology=None, assignment: str = "local", timeout: float = 60.0, max_times_sampled: int = 0,
                  block_steps: int = 64, data_backend: str | None = None, verify_rows: bool = True,
-                 attributes: dict | None = None, max_staleness: int | None = None,
+                 attributes: dict | None = None, max_staleness: int | None = None, group_size: int | None = None,
+                 group_timeout: float | None = None, on_group_timeout: str = "drop",
                  _restore=None, _expect_shards: int | None = None):
         what = f"sharded table '{name}'"
         if not isinstance(name, str) or not name:
@@ -89,6 +91,9 @@ class ShardedTable:
         schema = check_schema(name, attributes)
         if max_staleness is not None:
             max_staleness = as_int(f"{what}: max_staleness", max_staleness, minimum=0)
+        if group_size is not None:
+            group_size = as_int(f"{what}: group_size", group_size, minimum=1)
+        groups = None if group_size is None else (group_size, group_timeout, on_group_timeout)
         sampler = Uniform() if sampler is None else sampler
         remover = Fifo() if remover is None else remover
         rate_limiter = MinSize(1) if rate_limiter is None else rate_limiter
@@ -105,6 +110,8 @@ class ShardedTable:
         self._schema = schema
         self._record = record_size(schema)
         self._max_staleness = max_staleness
+        self._groups = groups
+        self._unit = 1 if group_size is None else group_size  # rows per drawn unit
         # The policy version (0 until set_version; None without an int64 'version').
         self._version: int | None = 0 if dict(schema).get("version") == "int64" else None
         self._seed = seed
@@ -122,7 +129,7 @@ class ShardedTable:
         g = self._g = Group(group, float(timeout), what)
         config = (name, [(k, tuple(f.shape), f.dtype) for k, f in signature.items()], int(capacity_per_shard),
                   sampler._spec(), remover._spec(), max_size_per_shard, rate_limiter._spec(), self._max_times, seed,
-                  shards, assignment, block_steps, schema, max_staleness)
+                  shards, assignment, block_steps, schema, max_staleness, groups)
         configs = g.all_gather_object(config, "comparing constructor arguments")
         differ = [r for r, c in enumerate(configs) if c != configs[0]]
         if differ:
@@ -158,7 +165,9 @@ class ShardedTable:
                 self._table = Table(name, self._store, sampler=sampler, remover=remover,
                                     max_size=max_size_per_shard, rate_limiter=rate_limiter,
                                     max_times_sampled=self._max_times, seed=seed,
-                                    attributes=dict(schema) or None, max_staleness=max_staleness)
+                                    attributes=dict(schema) or None, max_staleness=max_staleness,
+                                    group_size=group_size, group_timeout=group_timeout,
+                                    on_group_timeout=on_group_timeout)
         self._local_address = None
         self._shared_host = shards == "host" and len(self._owner) < g.size
         if shards == "host":
@@ -337,7 +346,12 @@ class ShardedTable:
         consumers' token counts differ by at most the longest item drawn. The rows
         arrive packed (``packed_data``, ``packed()`` copies nothing on the host). A
         first pick longer than ``B`` raises ``InvalidArgument`` on every rank and
-        changes nothing. Random samplers need ``max_times_sampled=0`` here."""
+        changes nothing. Random samplers need ``max_times_sampled=0`` here.
+
+        With ``group_size`` G, a draw picks groups (by the sum of their members'
+        priorities) and each consumer gets whole groups, members side by side:
+        ``batch_size`` must be a multiple of G; a token budget counts a group's
+        members together."""
         err = None
         try:
             if (batch_size is None) == (tokens is None):
@@ -352,6 +366,9 @@ class ShardedTable:
                         f"was cut on); for consume-once use a Fifo sampler with max_times_sampled=1")
             else:
                 batch_size = as_int("batch_size", batch_size, 1)
+                if batch_size % self._unit:
+                    raise InvalidArgument(f"{self._what}: batch_size {batch_size} is not a multiple of group_size "
+                                          f"{self._unit}; each consumer gets whole groups")
             if timeout is not None and not (isinstance(timeout, (int, float)) and timeout >= 0):
                 raise InvalidArgument(f"{self._what}: timeout must be None or seconds >= 0, got {timeout!r}")
             if device is not None:   # the torch.device the rows go to; None: numpy
@@ -371,9 +388,10 @@ class ShardedTable:
             owners = heads[self._owner]
             plan = None
             permits = self._permits(owners)
-            if permits >= (total if tokens is None else 1):
+            if permits >= (total if tokens is None else self._unit):
                 try:
-                    plan = self._plan(owners, total) if tokens is None else self._plan_tokens(owners, tokens, permits)
+                    plan = (self._plan(owners, total // self._unit) if tokens is None
+                            else self._plan_tokens(owners, tokens, np.floor(permits / self._unit)))
                 except BaseException:
                     self._thaw()
                     raise
@@ -433,7 +451,7 @@ class ShardedTable:
         ``_plan`` makes them, cut where they stop fitting (``C.token_cut``), each
         sent to the consumer it was cut for. The picks' lengths come from their
         owners (one gather per round of candidates; rounds double until the cut
-        falls inside one). None when no item can be drawn (ordered selectors whose
+        falls inside one). ``permits``: units the rate limiter allows. None when no item can be drawn (ordered selectors whose
         items are used up): the step waits."""
         kind = self._sampler._spec()
         table_size = int(owners[:, W_SIZE].sum())
@@ -467,7 +485,9 @@ class ShardedTable:
         else:
             plan["picks"] = self._picks(shard[:m], index[:m], mine)
         plan["dest"] = np.array(self._consumers, dtype=np.int64)[consumer]
-        plan["steps"], plan["table_size"] = int(lengths[:m].max()), table_size
+        # A row holds one item: with groups, as long as the longest item ever inserted.
+        steps = int(lengths[:m].max()) if self._unit == 1 else int(owners[:, W_MAXLEN].max())
+        plan["steps"], plan["table_size"] = steps, table_size
         return plan
 
     def _merge(self, kind, owners, batch, table_size):
@@ -513,7 +533,9 @@ class ShardedTable:
 
     def _exchange(self, owners, plan, device):
         g = self._g
-        shard, dest = plan["shard"], plan["dest"]
+        # Per row: a drawn unit takes self._unit rows (a group's members, unfilled
+        # rows past a partial group's); plan["shard"], ["dest"] are per unit.
+        shard, dest = np.repeat(plan["shard"], self._unit), np.repeat(plan["dest"], self._unit)
         offsets, stride = _rows.layout(self._signature, plan["steps"], self._record)
         source = self._owner[shard]  # the rank that sends each position
         status, failure = 0, None
@@ -521,7 +543,7 @@ class ShardedTable:
         try:
             rows = None
             if self._table is not None:
-                here = np.nonzero(shard == self.shard)[0]
+                here = np.nonzero(plan["shard"] == self.shard)[0]  # my units
                 native = self._table._native
                 if "picks" in plan:
                     rows, filled = native.draw_ranked(plan["picks"][0], plan["picks"][1], plan["table_size"])
@@ -535,7 +557,8 @@ class ShardedTable:
                     self._boundaries.append((rise, self._step))
             self._thaw()
             # This rank's positions for each destination (none without a shard).
-            targets = [np.nonzero(dest[here] == d)[0] if rows is not None else np.zeros(0, np.int64)
+            mine = dest[shard == self.shard] if rows is not None else None  # my rows' destinations
+            targets = [np.nonzero(mine == d)[0] if rows is not None else np.zeros(0, np.int64)
                        for d in range(g.size)]
             sizes = [_rows.STATUS + len(t) * stride for t in targets]
             send_t = self._kept("_send", sum(sizes), pinned=self._data_backend == "nccl")
@@ -699,9 +722,19 @@ class ShardedTable:
         return {"name": self.name, "num_shards": self.num_shards, "step": self._step, "consumers": self.consumers,
                 "sampler": infos[0]["sampler"], "remover": infos[0]["remover"], **total,
                 "attributes": self.attributes, "max_staleness": self._max_staleness, "version": self._version,
+                "groups": self._group_figures(infos),
                 "shards": [{"shard": s, "rank": int(self._owner[s]), "host": self._g.host_names[self._shard_host[s]],
                             **{k: i[k] for k in ("size", "num_inserts", "num_samples", "num_evictions")}}
                            for s, i in enumerate(infos)]}
+
+    def _group_figures(self, infos: list) -> dict | None:
+        """The shards' group counters summed (None without ``group_size``)."""
+        if self._groups is None:
+            return None
+        counts = ("admitted", "dropped", "duplicates", "live", "partial", "pending", "pending_items")
+        size, timeout, on_timeout = self._groups
+        return {**{k: sum(i["groups"][k] for i in infos) for k in counts}, "group_size": size, "timeout": timeout,
+                "on_timeout": on_timeout}
 
     def placement_report(self, batch_size: int | None = None) -> dict:
         """Each host's share of the sampling mass against its consumers' share, and

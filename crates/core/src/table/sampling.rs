@@ -182,7 +182,7 @@ impl Table {
     /// One draw of the group led by `leader` with `probability`: every member,
     /// in order, counted and added to `batch`; the group leaves when its leader
     /// reached `max_times_sampled`. Returns the group's steps.
-    fn take_group(&self, st: &mut State, leader: u32, probability: f64, batch: &mut SampleBatch) -> u64 {
+    pub(crate) fn take_group(&self, st: &mut State, leader: u32, probability: f64, batch: &mut SampleBatch) -> u64 {
         let sh = &*self.shared;
         let members = st.groups.as_ref().expect("a table with groups").members(leader).to_vec();
         let mut steps = 0;
