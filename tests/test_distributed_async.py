@@ -126,6 +126,19 @@ def _versions_body(rank, world, path):
         s = t.sample(tokens=16)
         seen |= set(s.attributes["version"].tolist())
     report["seen"] = sorted(seen)
+    # update_attributes by global key: each rank sends the keys it drew (routed to their owners).
+    drawn = t.sample(3)
+    report["updated"] = t.update_attributes(drawn.keys, {"reward": np.full(len(drawn), 9.5)})
+    mine = t.local_table.items()
+    found, _ = t.local_table.attributes_of(np.array([k for k, *_ in mine], dtype=np.uint64))
+    report["rewards"] = sorted(set(found["reward"].tolist()))
+    before = t.info()["num_samples"]
+    with pytest.raises(rp.errors.NotFound, match="has no attribute 'score'"):
+        t.update_attributes(drawn.keys, {"score": 1.0})
+    with pytest.raises(rp.errors.InvalidArgument, match="version is fixed"):
+        t.update_attributes(drawn.keys, {"version": 3})
+    assert t.update_attributes(np.zeros(0, np.uint64), {"reward": []}) == 0
+    assert t.info()["num_samples"] == before
     # Refused on every rank, nothing changed: a lower version, a bad budget, both or neither.
     for call, match in ((lambda: t.set_version(2), "version 2 is below the current 3"),
                         (lambda: t.sample(tokens=4), "a drawn item has 5 steps, more than the whole token budget of 4"),
@@ -154,6 +167,7 @@ def test_set_version_reaches_every_shard_and_checkpoints_keep_it(tmp_path):
         assert r["stale_insert"] == 0 and r["restored_stale_insert"] == 0
         assert r["info"] == (8, 8, 2, 3)
         assert r["seen"] == [2, 3]
+        assert 1 <= r["updated"] <= 6 and 9.5 in out[0]["rewards"] + out[1]["rewards"]
         assert r["restored_same"]
 
 

@@ -12,7 +12,7 @@ import numpy as np
  W_SAMPLES, W_MAXLEN) = range(13)
 WORDS = 16
 OPS = {1: "sample", 2: "update_priorities", 3: "delete", 4: "info", 5: "save", 6: "placement_report",
-       7: "sample_tokens", 8: "set_version"}
+       7: "sample_tokens", 8: "set_version", 9: "update_attributes"}
 OP = {v: k for k, v in OPS.items()}
 
 

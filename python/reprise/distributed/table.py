@@ -20,7 +20,7 @@ import numpy as np
 from .. import _native
 from .._attributes import arrays, check_schema, record_size
 from .._convert import as_int
-from ..errors import CollectiveError, CollectiveMismatch, InvalidArgument, Timeout
+from ..errors import CollectiveError, CollectiveMismatch, InvalidArgument, NotFound, Timeout
 from ..rate_limiters import MinSize, RateLimiter
 from ..sample import Sample
 from ..selectors import Fifo, Prioritized, Selector, Uniform
@@ -657,55 +657,97 @@ class ShardedTable:
         """Sets priorities by global key; each rank passes its own (possibly none).
         Routed to the owning shards in one all_to_all and applied in rank order.
         Returns how many were applied over all shards. A collective."""
-        return self._route(OP["update_priorities"], keys, priorities)
+        def check(keys):
+            from .._convert import priorities as as_priorities
+            p = as_priorities(priorities, len(keys))
+            bad = np.nonzero(~np.isfinite(p) | (p < 0))[0]
+            if len(bad):
+                raise InvalidArgument(f"{self._what}: priority {p[bad[0]]} of key {int(keys[bad[0]])} must be "
+                                      f"finite and >= 0")
+            return p.view(np.uint64)[:, None]
+
+        return self._route(OP["update_priorities"], keys, check,
+                           lambda local, words: self._table.update_priorities(local, words[:, 0].view(np.float64)))
 
     def delete(self, keys) -> int:
         """Removes items by global key (each rank its own list); returns how many
         were removed over all shards. A collective."""
-        return self._route(OP["delete"], keys, None)
+        return self._route(OP["delete"], keys, None, lambda local, _: self._table.delete(local))
 
-    def _route(self, op, keys, priorities) -> int:
+    def update_attributes(self, keys, attributes: dict) -> int:
+        """``Table.update_attributes`` by global key: each rank passes its own keys
+        and values (possibly none), every rank the same attribute names. Routed to
+        the owning shards in one all_to_all (8 bytes per key and attribute);
+        every value is checked before anything moves. Returns how many items were
+        updated over all shards. A collective."""
+        dtypes = dict(self._schema)
+        names = sorted(attributes) if isinstance(attributes, dict) else []
+
+        def check(keys):
+            from .._attributes import values
+            if not isinstance(attributes, dict) or not attributes:
+                raise InvalidArgument(f"{self._what}: update_attributes takes {{name: values}}, got {attributes!r}")
+            if "version" in attributes and self._max_staleness is not None:
+                raise InvalidArgument(f"{self._what} has max_staleness: an item's version is fixed when it is "
+                                      f"created and cannot be updated")
+            if "group" in attributes and self._groups is not None:
+                raise InvalidArgument(f"{self._what} has group_size: an item's group is fixed when it is created "
+                                      f"and cannot be updated")
+            words = np.zeros((len(keys), len(names)), dtype=np.uint64)
+            for j, name in enumerate(names):
+                raw = np.frombuffer(values(self._schema, self.name, name, attributes[name], len(keys)), np.uint8)
+                size = np.dtype(dtypes[name]).itemsize
+                words.view(np.uint8).reshape(len(keys), len(names), 8)[:, j, :size] = raw.reshape(len(keys), size)
+            return words
+
+        def apply(local, words):
+            done = []
+            for j, name in enumerate(names):
+                size = np.dtype(dtypes[name]).itemsize
+                raw = np.ascontiguousarray(words.view(np.uint8).reshape(len(local), len(names), 8)[:, j, :size])
+                done.append(self._table.update_attributes(local, {name: raw.view(np.dtype(dtypes[name]).newbyteorder("<"))
+                                                                  .reshape(-1)}))
+            return min(done) if done else 0
+
+        import zlib
+        return self._route(OP["update_attributes"], keys, check, apply,
+                           arg=zlib.crc32(",".join(names).encode()))
+
+    def _route(self, op, keys, check, apply, arg: int = 0) -> int:
+        """Routes global ``keys`` to their shards' owners with the uint64 words
+        ``check(keys)`` returns per key (``[n, w]``; it raises ``InvalidArgument``
+        on bad values; None: no words), where ``apply(local_keys, words)`` runs on
+        the owner and returns a count. ``arg`` goes in the header (ranks whose
+        calls differ in it all raise). Returns the counts summed."""
         import torch
         g = self._g
-        err, shard = None, None
+        err, shard, words = None, None, None
         try:
             keys = np.ascontiguousarray(np.asarray(keys, dtype=np.uint64).reshape(-1))
             shard, generation, slot = C.split_keys(keys)
-            if priorities is not None:
-                from .._convert import priorities as as_priorities
-                priorities = as_priorities(priorities, len(keys))
-                bad = np.nonzero(~np.isfinite(priorities) | (priorities < 0))[0]
-                if len(bad):
-                    raise InvalidArgument(f"{self._what}: priority {priorities[bad[0]]} of key "
-                                          f"{int(keys[bad[0]])} must be finite and >= 0")
+            words = np.zeros((len(keys), 0), dtype=np.uint64) if check is None else check(keys)
             if len(shard) and int(shard.max()) >= self.num_shards:
                 raise InvalidArgument(f"{self._what}: key {int(keys[np.argmax(shard)])} names shard "
                                       f"{int(shard.max())}, but there are {self.num_shards}")
-        except (InvalidArgument, ValueError, TypeError) as e:
-            err = e if isinstance(e, InvalidArgument) else InvalidArgument(f"{self._what}: keys: {e}")
-        self._begin(op, 0, err)
+        except (InvalidArgument, NotFound, ValueError, TypeError) as e:
+            err = e if isinstance(e, (InvalidArgument, NotFound)) else InvalidArgument(f"{self._what}: keys: {e}")
+        self._begin(op, arg, err)
+        width = 8 * (1 + words.shape[1])  # bytes per key
         dest = self._owner[shard.astype(np.int64)] if shard is not None else np.zeros(0, dtype=np.int64)
         order = np.argsort(dest, kind="stable")
         counts = np.bincount(dest, minlength=g.size).astype(np.int64)
         matrix = g.all_gather(counts, f"{OPS[op]}: counting keys")  # [source, dest]
-        payload = np.zeros((len(keys), 2), dtype=np.uint64)
-        payload[:, 0] = keys
-        if priorities is not None:
-            payload[:, 1] = priorities.view(np.uint64)
+        payload = np.concatenate([keys[:, None], words], axis=1)
         payload = np.ascontiguousarray(payload[order]).view(np.uint8).reshape(-1)
         recv_counts = matrix[:, g.rank]
-        r = torch.empty(int(recv_counts.sum()) * 16, dtype=torch.uint8)
-        g.all_to_all(torch.from_numpy(payload), r, counts * 16, recv_counts * 16, f"{OPS[op]}: routing keys")
+        r = torch.empty(int(recv_counts.sum()) * width, dtype=torch.uint8)
+        g.all_to_all(torch.from_numpy(payload), r, counts * width, recv_counts * width, f"{OPS[op]}: routing keys")
         done = 0
         if self._table is not None:
-            got = r.numpy().view(np.uint64).reshape(-1, 2)
+            got = r.numpy().view(np.uint64).reshape(-1, width // 8)
             _, generation, slot = C.split_keys(np.ascontiguousarray(got[:, 0]))
             local, found = self._table._native.local_keys(generation, slot)
-            local = local[found]
-            if op == OP["delete"]:
-                done = self._table.delete(local)
-            else:
-                done = self._table.update_priorities(local, np.ascontiguousarray(got[found, 1]).view(np.float64))
+            done = apply(local[found], np.ascontiguousarray(got[found, 1:]))
         totals = g.all_gather(np.array([done], dtype=np.int64), f"{OPS[op]}: counting what was applied")
         return int(totals.sum())
 
