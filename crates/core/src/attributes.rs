@@ -70,6 +70,31 @@ impl Attributes {
         self.offsets[i]
     }
 
+    /// Writes attribute `i` of every record of `records` (records end to end) into
+    /// `out`, one value after another: the column the wire and numpy take. `out`
+    /// holds `records.len() / record()` values of the attribute's size.
+    pub fn column_into(&self, i: usize, records: &[u8], out: &mut [u8]) {
+        let (at, size) = (self.offsets[i], self.specs[i].dtype.itemsize());
+        for (dst, rec) in out.chunks_exact_mut(size).zip(records.chunks_exact(self.record)) {
+            dst.copy_from_slice(&rec[at..at + size]);
+        }
+    }
+
+    /// Every attribute's column of `records` (`n` records end to end); empty
+    /// without attributes or when `records` does not hold `n` of them.
+    pub fn columns(&self, records: &[u8], n: usize) -> Vec<Vec<u8>> {
+        if self.record == 0 || records.len() != n * self.record {
+            return Vec::new();
+        }
+        (0..self.specs.len())
+            .map(|i| {
+                let mut column = vec![0u8; n * self.specs[i].dtype.itemsize()];
+                self.column_into(i, records, &mut column);
+                column
+            })
+            .collect()
+    }
+
     pub fn find(&self, name: &str) -> Option<usize> {
         self.specs.iter().position(|s| s.name == name)
     }
@@ -178,6 +203,22 @@ mod tests {
         assert_eq!((a.offset(0), a.offset(1), a.offset(2)), (0, 8, 12));
         assert_eq!(a.version("max_staleness").unwrap(), 0);
         assert_eq!(a.find("ok"), Some(2));
+    }
+
+    #[test]
+    fn columns_transpose_records() {
+        let a = Attributes::new(vec![spec("version", DType::Int64), spec("ok", DType::Bool)]).unwrap();
+        let mut records = Vec::new();
+        for (v, ok) in [(7i64, 1u8), (-2, 0), (40, 1)] {
+            records.extend_from_slice(&v.to_le_bytes());
+            records.push(ok);
+        }
+        let c = a.columns(&records, 3);
+        let versions: Vec<i64> = c[0].chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap())).collect();
+        assert_eq!(versions, [7, -2, 40]);
+        assert_eq!(c[1], [1, 0, 1]);
+        assert!(a.columns(&records, 2).is_empty()); // not 2 records
+        assert!(Attributes::default().columns(&[], 5).is_empty());
     }
 
     #[test]

@@ -94,10 +94,7 @@ pub fn attribute_arrays<'py>(py: Python<'py>, schema: &Attributes, records: &[u8
     for (i, spec) in schema.specs().iter().enumerate() {
         let dtype: Py<PyArrayDescr> = PyArrayDescr::new(py, spec.dtype.name())?.unbind();
         let (array, mut column) = new_array(py, &[n], &dtype, false)?;
-        let (at, size) = (schema.offset(i), spec.dtype.itemsize());
-        for (dst, rec) in column.bytes().chunks_exact_mut(size).zip(records.chunks_exact(record)) {
-            dst.copy_from_slice(&rec[at..at + size]);
-        }
+        schema.column_into(i, records, column.bytes());
         out.set_item(&spec.name, array)?;
     }
     Ok(out)

@@ -476,8 +476,7 @@ impl PyTable {
         summary_size: u64,
         summary_mass: f64,
     ) -> PyResult<Bound<'py, PyArray1<u32>>> {
-        let targets = planned_targets(py, by_mass, &index, &mass)?;
-        let summary = reprise_core::cluster::plan::ShardFigures { size: summary_size, mass: summary_mass };
+        let (targets, summary) = planned(py, by_mass, &index, &mass, summary_size, summary_mass)?;
         Ok(PyArray1::from_vec(py, py.detach(|| self.table.planned_lengths(&targets, &summary))))
     }
 
@@ -495,8 +494,7 @@ impl PyTable {
         summary_size: u64,
         summary_mass: f64,
     ) -> PyResult<(PySampleRows, Bound<'py, PyArray1<bool>>)> {
-        let targets = planned_targets(py, by_mass, &index, &mass)?;
-        let summary = reprise_core::cluster::plan::ShardFigures { size: summary_size, mass: summary_mass };
+        let (targets, summary) = planned(py, by_mass, &index, &mass, summary_size, summary_mass)?;
         let (batch, filled) = py.detach(|| self.table.draw_planned(&targets, divisor, table_size, &summary));
         Ok((PySampleRows::new(HeldRows::InProcess(batch)), PyArray1::from_vec(py, filled)))
     }
@@ -530,19 +528,23 @@ impl PyTable {
     }
 }
 
-/// A plan's targets for this shard: `mass` when `by_mass`, else `index`.
-fn planned_targets(
+/// A plan's targets for this shard (`mass` when `by_mass`, else `index`) and the
+/// figures the shard reported for the step.
+fn planned(
     py: Python<'_>,
     by_mass: bool,
     index: &PyReadonlyArray1<'_, u64>,
     mass: &PyReadonlyArray1<'_, f64>,
-) -> PyResult<Vec<reprise_core::cluster::plan::Target>> {
-    use reprise_core::cluster::plan::Target;
-    Ok(if by_mass {
+    summary_size: u64,
+    summary_mass: f64,
+) -> PyResult<(Vec<reprise_core::cluster::plan::Target>, reprise_core::cluster::plan::ShardFigures)> {
+    use reprise_core::cluster::plan::{ShardFigures, Target};
+    let targets = if by_mass {
         mass.as_slice().map_err(|_| invalid(py, "mass must be contiguous".into()))?.iter().map(|&m| Target::Mass(m)).collect()
     } else {
         index.as_slice().map_err(|_| invalid(py, "index must be contiguous".into()))?.iter().map(|&i| Target::Index(i)).collect()
-    })
+    };
+    Ok((targets, ShardFigures { size: summary_size, mass: summary_mass }))
 }
 
 /// `(keys, found)`.

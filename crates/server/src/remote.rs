@@ -459,28 +459,6 @@ impl InsertSession {
     }
 }
 
-/// The attribute columns of `n` items' records laid out by `schema`: one per
-/// attribute, its values end to end.
-fn attribute_columns(schema: &Attributes, records: &[u8], n: usize) -> Vec<Bytes> {
-    let record = schema.record();
-    if record == 0 || records.len() != n * record {
-        return Vec::new();
-    }
-    schema
-        .specs()
-        .iter()
-        .enumerate()
-        .map(|(i, spec)| {
-            let (at, size) = (schema.offset(i), spec.dtype.itemsize());
-            let mut column = Vec::with_capacity(n * size);
-            for rec in records.chunks_exact(record) {
-                column.extend_from_slice(&rec[at..at + size]);
-            }
-            Bytes::from(column)
-        })
-        .collect()
-}
-
 /// The messages of a drawn batch: its items and the chosen columns, `[n, T, row]`
 /// each, zero past an item's length, in parts of at most `part_bytes` column bytes
 /// (whole items where they fit; an item larger than a part is split by column and
@@ -501,7 +479,7 @@ pub fn sample_parts(mut batch: SampleBatch, fields: &[usize], partial: bool, par
         columns: Vec::new(),
         partial,
         more: false,
-        attributes: attribute_columns(schema, &records, n),
+        attributes: schema.columns(&records, n).into_iter().map(Bytes::from).collect(),
     };
     let strides: Vec<usize> = fields.iter().map(|&c| t as usize * batch.store().row_bytes(c)).collect();
     let item_bytes: usize = strides.iter().sum();
