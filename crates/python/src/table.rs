@@ -64,6 +64,37 @@ type ResidentChanges<'py> = (
 /// What `admit` returns (see there).
 type Admission<'py> = (usize, u64, u64, u64, bool, u32, u32, PySampleRows, Option<Bound<'py, PyAny>>, ResidentChanges<'py>);
 
+impl PyTable {
+    /// A draw as `sample` and `sample_tokens` make it: Ctrl-C and a lone table
+    /// (no writer can ever fill it) end the wait, an error says how many items
+    /// (`want`) were asked for, and the batch becomes a `reprise.Sample` of the
+    /// chosen fields with its attributes (`packed`: rows end to end).
+    fn draw<'py>(
+        &self,
+        py: Python<'py>,
+        timeout: Option<f64>,
+        fields: Option<Vec<String>>,
+        want: u64,
+        packed: bool,
+        draw: impl for<'w> FnOnce(&Table, Wait<'w>) -> reprise_core::Result<reprise_core::SampleBatch> + Send,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let timeout = timeout::parse(py, timeout)?;
+        let select = crate::arrays::select_fields(py, self.table.store().signature(), fields)?;
+        let signals = Signals::default();
+        let alone = Alone::new(&self.table, false, timeout);
+        let check = || signals.check() || alone.check();
+        let wait = Wait { timeout, interrupt: Some(&check) };
+        let mut batch = py
+            .detach(|| draw(&self.table, wait))
+            .map_err(|e| to_py(py, alone.explain(e, want), select.as_deref(), signals.take()))?;
+        if self.table.config().attributes.is_empty() && !packed {
+            return sample_object(py, batch, select.as_deref());
+        }
+        let records = std::mem::take(&mut batch.attributes);
+        sample_with(py, batch, select.as_deref(), &self.table.config().attributes, &records, packed)
+    }
+}
+
 #[pymethods]
 impl PyTable {
     #[new]
@@ -206,39 +237,16 @@ impl PyTable {
     /// `packed`: the rows end to end (`packed_data`), as a token sample has them.
     #[pyo3(signature = (n, timeout=None, fields=None, packed=false))]
     fn sample<'py>(&self, py: Python<'py>, n: i64, timeout: Option<f64>, fields: Option<Vec<String>>, packed: bool) -> PyResult<Bound<'py, PyAny>> {
-        let timeout = timeout::parse(py, timeout)?;
         let n = non_negative(py, &format!("table '{}': sample size", self.table.name()), n, 1)? as usize;
-        let select = crate::arrays::select_fields(py, self.table.store().signature(), fields)?;
-        let signals = Signals::default();
-        let alone = Alone::new(&self.table, false, timeout);
-        let check = || signals.check() || alone.check();
-        let wait = Wait { timeout, interrupt: Some(&check) };
-        let mut batch = py
-            .detach(|| self.table.sample(n, wait))
-            .map_err(|e| to_py(py, alone.explain(e, n as u64), select.as_deref(), signals.take()))?;
-        if self.table.config().attributes.is_empty() && !packed {
-            return sample_object(py, batch, select.as_deref());
-        }
-        let records = std::mem::take(&mut batch.attributes);
-        sample_with(py, batch, select.as_deref(), &self.table.config().attributes, &records, packed)
+        self.draw(py, timeout, fields, n as u64, packed, |table, wait| table.sample(n, wait))
     }
 
     /// Draws whole items until the next would pass `budget` steps; returns a
     /// `reprise.Sample` whose rows are packed end to end (`packed_data`).
     #[pyo3(signature = (budget, timeout=None, fields=None))]
     fn sample_tokens<'py>(&self, py: Python<'py>, budget: i64, timeout: Option<f64>, fields: Option<Vec<String>>) -> PyResult<Bound<'py, PyAny>> {
-        let timeout = timeout::parse(py, timeout)?;
         let budget = non_negative(py, &format!("table '{}': tokens", self.table.name()), budget, 1)?;
-        let select = crate::arrays::select_fields(py, self.table.store().signature(), fields)?;
-        let signals = Signals::default();
-        let alone = Alone::new(&self.table, false, timeout);
-        let check = || signals.check() || alone.check();
-        let wait = Wait { timeout, interrupt: Some(&check) };
-        let mut batch = py
-            .detach(|| self.table.sample_tokens(budget, wait))
-            .map_err(|e| to_py(py, alone.explain(e, 1), select.as_deref(), signals.take()))?;
-        let records = std::mem::take(&mut batch.attributes);
-        sample_with(py, batch, select.as_deref(), &self.table.config().attributes, &records, true)
+        self.draw(py, timeout, fields, 1, true, |table, wait| table.sample_tokens(budget, wait))
     }
 
     /// `[(name, dtype)]` of the item attributes.

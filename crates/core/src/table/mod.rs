@@ -373,9 +373,13 @@ impl State {
         }
     }
 
-    /// An arriving item already stale: it is dropped, and with groups so is the
-    /// rest of its pending group (a group is as old as its oldest member).
-    fn drop_stale_arrival(&mut self, record: &[u8], store: &Store) {
+    /// Whether an arriving item (its `record`) is already stale; if so it is
+    /// dropped, and with groups so is the rest of its pending group (a group is as
+    /// old as its oldest member).
+    fn dropped_stale(&mut self, record: &[u8], store: &Store) -> bool {
+        if !self.versions.as_ref().is_some_and(|v| v.is_stale(record)) {
+            return false;
+        }
         let mut dropped = 1;
         if let Some(slot) = self.groups.as_ref().and_then(|g| g.pending_of(g.id_of(record))) {
             dropped += self.remove(slot, store);
@@ -383,6 +387,7 @@ impl State {
         if let Some(v) = &mut self.versions {
             v.stale_dropped += dropped;
         }
+        true
     }
 
     /// What a draw picks among: admitted groups with groups, else items.
@@ -639,8 +644,7 @@ impl Table {
         while keys.len() < items.len() {
             // A late rollout is normal: an item already too old is dropped here,
             // before the limiter, which never counts it.
-            if st.versions.as_ref().is_some_and(|v| v.is_stale(record_of(keys.len()))) {
-                st.drop_stale_arrival(record_of(keys.len()), &sh.store);
+            if st.dropped_stale(record_of(keys.len()), &sh.store) {
                 keys.push(DROPPED);
                 continue;
             }
@@ -671,8 +675,7 @@ impl Table {
             let mut granted = permits;
             while granted > 0 && keys.len() < items.len() {
                 let i = keys.len();
-                if st.versions.as_ref().is_some_and(|v| v.is_stale(record_of(i))) {
-                    st.drop_stale_arrival(record_of(i), &sh.store);
+                if st.dropped_stale(record_of(i), &sh.store) {
                     keys.push(DROPPED);
                     continue;
                 }
