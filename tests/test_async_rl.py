@@ -267,6 +267,57 @@ def test_a_token_budget_packs_whole_items_with_no_padding_anywhere():
             assert (s.data["token"][i, n:] == 0).all()
 
 
+@pytest.mark.parametrize("where", ["gpu-path", "device-store"])
+def test_a_device_gathers_a_token_sample_packed_as_the_host_does(where):
+    """The GPU path (emulated on the CPU: the same code with "cuda" mapped to the
+    CPU) gathers a token sample straight into the packed layout, one row number per
+    step: from host memory with device="cuda", from a device store's columns. Same
+    seed, same draw: the packed rows, lengths, keys and attributes equal the host's."""
+    torch = pytest.importorskip("torch")
+    rt = pytest.importorskip("reprise.torch")
+    from reprise.torch.collect import wait_released
+    rt.emulate_cuda(True)
+    try:
+        lengths = np.random.default_rng(8).integers(1, 200, size=40)
+        host_store = token_store()
+        host = rp.Table("h", host_store, max_size=100, seed=9)
+        other_store = token_store() if where == "gpu-path" else rp.Store(SIG, capacity=1 << 16, block_steps=256,
+                                                                         device="cuda")
+        other = rp.Table("o", other_store, max_size=100, seed=9)
+        for table in (host, other):
+            with table.store.writer() as w:
+                for i, n in enumerate(lengths):
+                    toks = (i * 100_000 + np.arange(n)).astype(np.int32)
+                    w.extend({"token": toks, "logprob": -toks.astype(np.float32), "mask": toks % 2 == 0})
+                    w.create_item(table, num_steps=int(n), priority=1.0)
+                    w.end_episode()
+        for budget in (250, 2000):
+            want = host.sample(tokens=budget)
+            got = other.sample(tokens=budget, device="cuda" if where == "gpu-path" else None)
+            assert got.packed_data is not None
+            assert np.array_equal(got.keys & 0xFFFFFFFF, want.keys & 0xFFFFFFFF)  # the same slots
+            assert np.array_equal(got.lengths, want.lengths) and got.table_size == want.table_size
+            for name in SIG:
+                g = got.packed_data[name]
+                g = g.cpu().numpy() if torch.is_tensor(g) else g
+                assert g.shape == (want.num_steps,)
+                np.testing.assert_array_equal(g, want.packed_data[name])
+            p = got.packed()
+            assert p.total_steps == want.num_steps and np.array_equal(np.asarray(p.cu_seqlens),
+                                                                      want.packed().cu_seqlens)
+            padded = got.data["token"]
+            padded = padded.cpu().numpy() if torch.is_tensor(padded) else padded
+            np.testing.assert_array_equal(padded, want.data["token"])  # padded on demand, zeros past the end
+        with pytest.raises(rp.errors.InvalidArgument, match="more than the whole token budget of 1"):
+            other.sample(tokens=1, device="cuda" if where == "gpu-path" else None)
+        assert other.info()["num_samples"] == host.info()["num_samples"]
+        wait_released(10)
+        host_store.close()
+        other_store.close()
+    finally:
+        rt.emulate_cuda(False)
+
+
 def test_a_padded_sample_packs_to_the_same_layout():
     store = token_store()
     t = rp.Table("r", store, sampler=rp.selectors.Fifo(), max_size=100, attributes=ATTRS)

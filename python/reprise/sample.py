@@ -61,6 +61,11 @@ class _Padded(Mapping):
         return len(self._packed)
 
 
+def padded_view(packed: dict, lengths) -> Mapping:
+    """``data`` for packed rows: each field padded to ``[n, T, ...]`` when first read."""
+    return _Padded(packed, np.asarray(lengths))
+
+
 def _pad(flat, lengths: np.ndarray):
     """``[n, longest, ...]`` of packed rows, zeros past each item's length (numpy,
     or torch on the packed rows' device)."""

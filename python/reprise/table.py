@@ -16,7 +16,7 @@ from ._convert import as_int
 from .errors import CapacityWarning, InvalidArgument, NotFound
 from .extensions import Extension, _from_spec, _specs_json
 from .rate_limiters import MinSize, Queue, RateLimiter, Stack
-from .sample import Sample
+from .sample import Sample, padded_view
 from .selectors import Fifo, Lifo, Selector, Uniform
 from .store import Store
 from .torch._device import host_tensors, is_host_device, torch_module
@@ -36,9 +36,14 @@ def _collect(rows, columns, fields, to_host=False, stream=None, schema=None) -> 
 
 
 def _to_host(s: Sample) -> Sample:
-    """``s`` with its device tensors copied into numpy arrays."""
-    s.data = {k: v.cpu().numpy() for k, v in s.data.items()}
+    """``s`` with its device tensors copied into numpy arrays (a packed sample's
+    ``packed_data``, its padded ``data`` made from them when read)."""
     s.attributes = {k: v.cpu().numpy() for k, v in s.attributes.items()}
+    if s.packed_data is not None:
+        s.packed_data = {k: v.cpu().numpy() for k, v in s.packed_data.items()}
+        s.data = padded_view(s.packed_data, s.lengths)
+        return s
+    s.data = {k: v.cpu().numpy() for k, v in s.data.items()}
     return s
 
 
@@ -342,14 +347,30 @@ class Table:
         return self._draw(n, timeout, fields, columns)
 
     def _sample_tokens(self, tokens, timeout, fields, device) -> Sample:
-        """``sample(tokens=...)``: drawn and packed on the host (then moved to ``device``)."""
-        if self._selection is not None or self._store._device_columns is not None:
+        """``sample(tokens=...)``: packed on the host from a host store; gathered
+        packed by the device from a device store, or from host memory when
+        ``device`` is a GPU (``reprise.torch.collect``, one row number per step)."""
+        if self._selection is not None:
             raise InvalidArgument(f"table '{self.name}': sample(tokens=...) needs a table that selects on the host "
-                                  f"over a host store in this version")
+                                  f"(no selection_device) in this version")
         self._check_fields(fields)
-        if device is not None:
-            torch_module()  # before drawing: without torch the call changes nothing
-        s = self._native.sample_tokens(tokens, timeout, fields)
+        device_columns = self._store._device_columns
+        if is_host_device(device) and device_columns is None:
+            if device is not None:
+                torch_module()  # before drawing: without torch the call changes nothing
+            s = self._native.sample_tokens(tokens, timeout, fields)
+            return s if device is None else s.to(device)
+        from .torch.collect import collect_rows
+        if is_host_device(device):
+            columns = device_columns
+        else:
+            from .torch import resolve
+            columns = self._store._columns_for(resolve(device))  # before drawing: bad devices change nothing
+        rows = self._native.sample_tokens_rows(tokens, timeout)
+        s = collect_rows(rows, columns, fields, None, self._native.attributes, packed=True)
+        if not is_host_device(device):
+            return s
+        s = _to_host(s)
         return s if device is None else s.to(device)
 
     def _draw(self, n, timeout, fields, columns, to_host=False, stream=None) -> Sample:

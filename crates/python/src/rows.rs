@@ -127,6 +127,17 @@ type Indexed<'py> = (
     bool,
 );
 
+type PackedIndex<'py> = (
+    Bound<'py, PyArray1<u64>>,
+    Bound<'py, PyArray1<f64>>,
+    Bound<'py, PyArray1<f64>>,
+    Bound<'py, PyArray1<i64>>,
+    u64,
+    Bound<'py, PyArray1<i64>>,
+    usize,
+    bool,
+);
+
 /// `(keys, probabilities, priorities, times_sampled, table_size, lengths)` of `c`'s items.
 fn meta_of<'py>(py: Python<'py>, c: &dyn Collect) -> Meta<'py> {
     let items = c.items();
@@ -138,6 +149,25 @@ fn meta_of<'py>(py: Python<'py>, c: &dyn Collect) -> Meta<'py> {
         c.table_size(),
         PyArray1::from_iter(py, items.iter().map(|i| i.length as i64)),
     )
+}
+
+/// Writes the row numbers of every step of `c`'s items, end to end, into `dst`;
+/// `Ok(total steps)`, or `Err(total)` when `dst` is shorter than that.
+fn write_packed_index(c: &dyn Collect, dst: &mut [i64]) -> Result<usize, usize> {
+    let total: usize = c.items().iter().map(|i| i.length as usize).sum();
+    if dst.len() < total {
+        return Err(total);
+    }
+    let mut at = 0;
+    for item in c.items() {
+        for r in item.window.ranges() {
+            for k in 0..r.len as u64 {
+                dst[at] = (r.start + k) as i64;
+                at += 1;
+            }
+        }
+    }
+    Ok(total)
 }
 
 /// Writes the row numbers `[n, T]` of `c`'s items into `dst` (-1 past an item's
@@ -206,6 +236,23 @@ impl PySampleRows {
         };
         let (keys, probabilities, priorities, times_sampled, table_size, lengths) = meta_of(py, c);
         Ok((keys, probabilities, priorities, times_sampled, table_size, lengths, n, t, ragged, filled))
+    }
+
+    /// `meta()` and the row numbers of every step of the items end to end (the
+    /// packed layout) in one call: `(keys, probabilities, priorities,
+    /// times_sampled, table_size, lengths, total_steps, filled)`; `filled` is False
+    /// (and `out` untouched) when `out` holds fewer than `total_steps` entries.
+    fn packed_index<'py>(&self, py: Python<'py>, out: &Bound<'py, numpy::PyArray1<i64>>) -> PyResult<PackedIndex<'py>> {
+        let mut out = out.try_readwrite().map_err(|e| invalid(py, format!("packed_index needs a writable int64 array: {e}")))?;
+        let dst = out.as_slice_mut().map_err(|e| invalid(py, format!("packed_index needs a contiguous array: {e}")))?;
+        let guard = self.inner.lock();
+        let c = guard.as_ref().ok_or_else(|| released(py))?.collect();
+        let (total, filled) = match write_packed_index(c, dst) {
+            Ok(total) => (total, true),
+            Err(total) => (total, false),
+        };
+        let (keys, probabilities, priorities, times_sampled, table_size, lengths) = meta_of(py, c);
+        Ok((keys, probabilities, priorities, times_sampled, table_size, lengths, total, filled))
     }
 
     /// The rows copied out on the host: a `reprise.Sample` of numpy arrays. Releases.

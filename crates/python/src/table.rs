@@ -305,6 +305,22 @@ impl PyTable {
         Ok(PySampleRows::new(HeldRows::InProcess(batch)))
     }
 
+    /// Draws whole items until the next would pass `budget` steps (as
+    /// `sample_tokens`) and keeps their rows held: a `SampleRows` for a collector
+    /// that gathers them packed.
+    fn sample_tokens_rows(&self, py: Python<'_>, budget: i64, timeout: Option<f64>) -> PyResult<PySampleRows> {
+        let timeout = timeout::parse(py, timeout)?;
+        let budget = non_negative(py, &format!("table '{}': tokens", self.table.name()), budget, 1)?;
+        let signals = Signals::default();
+        let alone = Alone::new(&self.table, false, timeout);
+        let check = || signals.check() || alone.check();
+        let wait = Wait { timeout, interrupt: Some(&check) };
+        let batch = py
+            .detach(|| self.table.sample_tokens(budget, wait))
+            .map_err(|e| rows_error(py, alone.explain(e, 1), signals.take()))?;
+        Ok(PySampleRows::new(HeldRows::InProcess(batch)))
+    }
+
     /// External selection: draws up to n items in total into `rows` (a fresh
     /// batch when None) from candidates `(slots, seqs, probabilities)`. Returns
     /// `(rows, starved)`; `starved` means the candidates ran out first.

@@ -196,10 +196,12 @@ def gather(columns, names, idx, n: int, t: int, ragged: bool) -> dict:
     return data
 
 
-def collect_rows(rows, columns, fields=None, stream=None, schema=None) -> Sample:
+def collect_rows(rows, columns, fields=None, stream=None, schema=None, packed: bool = False) -> Sample:
     """Gathers ``rows`` (a ``SampleRows``) from ``columns`` (``HostColumns`` or
     ``DeviceColumns``) into a ``Sample`` whose ``data`` holds device tensors, and
     whose ``attributes`` (by ``schema``, ``[(name, dtype)]``) are on that device too.
+    ``packed``: the items' steps end to end, ``[total_steps, *shape]``, gathered
+    straight into that layout (``packed_data``; no padded intermediate).
 
     Work is queued on ``stream`` (default: the current stream); the tensors are
     ready when that stream reaches this point. The rows are released once it has.
@@ -211,12 +213,19 @@ def collect_rows(rows, columns, fields=None, stream=None, schema=None) -> Sample
     k = -1
     try:
         k, buf = staging.take(0)
-        keys, probabilities, priorities, times_sampled, table_size, lengths, n, t, ragged, filled = \
-            rows.index(buf.numpy())
-        if not filled:  # longer items than the buffer holds: a bigger one
-            staging.done(k, None)
-            k, buf = staging.take(n * t)
-            n, t, ragged = rows.fill_index(buf.numpy())
+        if packed:  # one row number per step, items end to end: a [1, total] gather
+            *meta, total, filled = rows.packed_index(buf.numpy())
+            if not filled:
+                staging.done(k, None)
+                k, buf = staging.take(total)
+                *meta, total, filled = rows.packed_index(buf.numpy())
+            n, t, ragged = 1, total, False
+        else:
+            *meta, n, t, ragged, filled = rows.index(buf.numpy())
+            if not filled:  # longer items than the buffer holds: a bigger one
+                staging.done(k, None)
+                k, buf = staging.take(n * t)
+                n, t, ragged = rows.fill_index(buf.numpy())
         context = use_stream(stream) if stream is not None else contextlib.nullcontext()
         with context:
             columns.wait_for_writes(stream)
@@ -232,7 +241,11 @@ def collect_rows(rows, columns, fields=None, stream=None, schema=None) -> Sample
         rows.release()
         raise
     release_after(rows, event, dev)
+    keys, probabilities, priorities, times_sampled, table_size, lengths = meta
     torch = torch_module()
     attributes = {k: torch.from_numpy(v).to(dev) for k, v in arrays(schema, raw, len(keys)).items()}
-    return Sample(keys=keys, probabilities=probabilities, priorities=priorities, times_sampled=times_sampled,
-                  table_size=int(table_size), lengths=lengths, data=data, attributes=attributes)
+    fields = dict(keys=keys, probabilities=probabilities, priorities=priorities, times_sampled=times_sampled,
+                  table_size=int(table_size), lengths=lengths, attributes=attributes)
+    if packed:
+        return Sample._packed({name: v[0] for name, v in data.items()}, **fields)
+    return Sample(**fields, data=data)
