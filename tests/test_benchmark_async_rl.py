@@ -78,3 +78,16 @@ def test_async_rl_full_run_sizes_are_the_issues(monkeypatch):
     seqs = Sequences(cfg, cfg.insert_groups)  # ~4M tokens, lengths inside the range
     assert 3_500_000 < seqs.tokens < 4_500_000, seqs.describe()
     assert seqs.lengths.min() >= 256 and seqs.lengths.max() <= 16_384
+
+
+def test_gpu_packed_gather_benchmark_runs_emulated(tmp_path):
+    """The GPU packed-gather benchmark's smoke run with "cuda" mapped to the CPU: it
+    draws, checks every draw and reports both rates (the numbers are noise here)."""
+    pytest.importorskip("torch")
+    out = tmp_path / "gpu_packed.json"
+    r = subprocess.run([sys.executable, "-m", "benchmarks.async_rl.gpu_packed", "--emulate", "--quick",
+                        "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, f"exit {r.returncode}\n--- stdout\n{r.stdout[-3000:]}\n--- stderr\n{r.stderr[-6000:]}"
+    report = json.loads(out.read_text())
+    assert report["emulated"] and report["packed_gather"]["gbps"] > 0 and report["pinned_memcpy"]["gbps"] > 0
+    assert report["packed_gather"]["tokens_per_call_median"] > 0 and report["ratio"] > 0

@@ -34,6 +34,7 @@ tests)
   for d in gpu apex offline; do cp /tmp/demo_$d/summary.json "$OUT/demo_$d.json" 2>/dev/null || echo "no summary for $d"; done
   ;;
 bench)
+  step 40 python3 -m benchmarks.async_rl.gpu_packed --out "$OUT/gpu_packed.json" 2>&1 | tail -5
   step 250 python3 -m benchmarks.gpu.compare --budget 190 --rows 400,4096,409600 --out "$OUT/gpu.json" 2>&1 | tail -45
   mkdir -p /mnt/huge && (mount -t tmpfs -o huge=within_size,size=8G tmpfs /mnt/huge 2>&1 || true)
   step 70 python3 -m benchmarks.gpu.compare --only memcpy,collect --no-peers --rows 4096 --batches 1024,4096 \
