@@ -728,3 +728,40 @@ def test_group_members_from_several_processes_while_the_version_moves(served):
     info = g.info()
     assert written == info["num_inserts"] + info["stale_dropped"]
     assert info["num_inserts"] == info["size"] + info["groups"]["pending_items"] + info["stale_removed"]
+
+
+def runs(ids) -> list[int]:
+    """The lengths of the runs of equal values in ``ids``."""
+    ids = list(ids)
+    out = []
+    for i, g in enumerate(ids):
+        if i and ids[i - 1] == g:
+            out[-1] += 1
+        else:
+            out.append(1)
+    return out
+
+
+def test_split_can_keep_groups_whole():
+    """split(k, groups=True): each drawn group's members land in one part, side by
+    side, and the parts' token sums stay within one group of each other (LPT over
+    the drawn groups). The plain split is the negative control: it cuts groups."""
+    G = 4
+    store = token_store(capacity=1 << 17)
+    t = grouped_table(store, G=G, seed=6)
+    write_groups(t, range(30), G, length=lambda i: 1 + (i * 37) % 90)
+    s = t.sample(tokens=3000)
+    assert all(r % G == 0 for r in runs(s.attributes["group"].tolist()))
+    group_steps = max(int(s.lengths[i:i + G].sum()) for i in range(0, len(s), G))
+    for k in (2, 3, 5):
+        parts = s.split(k, groups=True)
+        assert sorted(np.concatenate([p.keys for p in parts]).tolist()) == sorted(s.keys.tolist())
+        for p in parts:
+            assert all(r % G == 0 for r in runs(p.attributes["group"].tolist()))
+        loads = [p.num_steps for p in parts]
+        assert max(loads) - min(loads) <= 2 * group_steps  # a run may hold one group drawn twice
+    assert any(r % G for p in s.split(3) for r in runs(p.attributes["group"].tolist()))  # the control
+    with pytest.raises(rp.errors.InvalidArgument, match="needs the attribute 'group'"):
+        rp.Sample(keys=s.keys, probabilities=s.probabilities, priorities=s.priorities,
+                  times_sampled=s.times_sampled, table_size=s.table_size, lengths=s.lengths).split(2, groups=True)
+    store.close()

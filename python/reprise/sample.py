@@ -156,19 +156,32 @@ class Sample:
         return Packed({k: _move(v, device) for k, v in data.items()}, _move(cu, device), _move(lengths, device),
                       max_seqlen, device)
 
-    def split(self, k: int, balance: str = "tokens") -> list["Sample"]:
+    def split(self, k: int, balance: str = "tokens", groups: bool = False) -> list["Sample"]:
         """k samples whose token counts are near equal (longest items first, each
         to the part with the fewest tokens so far: LPT). Every item goes to exactly
         one part, in draw order within it; a part may be empty when k > n. Each part
         keeps its items' keys, probabilities and attributes, and packs as a sample
-        does (for one data-parallel rank or one gradient-accumulation step)."""
+        does (for one data-parallel rank or one gradient-accumulation step).
+        ``groups=True`` keeps groups whole: the runs of side-by-side items with the
+        same ``attributes["group"]`` (a group-table draw's layout) move as one."""
         if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
             raise InvalidArgument(f"split: k must be an int >= 1, got {k!r}")
         if balance not in ("tokens", "items"):
             raise InvalidArgument(f"split: balance must be 'tokens' or 'items', got {balance!r}")
         lengths = np.asarray(self.lengths, dtype=np.int64)
-        parts = balanced_parts(lengths if balance == "tokens" else np.ones_like(lengths), int(k))
-        return [self._subset(np.asarray(p, dtype=np.int64)) for p in parts]
+        weights = lengths if balance == "tokens" else np.ones_like(lengths)
+        if not groups:
+            parts = balanced_parts(weights, int(k))
+            return [self._subset(np.asarray(p, dtype=np.int64)) for p in parts]
+        if "group" not in self.attributes:
+            raise InvalidArgument(f"split(groups=True) needs the attribute 'group'; this sample has "
+                                  f"{sorted(self.attributes)}")
+        ids = _host(self.attributes["group"])
+        starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]]) if len(ids) else np.zeros(0, np.int64)
+        ends = np.r_[starts[1:], len(ids)].astype(np.int64)
+        units = balanced_parts(np.add.reduceat(weights, starts) if len(ids) else weights, int(k))
+        return [self._subset(np.concatenate([np.arange(starts[u], ends[u]) for u in p]).astype(np.int64)
+                             if p else np.zeros(0, np.int64)) for p in units]
 
     def _subset(self, idx: np.ndarray) -> "Sample":
         """The items ``idx`` of this sample, in that order."""
