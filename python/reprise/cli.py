@@ -3,6 +3,7 @@
     reprise demo apex [options]       distributed Ape-X DQN on Reprise (CartPole by default)
     reprise demo offline [options]    import a generated dataset, train a Decision Transformer
     reprise demo gpu [options]        vectorised CartPole on the device, a device store, a learner there
+    reprise demo grpo [options]       asynchronous GRPO: rollout workers and a trainer, a transformer learns to sort
     reprise import PATH --out DIR     load a D4RL/Minari/npz dataset into a store, save a checkpoint
     reprise serve --config FILE       serve tables over gRPC (stores, tables, address, token, TLS)
     reprise aggregate [--config FILE] the in-network gradient aggregation daemon (UDP; iSwitch)
@@ -28,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     if command == "demo":
         demos = {"apex": "reprise.examples.apex", "offline": "reprise.examples.offline",
-                 "gpu": "reprise.examples.gpu"}
+                 "gpu": "reprise.examples.gpu", "grpo": "reprise.examples.grpo"}
         if not rest or rest[0] not in demos:
             print(f"usage: reprise demo {{{','.join(demos)}}} [options]", file=sys.stderr)
             return 2

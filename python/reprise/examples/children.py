@@ -1,0 +1,86 @@
+"""A demo's worker processes, as its supervisor sees them: started (spawn), restarted when
+they exit, given up on when one keeps failing, and stopped.
+
+A child starts with SIGINT blocked and ignores it (``stopping.child_setup``): the terminal's
+Ctrl-C reaches every process of the foreground group, and only the supervisor acts on it.
+The supervisor stops the children with SIGTERM, which ends them at once and without a
+traceback (SIGKILL after 5 s), before it stops the server, so that no child sees its
+connection lost. A child also gets SIGTERM if the supervisor dies without stopping it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+
+from .stopping import StopSignals, block_sigint
+
+FAILURE_WINDOW_S = 60.0   # a process that exits this many times ...
+FAILURES_TO_GIVE_UP = 5   # ... within this window is not restarted again
+STOP_GRACE_S = 5.0        # SIGTERM, then SIGKILL after this long
+
+
+def role(name: str) -> str:
+    """The restart counter a process counts under: ``actor-3`` under ``actors``, ``learner``
+    under ``learner``."""
+    head, _, tail = name.rpartition("-")
+    return f"{head}s" if head and tail.isdigit() else name
+
+
+class Children:
+    """Starts processes by name, restarts any that exit, and gives up (``check`` says why) on
+    one that exits ``FAILURES_TO_GIVE_UP`` times within ``FAILURE_WINDOW_S`` seconds: a crash
+    loop is an error to report, not to repeat. ``launch(name, launches)`` gives a name's
+    ``(target, args)`` (``launches`` counts every start, for a fresh seed each time)."""
+
+    def __init__(self, demo: str, launch, stop: StopSignals, roles: list[str]):
+        self.demo, self.launch, self.stop_signals = demo, launch, stop
+        self.ctx = mp.get_context("spawn")
+        self.procs: dict[str, mp.Process] = {}
+        self.restarts = {r: 0 for r in roles}
+        self.exits: dict[str, list[float]] = {}
+        self.launches = 0
+        self.all_pids: set[int] = set()
+
+    def start(self, name: str):
+        self.launches += 1
+        target, args = self.launch(name, self.launches)
+        p = self.ctx.Process(target=target, args=args, name=f"reprise-{self.demo}-{name}", daemon=True)
+        # Held: a signal here lands after the process is recorded (and so stopped later).
+        with self.stop_signals.hold(), block_sigint():
+            p.start()
+            self.procs[name] = p
+            self.all_pids.add(p.pid)
+
+    def check(self, log) -> str | None:
+        """Restarts the processes that exited; returns why the run must end instead when
+        one keeps exiting, else None."""
+        now = time.monotonic()
+        for name, p in list(self.procs.items()):
+            if p.exitcode is None:
+                continue
+            recent = [t for t in self.exits.get(name, []) if now - t < FAILURE_WINDOW_S] + [now]
+            self.exits[name] = recent
+            if len(recent) >= FAILURES_TO_GIVE_UP:
+                return (f"{name} exited {len(recent)} times within {FAILURE_WINDOW_S:g} s (last exit code "
+                        f"{p.exitcode}); not restarting it again: see its error above")
+            log(f"{name} (pid {p.pid}) exited with {p.exitcode}: restarting it")
+            self.restarts[role(name)] = self.restarts.get(role(name), 0) + 1
+            self.start(name)
+        return None
+
+    def pids(self) -> dict:
+        return {name: p.pid for name, p in self.procs.items()}
+
+    def stop(self):
+        """SIGTERM to every child still running, SIGKILL to those left after ``STOP_GRACE_S``;
+        returns when all have exited. Idempotent."""
+        for p in self.procs.values():
+            if p.exitcode is None:
+                p.terminate()
+        deadline = time.monotonic() + STOP_GRACE_S
+        for p in self.procs.values():
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.exitcode is None:
+                p.kill()
+                p.join()

@@ -1,0 +1,279 @@
+"""The supervisor: owns and serves the tables, runs the trainer and the rollout workers
+(``reprise.examples.children``), shows progress, and at the end writes ``summary.json`` and
+``grpo.png``. ``run(cfg)`` is the whole demo; ``main(argv)`` the command.
+
+A run ends (``summary.json``'s ``ended``) ``solved`` (the trainer's greedy evaluation reached
+``--solve-reward``), at the ``time_limit``, ``failed`` (a process kept exiting: exit 1), or
+``interrupted`` by SIGINT or SIGTERM (exit 130 or 143). Every end takes the same way out: the
+children are stopped before the server, ``summary.json`` is written, then ``grpo.png`` (a
+second signal skips the plot); the server is stopped and the stores closed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+
+from pathlib import Path
+
+import reprise as rp
+
+from .. import rundirs
+from ..children import Children
+from ..devices import device_problem
+from ..progress import ProgressLine
+from ..stopping import Interrupted, StopSignals, signal_name
+from .config import Config, parse_args
+from .model import num_parameters
+from .plots import plot
+from .rollout import rollout_main
+from .tables import drain, make_tables
+from .task import RANDOM_REWARD, SEQUENCE
+from .trainer import trainer_main
+
+TICK_S = 0.5
+LINE_EVERY_S = 10.0
+
+
+def write_json(path: Path, value) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(value, indent=2))
+    os.replace(tmp, path)
+
+
+class Record:
+    """What happened, as the run goes."""
+
+    def __init__(self, started: float, progress: ProgressLine):
+        self.started, self.progress = started, progress
+        self.phase = "starting"
+        self.lines: list[str] = []
+        self.evals: list[dict] = []
+        self.metrics: list[dict] = []
+        self.history: list[dict] = []
+        self.solved_at = None
+        self.dashboard = None
+
+    def now(self) -> float:
+        return time.time() - self.started
+
+    def log(self, msg: str) -> None:
+        line = f"[{self.now():6.1f}s] {msg}"
+        self.lines.append(line)
+        self.progress.log(line)
+
+
+def children(cfg: Config, address: str, stop: StopSignals) -> Children:
+    def launch(name, launches):
+        seed = cfg.seed * 7919 + launches
+        if name == "trainer":
+            return trainer_main, (cfg, address, seed, os.getpid())
+        return rollout_main, (cfg, int(name.split("-")[1]), address, seed, os.getpid())
+    return Children("grpo", launch, stop, ["trainer", "rollouts"])
+
+
+def train(cfg: Config, rec: Record, kids: Children, tables, out: Path) -> str:
+    """The supervisor's loop; returns ``solved``, ``time_limit`` or ``failed``."""
+    rollouts, _, metrics_q, evals_q = tables
+    trained = 0
+    while True:
+        time.sleep(TICK_S)
+        now = rec.now()
+        got = drain(metrics_q)
+        for i in range(len(got.get("step", []))):
+            m = {"time": now, **{k: (float(v[i]) if k in ("reward", "staleness") else int(v[i]))
+                                 for k, v in got.items()}}
+            rec.metrics.append(m)
+            trained += m["tokens"]
+        got = drain(evals_q)
+        for i in range(len(got.get("step", []))):
+            e = {"time": now, "step": int(got["step"][i]), "greedy_reward": float(got["greedy_reward"][i])}
+            rec.evals.append(e)
+            if e["greedy_reward"] >= cfg.solve_reward and rec.solved_at is None:
+                rec.solved_at = e
+        info = rollouts.info()
+        rec.history.append({"time": now, "generated": info["num_inserts"] * SEQUENCE, "trained": trained})
+        failure = kids.check(rec.log)
+        if failure is not None:
+            rec.log(failure)
+            return "failed"
+        rec.phase = "training" if rec.metrics else "waiting for the processes"
+        last = rec.evals[-1] if rec.evals else None
+        write_json(out / "status.json", {
+            "time": now, "pids": kids.pids(), "restarts": kids.restarts, "trainer_step": len(rec.metrics),
+            "greedy_reward": last["greedy_reward"] if last else None, "version": info["version"],
+            "tokens_generated": info["num_inserts"] * SEQUENCE, "tokens_trained": trained,
+            "dashboard": rec.dashboard})
+        when = f"{now:.0f}/{cfg.time_limit:.0f} s"
+        if last is None:
+            rec.progress.update(0.0, f"{when} | starting the trainer and {cfg.rollout_workers} rollout workers")
+        else:
+            lo = min(e["greedy_reward"] for e in rec.evals)
+            frac = (last["greedy_reward"] - lo) / max(1e-9, cfg.solve_reward - lo)
+            rec.progress.update(min(1.0, max(0.0, frac)),
+                                f"greedy reward {last['greedy_reward']:.3f} of {cfg.solve_reward:g} | {when} | "
+                                f"step {len(rec.metrics)} version {info['version']} | "
+                                f"{info['num_inserts'] * SEQUENCE / max(now, 1e-9):,.0f} tokens/s generated")
+        if rec.solved_at is not None:
+            rec.log(f"solved: greedy reward {rec.solved_at['greedy_reward']:.3f} at trainer step "
+                    f"{rec.solved_at['step']}")
+            return "solved"
+        if now >= cfg.time_limit:
+            rec.log(f"time limit ({cfg.time_limit:g} s) reached")
+            return "time_limit"
+
+
+def run(cfg: Config, stop: StopSignals | None = None) -> dict:
+    """Runs the demo; returns the summary (also written to ``<out>/summary.json``)."""
+    if stop is None:
+        with StopSignals() as own:
+            return run(cfg, own)
+    run_dir = progress = rec = server = kids = ended = None
+    tables = []
+    try:
+        try:
+            with stop.hold():
+                run_dir = rundirs.claim("grpo", cfg.out)
+                cfg = dataclasses.replace(cfg, out=str(run_dir.path))
+                progress = ProgressLine("grpo", every=LINE_EVERY_S)
+                rec = Record(time.time(), progress)
+            rec.log(f"writing to {run_dir.path}; Ctrl-C stops the run and still writes the summary")
+            with stop.hold():
+                tables = make_tables(cfg, num_parameters(cfg.width, cfg.layers))
+                server = rp.Server(tables, name=f"grpo-{os.getpid()}", dashboard_address=cfg.dashboard)
+            if server.dashboard_url is not None:
+                rec.dashboard = server.dashboard_url
+                rec.log(f"dashboard: open {server.dashboard_url} in a browser")
+            kids = children(cfg, server.local_address, stop)
+            rec.log(f"serving rollouts, params, metrics, evals at {server.local_address}; {cfg.rollout_workers} "
+                    f"rollout workers, groups of {cfg.group_size}, max_staleness {cfg.max_staleness}, "
+                    f"{cfg.tokens} tokens a step")
+            rec.phase = "starting the processes"
+            kids.start("trainer")
+            for i in range(cfg.rollout_workers):
+                kids.start(f"rollout-{i}")
+            rec.phase = "waiting for the processes"
+            ended = train(cfg, rec, kids, tables, run_dir.path)
+        except Interrupted:
+            if rec is None:
+                raise
+            ended = "interrupted"
+        stop.stopping()
+        return _finish(cfg, stop, rec, ended, tables, kids, run_dir.path)
+    finally:
+        stop.stopping()
+        if progress is not None:
+            progress.close()
+        if kids is not None:
+            kids.stop()
+        if server is not None:
+            server.stop()
+        for s in {id(t.store): t.store for t in tables}.values():
+            s.close()
+        if run_dir is not None:
+            run_dir.release()
+
+
+def _finish(cfg, stop, rec, ended, tables, kids, out: Path) -> dict:
+    interrupted_in = rec.phase
+    rec.progress.close()
+    if stop.interrupted:
+        rec.log(f"stopped by {signal_name(stop.first)} while {rec.phase}: stopping the processes and writing "
+                f"the summary")
+    rec.phase = "stopping"
+    if kids is not None:
+        kids.stop()
+    info = tables[0].info() if tables else None
+    stats = tables[0].stats().get("staleness", {}) if tables else {}
+    behind = list(stats.get("behind", []))
+    while behind and behind[-1] == 0:
+        behind.pop()
+    elapsed = rec.now()
+    generated = info["num_inserts"] * SEQUENCE if info else 0
+    trained = sum(m["tokens"] for m in rec.metrics)
+    untrained = rec.evals[0]["greedy_reward"] if rec.evals else None
+    summary = {
+        "task": "sort 4 digits of 0-5 (reward: fraction of positions right)",
+        "ended": ended,
+        "interrupted": stop.interrupted,
+        "signal": signal_name(stop.first),
+        "phase": interrupted_in if stop.interrupted else None,
+        "solved": rec.solved_at is not None,
+        "solve_reward": cfg.solve_reward,
+        "solved_at_seconds": rec.solved_at["time"] if rec.solved_at else None,
+        "solved_at_step": rec.solved_at["step"] if rec.solved_at else None,
+        "untrained_greedy_reward": untrained,
+        "random_policy_reward": RANDOM_REWARD,
+        "final_greedy_reward": rec.evals[-1]["greedy_reward"] if rec.evals else None,
+        "best_greedy_reward": max((e["greedy_reward"] for e in rec.evals), default=None),
+        "trainer_steps": len(rec.metrics),
+        "seconds": elapsed,
+        "time_limit": cfg.time_limit,
+        "tokens_generated": generated,
+        "tokens_trained": trained,
+        "tokens_generated_per_second": generated / max(elapsed, 1e-9),
+        "tokens_trained_per_second": trained / max(elapsed, 1e-9),
+        "staleness_trained": behind,
+        "mean_staleness_trained": stats.get("mean_behind"),
+        "stale_removed": info["stale_removed"] if info else 0,
+        "stale_dropped": info["stale_dropped"] if info else 0,
+        "straggler_groups_dropped": info["groups"]["dropped"] if info else 0,
+        "restarts": kids.restarts if kids else {},
+        "evals": rec.evals,
+        "metrics": rec.metrics,
+        "rollouts_info": info,
+        "plot": None,
+        "log": rec.lines,
+        "config": dataclasses.asdict(cfg),
+    }
+    write_json(out / "summary.json", summary)
+    if rec.evals or rec.metrics:
+        rec.phase = "writing the plot"
+        ran, _ = stop.optional(plot, out / "grpo.png", rec.evals, rec.metrics, rec.history, behind,
+                               cfg.solve_reward, untrained,
+                               f"async GRPO on Reprise: {cfg.rollout_workers} rollout workers, G={cfg.group_size}, "
+                               f"max_staleness={cfg.max_staleness}")
+        if ran:
+            summary["plot"] = "grpo.png"
+        else:
+            rec.log(f"plot skipped: stopped by {signal_name(stop.first)}")
+        if stop.interrupted and not summary["interrupted"]:
+            summary.update(interrupted=True, signal=signal_name(stop.first), phase=rec.phase)
+        summary["log"] = rec.lines
+        write_json(out / "summary.json", summary)
+    how = {"solved": "solved", "time_limit": "not solved (time limit)", "failed": "failed",
+           "interrupted": f"interrupted by {summary['signal']}"}[ended]
+    final = summary["final_greedy_reward"]
+    print(f"{how} after {elapsed:.0f} s: greedy reward {untrained if untrained is None else round(untrained, 3)} "
+          f"-> {final if final is None else round(final, 3)} in {len(rec.metrics)} trainer steps; "
+          f"{generated:,} tokens generated, {trained:,} trained; stale removed {summary['stale_removed']}, "
+          f"straggler groups dropped {summary['straggler_groups_dropped']}")
+    print(f"wrote {out / 'summary.json'}" + (f" and {out / 'grpo.png'}" if summary["plot"] else ""), flush=True)
+    return summary
+
+
+def main(argv=None) -> int:
+    """``reprise demo grpo``. Exit status: 0 the run ended (solved or at the time limit), 1 a
+    process kept failing, 2 refused (options, device, output directory in use), 130 / 143
+    stopped by SIGINT / SIGTERM."""
+    with StopSignals(quiet_after=True) as stop:
+        try:
+            cfg = parse_args(sys.argv[1:] if argv is None else argv)
+            problem = device_problem(cfg.device)
+            if problem is not None:
+                print(f"reprise demo grpo: {problem}", file=sys.stderr)
+                return 2
+            summary = run(cfg, stop)
+        except Interrupted as e:
+            print(f"reprise demo grpo: stopped by {e.name} before the run began; nothing was written",
+                  file=sys.stderr)
+            return e.exit_code
+        except rundirs.DirectoryInUse as e:
+            print(f"reprise demo grpo: {e}", file=sys.stderr)
+            return 2
+    if stop.interrupted:
+        return stop.exit_code
+    return 1 if summary["ended"] == "failed" else 0
