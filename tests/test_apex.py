@@ -25,6 +25,11 @@ pytest.importorskip("gymnasium")
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
 from reprise.examples import apex  # noqa: E402
+from demo_runs import DemoRun as _DemoRun, status as _status  # noqa: E402
+
+
+def DemoRun(args, cwd=None):
+    return _DemoRun("apex", args, cwd)
 
 def reference_transitions(episodes, n, gamma):
     """Plain model: for every transition t of every episode, the steps t..t+k it spans, its
@@ -149,13 +154,6 @@ def test_cli_usage(capsys):
     assert "unknown command 'frobnicate'" in capsys.readouterr().err
 
 
-def _status(out: Path) -> dict | None:
-    try:
-        return json.loads((out / "status.json").read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-
-
 def test_best_table_keeps_the_best_evaluation_and_the_final_evaluation_picks_it():
     """``best`` (MaxHeap / MinHeap, 4 items): whatever the order of the offers, the best one
     stays and is drawn; the final evaluation takes it unless the run solved."""
@@ -278,80 +276,8 @@ def test_atari_observations_network_and_items():
 # child restores Python's SIGINT handler first: pytest run as a background job has SIGINT
 # ignored, and its children would inherit that (the demo keeps an inherited SIG_IGN).
 
-DEMO = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-        "from reprise import cli; sys.exit(cli.main(sys.argv[1:]))")
 TINY = ["--actors", "1", "--envs-per-actor", "2", "--min-replay", "100", "--batch-size", "32",
         "--eval-episodes", "5"]
-
-
-class DemoRun:
-    """``reprise demo apex ARGS`` in a subprocess; its stderr lines are collected as they come."""
-
-    def __init__(self, args, cwd=None):
-        import tempfile
-        import threading
-        self.runtime = Path(tempfile.mkdtemp(prefix="rp-xdg-"))  # short: a Unix socket path has 108 bytes
-        env = dict(os.environ, XDG_RUNTIME_DIR=str(self.runtime))
-        self.proc = subprocess.Popen([sys.executable, "-c", DEMO, "demo", "apex", *args], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, env=env, cwd=cwd, start_new_session=True)
-        self.err_lines: list[str] = []
-        self.out_lines: list[str] = []
-        self._readers = [threading.Thread(target=lambda: self.err_lines.extend(self.proc.stderr), daemon=True),
-                         threading.Thread(target=lambda: self.out_lines.extend(self.proc.stdout), daemon=True)]
-        for reader in self._readers:
-            reader.start()
-
-    def wait_for(self, predicate, timeout: float, what: str):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if predicate():
-                return
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        self.kill()
-        pytest.fail(f"no {what} within {timeout} s (exit {self.proc.returncode}):\n{self.stderr[-3000:]}")
-
-    def saw(self, text: str) -> bool:
-        return any(text in line for line in list(self.err_lines))
-
-    def finish(self, timeout: float) -> int:
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            pytest.fail(f"the demo ran past {timeout} s:\n{self.stderr[-3000:]}")
-        for reader in self._readers:
-            reader.join(5)
-        return self.proc.returncode
-
-    @property
-    def out(self) -> str:
-        return "".join(self.out_lines)
-
-    def kill(self):
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        shutil.rmtree(self.runtime, ignore_errors=True)
-
-    @property
-    def stderr(self) -> str:
-        return "".join(self.err_lines)
-
-    def assert_clean(self, child_pids=()):
-        """No traceback; no socket, lock or shared memory of the run left; no child left."""
-        assert "Traceback" not in self.stderr and "Traceback" not in self.out, self.stderr[-3000:]
-        left = list((self.runtime / "reprise").iterdir()) if (self.runtime / "reprise").exists() else []
-        assert left == [], left
-        pids = {self.proc.pid, *child_pids}
-        shm = [f for f in os.listdir("/dev/shm") if any(f.startswith(f"reprise-{p}-") for p in pids)] \
-            if os.path.isdir("/dev/shm") else []
-        assert shm == [], shm
-        for pid in child_pids:
-            with pytest.raises(ProcessLookupError):
-                os.kill(pid, 0)
-        shutil.rmtree(self.runtime, ignore_errors=True)
 
 
 def test_help_shows_every_default_once():

@@ -1,6 +1,6 @@
 """Asynchronous GRPO on Reprise: a small causal transformer learns to sort digits.
 
-    reprise demo grpo                      # until solved (greedy reward 0.9) or --time-limit
+    reprise demo grpo                      # until solved (greedy reward 0.98) or --time-limit
     reprise demo grpo --smoke              # about a minute; shows learning
     python -m reprise.examples.grpo --help
 

@@ -25,7 +25,7 @@ class Config:
     layers: int = 2
     group_timeout: float = 10.0      # a group still incomplete this long is dropped (the straggler policy); 0: off
     eval_every: float = 3.0          # seconds between the trainer's greedy evaluations
-    solve_reward: float = 0.9        # mean greedy reward on the evaluation prompts that ends the run
+    solve_reward: float = 0.98       # mean greedy reward on the evaluation prompts that ends the run
     time_limit: float = 300.0
     device: str | None = None        # trainer device; default cuda when available
     seed: int = 0

@@ -68,14 +68,15 @@ def flat_parameters(policy) -> np.ndarray:
 def load_flat_parameters(policy, flat) -> None:
     import torch
     flat = torch.as_tensor(np.asarray(flat), dtype=torch.float32)
+    total = sum(p.numel() for p in policy.parameters())
+    if flat.numel() != total:
+        raise ValueError(f"{flat.numel()} parameters given, the policy has {total}")
     at = 0
     with torch.no_grad():
         for p in policy.parameters():
             n = p.numel()
             p.copy_(flat[at:at + n].view_as(p))
             at += n
-    if at != flat.numel():
-        raise ValueError(f"{flat.numel()} parameters given, the policy has {at}")
 
 
 def num_parameters(width: int, layers: int) -> int:

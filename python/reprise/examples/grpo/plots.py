@@ -31,6 +31,7 @@ def plot(path: Path, evals: list[dict], metrics: list[dict], history: list[dict]
     a.set_title(title, fontsize=10)
     if staleness:
         c.bar(range(len(staleness)), staleness, color="tab:green")
+        c.set_xticks(range(len(staleness)))
     c.set_xlabel("versions behind the trainer when drawn")
     c.set_ylabel("items trained on")
     if len(history) > 1:
