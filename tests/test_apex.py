@@ -149,7 +149,7 @@ def test_bad_options_are_refused(argv, message, capsys, tmp_path):
 def test_cli_usage(capsys):
     from reprise import cli
     assert cli.main(["demo", "nonsense"]) == 2
-    assert "usage: reprise demo {apex,offline,gpu}" in capsys.readouterr().err
+    assert "usage: reprise demo {apex,offline,gpu,grpo}" in capsys.readouterr().err
     assert cli.main(["frobnicate"]) == 2
     assert "unknown command 'frobnicate'" in capsys.readouterr().err
 

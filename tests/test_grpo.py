@@ -83,7 +83,7 @@ def test_cli_lists_the_demo(capsys):
 def test_smoke_learns_well_past_the_untrained_policy(tmp_path):
     """The CI check that it learns: a fixed seed, a clear rise of the greedy reward over the
     untrained policy's, trained only on items within the staleness bound, groups whole."""
-    summary = grpo.run(grpo.Config(smoke=True, time_limit=90.0, seed=0, out=str(tmp_path / "run")))
+    summary = grpo.run(grpo.parse_args(["--smoke", "--seed", "0", "--out", str(tmp_path / "run")]))
     assert summary["ended"] in ("solved", "time_limit"), summary["log"][-5:]
     assert summary["untrained_greedy_reward"] < 0.4
     assert summary["best_greedy_reward"] >= summary["untrained_greedy_reward"] + 0.3, summary["evals"]
@@ -119,3 +119,43 @@ def test_ctrl_c_while_training_writes_the_summary_and_leaves_nothing(tmp_path):
     assert summary["ended"] == "interrupted" and summary["signal"] == "SIGINT" and summary["phase"] == "training"
     assert summary["trainer_steps"] > 0
     run.assert_clean(pids)
+
+
+def test_a_parked_partial_rollout_is_finished_by_a_newer_policy_with_per_token_versions():
+    """park + resume, as a worker does when a new version arrives mid-generation: the finished
+    sequence keeps the tokens, log-probabilities and versions it had, the new digits carry the
+    newer version, and the item's version attribute is its oldest token's."""
+    import reprise as rp
+    from reprise.examples.grpo import rollout, tables
+
+    cfg = grpo.Config(group_size=2, prompts_per_round=1, partial_rollouts=True, max_staleness=10)
+    ts = tables.make_tables(cfg, model.num_parameters(cfg.width, cfg.layers))
+    policy = model.make_policy(cfg.width, cfg.layers).eval()
+    gen = torch.Generator().manual_seed(0)
+    with rp.Server(ts) as server, rp.Client(server.local_address) as client:
+        p = np.repeat(task.prompts(1, np.random.default_rng(3)), 2, axis=0)
+        x = torch.cat([torch.as_tensor(p), torch.full((2, 1), task.SEP)], dim=1)
+        x, lp = model.extend(policy, x, 2, generator=gen)  # two digits under version 3, then a new version
+        with client.writer("partials") as pw:
+            rollout.park(pw, x.numpy(), lp.numpy(), np.full((2, 2), 3), np.array([77, 77]))
+        assert ts[4].size == 2 and ts[0].info()["groups"]["pending"] == 0
+        with client.writer("rollouts") as w:
+            rollout.resume(client, w, policy, 5, gen, limit=8)
+        assert ts[4].size == 0 and ts[4].info()["num_samples"] == 2
+        s = ts[0].sample(2, timeout=5)  # the group of 2 is complete: admitted, drawn whole
+    for i in range(2):
+        assert s.data["version"][i, task.PROMPT:].tolist() == [3, 3, 5, 5]
+        assert np.allclose(s.data["logprob"][i, task.PROMPT:task.PROMPT + 2], lp[i].numpy())
+        assert s.data["token"][i, :task.PROMPT + 2].tolist() == x[i].tolist()
+    assert s.attributes["version"].tolist() == [3, 3] and s.attributes["group"].tolist() == [77, 77]
+    for t in ts:
+        t.store.close()
+
+
+def test_partial_rollouts_run_learns_and_resumes_what_it_parks(tmp_path):
+    summary = grpo.run(grpo.Config(smoke=True, partial_rollouts=True, time_limit=40.0, seed=2, solve_reward=0.9,
+                                   out=str(tmp_path / "run")))
+    assert summary["best_greedy_reward"] >= summary["untrained_greedy_reward"] + 0.3
+    assert summary["partial_rollouts_parked"] > 0
+    # Parked sequences are finished by the next round of some worker (a few may still wait at the end).
+    assert summary["partial_rollouts_resumed"] >= summary["partial_rollouts_parked"] - 64 * 2

@@ -31,11 +31,12 @@ class Config:
     seed: int = 0
     out: str | None = None           # default: a new ./reprise-runs/grpo-<time>-<pid> (rundirs.py)
     dashboard: str | None = None
+    partial_rollouts: bool = False   # park generations a new version interrupts; any worker finishes them
     slow_worker: float = 0.0         # tests: worker 0 waits this long before each group's last member
     smoke: bool = False
 
 
-SMOKE = dict(time_limit=60.0, eval_every=2.0)
+SMOKE = dict(time_limit=60.0, eval_every=2.0, solve_reward=0.9)
 
 EPILOG = """\
 output: a new directory ./reprise-runs/grpo-<time>-<pid> (or --out) with summary.json,
@@ -69,6 +70,9 @@ def make_parser() -> argparse.ArgumentParser:
            shown="cuda when available, else cpu")
     option("--seed", "seed of the prompts, the policy and the sampler", type=int)
     option("--out", "output directory", shown="a new ./reprise-runs/grpo-<time>-<pid>")
+    p.add_argument("--partial-rollouts", action="store_true", default=False,
+                   help="a generation that sees a new policy version stops and goes into a queue table with "
+                        "per-token versions; any worker finishes it with its newer policy (default: off)")
     p.add_argument("--slow-worker", type=float, default=0.0, help=argparse.SUPPRESS)
     p.add_argument("--dashboard", nargs="?", const="127.0.0.1:0", default=None, metavar="ADDRESS",
                    help="serve the tables' live dashboard and print its URL; ADDRESS host:port "
@@ -83,6 +87,7 @@ def parse_args(argv) -> Config:
     a = p.parse_args(argv)
     values = parsed_values(a, Config, [SMOKE] if a.smoke else [])
     values["slow_worker"] = a.slow_worker
+    values["partial_rollouts"] = a.partial_rollouts
     for name in ("rollout_workers", "group_size", "prompts_per_round", "tokens", "micro_batches", "width", "layers"):
         if values[name] < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {values[name]}")

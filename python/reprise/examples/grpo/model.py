@@ -41,14 +41,23 @@ def generate(policy, prompt, greedy: bool = False, generator=None):
     import torch
     prompt = torch.as_tensor(prompt, dtype=torch.int64)
     x = torch.cat([prompt, torch.full((len(prompt), 1), SEP, dtype=torch.int64)], dim=1)
+    return extend(policy, x, LENGTH, greedy, generator)
+
+
+def extend(policy, x, steps: int, greedy: bool = False, generator=None):
+    """``x`` (int64 ``[n, t]``, prompts with the separator and any answer digits so far)
+    with ``steps`` more digits sampled (or greedy) from ``policy``, and their
+    log-probabilities ``[n, steps]``."""
+    import torch
+    x = torch.as_tensor(x, dtype=torch.int64)
     logps = []
     with torch.no_grad():
-        for _ in range(LENGTH):
+        for _ in range(steps):
             logp = torch.log_softmax(policy(x)[:, -1], dim=-1)
             a = logp.argmax(-1) if greedy else torch.multinomial(logp.exp(), 1, generator=generator)[:, 0]
             logps.append(logp.gather(1, a[:, None])[:, 0])
             x = torch.cat([x, a[:, None]], dim=1)
-    return x, torch.stack(logps, dim=1)
+    return x, (torch.stack(logps, dim=1) if logps else torch.zeros((len(x), 0)))
 
 
 def answer_logprobs(policy, sequences):

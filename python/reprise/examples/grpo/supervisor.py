@@ -77,7 +77,7 @@ def children(cfg: Config, address: str, stop: StopSignals) -> Children:
 
 def train(cfg: Config, rec: Record, kids: Children, tables, out: Path) -> str:
     """The supervisor's loop; returns ``solved``, ``time_limit`` or ``failed``."""
-    rollouts, _, metrics_q, evals_q = tables
+    rollouts, metrics_q, evals_q = tables[0], tables[2], tables[3]
     trained = 0
     while True:
         time.sleep(TICK_S)
@@ -148,7 +148,7 @@ def run(cfg: Config, stop: StopSignals | None = None) -> dict:
                 rec.dashboard = server.dashboard_url
                 rec.log(f"dashboard: open {server.dashboard_url} in a browser")
             kids = children(cfg, server.local_address, stop)
-            rec.log(f"serving rollouts, params, metrics, evals at {server.local_address}; {cfg.rollout_workers} "
+            rec.log(f"serving {', '.join(t.name for t in tables)} at {server.local_address}; {cfg.rollout_workers} "
                     f"rollout workers, groups of {cfg.group_size}, max_staleness {cfg.max_staleness}, "
                     f"{cfg.tokens} tokens a step")
             rec.phase = "starting the processes"
@@ -221,6 +221,8 @@ def _finish(cfg, stop, rec, ended, tables, kids, out: Path) -> dict:
         "stale_removed": info["stale_removed"] if info else 0,
         "stale_dropped": info["stale_dropped"] if info else 0,
         "straggler_groups_dropped": info["groups"]["dropped"] if info else 0,
+        "partial_rollouts_parked": tables[4].info()["num_inserts"] if len(tables) > 4 else None,
+        "partial_rollouts_resumed": tables[4].info()["num_samples"] if len(tables) > 4 else None,
         "restarts": kids.restarts if kids else {},
         "evals": rec.evals,
         "metrics": rec.metrics,

@@ -1,7 +1,8 @@
 """The tables the processes share: ``rollouts`` (one sequence per item, a token a step, with
 the policy version, reward and group of each; whole groups under a staleness bound),
-``params`` (the trainer's newest parameters and their version, one item) and the ``metrics``
-and ``evals`` report queues."""
+``params`` (the trainer's newest parameters and their version, one item), the ``metrics``
+and ``evals`` report queues, and with ``--partial-rollouts`` the ``partials`` queue of
+unfinished sequences."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ def make_tables(cfg: Config, num_params: int):
     max_items = 16 * cfg.tokens // SEQUENCE
     block = 256
     rollouts_store = rp.Store({"token": rp.Field((), "int32"), "logprob": rp.Field((), "float32"),
-                               "mask": rp.Field((), "bool")},
+                               "mask": rp.Field((), "bool"), "version": rp.Field((), "int64")},
                               capacity=(max_items + 1) * SEQUENCE + 4 * block * (cfg.rollout_workers + 1),
                               block_steps=block)
     rollouts = rp.Table("rollouts", rollouts_store, sampler=rp.selectors.Fifo(), remover=rp.selectors.Fifo(),
@@ -37,7 +38,17 @@ def make_tables(cfg: Config, num_params: int):
     evals_store = rp.Store({"step": rp.Field((), "int64"), "greedy_reward": rp.Field((), "float32")},
                            capacity=4096, block_steps=1)
     evals = rp.Table.queue("evals", evals_store, max_size=1024)
-    return [rollouts, params, metrics, evals]
+    tables = [rollouts, params, metrics, evals]
+    if cfg.partial_rollouts:
+        # Unfinished sequences, a token a step with the version that produced it; taken once.
+        partial_items = 4 * cfg.prompts_per_round * cfg.group_size * cfg.rollout_workers
+        partials_store = rp.Store({"token": rp.Field((), "int32"), "logprob": rp.Field((), "float32"),
+                                   "version": rp.Field((), "int64")},
+                                  capacity=(partial_items + 1) * SEQUENCE + 4 * block * (cfg.rollout_workers + 1),
+                                  block_steps=block)
+        tables.append(rp.Table.queue("partials", partials_store, max_size=partial_items,
+                                     attributes={"group": "int64"}))
+    return tables
 
 
 def drain(table) -> dict:
