@@ -6,7 +6,6 @@ together, the time limit, a crash loop, progress without a terminal, --help."""
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys

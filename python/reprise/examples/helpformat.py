@@ -55,3 +55,13 @@ def parsed_values(args: argparse.Namespace, config_type, presets) -> dict:
             if values.get(name, getattr(defaults, name)) == getattr(defaults, name):
                 values[name] = value
     return values
+
+
+def add_dashboard_and_smoke(parser, what: str, smoke_help: str) -> None:
+    """The two switches every server-backed demo has: ``--dashboard [ADDRESS]`` (serve
+    ``what``'s live dashboard) and ``--smoke`` (``smoke_help``)."""
+    parser.add_argument("--dashboard", nargs="?", const="127.0.0.1:0", default=None, metavar="ADDRESS",
+                        help=f"serve {what} live dashboard and print its URL; ADDRESS host:port "
+                             "(default: off; with no ADDRESS: a free loopback port)")
+    parser.add_argument("--smoke", action="store_true", default=False,
+                        help=f"{smoke_help}: the --smoke values above (default: off)")

@@ -91,3 +91,42 @@ def claim(demo: str, out: str | os.PathLike | None, base: str | os.PathLike = ".
 
 
 __all__ = ["DirectoryInUse", "RUNS", "RunDir", "claim", "new_run_name"]
+
+
+def write_json(path, value) -> None:
+    """Writes ``value`` as JSON to ``path`` whole (a temporary file renamed over it), so a
+    reader never sees half a file."""
+    import json
+    path = Path(path)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(value, indent=2))
+    os.replace(tmp, path)
+
+
+def demo_main(demo: str, argv, parse_args, preflight, run) -> int:
+    """A server-backed demo's command: parse ``argv``, refuse what ``preflight(cfg)`` names
+    (exit 2, one line), ``run(cfg, stop)``. Exit status: 0 the run ended (solved or at the
+    time limit), 1 it failed (a process kept failing), 2 refused (options, preflight, output
+    directory in use), 128 + the signal's number when stopped by SIGINT (130) or SIGTERM
+    (143). After such a stop the process goes on ignoring the two signals while it exits."""
+    import sys
+
+    from .stopping import Interrupted, StopSignals
+    with StopSignals(quiet_after=True) as stop:
+        try:
+            cfg = parse_args(sys.argv[1:] if argv is None else argv)
+            problem = preflight(cfg)
+            if problem is not None:
+                print(f"reprise demo {demo}: {problem}", file=sys.stderr)
+                return 2
+            summary = run(cfg, stop)
+        except Interrupted as e:
+            print(f"reprise demo {demo}: stopped by {e.name} before the run began; nothing was written",
+                  file=sys.stderr)
+            return e.exit_code
+        except DirectoryInUse as e:
+            print(f"reprise demo {demo}: {e}", file=sys.stderr)
+            return 2
+    if stop.interrupted:
+        return stop.exit_code
+    return 1 if summary["ended"] == "failed" else 0

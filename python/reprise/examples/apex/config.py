@@ -8,7 +8,7 @@ import os
 
 from dataclasses import dataclass
 
-from ..helpformat import default_note, demo_parser, parsed_values
+from ..helpformat import add_dashboard_and_smoke, default_note, demo_parser, parsed_values
 from .atari import is_atari
 
 DESCRIPTION = "Distributed Ape-X DQN on Reprise."
@@ -107,11 +107,7 @@ def make_parser() -> argparse.ArgumentParser:
            shown="cuda when available, else cpu")
     option("--seed", "seed of the environments, the network and the sampler", type=int)
     option("--out", "output directory", shown="a new ./reprise-runs/apex-<time>-<pid>")
-    p.add_argument("--dashboard", nargs="?", const="127.0.0.1:0", default=None, metavar="ADDRESS",
-                   help="serve the replay's live dashboard and print its URL; ADDRESS host:port "
-                        "(default: off; with no ADDRESS: a free loopback port)")
-    p.add_argument("--smoke", action="store_true", default=False,
-                   help="a short run (about a minute) for CI: the --smoke values above (default: off)")
+    add_dashboard_and_smoke(p, "the replay's", "a short run (about a minute) for CI")
     return p
 
 

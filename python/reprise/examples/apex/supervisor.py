@@ -20,9 +20,7 @@ and nothing else (``stopping.StopSignals``).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import sys
 import time
 
 from pathlib import Path
@@ -45,12 +43,6 @@ from .tables import drain, make_tables
 RANDOM_CARTPOLE_RETURN = 22.0  # mean return of a uniformly random policy on CartPole-v1
 TICK_S = 0.5                   # the supervisor's loop: drain reports, check processes, status, progress
 LINE_EVERY_S = 10.0            # a progress line this often without a terminal
-
-
-def write_json(path: Path, value) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(value, indent=2))
-    os.replace(tmp, path)
 
 
 def clock(seconds: float) -> str:
@@ -140,7 +132,7 @@ def train(cfg: Config, rec: Record, sup: Supervisor, tables, threshold, out: Pat
                  for k in ("inserts", "samples", "env_steps")} if len(window) > 1 else {}
         # The phase first: a signal that comes once status.json shows inserts finds it set.
         rec.phase = "training" if info["num_inserts"] else "waiting for the processes"
-        write_json(out / "status.json", {
+        rundirs.write_json(out / "status.json", {
             "time": now, "pids": sup.pids(), "restarts": sup.restarts, "env_steps": rec.env_steps,
             "inserts": info["num_inserts"], "samples": info["num_samples"], "episodes": len(rec.episodes),
             "learner_step": rec.evals[-1]["learner_step"] if rec.evals else 0,
@@ -300,7 +292,7 @@ def _finish(cfg, stop, rec, ended, spec, threshold, tables, sup, device, out: Pa
         "log": rec.lines,
         "config": dataclasses.asdict(cfg),
     }
-    write_json(out / "summary.json", summary)
+    rundirs.write_json(out / "summary.json", summary)
     if rec.history:
         rec.phase = "writing the plot"
         rec.log(f"writing {out / 'apex.png'} (Ctrl-C skips it)")
@@ -313,7 +305,7 @@ def _finish(cfg, stop, rec, ended, spec, threshold, tables, sup, device, out: Pa
         if stop.interrupted and not summary["interrupted"]:  # the first signal came during the plot
             summary.update(interrupted=True, signal=signal_name(stop.first), phase=rec.phase)
         summary["log"] = rec.lines
-        write_json(out / "summary.json", summary)
+        rundirs.write_json(out / "summary.json", summary)
     how = {"solved": "solved", "time_limit": "not solved (time limit)", "failed": "failed",
            "interrupted": f"interrupted by {summary['signal']}"}[ended]
     if stop.interrupted and ended != "interrupted":
@@ -341,21 +333,4 @@ def main(argv=None) -> int:
     process kept failing, 2 refused (options, environment, device, output directory in use),
     128 + the signal's number when stopped by SIGINT (130) or SIGTERM (143). After such a stop
     the process goes on ignoring the two signals while it exits."""
-    with StopSignals(quiet_after=True) as stop:
-        try:
-            cfg = parse_args(sys.argv[1:] if argv is None else argv)
-            problem = preflight(cfg)
-            if problem is not None:
-                print(f"reprise demo apex: {problem}", file=sys.stderr)
-                return 2
-            summary = run(cfg, stop)
-        except Interrupted as e:
-            print(f"reprise demo apex: stopped by {e.name} before the run began; nothing was written",
-                  file=sys.stderr)
-            return e.exit_code
-        except rundirs.DirectoryInUse as e:
-            print(f"reprise demo apex: {e}", file=sys.stderr)
-            return 2
-    if stop.interrupted:
-        return stop.exit_code
-    return 1 if summary["ended"] == "failed" else 0
+    return rundirs.demo_main("apex", argv, parse_args, preflight, run)

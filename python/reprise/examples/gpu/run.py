@@ -6,12 +6,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.util
-import json
 import os
 import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -25,6 +23,7 @@ from .cartpole import SOLVED_RETURN, greedy_returns
 from .config import Config, parse_args
 from .dqn import Learner
 from .replay import Actor, make_replay
+from ..rundirs import write_json
 
 SAMPLE_WAIT_S = 0.5   # a learner's sample waits this long before it checks the actor and the clock
 JOIN_S = 30.0         # how long the end of the run waits for the actor thread
@@ -54,12 +53,6 @@ def emulation(on: bool):
         yield
     finally:
         rt.emulate_cuda(before)
-
-
-def write_json(path: Path, value) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(value, indent=2))
-    os.replace(tmp, path)
 
 
 class Meter:

@@ -6,7 +6,7 @@ import argparse
 
 from dataclasses import dataclass
 
-from ..helpformat import default_note, demo_parser, parsed_values
+from ..helpformat import add_dashboard_and_smoke, default_note, demo_parser, parsed_values
 
 DESCRIPTION = "Asynchronous GRPO on Reprise: rollout workers and a trainer on different policy versions."
 
@@ -74,11 +74,7 @@ def make_parser() -> argparse.ArgumentParser:
                    help="a generation that sees a new policy version stops and goes into a queue table with "
                         "per-token versions; any worker finishes it with its newer policy (default: off)")
     p.add_argument("--slow-worker", type=float, default=0.0, help=argparse.SUPPRESS)
-    p.add_argument("--dashboard", nargs="?", const="127.0.0.1:0", default=None, metavar="ADDRESS",
-                   help="serve the tables' live dashboard and print its URL; ADDRESS host:port "
-                        "(default: off; with no ADDRESS: a free loopback port)")
-    p.add_argument("--smoke", action="store_true", default=False,
-                   help="a short run (about a minute) for CI: the --smoke values above (default: off)")
+    add_dashboard_and_smoke(p, "the tables'", "a short run (about a minute) for CI")
     return p
 
 

@@ -12,9 +12,7 @@ second signal skips the plot); the server is stopped and the stores closed.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import sys
 import time
 
 from pathlib import Path
@@ -36,12 +34,6 @@ from .trainer import trainer_main
 
 TICK_S = 0.5
 LINE_EVERY_S = 10.0
-
-
-def write_json(path: Path, value) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(value, indent=2))
-    os.replace(tmp, path)
 
 
 class Record:
@@ -102,7 +94,7 @@ def train(cfg: Config, rec: Record, kids: Children, tables, out: Path) -> str:
             return "failed"
         rec.phase = "training" if rec.metrics else "waiting for the processes"
         last = rec.evals[-1] if rec.evals else None
-        write_json(out / "status.json", {
+        rundirs.write_json(out / "status.json", {
             "time": now, "pids": kids.pids(), "restarts": kids.restarts, "trainer_step": len(rec.metrics),
             "greedy_reward": last["greedy_reward"] if last else None, "version": info["version"],
             "tokens_generated": info["num_inserts"] * SEQUENCE, "tokens_trained": trained,
@@ -231,7 +223,7 @@ def _finish(cfg, stop, rec, ended, tables, kids, out: Path) -> dict:
         "log": rec.lines,
         "config": dataclasses.asdict(cfg),
     }
-    write_json(out / "summary.json", summary)
+    rundirs.write_json(out / "summary.json", summary)
     if rec.evals or rec.metrics:
         rec.phase = "writing the plot"
         ran, _ = stop.optional(plot, out / "grpo.png", rec.evals, rec.metrics, rec.history, behind,
@@ -245,7 +237,7 @@ def _finish(cfg, stop, rec, ended, tables, kids, out: Path) -> dict:
         if stop.interrupted and not summary["interrupted"]:
             summary.update(interrupted=True, signal=signal_name(stop.first), phase=rec.phase)
         summary["log"] = rec.lines
-        write_json(out / "summary.json", summary)
+        rundirs.write_json(out / "summary.json", summary)
     how = {"solved": "solved", "time_limit": "not solved (time limit)", "failed": "failed",
            "interrupted": f"interrupted by {summary['signal']}"}[ended]
     final = summary["final_greedy_reward"]
@@ -261,21 +253,4 @@ def main(argv=None) -> int:
     """``reprise demo grpo``. Exit status: 0 the run ended (solved or at the time limit), 1 a
     process kept failing, 2 refused (options, device, output directory in use), 130 / 143
     stopped by SIGINT / SIGTERM."""
-    with StopSignals(quiet_after=True) as stop:
-        try:
-            cfg = parse_args(sys.argv[1:] if argv is None else argv)
-            problem = device_problem(cfg.device)
-            if problem is not None:
-                print(f"reprise demo grpo: {problem}", file=sys.stderr)
-                return 2
-            summary = run(cfg, stop)
-        except Interrupted as e:
-            print(f"reprise demo grpo: stopped by {e.name} before the run began; nothing was written",
-                  file=sys.stderr)
-            return e.exit_code
-        except rundirs.DirectoryInUse as e:
-            print(f"reprise demo grpo: {e}", file=sys.stderr)
-            return 2
-    if stop.interrupted:
-        return stop.exit_code
-    return 1 if summary["ended"] == "failed" else 0
+    return rundirs.demo_main("grpo", argv, parse_args, lambda cfg: device_problem(cfg.device), run)

@@ -4,8 +4,6 @@ evaluation, or of one a signal stopped, from what it had done (``Record``)."""
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import time
 from pathlib import Path
 
@@ -15,6 +13,7 @@ from ..stopping import StopSignals, signal_name
 from .config import Config
 from .evaluation import evaluate, random_returns
 from .plots import plot
+from ..rundirs import write_json
 
 
 def finish(cfg: Config, dev, out: Path, stats: dict, model, state_mean, state_std, max_timestep, losses: list,
@@ -70,12 +69,6 @@ def finish(cfg: Config, dev, out: Path, stats: dict, model, state_mean, state_st
     print(f"wrote {out / 'summary.json'}" + (f" and {out / 'offline.png'}" if drawn else
                                              f" (plot skipped: stopped by {summary['signal']})"), flush=True)
     return summary
-
-
-def write_json(path: Path, value) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(value, indent=2))
-    os.replace(tmp, path)
 
 
 class Record:
