@@ -84,3 +84,21 @@ class Children:
             if p.exitcode is None:
                 p.kill()
                 p.join()
+
+
+def shut_down(stop: StopSignals, progress, children, server, tables, run_dir) -> None:
+    """The end of every run of a server-backed demo, in order, whatever got made (None for
+    what was not): no more signal handling, the progress line closed, the children stopped
+    before the server (so none sees its connection lost), the stores closed (their shared
+    memory removed) and the run directory's lock released."""
+    stop.stopping()
+    if progress is not None:
+        progress.close()
+    if children is not None:
+        children.stop()
+    if server is not None:
+        server.stop()
+    for s in {id(t.store): t.store for t in tables}.values():
+        s.close()
+    if run_dir is not None:
+        run_dir.release()

@@ -30,6 +30,7 @@ import numpy as np
 import reprise as rp
 
 from .. import rundirs
+from ..children import shut_down
 from ..devices import device_problem
 from ..progress import ProgressLine
 from ..stopping import Interrupted, StopSignals, signal_name
@@ -214,17 +215,7 @@ def run(cfg: Config, stop: StopSignals | None = None) -> dict:
         stop.stopping()
         return _finish(cfg, stop, rec, ended, spec, threshold, tables, sup, device, run_dir.path)
     finally:
-        stop.stopping()
-        if progress is not None:
-            progress.close()
-        if sup is not None:
-            sup.stop()
-        if server is not None:
-            server.stop()
-        for s in {id(t.store): t.store for t in tables}.values():
-            s.close()
-        if run_dir is not None:
-            run_dir.release()
+        shut_down(stop, progress, sup, server, tables, run_dir)
 
 
 def _finish(cfg, stop, rec, ended, spec, threshold, tables, sup, device, out: Path) -> dict:

@@ -20,7 +20,7 @@ from pathlib import Path
 import reprise as rp
 
 from .. import rundirs
-from ..children import Children
+from ..children import Children, shut_down
 from ..devices import device_problem
 from ..progress import ProgressLine
 from ..stopping import Interrupted, StopSignals, signal_name
@@ -156,17 +156,7 @@ def run(cfg: Config, stop: StopSignals | None = None) -> dict:
         stop.stopping()
         return _finish(cfg, stop, rec, ended, tables, kids, run_dir.path)
     finally:
-        stop.stopping()
-        if progress is not None:
-            progress.close()
-        if kids is not None:
-            kids.stop()
-        if server is not None:
-            server.stop()
-        for s in {id(t.store): t.store for t in tables}.values():
-            s.close()
-        if run_dir is not None:
-            run_dir.release()
+        shut_down(stop, progress, kids, server, tables, run_dir)
 
 
 def _finish(cfg, stop, rec, ended, tables, kids, out: Path) -> dict:
