@@ -36,3 +36,11 @@ __all__ = [
     "errors",
     "__version__",
 ]
+
+
+def __getattr__(name):
+    # ``rp.ray`` imports Ray only when used: the rest of the package never imports it.
+    if name == "ray":
+        import importlib
+        return importlib.import_module(".ray", __name__)
+    raise AttributeError(f"module 'reprise' has no attribute {name!r}")

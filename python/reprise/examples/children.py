@@ -52,19 +52,24 @@ class Children:
             self.procs[name] = p
             self.all_pids.add(p.pid)
 
+    def exitcode(self, name: str) -> int | None:
+        """How ``name`` ended (None while it runs)."""
+        return self.procs[name].exitcode
+
     def check(self, log) -> str | None:
         """Restarts the processes that exited; returns why the run must end instead when
         one keeps exiting, else None."""
         now = time.monotonic()
-        for name, p in list(self.procs.items()):
-            if p.exitcode is None:
+        for name in list(self.procs):
+            code = self.exitcode(name)
+            if code is None:
                 continue
             recent = [t for t in self.exits.get(name, []) if now - t < FAILURE_WINDOW_S] + [now]
             self.exits[name] = recent
             if len(recent) >= FAILURES_TO_GIVE_UP:
                 return (f"{name} exited {len(recent)} times within {FAILURE_WINDOW_S:g} s (last exit code "
-                        f"{p.exitcode}); not restarting it again: see its error above")
-            log(f"{name} (pid {p.pid}) exited with {p.exitcode}: restarting it")
+                        f"{code}); not restarting it again: see its error above")
+            log(f"{name} (pid {self.pids()[name]}) exited with {code}: restarting it")
             self.restarts[role(name)] = self.restarts.get(role(name), 0) + 1
             self.start(name)
         return None
@@ -102,3 +107,54 @@ def shut_down(stop: StopSignals, progress, children, server, tables, run_dir) ->
         s.close()
     if run_dir is not None:
         run_dir.release()
+
+
+class _Runner:
+    """A Ray actor that runs one demo process's main function (it never returns)."""
+
+    def pid(self) -> int:
+        import os
+        return os.getpid()
+
+    def run(self, target, args):
+        target(*args)
+
+
+class RayChildren(Children):
+    """The same processes as Ray actors on the local Ray instance (``--ray``): started,
+    restarted when their run ends (an exception), given up on, and killed, as ``Children``
+    does with processes. ``launch`` must give targets that do not bind to this process
+    (``parent`` None: Ray's workers are not its children)."""
+
+    def __init__(self, demo: str, launch, stop: StopSignals, roles: list[str]):
+        super().__init__(demo, launch, stop, roles)
+        self.runs: dict = {}
+        self._pids: dict[str, int] = {}
+
+    def start(self, name: str):
+        import ray
+        self.launches += 1
+        target, args = self.launch(name, self.launches)
+        with self.stop_signals.hold():
+            actor = ray.remote(_Runner).options(num_cpus=0, max_restarts=0).remote()
+            self.procs[name] = actor
+            self._pids[name] = ray.get(actor.pid.remote(), timeout=120)
+            self.all_pids.add(self._pids[name])
+            self.runs[name] = actor.run.remote(target, args)
+
+    def exitcode(self, name: str) -> int | None:
+        import ray
+        ready, _ = ray.wait([self.runs[name]], timeout=0)
+        return 1 if ready else None   # a run that ended raised: its error is in Ray's log
+
+    def pids(self) -> dict:
+        return dict(self._pids)
+
+    def stop(self):
+        import ray
+        for actor in self.procs.values():
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # already gone
+                pass
+        self.procs.clear()

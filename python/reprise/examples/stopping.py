@@ -190,7 +190,10 @@ def child_setup(parent: int | None = None) -> None:
     """A child process's first call: ignore the terminal's SIGINT (the parent stops the
     children), unblock it (``block_sigint``), and on Linux get SIGTERM when ``parent``
     dies, so that no child outlives a parent killed without its cleanup."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread (a Ray actor's method): the terminal's signals are not ours
+        return
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     if parent is not None:

@@ -32,6 +32,7 @@ class Config:
     out: str | None = None           # default: a new ./reprise-runs/grpo-<time>-<pid> (rundirs.py)
     dashboard: str | None = None
     partial_rollouts: bool = False   # park generations a new version interrupts; any worker finishes them
+    ray: bool = False                # the trainer and the rollout workers as Ray actors (a local Ray instance)
     slow_worker: float = 0.0         # tests: worker 0 waits this long before each group's last member
     smoke: bool = False
 
@@ -73,6 +74,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--partial-rollouts", action="store_true", default=False,
                    help="a generation that sees a new policy version stops and goes into a queue table with "
                         "per-token versions; any worker finishes it with its newer policy (default: off)")
+    p.add_argument("--ray", action="store_true", default=False,
+                   help="run the trainer and the rollout workers as Ray actors on a local Ray instance "
+                        "(pip install 'reprise[ray]') (default: off)")
     p.add_argument("--slow-worker", type=float, default=0.0, help=argparse.SUPPRESS)
     add_dashboard_and_smoke(p, "the tables'", "a short run (about a minute) for CI")
     return p
@@ -84,6 +88,7 @@ def parse_args(argv) -> Config:
     values = parsed_values(a, Config, [SMOKE] if a.smoke else [])
     values["slow_worker"] = a.slow_worker
     values["partial_rollouts"] = a.partial_rollouts
+    values["ray"] = a.ray
     for name in ("rollout_workers", "group_size", "prompts_per_round", "tokens", "micro_batches", "width", "layers"):
         if values[name] < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {values[name]}")

@@ -20,7 +20,7 @@ from pathlib import Path
 import reprise as rp
 
 from .. import rundirs
-from ..children import Children, shut_down
+from ..children import Children, RayChildren, shut_down
 from ..devices import device_problem
 from ..progress import ProgressLine
 from ..stopping import Interrupted, StopSignals, signal_name
@@ -59,12 +59,29 @@ class Record:
 
 
 def children(cfg: Config, address: str, stop: StopSignals) -> Children:
+    """The trainer and the rollout workers: processes, or Ray actors with ``--ray``."""
+    parent = None if cfg.ray else os.getpid()
+
     def launch(name, launches):
         seed = cfg.seed * 7919 + launches
         if name == "trainer":
-            return trainer_main, (cfg, address, seed, os.getpid())
-        return rollout_main, (cfg, int(name.split("-")[1]), address, seed, os.getpid())
-    return Children("grpo", launch, stop, ["trainer", "rollouts"])
+            return trainer_main, (cfg, address, seed, parent)
+        return rollout_main, (cfg, int(name.split("-")[1]), address, seed, parent)
+    return (RayChildren if cfg.ray else Children)("grpo", launch, stop, ["trainer", "rollouts"])
+
+
+def start_ray():
+    """A local Ray instance for ``--ray`` (its workers import reprise from where this does);
+    None when this process is in a Ray job already (which is then left running)."""
+    import ray
+    if ray.is_initialized():
+        return None
+    import reprise
+    here = os.path.dirname(os.path.dirname(reprise.__file__))
+    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
+    ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=True,
+             configure_logging=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
+    return ray
 
 
 def train(cfg: Config, rec: Record, kids: Children, tables, out: Path) -> str:
@@ -123,7 +140,7 @@ def run(cfg: Config, stop: StopSignals | None = None) -> dict:
     if stop is None:
         with StopSignals() as own:
             return run(cfg, own)
-    run_dir = progress = rec = server = kids = ended = None
+    run_dir = progress = rec = server = kids = ended = ray_module = None
     tables = []
     try:
         try:
@@ -139,6 +156,9 @@ def run(cfg: Config, stop: StopSignals | None = None) -> dict:
             if server.dashboard_url is not None:
                 rec.dashboard = server.dashboard_url
                 rec.log(f"dashboard: open {server.dashboard_url} in a browser")
+            if cfg.ray:
+                ray_module = start_ray()
+                rec.log("running the trainer and the rollout workers as Ray actors (a local Ray instance)")
             kids = children(cfg, server.local_address, stop)
             rec.log(f"serving {', '.join(t.name for t in tables)} at {server.local_address}; {cfg.rollout_workers} "
                     f"rollout workers, groups of {cfg.group_size}, max_staleness {cfg.max_staleness}, "
@@ -157,6 +177,8 @@ def run(cfg: Config, stop: StopSignals | None = None) -> dict:
         return _finish(cfg, stop, rec, ended, tables, kids, run_dir.path)
     finally:
         shut_down(stop, progress, kids, server, tables, run_dir)
+        if ray_module is not None:
+            ray_module.shutdown()
 
 
 def _finish(cfg, stop, rec, ended, tables, kids, out: Path) -> dict:
@@ -243,4 +265,14 @@ def main(argv=None) -> int:
     """``reprise demo grpo``. Exit status: 0 the run ended (solved or at the time limit), 1 a
     process kept failing, 2 refused (options, device, output directory in use), 130 / 143
     stopped by SIGINT / SIGTERM."""
-    return rundirs.demo_main("grpo", argv, parse_args, lambda cfg: device_problem(cfg.device), run)
+    return rundirs.demo_main("grpo", argv, parse_args, preflight, run)
+
+
+def preflight(cfg: Config) -> str | None:
+    """Why the demo cannot run with ``cfg`` here (a device this machine lacks, ``--ray``
+    without Ray), or None."""
+    if cfg.ray:
+        import importlib.util
+        if importlib.util.find_spec("ray") is None:
+            return "--ray needs Ray: pip install 'reprise[ray]'"
+    return device_problem(cfg.device)
