@@ -159,3 +159,12 @@ def test_partial_rollouts_run_learns_and_resumes_what_it_parks(tmp_path):
     assert summary["partial_rollouts_parked"] > 0
     # Parked sequences are finished by the next round of some worker (a few may still wait at the end).
     assert summary["partial_rollouts_resumed"] >= summary["partial_rollouts_parked"] - 64 * 2
+
+
+def test_ray_without_ray_is_refused_before_anything_starts(monkeypatch, capsys, tmp_path):
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    assert grpo.main(["--ray", "--out", str(tmp_path / "run")]) == 2
+    assert "--ray needs Ray: pip install 'reprise[ray]'" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()

@@ -88,9 +88,10 @@ class _ServerActor:
         return os.getpid()
 
     def stop(self) -> None:
-        """Stops the server and closes the stores (their shared memory is removed)."""
+        """Stops the server and closes the stores (their shared memory is removed): those
+        ``make_tables`` made and those a restore loaded in their place."""
         self.server.stop()
-        for s in {id(t.store): t.store for t in self.tables}.values():
+        for s in {id(t.store): t.store for t in self.tables + self.server.tables}.values():
             s.close()
 
 
@@ -102,9 +103,18 @@ class ReplayServer:
         self.actor, self.info = actor, info
 
     def refresh(self, timeout: float = 60.0) -> ServerInfo:
-        """The server's addresses now (a restarted actor binds anew)."""
-        self.info = ray.get(self.actor.info.remote(), timeout=timeout)
-        return self.info
+        """The server's addresses now: a restarted actor binds anew. Waits (up to
+        ``timeout``) while Ray restarts the actor."""
+        import time
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.info = ray.get(self.actor.info.remote(), timeout=max(0.1, deadline - time.monotonic()))
+                return self.info
+            except (ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.2)
 
     def checkpoint(self, timeout: float = 300.0) -> str:
         """A checkpoint of every table now (needs ``checkpoint_dir``); returns its path."""
