@@ -39,7 +39,8 @@ from .envs import UnsupportedEnv, env_spec, evaluate
 from .model import load_flat_parameters, make_network, num_parameters
 from .plots import plot
 from .processes import Supervisor
-from .tables import drain, make_tables
+from ..reports import RunRecord, drain
+from .tables import make_tables
 
 RANDOM_CARTPOLE_RETURN = 22.0  # mean return of a uniformly random policy on CartPole-v1
 TICK_S = 0.5                   # the supervisor's loop: drain reports, check processes, status, progress
@@ -52,29 +53,15 @@ def clock(seconds: float) -> str:
         else f"{seconds // 60}:{seconds % 60:02d}"
 
 
-class Record:
-    """What happened, as the run goes: reports drained from the tables, counters, the log."""
+class Record(RunRecord):
+    """What happened, as the run goes: reports drained from the tables, counters, the log.
+    Phases: starting, starting the processes, waiting for the processes (their imports, the
+    first transitions), training, stopping, final evaluation, writing the plot."""
 
     def __init__(self, started: float, progress: ProgressLine):
-        self.started, self.progress = started, progress
-        # starting, starting the processes, waiting for the processes (their imports, the first
-        # transitions), training, stopping, final evaluation, writing the plot
-        self.phase = "starting"
-        self.lines: list[str] = []
-        self.history: list[dict] = []
+        super().__init__(started, progress)
         self.episodes: list[tuple] = []
-        self.evals: list[dict] = []
         self.env_steps = 0
-        self.solved_at = None
-        self.dashboard = None    # the replay server's dashboard URL (--dashboard)
-
-    def now(self) -> float:
-        return time.time() - self.started
-
-    def log(self, msg: str) -> None:
-        line = f"[{self.now():6.1f}s] {msg}"
-        self.lines.append(line)
-        self.progress.log(line)
 
 
 def solve_progress(cfg: Config, threshold, rec: Record, info: dict, rates: dict) -> tuple:

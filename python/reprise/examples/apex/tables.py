@@ -50,11 +50,3 @@ def make_tables(cfg: Config, spec: dict, num_params: int):
     evals = rp.Table.queue("evals", evals_store, max_size=1024)
     return [replay, params, episodes, evals, best]
 
-
-def drain(table) -> dict:
-    """Every item waiting in a queue table, as ``{field: array}`` (empty dict when none)."""
-    n = table.size
-    if n == 0:
-        return {}
-    s = table.sample(n, timeout=0)
-    return {k: v[:, 0] for k, v in s.data.items()}

@@ -28,7 +28,8 @@ from .config import Config, parse_args
 from .model import num_parameters
 from .plots import plot
 from .rollout import rollout_main
-from .tables import drain, make_tables
+from ..reports import RunRecord, drain
+from .tables import make_tables
 from .task import RANDOM_REWARD, SEQUENCE
 from .trainer import trainer_main
 
@@ -36,26 +37,12 @@ TICK_S = 0.5
 LINE_EVERY_S = 10.0
 
 
-class Record:
-    """What happened, as the run goes."""
+class Record(RunRecord):
+    """What happened, as the run goes: the trainer's steps and evaluations, the log."""
 
     def __init__(self, started: float, progress: ProgressLine):
-        self.started, self.progress = started, progress
-        self.phase = "starting"
-        self.lines: list[str] = []
-        self.evals: list[dict] = []
+        super().__init__(started, progress)
         self.metrics: list[dict] = []
-        self.history: list[dict] = []
-        self.solved_at = None
-        self.dashboard = None
-
-    def now(self) -> float:
-        return time.time() - self.started
-
-    def log(self, msg: str) -> None:
-        line = f"[{self.now():6.1f}s] {msg}"
-        self.lines.append(line)
-        self.progress.log(line)
 
 
 def children(cfg: Config, address: str, stop: StopSignals) -> Children:
