@@ -91,3 +91,24 @@ def test_gpu_packed_gather_benchmark_runs_emulated(tmp_path):
     report = json.loads(out.read_text())
     assert report["emulated"] and report["packed_gather"]["gbps"] > 0 and report["pinned_memcpy"]["gbps"] > 0
     assert report["packed_gather"]["tokens_per_call_median"] > 0 and report["ratio"] > 0
+
+
+def test_dataplane_quick_measures_reprise_and_redis(tmp_path):
+    """The data-plane benchmark's smoke run (issue 35), Reprise and the Redis list only (the
+    Ray queue starts a Ray instance, which the quick run leaves out): every cell measured, no
+    Reprise draw past the staleness bound."""
+    import shutil
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    pytest.importorskip("redis")
+    r = subprocess.run([sys.executable, "-m", "benchmarks.async_rl.dataplane", "--quick", "--producers", "1",
+                        "--systems", "reprise,redis", "--out-dir", str(tmp_path)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, f"exit {r.returncode}\n--- stdout\n{r.stdout[-3000:]}\n--- stderr\n{r.stderr[-6000:]}"
+    (path,) = glob.glob(os.path.join(str(tmp_path), "dataplane-*-quick.json"))
+    with open(path) as f:
+        results = json.load(f)["results"]
+    for system in ("reprise", "redis"):
+        cell = results[system]["1"]
+        assert cell["batches"] > 0 and cell["tokens_per_s"] > 0, (system, cell)
+    assert results["reprise"]["1"]["drawn_past_bound"] == 0
