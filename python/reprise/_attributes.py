@@ -93,6 +93,18 @@ def arrays(schema, raw: bytes, n: int) -> dict:
     return {name: np.ascontiguousarray(rec[name]).astype(np.dtype(dtype), copy=False) for name, dtype in schema}
 
 
+def check_fixed(what: str, attributes: dict, versioned: bool, grouped: bool) -> None:
+    """Refuses ``update_attributes`` of what an item fixes when it is created, before
+    anything changes: its version under ``max_staleness`` (``versioned``), its group under
+    ``group_size`` (``grouped``). ``what`` names the table (``table 'x'``)."""
+    if "version" in attributes and versioned:
+        raise InvalidArgument(f"{what} has max_staleness: an item's version is fixed when it is created and cannot "
+                              f"be updated")
+    if "group" in attributes and grouped:
+        raise InvalidArgument(f"{what} has group_size: an item's group is fixed when it is created and cannot be "
+                              f"updated")
+
+
 def values(schema, table: str, name: str, value, n: int) -> bytes:
     """``n`` values of attribute ``name`` as its dtype's bytes (``update_attributes``)."""
     dtypes = dict(schema)

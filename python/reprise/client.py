@@ -189,8 +189,8 @@ class Client:
         schema = self._native.attributes(table)
         staged = [(name, values(schema, table, name, v, len(keys))) for name, v in attributes.items()]
         if "group" in attributes:
-            from .table import _check_group_fixed
-            _check_group_fixed(table, attributes, self.info()[table])
+            from ._attributes import check_fixed
+            check_fixed(f"table '{table}'", attributes, False, self.info()[table]["groups"] is not None)
         # The version first: under max_staleness the server refuses it before anything changed.
         staged.sort(key=lambda nv: nv[0] != "version")
         return min(self._native.update_attribute(table, keys, name, v) for name, v in staged)

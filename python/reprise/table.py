@@ -11,7 +11,7 @@ import warnings
 import numpy as np
 
 from . import _native
-from ._attributes import arrays, check_schema, records, values
+from ._attributes import arrays, check_fixed, check_schema, records, values
 from ._convert import as_int
 from .errors import CapacityWarning, InvalidArgument, NotFound
 from .extensions import Extension, _from_spec, _specs_json
@@ -85,13 +85,6 @@ def _items_in(data) -> int:
             except TypeError:
                 return 0
     return 0
-
-
-def _check_group_fixed(table: str, attributes: dict, info: dict) -> None:
-    """Refuses updating an item's group under group_size (before anything changes)."""
-    if "group" in attributes and info.get("groups") is not None:
-        raise InvalidArgument(f"table '{table}' has group_size: an item's group is fixed when it is created "
-                              f"and cannot be updated")
 
 
 _ITEM_SETTINGS = ("attributes", "max_staleness", "group_size", "group_timeout", "on_group_timeout")
@@ -542,10 +535,8 @@ class Table:
             raise InvalidArgument(f"table '{self.name}': update_attributes takes {{name: values}}, got {attributes!r}")
         schema = self._native.attributes
         staged = [(name, values(schema, self.name, name, v, len(keys))) for name, v in attributes.items()]
-        if "version" in attributes and self.max_staleness is not None:
-            raise InvalidArgument(f"table '{self.name}' has max_staleness: an item's version is fixed when it is "
-                                  f"created and cannot be updated")
-        _check_group_fixed(self.name, attributes, self.info())
+        check_fixed(f"table '{self.name}'", attributes, self.max_staleness is not None,
+                    "group" in attributes and self.info()["groups"] is not None)
         return min(self._native.update_attribute(keys, name, v) for name, v in staged)
 
     def attributes_of(self, keys) -> tuple[dict, "np.ndarray"]:

@@ -18,12 +18,12 @@ import time
 import numpy as np
 
 from .. import _native
-from .._attributes import arrays, check_schema, record_size
+from .._attributes import arrays, check_fixed, check_schema, record_size
 from .._convert import as_int
 from ..errors import CollectiveError, CollectiveMismatch, InvalidArgument, NotFound, Timeout
 from ..rate_limiters import MinSize, RateLimiter
 from ..sample import Sample
-from ..selectors import Fifo, Prioritized, Selector, Uniform
+from ..selectors import Fifo, Selector, Uniform
 from ..signature import Field
 from ..store import Store
 from ..table import Table
@@ -687,12 +687,7 @@ class ShardedTable:
             from .._attributes import values
             if not isinstance(attributes, dict) or not attributes:
                 raise InvalidArgument(f"{self._what}: update_attributes takes {{name: values}}, got {attributes!r}")
-            if "version" in attributes and self._max_staleness is not None:
-                raise InvalidArgument(f"{self._what} has max_staleness: an item's version is fixed when it is "
-                                      f"created and cannot be updated")
-            if "group" in attributes and self._groups is not None:
-                raise InvalidArgument(f"{self._what} has group_size: an item's group is fixed when it is created "
-                                      f"and cannot be updated")
+            check_fixed(self._what, attributes, self._max_staleness is not None, self._groups is not None)
             words = np.zeros((len(keys), len(names)), dtype=np.uint64)
             for j, name in enumerate(names):
                 raw = np.frombuffer(values(self._schema, self.name, name, attributes[name], len(keys)), np.uint8)
