@@ -169,7 +169,7 @@ def sigkill(p):
 # as a client that reads sampled rows slowly or sends what the real client never would.
 HELLO, LEASE, RELEASE, CREATE, SAMPLE, SAMPLE_DONE, INFO = 1, 2, 3, 4, 5, 6, 9
 HELLO_OK, LEASED, CREATED, SAMPLED, INFO_OK, ERROR = 129, 130, 131, 132, 134, 136
-PROTOCOL_VERSION = 4   # reprise_wire::local::VERSION
+PROTOCOL_VERSION = 5   # reprise_wire::local::VERSION
 ERROR_CODES = {1: "InvalidArgument", 2: "NotFound", 3: "Timeout", 4: "ResourceExhausted", 5: "Corrupt", 6: "Io"}
 
 
@@ -204,10 +204,14 @@ class Raw:
         kind, _ = self.call(HELLO, struct.pack("<I", PROTOCOL_VERSION))
         assert kind == HELLO_OK
 
-    def lease(self, store=0):
-        kind, body = self.call(LEASE, struct.pack("<I", store))
+    def lease(self, store=0, spares=0):
+        """The leased block, or with ``spares`` the list of blocks handed out."""
+        kind, body = self.call(LEASE, struct.pack("<II", store, spares))
         assert kind == LEASED, (kind, body)
-        return struct.unpack("<I", body)[0]
+        n, = struct.unpack_from("<I", body)
+        blocks = list(struct.unpack_from(f"<{n}I", body, 4))
+        assert len(body) == 4 + 4 * n
+        return blocks if spares else blocks[0]
 
     def create(self, items, timeout_ms=2000):
         """``items``: [(table, priority, [(start, len), ...])]; returns (kind, body)."""
@@ -1061,6 +1065,64 @@ def test_raw_requests_the_real_client_never_sends_are_refused(served):
     assert sorted(p for _, p, _, _ in t.items()) == [1.0, 3.0, 4.0]
     t.reset()
     assert wait_until(lambda: store.free_blocks == store.num_blocks, 2), (store.free_blocks, store.num_blocks)
+
+
+def test_a_lease_hands_out_free_spares_and_never_evicts_for_them(make_store, serve):
+    """LEASE asks for spare blocks beside the one it waits for: the server gives free
+    blocks only, so a full store gives none and evicts nothing for them; more than the
+    protocol's limit is refused and nothing is leased."""
+    store = make_store({"x": rp.Field((), "int64")}, capacity=16 * 8, block_steps=8)  # 16 blocks
+    with pytest.warns(Warning, match="ring semantics"):  # a ring by design
+        t = rp.Table("ring", store, sampler=rp.selectors.Fifo(), max_size=128)
+    server = serve([t])
+    raw = Raw(server.local_address)
+    raw.hello()
+    blocks = raw.lease(spares=5)
+    assert len(blocks) == 6 and len(set(blocks)) == 6
+    assert wait_until(lambda: store.free_blocks == 10, 2), store.free_blocks
+    kind, body = raw.call(LEASE, struct.pack("<II", 0, 65))
+    err = error_of(kind, body)
+    assert err is not None and err[0] == "InvalidArgument" and "65 spare blocks; at most 64" in err[1], err
+    assert store.free_blocks == 10, "a refused lease leased something"
+    # Fill the rest of the store with items, then ask for spares again: only the one
+    # block the lease evicts for comes back.
+    with rp.Client(server.local_address) as c, c.writer() as w:
+        for i in range(10 * 8):
+            w.append({"x": i})
+            w.create_item("ring", 1, 1.0)
+        w.flush(timeout=5)
+    assert wait_until(lambda: store.free_blocks == 0, 2), store.free_blocks
+    size = t.size
+    more = raw.lease(spares=8)
+    assert len(more) == 1, "spares came from a full store"
+    assert t.size == size - 8, "the lease evicted more than its one block"
+
+
+def test_a_writer_of_long_sequences_leases_ahead_and_gives_every_block_back(make_store, serve):
+    """A local writer in a large store takes spare blocks with its leases (one round trip
+    for several blocks); what it writes reads back exactly, and once it closes every block
+    that holds no item is free again. In a small store it keeps no spares."""
+    for blocks, spares in ((1024, True), (32, False)):
+        store = make_store({"x": rp.Field((), "int32")}, capacity=blocks * 64, block_steps=64)
+        t = rp.Table("q", store, sampler=rp.selectors.Fifo(), remover=rp.selectors.Fifo(), max_size=100,
+                     max_times_sampled=1)
+        server = serve([t])
+        with rp.Client(server.local_address) as c:
+            w = c.writer()
+            for k in range(6):
+                w.extend({"x": np.arange(k * 1000, k * 1000 + 150, dtype=np.int32)})  # 2-3 blocks each
+                w.create_item("q", 150, 1.0)
+                w.end_episode()
+            w.flush(timeout=5)
+            # Items cover 6 x 150 steps back to back (15 blocks, the last the writer's
+            # current one); anything more held is spares (up to 1/64 of the store).
+            held = store.num_blocks - store.free_blocks
+            assert (held > 15) == spares and held <= 15 + blocks // 64, (blocks, held)
+            for k in range(6):  # oldest first, each once
+                got = c.sample("q", 1, timeout=5)
+                assert np.array_equal(got.data["x"][0], np.arange(k * 1000, k * 1000 + 150)), k
+            w.close()
+            assert wait_until(lambda: store.free_blocks == store.num_blocks, 2), store.free_blocks
 
 
 def test_a_closed_client_fails_clearly_and_its_writers_keep_working(make_store, serve):

@@ -262,7 +262,7 @@ def _drive(k, seconds, seed, draw, move, producer) -> dict:
         procs.append(p)
     try:
         version, batches = 0, 0
-        latencies, lags, tokens, stale, items = [], [], 0, 0, 0
+        latencies, lags, tokens, stale, items, timeouts = [], [], 0, 0, 0, 0
         warm = time.monotonic() + 3.0
         start = end = None
         while True:
@@ -277,6 +277,7 @@ def _drive(k, seconds, seed, draw, move, producer) -> dict:
             except Exception as e:  # a timed-out draw: nothing arrived
                 if "Timeout" not in type(e).__name__:
                     raise
+                timeouts += start is not None
                 continue
             t1 = time.perf_counter()
             batches += 1
@@ -303,7 +304,7 @@ def _drive(k, seconds, seed, draw, move, producer) -> dict:
     return {"producers": k, "seconds": elapsed, "batches": len(latencies), "tokens_per_s": tokens / elapsed,
             "batch_p50_ms": float(np.percentile(lat, 50) * 1e3), "batch_p99_ms": float(np.percentile(lat, 99) * 1e3),
             "lag_p50_ms": float(np.median(lags) * 1e3) if lags else float("nan"), "items_drawn": items,
-            "drawn_past_bound": stale}
+            "drawn_past_bound": stale, "timed_out_draws": timeouts}
 
 
 SYSTEMS = {"reprise": run_reprise, "redis": run_redis, "ray": run_ray}

@@ -35,6 +35,14 @@ use crate::{check_priority_pairs, check_sample_size, explain_wait, Drawn, Interr
 const BATCH: u32 = 256;
 /// Commit messages a writer sends before it waits for the oldest reply.
 const MAX_INFLIGHT: usize = 8;
+/// Released blocks a writer holds back for its next message, at most.
+const RELEASE_BATCH: usize = 16;
+
+/// Spare blocks a writer may hold in a store of `blocks` blocks: none in a small
+/// store (they would hold its room back), at most 1/64 of a large one.
+fn spares_for(blocks: u64) -> u32 {
+    (blocks / 64).min(u64::from(p::MAX_SPARES).min(32)) as u32
+}
 
 pub struct TableRef {
     pub name: String,
@@ -369,12 +377,17 @@ impl ReplayClient for LocalClient {
         let columns = self.columns(table)?;
         let store = self.shared.info.stores.iter().position(|c| Arc::ptr_eq(c, &columns)).expect("store is listed") as u32;
         let (stream, info) = hello(&self.shared.path)?;
+        let max_spares = spares_for(columns.capacity() / columns.block_steps() as u64);
         let blocks = LeasedBlocks {
             stream,
             path: self.shared.path.clone(),
             columns,
             store,
             counts: HashMap::new(),
+            spares: Vec::new(),
+            spares_wanted: 0,
+            max_spares,
+            releasing: Vec::new(),
             pending: None,
             pending_items: 0,
             inflight: VecDeque::new(),
@@ -556,6 +569,16 @@ pub struct LeasedBlocks {
     store: u32,
     /// This writer's references per leased block; the server holds one per block.
     counts: HashMap<u32, u32>,
+    /// Blocks the server leased ahead (free ones only), handed to the writer
+    /// before the next round trip: a writer of long sequences asks once per
+    /// several blocks instead of once per block.
+    spares: Vec<u32>,
+    /// Spares the next lease asks for: doubles with each lease up to `max_spares`.
+    spares_wanted: u32,
+    max_spares: u32,
+    /// Blocks this writer let go of, told to the server with the next message it
+    /// sends (after the commits that reference them).
+    releasing: Vec<u32>,
     pending: Option<Frame>,
     pending_items: u32,
     /// Items in each commit message still awaiting its reply.
@@ -594,13 +617,22 @@ impl LeasedBlocks {
         }
     }
 
-    /// Sends the pending commit message, if any.
+    /// Sends the pending commit message, if any, then the releases waiting for it.
     fn send_pending(&mut self) -> Result<()> {
         if let Some(mut f) = self.pending.take() {
             f.patch_u32(8, self.pending_items);
             f.send(&mut self.stream)?;
             self.inflight.push_back(self.pending_items);
             self.pending_items = 0;
+        }
+        if !self.releasing.is_empty() {
+            let mut f = Frame::new(p::RELEASE);
+            f.u32(self.store).u32(self.releasing.len() as u32);
+            for &b in &self.releasing {
+                f.u32(b);
+            }
+            self.releasing.clear();
+            f.send(&mut self.stream)?;
         }
         Ok(())
     }
@@ -702,11 +734,16 @@ unsafe impl BlockSource for LeasedBlocks {
     /// the store's limbo wait); giving up on it closes the writer.
     fn lease(&mut self, wait: Wait<'_>) -> Result<u32> {
         self.check_open()?;
+        if let Some(block) = self.spares.pop() {
+            self.counts.insert(block, 1);
+            return Ok(block);
+        }
         let deadline = wait.deadline();
         self.send_pending()?;
         self.drain(0, wait.until(deadline))?;
+        self.spares_wanted = (self.spares_wanted * 2).max(1).min(self.max_spares);
         let mut f = Frame::new(p::LEASE);
-        f.u32(self.store);
+        f.u32(self.store).u32(self.spares_wanted);
         f.send(&mut self.stream)?;
         if let Err(e) = self.wait_reply(wait.until(deadline), "a writer's lease") {
             self.shut("gave up waiting for a block; items it had not committed were dropped");
@@ -724,10 +761,19 @@ unsafe impl BlockSource for LeasedBlocks {
         if kind != p::LEASED {
             return Err(unexpected(kind));
         }
-        let block = Reader::new(&body).u32()?;
-        if block as u64 * self.columns.block_steps() as u64 >= self.columns.capacity() {
-            return Err(Error::Corrupt(format!("leased block {block} is outside the store")));
+        let mut r = Reader::new(&body);
+        let n = r.count(self.spares_wanted + 1, "leased blocks")?;
+        let blocks = (0..n).map(|_| r.u32()).collect::<Result<Vec<u32>>>()?;
+        r.done()?;
+        let blocks_in_store = self.columns.capacity() / self.columns.block_steps() as u64;
+        if let Some(b) = blocks.iter().find(|&&b| b as u64 >= blocks_in_store) {
+            return Err(Error::Corrupt(format!("leased block {b} is outside the store")));
         }
+        let Some((&block, spares)) = blocks.split_first() else {
+            return Err(Error::Corrupt("a lease reply without a block".into()));
+        };
+        // The last block of the reply is handed out first.
+        self.spares.extend(spares.iter().rev());
         self.counts.insert(block, 1);
         Ok(block)
     }
@@ -746,14 +792,13 @@ unsafe impl BlockSource for LeasedBlocks {
         if self.closed.is_some() {
             return; // the server released everything when the connection shut
         }
-        // Commits that reference the block go first; the server handles messages in order.
-        let sent = self.send_pending().and_then(|_| {
-            let mut f = Frame::new(p::RELEASE);
-            f.u32(self.store).u32(1).u32(block);
-            f.send(&mut self.stream)
-        });
-        if let Err(e) = sent {
-            self.fail(e);
+        // Told with the next message: after the commits that reference the block (the
+        // server handles messages in order), and at once when many have piled up.
+        self.releasing.push(block);
+        if self.releasing.len() >= RELEASE_BATCH {
+            if let Err(e) = self.send_pending() {
+                self.fail(e);
+            }
         }
     }
 }
@@ -862,7 +907,7 @@ impl StepWriter for LocalWriter {
         self.queue(table, t, &windows, priorities, records, wait)
     }
 
-    /// Sends the episode's releases; waits for nothing.
+    /// Waits for nothing: the episode's blocks are released with the next message.
     fn end_episode(&mut self, _wait: Wait<'_>) -> Result<()> {
         self.check()?;
         self.writer.end_episode();

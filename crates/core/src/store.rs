@@ -231,6 +231,12 @@ impl Store {
         Ok(claim)
     }
 
+    /// A block from the free queue, if one is free now; never waits or evicts (a
+    /// local writer's spare blocks, see the local protocol's `LEASE`).
+    pub fn lease_free(&self) -> Option<u32> {
+        self.inner.allocator.lease().ok()
+    }
+
     /// Leases a free block; when there is none, makes room as a ring buffer would:
     /// the items of the block with the oldest lease are evicted from every table
     /// (if all the tables referencing it allow eviction and nothing else — a writer

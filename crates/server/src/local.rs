@@ -258,15 +258,24 @@ impl Connection {
             p::HELLO => self.hello(&mut r)?,
             p::LEASE => {
                 let store = r.u32()?;
+                let spares = r.u32()?;
                 r.done()?;
+                if spares > p::MAX_SPARES {
+                    return Err(Error::InvalidArgument(format!("a lease asked for {spares} spare blocks; at most {}", p::MAX_SPARES)));
+                }
                 let mut s = self.shared.stores.get(store as usize).ok_or_else(|| Error::NotFound(format!("no store number {store}")))?.clone();
                 let block = {
                     let stop = self.wait_stop();
                     s.lease(Wait { timeout: None, interrupt: Some(&stop) })?
                 };
-                *self.held.entry((store, block)).or_insert(0) += 1;
+                // Spares only from free blocks: asking for them never evicts an item.
+                let blocks: Vec<u32> = std::iter::once(block).chain((0..spares).map_while(|_| s.lease_free())).collect();
                 let mut f = Frame::new(p::LEASED);
-                f.u32(block);
+                f.u32(blocks.len() as u32);
+                for &b in &blocks {
+                    *self.held.entry((store, b)).or_insert(0) += 1;
+                    f.u32(b);
+                }
                 Some(f)
             }
             p::RELEASE => {

@@ -240,11 +240,12 @@ fn raw_client_with_a_block(path: &Path) -> (UnixStream, u32) {
     hello.send(&mut s).unwrap();
     assert_eq!(p::read_frame(&mut s).unwrap().0, p::HELLO_OK);
     let mut lease = Frame::new(p::LEASE);
-    lease.u32(0);
+    lease.u32(0).u32(0);
     lease.send(&mut s).unwrap();
     let (kind, body) = p::read_frame(&mut s).unwrap();
     assert_eq!(kind, p::LEASED);
-    (s, u32::from_le_bytes(body[..4].try_into().unwrap()))
+    assert_eq!(u32::from_le_bytes(body[..4].try_into().unwrap()), 1, "no spares asked for, none given");
+    (s, u32::from_le_bytes(body[4..8].try_into().unwrap()))
 }
 
 /// Bytes of one item in a CREATE record: table, priority, one row range, an empty attribute record.

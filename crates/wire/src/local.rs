@@ -16,8 +16,11 @@ use reprise_core::RowRange;
 /// Version 2: `CREATED` carries the committed items' keys. Version 4: item
 /// attribute records in `CREATE` and `SAMPLED`, token budgets in `SAMPLE`, the
 /// attribute schema, version and group figures in `INFO_OK`, `SET_VERSION` and
-/// `UPDATE_ATTRIBUTE`.
-pub const VERSION: u32 = 4;
+/// `UPDATE_ATTRIBUTE`. Version 5: `LEASE` asks for spare blocks too, `LEASED` lists
+/// the blocks handed out.
+pub const VERSION: u32 = 5;
+/// Most spare blocks one `LEASE` may ask for.
+pub const MAX_SPARES: u32 = 64;
 /// Largest attribute record of one item.
 pub const MAX_RECORD: u32 = 1 << 16;
 /// Largest frame either side accepts.
@@ -29,6 +32,8 @@ pub const MAX_RANGES: u32 = 1 << 16;
 
 // Requests.
 pub const HELLO: u8 = 1;
+/// `u32 store | u32 spares`: one block (waiting, or evicting, as a lease does) and up
+/// to `spares` more that are free right now; `LEASED`.
 pub const LEASE: u8 = 2;
 /// No reply.
 pub const RELEASE: u8 = 3;
@@ -51,6 +56,7 @@ pub const UPDATE_ATTRIBUTE: u8 = 14;
 
 // Replies.
 pub const HELLO_OK: u8 = 129;
+/// `u32 n | n x u32 block`: the leased block first, then the spares.
 pub const LEASED: u8 = 130;
 /// `u32 n | n x u64 key` of the items committed, in order.
 pub const CREATED: u8 = 131;
