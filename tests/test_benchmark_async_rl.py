@@ -112,3 +112,12 @@ def test_dataplane_quick_measures_reprise_and_redis(tmp_path):
         cell = results[system]["1"]
         assert cell["batches"] > 0 and cell["tokens_per_s"] > 0, (system, cell)
     assert results["reprise"]["1"]["drawn_past_bound"] == 0
+
+
+def test_dataplane_reports_the_median_run_of_each_cell():
+    from benchmarks.async_rl.dataplane import _median_run
+    runs = [{"tokens_per_s": 3.0, "id": "a"}, {"tokens_per_s": 1.0, "id": "b"}, {"tokens_per_s": 2.0, "id": "c"}]
+    got = _median_run(runs)
+    assert got["id"] == "c" and got["tokens_per_s_runs"] == [3.0, 1.0, 2.0]
+    assert _median_run(runs[:2])["id"] == "b"   # an even count: the lower middle
+    assert _median_run([{"skipped": "no ray"}]) == {"skipped": "no ray"}

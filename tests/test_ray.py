@@ -107,6 +107,42 @@ def test_the_grpo_demo_runs_as_ray_actors_and_learns(local_ray, tmp_path):
     cfg = grpo.Config(ray=True, time_limit=60.0, solve_reward=0.9, eval_every=2.0, seed=0, out=str(tmp_path / "run"))
     summary = grpo.run(cfg)
     assert summary["ended"] in ("solved", "time_limit"), summary["log"][-5:]
-    assert any("as Ray actors" in line for line in summary["log"])
+    # The tables were served from a reprise.ray actor, not from this process.
+    assert any("serving the tables and running the trainer and the rollout workers as Ray actors" in line
+               for line in summary["log"]), summary["log"][:5]
+    serving = next(line for line in summary["log"] if "serving rollouts" in line)
+    assert f"-{os.getpid()}" not in serving and summary["tokens_generated"] > 0, serving
     assert summary["best_greedy_reward"] >= summary["untrained_greedy_reward"] + 0.3
     assert summary["restarts"] == {"trainer": 0, "rollouts": 0}
+
+
+def test_sigterm_stops_the_ray_run_writes_the_summary_and_leaves_nothing(tmp_path):
+    """``reprise demo grpo --ray`` as a user runs it (its own local Ray instance), stopped by
+    SIGTERM while training: exit 143, the summary written, and no actor process, socket or
+    shared memory of the run left (the server's actor included)."""
+    import json
+    import signal
+    sys.path.insert(0, os.path.dirname(__file__))
+    from demo_runs import DemoRun, status
+    out = tmp_path / "run"
+    run = DemoRun("grpo", ["--ray", "--solve-reward", "1.01", "--out", str(out)])
+    run.wait_for(lambda: (status(out) or {}).get("trainer_step", 0) > 0, 180, "trainer steps")
+    st = status(out)
+    pids = [*st["pids"].values(), st["server_pid"]]
+    assert run.proc.pid not in pids, "the server ran in the driver, not in a Ray actor"
+    os.kill(run.proc.pid, signal.SIGTERM)
+    assert run.finish(timeout=120) == 143, run.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["ended"] == "interrupted" and summary["signal"] == "SIGTERM" and summary["trainer_steps"] > 0
+    deadline = time.monotonic() + 30   # Ray's shutdown ends its workers as it goes
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.2)
+    run.assert_clean(pids)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False

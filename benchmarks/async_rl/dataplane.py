@@ -1,7 +1,7 @@
 """The store between rollout workers and a trainer (issue 35, section 3): Reprise against the
 data planes LLM-RL teams use today, in one run on this machine.
 
-    python -m benchmarks.async_rl.dataplane                       # K = 1, 2, 4, 8; ~3 minutes
+    python -m benchmarks.async_rl.dataplane                       # K = 1, 2, 4, 8; ~15 minutes
     python -m benchmarks.async_rl.dataplane --quick               # K = 1, 2; a smoke test
     python -m benchmarks.async_rl.dataplane --systems reprise,redis --producers 4
 
@@ -25,6 +25,18 @@ Systems, each as its users set it up:
 - ``ray``: a Ray actor holding a queue of ``ray.put`` references (verl's fully-async
   ``MessageQueue`` pattern): producers ``ray.put`` each group and push its reference; the
   trainer pops references until the budget is full, ``ray.get``s them, drops the stale ones.
+- ``torchrl``: TorchRL 0.14's ``RayReplayBuffer`` over ``LazyStackStorage`` (the storage its
+  ``grpo-async.py`` uses for ragged token data) with ``ConsumingSampler`` (each item drawn
+  once): an item is one group, a lazy stack of its 8 sequences' TensorDicts (token, logprob,
+  mask; ``policy_version``, reward, group, commit time); producers ``add`` through
+  ``rb.client()``; the trainer ``sample(1)``s groups until the budget is full and drops the
+  stale ones. ``StalenessAwareSampler`` would gate by version but draws with replacement,
+  and ``PromptGroupSampler`` draws whole groups but never consumes: neither composes with
+  drawing each group once, so the trainer filters as with the other peers. The in-process
+  ``ReplayBuffer`` (no Ray) is compared in ``benchmarks.async_rl.compare``.
+
+Each cell runs ``--repeats`` times (systems in a rotated order each time); the run with the
+median tokens/s is reported.
 
 Writes ``benchmarks/out/dataplane-<date>.json`` and ``.md`` (``--out-dir`` elsewhere).
 """
@@ -37,7 +49,6 @@ import multiprocessing as mp
 import os
 import pickle
 import platform
-import statistics
 import subprocess
 import tempfile
 import time
@@ -117,6 +128,30 @@ def ray_producer(queue_name: str, pid: int, vfile: str, stop, seed: int, address
     while not stop.is_set():
         g = dict(groups[k % len(groups)], version=_version_file(vfile), group=(pid << 32) | k, committed=time.time())
         ray.get(q.push.remote([ray.put(g)]))
+        k += 1
+
+
+def torchrl_producer(client_bytes: bytes, pid: int, vfile: str, stop, seed: int, address: str):
+    import ray
+    import torch
+    from tensordict import TensorDict, lazy_stack
+    ray.init(address=address, namespace="reprise-dataplane", log_to_driver=False, configure_logging=False)
+    client = pickle.loads(client_bytes)   # RayReplayBuffer.client(): picklable, no lifecycle rights
+    groups = make_groups(seed, 8)
+    k = 0
+    while not stop.is_set():
+        g, version, gid = groups[k % len(groups)], _version_file(vfile), (pid << 32) | k
+        committed, at, items = time.time(), 0, []
+        for i, n in enumerate(g["lengths"]):
+            n = int(n)
+            items.append(TensorDict({"token": torch.from_numpy(g["token"][at:at + n]),
+                                     "logprob": torch.from_numpy(g["logprob"][at:at + n]),
+                                     "mask": torch.from_numpy(g["mask"][at:at + n]),
+                                     "policy_version": torch.tensor(version), "reward": torch.tensor(float(g["reward"][i])),
+                                     "group": torch.tensor(gid), "committed": torch.tensor(committed, dtype=torch.float64)},
+                                    batch_size=[]))
+            at += n
+        client.add(lazy_stack(items))   # one item: the group's 8 sequences, ragged
         k += 1
 
 
@@ -239,6 +274,52 @@ def run_ray(k: int, seconds: float, seed: int) -> dict:
         ray.shutdown()
 
 
+def run_torchrl(k: int, seconds: float, seed: int) -> dict:
+    import ray
+    import torch
+    from functools import partial
+    from torchrl.data import LazyStackStorage
+    from torchrl.data.replay_buffers.ray_buffer import RayReplayBuffer
+    from torchrl.data.replay_buffers.samplers import ConsumingSampler
+    torch.set_num_threads(1)
+    ray.init(num_cpus=max(2, k), namespace="reprise-dataplane", include_dashboard=False, log_to_driver=False,
+             configure_logging=False)
+    try:
+        # One item per group (a lazy stack of its 8 ragged sequences), each drawn once.
+        rb = RayReplayBuffer(storage=partial(LazyStackStorage, 4096), sampler=ConsumingSampler, batch_size=1,
+                             remote_config={"num_cpus": 0})
+        client_bytes = pickle.dumps(rb.client())
+        address = ray.get_runtime_context().gcs_address
+        state = {"version": 0}
+
+        def draw():
+            tokens, versions, committed = 0, [], []
+            deadline = time.monotonic() + 5.0
+            while tokens < FILL and time.monotonic() < deadline:
+                try:
+                    batch = rb.sample(1)
+                except RuntimeError:   # nothing left to consume
+                    time.sleep(0.001)
+                    continue
+                for g in batch.unbind(0):
+                    v = int(g.get("policy_version")[0])
+                    versions.extend([v] * G)
+                    committed.extend([float(g.get("committed")[0])] * G)
+                    if v >= state["version"] - BOUND:   # the trainer drops stale groups itself
+                        tokens += sum(t.numel() for t in g.get("token", as_list=True))
+            return tokens, np.array(versions), np.array(committed)
+
+        def move(v):
+            state["version"] = v
+        try:
+            return _drive(k, seconds, seed, draw, move,
+                          lambda vfile, stop, i: (torchrl_producer, (client_bytes, i, vfile, stop, seed + i, address)))
+        finally:
+            rb.close()
+    finally:
+        ray.shutdown()
+
+
 def _free_port() -> int:
     import socket
     with socket.socket() as s:
@@ -307,36 +388,49 @@ def _drive(k, seconds, seed, draw, move, producer) -> dict:
             "drawn_past_bound": stale, "timed_out_draws": timeouts}
 
 
-SYSTEMS = {"reprise": run_reprise, "redis": run_redis, "ray": run_ray}
+def _median_run(rs: list[dict]) -> dict:
+    """The run with the median tokens/s (the lower middle of an even count), with every
+    run's tokens/s beside it."""
+    done = [r for r in rs if "skipped" not in r]
+    if not done:
+        return rs[0]
+    done.sort(key=lambda r: r["tokens_per_s"])
+    return dict(done[(len(done) - 1) // 2], tokens_per_s_runs=[r["tokens_per_s"] for r in rs if "skipped" not in r])
+
+
+SYSTEMS = {"reprise": run_reprise, "redis": run_redis, "ray": run_ray, "torchrl": run_torchrl}
 
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--systems", default="reprise,redis,ray")
+    ap.add_argument("--systems", default="reprise,redis,ray,torchrl")
     ap.add_argument("--producers", default="1,2,4,8")
     ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out-dir", default=os.path.join("benchmarks", "out"))
     args = ap.parse_args(argv)
     if args.quick:
-        args.producers, args.seconds = "1,2", 3.0
+        args.producers, args.seconds, args.repeats = "1,2", 3.0, 1
     systems = [s for s in args.systems.split(",") if s]
     ks = [int(k) for k in args.producers.split(",")]
-    results = {}
+    runs: dict[str, dict[str, list]] = {}
     for k in ks:
-        for name in systems:
-            try:
-                r = SYSTEMS[name](k, args.seconds, seed=k)
-            except ImportError as e:
-                r = {"skipped": f"{type(e).__name__}: {e}"}
-            results.setdefault(name, {})[str(k)] = r
-            print(f"{name:8s} K={k}: " + (r.get("skipped") or
-                  f"{r['tokens_per_s'] / 1e6:6.1f}M tokens/s, batch p50 {r['batch_p50_ms']:.1f} ms p99 "
-                  f"{r['batch_p99_ms']:.1f} ms, lag p50 {r['lag_p50_ms']:.0f} ms, past bound "
-                  f"{r['drawn_past_bound']} of {r['items_drawn']}"), flush=True)
+        for rep in range(args.repeats):
+            for name in systems[rep % len(systems):] + systems[:rep % len(systems)]:
+                try:
+                    r = SYSTEMS[name](k, args.seconds, seed=k)
+                except ImportError as e:
+                    r = {"skipped": f"{type(e).__name__}: {e}"}
+                runs.setdefault(name, {}).setdefault(str(k), []).append(r)
+                print(f"{name:8s} K={k}: " + (r.get("skipped") or
+                      f"{r['tokens_per_s'] / 1e6:6.1f}M tokens/s, batch p50 {r['batch_p50_ms']:.1f} ms p99 "
+                      f"{r['batch_p99_ms']:.1f} ms, lag p50 {r['lag_p50_ms']:.0f} ms, past bound "
+                      f"{r['drawn_past_bound']} of {r['items_drawn']}"), flush=True)
+    results = {name: {k: _median_run(rs) for k, rs in per_k.items()} for name, per_k in runs.items()}
     stamp = time.strftime("%Y%m%d-%H%M%S")
     report = {"config": {**vars(args), "group": G, "budget": BUDGET, "bound": BOUND, "version_every": VERSION_EVERY},
-              "machine": {"platform": platform.platform(), "cpus": os.cpu_count()}, "results": results}
+              "machine": {"platform": platform.platform(), "cpus": os.cpu_count()}, "results": results, "runs": runs}
     lines = ["| K | " + " | ".join(f"{s} tokens/s (p50 / p99 ms, lag ms, past bound)" for s in systems) + " |",
              "|---|" + "---|" * len(systems)]
     for k in ks:

@@ -48,6 +48,7 @@ class ServerInfo:
     address: str           # host:port, reachable from every node (gRPC, token required)
     local_address: str     # unix:///..., for processes on node_id (shared memory)
     token: str
+    dashboard_url: str | None = None   # with dashboard_address=, on node_ip
 
     def on_this_node(self) -> bool:
         """Whether the caller (a driver, actor or task) runs on the server's node."""
@@ -72,7 +73,8 @@ class _ServerActor:
         ip = ray.util.get_node_ip_address()
         bound = self.server.address.rsplit(":", 1)[1]
         self._info = ServerInfo(node_id=ray.get_runtime_context().get_node_id(), node_ip=ip,
-                                address=f"{ip}:{bound}", local_address=self.server.local_address, token=token)
+                                address=f"{ip}:{bound}", local_address=self.server.local_address, token=token,
+                                dashboard_url=self.server.dashboard_url)
 
     def info(self) -> ServerInfo:
         return self._info

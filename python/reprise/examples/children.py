@@ -91,11 +91,19 @@ class Children:
                 p.join()
 
 
+def connect(address):
+    """A demo process's client of the served tables: ``address`` is the server's local
+    address, or (``--ray``) the ``reprise.ray.ServerInfo`` of a server in a Ray actor."""
+    import reprise as rp
+    return rp.Client(address) if isinstance(address, str) else address.client()
+
+
 def shut_down(stop: StopSignals, progress, children, server, tables, run_dir) -> None:
     """The end of every run of a server-backed demo, in order, whatever got made (None for
     what was not): no more signal handling, the progress line closed, the children stopped
     before the server (so none sees its connection lost), the stores closed (their shared
-    memory removed) and the run directory's lock released."""
+    memory removed) and the run directory's lock released. ``server`` is an ``rp.Server`` or
+    a ``reprise.ray.ReplayServer`` (whose actor closes its own stores)."""
     stop.stopping()
     if progress is not None:
         progress.close()

@@ -7,12 +7,16 @@ from __future__ import annotations
 import time
 
 
-def drain(table) -> dict:
-    """Every item waiting in a queue table, as ``{field: array}`` (empty dict when none)."""
-    n = table.size
+def drain(source, name: str | None = None) -> dict:
+    """Every item waiting in a queue table, as ``{field: array}`` (empty dict when none):
+    ``drain(table)``, or ``drain(client, name)`` for a served table."""
+    if name is None:
+        n, take = source.size, source.sample
+    else:
+        n, take = source.info()[name]["size"], lambda n, timeout: source.sample(name, n, timeout=timeout)
     if n == 0:
         return {}
-    s = table.sample(n, timeout=0)
+    s = take(n, timeout=0)
     return {k: v[:, 0] for k, v in s.data.items()}
 
 

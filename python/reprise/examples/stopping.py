@@ -85,6 +85,12 @@ class StopSignals:
         self._hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
         return self
 
+    def reclaim(self) -> None:
+        """Installs the handlers again, after a library replaced them behind Python's back
+        (``ray.init`` puts its own SIGTERM handler in the process with ``sigaction``)."""
+        for s in self._previous:
+            signal.signal(s, self._handle)
+
     def _unraisable(self, unraisable):
         """A signal that lands while the interpreter runs a callback that cannot raise
         (a weakref callback of importlib's module locks, during an import) has its

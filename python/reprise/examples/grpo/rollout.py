@@ -19,6 +19,7 @@ import numpy as np
 import reprise as rp
 
 from ..stopping import child_setup
+from ..children import connect
 from .config import Config
 from .model import extend, load_flat_parameters, make_policy
 from .task import LENGTH, PROMPT, SEP, SEQUENCE, prompts, rewards
@@ -112,7 +113,7 @@ def rollout_main(cfg: Config, worker: int, address: str, seed: int, parent: int)
     rng = np.random.default_rng(seed)
     gen = torch.Generator().manual_seed(seed)
     policy = make_policy(cfg.width, cfg.layers).eval()
-    client = rp.Client(address)
+    client = connect(address)
     version = fetch(client, policy, -1)
     G = cfg.group_size
     n = cfg.prompts_per_round * G

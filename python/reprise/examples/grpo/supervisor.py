@@ -1,6 +1,10 @@
-"""The supervisor: owns and serves the tables, runs the trainer and the rollout workers
+"""The supervisor: serves the tables, runs the trainer and the rollout workers
 (``reprise.examples.children``), shows progress, and at the end writes ``summary.json`` and
 ``grpo.png``. ``run(cfg)`` is the whole demo; ``main(argv)`` the command.
+
+The tables live in this process (``rp.Server``), or with ``--ray`` in a Ray actor
+(``reprise.ray.serve``) beside the trainer's and the rollout workers' actors; either way this
+process reads them through a client, as the others do.
 
 A run ends (``summary.json``'s ``ended``) ``solved`` (the trainer's greedy evaluation reached
 ``--solve-reward``), at the ``time_limit``, ``failed`` (a process kept exiting: exit 1), or
@@ -12,6 +16,7 @@ second signal skips the plot); the server is stopped and the stores closed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 
@@ -20,7 +25,7 @@ from pathlib import Path
 import reprise as rp
 
 from .. import rundirs
-from ..children import Children, RayChildren, shut_down
+from ..children import Children, RayChildren, connect, shut_down
 from ..devices import device_problem
 from ..progress import ProgressLine
 from ..stopping import Interrupted, StopSignals, signal_name
@@ -45,8 +50,9 @@ class Record(RunRecord):
         self.metrics: list[dict] = []
 
 
-def children(cfg: Config, address: str, stop: StopSignals) -> Children:
-    """The trainer and the rollout workers: processes, or Ray actors with ``--ray``."""
+def children(cfg: Config, address, stop: StopSignals) -> Children:
+    """The trainer and the rollout workers: processes, or Ray actors with ``--ray``
+    (``address``: the server's local address, or its ``reprise.ray.ServerInfo``)."""
     parent = None if cfg.ray else os.getpid()
 
     def launch(name, launches):
@@ -57,9 +63,10 @@ def children(cfg: Config, address: str, stop: StopSignals) -> Children:
     return (RayChildren if cfg.ray else Children)("grpo", launch, stop, ["trainer", "rollouts"])
 
 
-def start_ray():
+def start_ray(stop: StopSignals):
     """A local Ray instance for ``--ray`` (its workers import reprise from where this does);
-    None when this process is in a Ray job already (which is then left running)."""
+    None when this process is in a Ray job already (which is then left running). The demo's
+    signal handlers are put back after ``ray.init``, which installs its own."""
     import ray
     if ray.is_initialized():
         return None
@@ -68,29 +75,44 @@ def start_ray():
     path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
     ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=True,
              configure_logging=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
+    stop.reclaim()
     return ray
 
 
-def train(cfg: Config, rec: Record, kids: Children, tables, out: Path) -> str:
+def serve(cfg: Config):
+    """The tables served: ``(server, address, tables made here, the server's pid)``. In this
+    process, or with ``--ray`` in a Ray actor on this node (``reprise.ray.serve``; ``address``
+    is then its ``ServerInfo``, which every actor turns into a client)."""
+    make = functools.partial(make_tables, cfg, num_parameters(cfg.width, cfg.layers))
+    if cfg.ray:
+        import ray
+        import reprise.ray
+        server = reprise.ray.serve(make, dashboard_address=cfg.dashboard)
+        return server, server.info, [], ray.get(server.actor.pid.remote(), timeout=60)
+    tables = make()
+    server = rp.Server(tables, name=f"grpo-{os.getpid()}", dashboard_address=cfg.dashboard)
+    return server, server.local_address, tables, os.getpid()
+
+
+def train(cfg: Config, rec: Record, kids: Children, client, server_pid: int, out: Path) -> str:
     """The supervisor's loop; returns ``solved``, ``time_limit`` or ``failed``."""
-    rollouts, metrics_q, evals_q = tables[0], tables[2], tables[3]
     trained = 0
     while True:
         time.sleep(TICK_S)
         now = rec.now()
-        got = drain(metrics_q)
+        got = drain(client, "metrics")
         for i in range(len(got.get("step", []))):
             m = {"time": now, **{k: (float(v[i]) if k in ("reward", "staleness") else int(v[i]))
                                  for k, v in got.items()}}
             rec.metrics.append(m)
             trained += m["tokens"]
-        got = drain(evals_q)
+        got = drain(client, "evals")
         for i in range(len(got.get("step", []))):
             e = {"time": now, "step": int(got["step"][i]), "greedy_reward": float(got["greedy_reward"][i])}
             rec.evals.append(e)
             if e["greedy_reward"] >= cfg.solve_reward and rec.solved_at is None:
                 rec.solved_at = e
-        info = rollouts.info()
+        info = client.info()["rollouts"]
         rec.history.append({"time": now, "generated": info["num_inserts"] * SEQUENCE, "trained": trained})
         failure = kids.check(rec.log)
         if failure is not None:
@@ -99,7 +121,7 @@ def train(cfg: Config, rec: Record, kids: Children, tables, out: Path) -> str:
         rec.phase = "training" if rec.metrics else "waiting for the processes"
         last = rec.evals[-1] if rec.evals else None
         rundirs.write_json(out / "status.json", {
-            "time": now, "pids": kids.pids(), "restarts": kids.restarts, "trainer_step": len(rec.metrics),
+            "time": now, "pids": kids.pids(), "server_pid": server_pid, "restarts": kids.restarts, "trainer_step": len(rec.metrics),
             "greedy_reward": last["greedy_reward"] if last else None, "version": info["version"],
             "tokens_generated": info["num_inserts"] * SEQUENCE, "tokens_trained": trained,
             "dashboard": rec.dashboard})
@@ -127,7 +149,7 @@ def run(cfg: Config, stop: StopSignals | None = None) -> dict:
     if stop is None:
         with StopSignals() as own:
             return run(cfg, own)
-    run_dir = progress = rec = server = kids = ended = ray_module = None
+    run_dir = progress = rec = server = kids = ended = ray_module = client = None
     tables = []
     try:
         try:
@@ -137,17 +159,20 @@ def run(cfg: Config, stop: StopSignals | None = None) -> dict:
                 progress = ProgressLine("grpo", every=LINE_EVERY_S)
                 rec = Record(time.time(), progress)
             rec.log(f"writing to {run_dir.path}; Ctrl-C stops the run and still writes the summary")
-            with stop.hold():
-                tables = make_tables(cfg, num_parameters(cfg.width, cfg.layers))
-                server = rp.Server(tables, name=f"grpo-{os.getpid()}", dashboard_address=cfg.dashboard)
-            if server.dashboard_url is not None:
-                rec.dashboard = server.dashboard_url
-                rec.log(f"dashboard: open {server.dashboard_url} in a browser")
             if cfg.ray:
-                ray_module = start_ray()
-                rec.log("running the trainer and the rollout workers as Ray actors (a local Ray instance)")
-            kids = children(cfg, server.local_address, stop)
-            rec.log(f"serving {', '.join(t.name for t in tables)} at {server.local_address}; {cfg.rollout_workers} "
+                ray_module = start_ray(stop)
+                rec.log("serving the tables and running the trainer and the rollout workers as Ray actors "
+                        "(a local Ray instance)")
+            with stop.hold():
+                server, address, tables, server_pid = serve(cfg)
+                client = connect(address)
+            local = address if isinstance(address, str) else address.local_address
+            dashboard = server.dashboard_url if isinstance(address, str) else address.dashboard_url
+            if dashboard is not None:
+                rec.dashboard = dashboard
+                rec.log(f"dashboard: open {dashboard} in a browser")
+            kids = children(cfg, address, stop)
+            rec.log(f"serving {', '.join(client.tables)} at {local}; {cfg.rollout_workers} "
                     f"rollout workers, groups of {cfg.group_size}, max_staleness {cfg.max_staleness}, "
                     f"{cfg.tokens} tokens a step")
             rec.phase = "starting the processes"
@@ -155,20 +180,22 @@ def run(cfg: Config, stop: StopSignals | None = None) -> dict:
             for i in range(cfg.rollout_workers):
                 kids.start(f"rollout-{i}")
             rec.phase = "waiting for the processes"
-            ended = train(cfg, rec, kids, tables, run_dir.path)
+            ended = train(cfg, rec, kids, client, server_pid, run_dir.path)
         except Interrupted:
             if rec is None:
                 raise
             ended = "interrupted"
         stop.stopping()
-        return _finish(cfg, stop, rec, ended, tables, kids, run_dir.path)
+        return _finish(cfg, stop, rec, ended, client, kids, run_dir.path)
     finally:
+        if client is not None:
+            client.close()
         shut_down(stop, progress, kids, server, tables, run_dir)
         if ray_module is not None:
             ray_module.shutdown()
 
 
-def _finish(cfg, stop, rec, ended, tables, kids, out: Path) -> dict:
+def _finish(cfg, stop, rec, ended, client, kids, out: Path) -> dict:
     interrupted_in = rec.phase
     rec.progress.close()
     if stop.interrupted:
@@ -177,8 +204,9 @@ def _finish(cfg, stop, rec, ended, tables, kids, out: Path) -> dict:
     rec.phase = "stopping"
     if kids is not None:
         kids.stop()
-    info = tables[0].info() if tables else None
-    stats = tables[0].stats().get("staleness", {}) if tables else {}
+    infos = client.info() if client is not None else {}
+    info, partials = infos.get("rollouts"), infos.get("partials")
+    stats = client.stats()["rollouts"].get("staleness", {}) if client is not None else {}
     behind = list(stats.get("behind", []))
     while behind and behind[-1] == 0:
         behind.pop()
@@ -212,8 +240,8 @@ def _finish(cfg, stop, rec, ended, tables, kids, out: Path) -> dict:
         "stale_removed": info["stale_removed"] if info else 0,
         "stale_dropped": info["stale_dropped"] if info else 0,
         "straggler_groups_dropped": info["groups"]["dropped"] if info else 0,
-        "partial_rollouts_parked": tables[4].info()["num_inserts"] if len(tables) > 4 else None,
-        "partial_rollouts_resumed": tables[4].info()["num_samples"] if len(tables) > 4 else None,
+        "partial_rollouts_parked": partials["num_inserts"] if partials else None,
+        "partial_rollouts_resumed": partials["num_samples"] if partials else None,
         "restarts": kids.restarts if kids else {},
         "evals": rec.evals,
         "metrics": rec.metrics,

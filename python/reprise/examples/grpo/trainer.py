@@ -12,6 +12,7 @@ import numpy as np
 import reprise as rp
 
 from ..stopping import child_setup
+from ..children import connect
 from .config import Config
 from .model import answer_logprobs, flat_parameters, generate, make_policy
 from .task import LENGTH, PROMPT, SEQUENCE, eval_prompts, rewards
@@ -45,7 +46,7 @@ def trainer_main(cfg: Config, address: str, seed: int, parent: int) -> None:
     if device.type == "cpu":
         torch.set_num_threads(1)
     policy = make_policy(cfg.width, cfg.layers).to(device)
-    client = rp.Client(address)
+    client = connect(address)
     version = 0
     try:
         s = client.sample("params", 1, timeout=0)
