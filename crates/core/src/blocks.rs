@@ -152,6 +152,21 @@ impl BlockAllocator {
     }
 
     /// Adds a reference to a block the caller already holds a reference to.
+    /// `retain` `n` times in one step.
+    pub fn retain_n(&self, block: u32, n: u32) {
+        let previous = self.refcounts[block as usize].fetch_add(n, Ordering::AcqRel);
+        debug_assert!(previous > 0, "retained block {block} that nobody held");
+    }
+
+    /// `release` `n` times in one step.
+    pub fn release_n(&self, block: u32, n: u32) {
+        let previous = self.refcounts[block as usize].fetch_sub(n, Ordering::AcqRel);
+        debug_assert!(previous >= n, "released block {block} more than it was held");
+        if previous == n {
+            self.state.lock().give_back(block);
+        }
+    }
+
     pub fn retain(&self, block: u32) {
         let previous = self.refcounts[block as usize].fetch_add(1, Ordering::AcqRel);
         debug_assert!(previous > 0, "retained block {block} that nobody held");
@@ -451,5 +466,69 @@ mod tests {
         assert_eq!(s.block_refcount(0), 0);
         c.close(&mut s);
         assert_eq!(s.free_blocks(), 3);
+    }
+}
+
+/// Reference changes of a run of table operations under one lock, applied per
+/// block instead of per item: consecutive retains (or releases) of one block
+/// become one atomic step. Off (every change applied at once) unless begun; the
+/// table ends the run before it lets go of its lock. Pending retains are applied
+/// before any release, so no count dips to zero while an item still needs it.
+#[derive(Default)]
+pub(crate) struct RefBatch {
+    on: bool,
+    retain: Option<(u32, u32)>,
+    release: Option<(u32, u32)>,
+}
+
+impl RefBatch {
+    pub(crate) fn begin(&mut self) {
+        self.on = true;
+    }
+
+    #[inline]
+    pub(crate) fn retain(&mut self, alloc: &BlockAllocator, block: u32) {
+        if !self.on {
+            return alloc.retain(block);
+        }
+        match &mut self.retain {
+            Some((b, n)) if *b == block => *n += 1,
+            pending => {
+                if let Some((b, n)) = pending.replace((block, 1)) {
+                    alloc.retain_n(b, n);
+                }
+            }
+        }
+    }
+
+    #[inline]
+    pub(crate) fn release(&mut self, alloc: &BlockAllocator, block: u32) {
+        if !self.on {
+            return alloc.release(block);
+        }
+        match &mut self.release {
+            Some((b, n)) if *b == block => *n += 1,
+            _ => {
+                self.apply_retains(alloc);
+                if let Some((b, n)) = self.release.replace((block, 1)) {
+                    alloc.release_n(b, n);
+                }
+            }
+        }
+    }
+
+    fn apply_retains(&mut self, alloc: &BlockAllocator) {
+        if let Some((b, n)) = self.retain.take() {
+            alloc.retain_n(b, n);
+        }
+    }
+
+    /// Applies what is pending and turns batching off.
+    pub(crate) fn end(&mut self, alloc: &BlockAllocator) {
+        self.apply_retains(alloc);
+        if let Some((b, n)) = self.release.take() {
+            alloc.release_n(b, n);
+        }
+        self.on = false;
     }
 }

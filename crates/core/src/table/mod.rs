@@ -17,6 +17,7 @@ use parking_lot::{Condvar, Mutex, MutexGuard};
 use rand::SeedableRng;
 
 use crate::attributes::{Attributes, Records};
+use crate::blocks::RefBatch;
 use crate::error::{Error, Partial, Result};
 use crate::extensions::{ExtensionSpec, Extensions, ItemEvent};
 use crate::invalid;
@@ -141,6 +142,8 @@ pub(crate) struct State {
     pub(crate) records: Records,
     /// The policy version and staleness index (tables with an int64 `version` attribute).
     pub(crate) versions: Option<Versions>,
+    /// Block references of the insert run under way (see [`RefBatch`]).
+    pub(crate) refs: RefBatch,
 }
 
 pub(crate) struct Shared {
@@ -215,6 +218,7 @@ impl State {
             max_size: config.max_size,
             groups: config.groups.and_then(|g| Groups::new(g, &config.attributes)),
             versions: Versions::new(&config.attributes, config.max_staleness),
+            refs: RefBatch::default(),
         }
     }
 
@@ -277,7 +281,7 @@ impl State {
         }
         self.free_slots.push(slot);
         let alloc = store.allocator();
-        let block_items = &mut self.block_items;
+        let (block_items, refs) = (&mut self.block_items, &mut self.refs);
         for_each_block(item.window.ranges(), store.block_steps(), |b| {
             let slots = &mut block_items[b as usize];
             let at = slots.iter().position(|&s| s == slot).expect("item listed under its block");
@@ -288,7 +292,7 @@ impl State {
             } else {
                 slots.swap_remove_back(at);
             }
-            alloc.release(b)
+            refs.release(alloc, b)
         });
     }
 
@@ -307,13 +311,13 @@ impl State {
             }
         };
         let alloc = store.allocator();
-        let block_items = &mut self.block_items;
+        let (block_items, refs) = (&mut self.block_items, &mut self.refs);
         for_each_block(new.window.ranges(), store.block_steps(), |b| {
             if block_items.len() <= b as usize {
                 block_items.resize_with(b as usize + 1, VecDeque::new);
             }
             block_items[b as usize].push_back(slot);
-            alloc.retain(b)
+            refs.retain(alloc, b)
         });
         let seq = self.next_seq;
         self.next_seq += 1;
@@ -673,6 +677,8 @@ impl Table {
                 }
             }
             let mut granted = permits;
+            // Nothing below lets go of the lock: block references go per block.
+            st.refs.begin();
             while granted > 0 && keys.len() < items.len() {
                 let i = keys.len();
                 if st.dropped_stale(record_of(i), &sh.store) {
@@ -696,6 +702,7 @@ impl Table {
                 keys.push(key);
                 granted -= 1;
             }
+            st.refs.end(sh.store.allocator());
             st.ext.flush();
             sh.sample_cv.notify_all();
         }
