@@ -584,3 +584,38 @@ def test_a_job_beyond_the_memory_budget_is_refused_naming_it():
         w.close()
     with pytest.raises(rp.errors.InvalidArgument, match="max_total_bytes at least max_job_bytes"):
         rp.aggregate.Daemon("127.0.0.1:0", max_job_bytes=2 << 20, max_total_bytes=1 << 20)
+
+
+@pytest.mark.parametrize("offload", [True, False])
+def test_sums_are_exact_with_and_without_udp_offload(offload):
+    """Two workers in threads, 40 KB and 158 KB gradients: with segmentation and receive
+    offload (runs of packets as one message each way) and without, the sum is exact
+    (int32) and every round completes."""
+    daemon = rp.aggregate.Daemon("127.0.0.1:0", offload=offload)
+    try:
+        out = {}
+
+        def run(rank):
+            w = rp.aggregate.Worker(daemon.address, job=7, rank=rank, world_size=2, dtype="int32", offload=offload)
+            for n in (10_000, 40_000):
+                x = np.arange(n, dtype=np.int64) % 1000 * (rank + 1)
+                out[(rank, n)] = w.allreduce(x.astype(np.float32) / 65536.0)
+            w.close()
+        threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
+        [t.start() for t in threads]
+        [t.join(60) for t in threads]
+        for n in (10_000, 40_000):
+            want = (np.arange(n) % 1000 * 3).astype(np.float32) / 65536.0
+            for r in range(2):
+                np.testing.assert_array_equal(np.asarray(out[(r, n)]), want)
+    finally:
+        daemon.stop()
+
+
+def test_the_config_file_can_turn_offload_off(tmp_path):
+    from reprise.aggregate.config import check, daemon_kwargs
+    config = {"address": "127.0.0.1:0", "offload": False}
+    check(config)
+    assert daemon_kwargs(config)["offload"] is False and daemon_kwargs({"address": "127.0.0.1:0"})["offload"] is True
+    with pytest.raises(Exception, match="offload"):
+        check({"address": "127.0.0.1:0", "offload": "no"})

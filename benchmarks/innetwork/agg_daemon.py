@@ -61,7 +61,15 @@ def open_worker(address: str, job: int, rank: int, size: int, dtype: str = "floa
         kw["segment_values"] = segment_values
     if rto:
         kw["rto"] = rto
+    if not offload():
+        kw["offload"] = False
     return mod.Worker(address, **kw)
+
+
+def offload() -> bool:
+    """UDP segmentation/receive offload for daemons and workers (``aggregation.py
+    --no-offload`` turns it off in every child through ``REPRISE_BENCH_OFFLOAD=0``)."""
+    return os.environ.get("REPRISE_BENCH_OFFLOAD", "1") != "0"
 
 
 def run_ns(pid: int) -> int:
@@ -172,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
     cpu0 = cpu_seconds()
     d = mod.Daemon(address=args.address, token=args.token, busy_poll=args.busy_poll,
-                   drop_rate=args.drop_rate, seed=args.seed)
+                   drop_rate=args.drop_rate, seed=args.seed, **({} if offload() else {"offload": False}))
     print(f"READY {d.address}", flush=True)
     done.wait()
     out = {"module": module_name(), "cpu_s": cpu_seconds() - cpu0, "threads": thread_cpu()}

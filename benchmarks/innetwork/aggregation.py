@@ -443,6 +443,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sections", default="matrix,delay,goodput,loss",
                     help="subset of matrix,delay,goodput,loss")
     ap.add_argument("--no-namespaces", action="store_true", help="loopback addresses, no shaping")
+    ap.add_argument("--no-offload", action="store_true",
+                    help="daemons and workers without UDP segmentation/receive offload (the A/B of it)")
     ap.add_argument("--out-dir", default=OUT)
     args = ap.parse_args(argv)
     cfg = Config.choose(args.quick, None, FULL, QUICK)
@@ -459,6 +461,9 @@ def main(argv: list[str] | None = None) -> int:
     stem, report = start_report("innetwork-aggregation", args.quick, args.out_dir,
                                 command=command_line(__spec__.name))
     report["config"] = cfg.as_dict()
+    if args.no_offload:
+        os.environ["REPRISE_BENCH_OFFLOAD"] = "0"   # every child's daemon and workers
+    report["offload"] = agg_daemon.offload()
     report["module"] = agg_daemon.module_name()
     why = agg_daemon.unavailable()
     report["build"] = agg_daemon.build_info() if not why else {}

@@ -28,6 +28,9 @@ pub struct DaemonOptions {
     pub transparent: bool,
     /// The ToS byte of the daemon's packets (default `packet::TOS`).
     pub tos: Option<u8>,
+    /// UDP segmentation and receive offload (`UDP_SEGMENT`, `UDP_GRO`) where the kernel
+    /// has them; off: one datagram a message each way.
+    pub offload: bool,
 }
 
 pub struct Daemon {
@@ -66,11 +69,13 @@ impl Daemon {
         let stop = Arc::new(AtomicBool::new(false));
         let engine = Engine::new(options.engine, stats.clone());
         let busy = options.busy_poll;
+        let gro = options.offload && socket::enable_gro(&socket);
+        let gso = if options.offload { socket::Segmentation::default() } else { socket::Segmentation::off() };
         let thread = {
             let stop = stop.clone();
             std::thread::Builder::new()
                 .name("reprise-aggregate".into())
-                .spawn(move || run(socket, engine, busy, &stop))
+                .spawn(move || run(socket, engine, busy, gro, gso, &stop))
                 .map_err(|e| Error::Io(format!("cannot start the aggregation thread: {e}")))?
         };
         tracing::info!("aggregate: listening on {address}");
@@ -100,8 +105,8 @@ impl Drop for Daemon {
     }
 }
 
-fn run(socket: Socket, mut engine: Engine, busy: bool, stop: &AtomicBool) {
-    let mut batch = RecvBatch::default();
+fn run(socket: Socket, mut engine: Engine, busy: bool, gro: bool, gso: socket::Segmentation, stop: &AtomicBool) {
+    let mut batch = RecvBatch::with_gro(socket::BATCH, gro);
     let stats = engine.stats.clone();
     let mut next_tick = Instant::now() + TICK;
     while !stop.load(Ordering::Relaxed) {
@@ -132,24 +137,24 @@ fn run(socket: Socket, mut engine: Engine, busy: bool, stop: &AtomicBool) {
                         Stats::add(&stats.malformed, 1);
                     }
                 }
-                flush(&socket, &mut engine, &stats);
+                flush(&socket, &mut engine, &stats, &gso);
                 Stats::add(&stats.busy_ns, started.elapsed().as_nanos() as u64);
             }
         }
         let now = Instant::now();
         if now >= next_tick {
             engine.tick(now);
-            flush(&socket, &mut engine, &stats);
+            flush(&socket, &mut engine, &stats, &gso);
             next_tick = now + TICK;
         }
     }
 }
 
-fn flush(socket: &Socket, engine: &mut Engine, stats: &Stats) {
+fn flush(socket: &Socket, engine: &mut Engine, stats: &Stats, gso: &socket::Segmentation) {
     if engine.out.is_empty() {
         return;
     }
-    let (sent, _refused, bytes) = socket::send_all(socket, &mut engine.out);
+    let (sent, _refused, bytes) = socket::send_all(socket, &mut engine.out, gso);
     Stats::add(&stats.packets_sent, sent);
     Stats::add(&stats.bytes_sent, bytes);
 }

@@ -1,6 +1,12 @@
 //! UDP in batches: `recvmmsg` and `sendmmsg`, so one system call moves up to `BATCH`
-//! datagrams each way. The only module with `unsafe`: it hands the kernel pointers into
-//! buffers this module owns for the duration of each call.
+//! messages each way, and with segmentation offload each message carries many datagrams:
+//! a run of same-sized packets to one address goes as one message with `UDP_SEGMENT`
+//! (the kernel, or the NIC, cuts it into the same MTU-sized datagrams on the wire), and
+//! a socket with `UDP_GRO` receives runs the kernel coalesced as one buffer, cut here at
+//! the segment size it reports. The wire format is unchanged; where the kernel lacks
+//! either option the path falls back to one datagram a message. The only module with
+//! `unsafe`: it hands the kernel pointers into buffers this module owns for the duration
+//! of each call.
 
 use std::io;
 use std::net::SocketAddr;
@@ -12,8 +18,34 @@ use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use crate::outbox::Outbox;
 use crate::packet::{MAX_PACKET, TOS};
 
-/// Datagrams per system call.
+/// Messages per system call.
 pub const BATCH: usize = 64;
+
+/// `UDP_SEGMENT` and `UDP_GRO` (linux/udp.h; the libc crate lists them for uclibc only).
+const UDP_SEGMENT: libc::c_int = 103;
+const UDP_GRO: libc::c_int = 104;
+/// Most segments in one offloaded send (the kernel's UDP_MAX_SEGMENTS), and most bytes
+/// (a UDP datagram's payload limit, which the whole run must fit).
+const MAX_SEGMENTS: usize = 64;
+const MAX_RUN_BYTES: usize = 65_000;
+/// A receive buffer with `UDP_GRO`: the largest coalesced run.
+const GRO_BUFFER: usize = 65_536;
+
+/// Asks the kernel to coalesce received runs (`UDP_GRO`); false where it cannot.
+pub fn enable_gro(socket: &Socket) -> bool {
+    let one: libc::c_int = 1;
+    // SAFETY: a valid fd and a pointer to one c_int that lives across the call.
+    let r = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_UDP,
+            UDP_GRO,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    r == 0
+}
 
 /// A UDP socket bound to `addr`, marked with the aggregation ToS, with large buffers.
 /// `transparent` (on-path mode) lets it take packets addressed to other hosts that an
@@ -48,13 +80,16 @@ pub fn wait_readable(socket: &Socket, timeout: Option<Duration>) -> io::Result<b
     Ok(n > 0)
 }
 
-/// Buffers for one `recvmmsg`.
+/// Buffers for one `recvmmsg`, and the datagrams the last one brought (a coalesced
+/// message is several, cut at its segment size).
 pub struct RecvBatch {
     bufs: Vec<Vec<u8>>,
     names: Vec<libc::sockaddr_storage>,
-    lens: Vec<usize>,
+    controls: Vec<[u64; 8]>,
+    /// Datagrams of the last `recv`: (message, start, length).
+    segments: Vec<(usize, usize, usize)>,
     name_lens: Vec<libc::socklen_t>,
-    got: usize,
+    gro: bool,
 }
 
 impl Default for RecvBatch {
@@ -65,19 +100,28 @@ impl Default for RecvBatch {
 
 impl RecvBatch {
     pub fn new(n: usize) -> RecvBatch {
+        RecvBatch::with_gro(n, false)
+    }
+
+    /// Buffers for a socket with `UDP_GRO` on (`gro`): each large enough for a coalesced run.
+    pub fn with_gro(n: usize, gro: bool) -> RecvBatch {
+        let size = if gro { GRO_BUFFER } else { MAX_PACKET + 1 };
         RecvBatch {
-            bufs: (0..n).map(|_| vec![0u8; MAX_PACKET + 1]).collect(),
+            bufs: (0..n).map(|_| vec![0u8; size]).collect(),
             // SAFETY: sockaddr_storage is plain old data; all zeros is a valid (empty) value.
             names: (0..n).map(|_| unsafe { std::mem::zeroed() }).collect(),
-            lens: vec![0; n],
+            controls: vec![[0u64; 8]; n],
+            segments: Vec::with_capacity(n),
             name_lens: vec![0; n],
-            got: 0,
+            gro,
         }
     }
 
-    /// Receives what is waiting, without blocking: up to the batch's size. Returns how many.
+    /// Receives what is waiting, without blocking: up to the batch's size in messages.
+    /// Returns how many datagrams they held.
     pub fn recv(&mut self, socket: &Socket) -> io::Result<usize> {
         let n = self.bufs.len();
+        self.segments.clear();
         let mut iovs: Vec<libc::iovec> = self
             .bufs
             .iter_mut()
@@ -90,15 +134,19 @@ impl RecvBatch {
             m.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
             m.msg_hdr.msg_iov = &mut iovs[i];
             m.msg_hdr.msg_iovlen = 1;
+            if self.gro {
+                m.msg_hdr.msg_control = self.controls[i].as_mut_ptr().cast();
+                m.msg_hdr.msg_controllen = std::mem::size_of::<[u64; 8]>() as _;
+            }
         }
-        // SAFETY: every pointer in `msgs` points into `self.bufs`, `self.names` or `iovs`,
-        // which outlive the call and are not otherwise borrowed during it.
+        // SAFETY: every pointer in `msgs` points into `self.bufs`, `self.names`,
+        // `self.controls` or `iovs`, which outlive the call and are not otherwise borrowed
+        // during it.
         let r = unsafe {
             libc::recvmmsg(socket.as_raw_fd(), msgs.as_mut_ptr(), n as libc::c_uint, libc::MSG_DONTWAIT, std::ptr::null_mut())
         };
         if r < 0 {
             let e = io::Error::last_os_error();
-            self.got = 0;
             return match e.kind() {
                 io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(0),
                 // An ICMP error from an earlier send (a member went away) surfaces here.
@@ -106,23 +154,60 @@ impl RecvBatch {
                 _ => Err(e),
             };
         }
-        self.got = r as usize;
-        for (i, m) in msgs.iter().take(self.got).enumerate() {
-            self.lens[i] = m.msg_len as usize;
+        for (i, m) in msgs.iter().take(r as usize).enumerate() {
             self.name_lens[i] = m.msg_hdr.msg_namelen;
+            let len = (m.msg_len as usize).min(self.bufs[i].len());
+            // SAFETY: the kernel wrote `msg_controllen` bytes of control messages into
+            // `self.controls[i]`, which `msg_control` points to.
+            let segment = unsafe { gro_segment(&m.msg_hdr) };
+            match segment {
+                Some(seg) if seg > 0 && len > seg => {
+                    let mut at = 0;
+                    while at < len {
+                        let take = seg.min(len - at);
+                        self.segments.push((i, at, take));
+                        at += take;
+                    }
+                }
+                _ => self.segments.push((i, 0, len)),
+            }
         }
-        Ok(self.got)
+        Ok(self.segments.len())
     }
 
     /// The `i`th datagram of the last `recv`: its bytes and sender. A datagram longer than
     /// any packet is returned whole-but-one-byte-longer than `MAX_PACKET`, so parsing refuses it.
     pub fn get(&self, i: usize) -> Option<(&[u8], SocketAddr)> {
-        if i >= self.got {
-            return None;
-        }
-        let len = self.lens[i].min(self.bufs[i].len());
-        Some((&self.bufs[i][..len], to_socket_addr(&self.names[i], self.name_lens[i])?))
+        let &(m, start, len) = self.segments.get(i)?;
+        let bytes = &self.bufs[m][start..start + len.min(MAX_PACKET + 1)];
+        Some((bytes, to_socket_addr(&self.names[m], self.name_lens[m])?))
     }
+}
+
+/// The segment size of a coalesced message (its `UDP_GRO` control message), if any.
+///
+/// # Safety
+/// `hdr.msg_control` must point to `hdr.msg_controllen` readable bytes (or be null).
+unsafe fn gro_segment(hdr: &libc::msghdr) -> Option<usize> {
+    if hdr.msg_control.is_null() || hdr.msg_controllen == 0 {
+        return None;
+    }
+    // SAFETY: the caller's contract; CMSG_* walk within msg_controllen.
+    let mut c = unsafe { libc::CMSG_FIRSTHDR(hdr) };
+    while !c.is_null() {
+        // SAFETY: `c` is a header CMSG_FIRSTHDR/CMSG_NXTHDR found inside the buffer.
+        let h = unsafe { &*c };
+        if h.cmsg_level == libc::SOL_UDP && h.cmsg_type == UDP_GRO
+            && h.cmsg_len as usize >= unsafe { libc::CMSG_LEN(std::mem::size_of::<libc::c_int>() as u32) } as usize
+        {
+            // SAFETY: the data holds one c_int (length checked above); it may be unaligned.
+            let v = unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>()) };
+            return usize::try_from(v).ok();
+        }
+        // SAFETY: as above.
+        c = unsafe { libc::CMSG_NXTHDR(hdr, c) };
+    }
+    None
 }
 
 /// The address the kernel wrote into `name` (IPv4 or IPv6; anything else is None).
@@ -144,27 +229,116 @@ fn to_socket_addr(name: &libc::sockaddr_storage, len: libc::socklen_t) -> Option
     }
 }
 
-/// Sends every packet of `out` (in batches), then clears it. A packet the kernel refuses
-/// (an unreachable member, a firewall rule) is skipped and counted in the result's second
-/// number. Returns (packets sent, packets refused, bytes sent).
-pub fn send_all(socket: &Socket, out: &mut Outbox) -> (u64, u64, u64) {
-    let packets: Vec<(SockAddr, &[u8])> = out.iter().map(|(a, b)| (SockAddr::from(a), b)).collect();
+/// Whether a socket's sends use segmentation offload: on until the kernel refuses it once.
+pub struct Segmentation(std::sync::atomic::AtomicBool);
+
+impl Default for Segmentation {
+    fn default() -> Self {
+        Segmentation(std::sync::atomic::AtomicBool::new(true))
+    }
+}
+
+impl Segmentation {
+    pub fn off() -> Segmentation {
+        Segmentation(std::sync::atomic::AtomicBool::new(false))
+    }
+
+    pub fn on(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn refused(&self) {
+        self.0.store(false, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// One message: a run of packets to one address, back to back in memory, all of the
+/// first one's size but the last (which may be shorter).
+struct Run<'a> {
+    to: SockAddr,
+    bytes: &'a [u8],
+    segment: usize,
+    packets: usize,
+}
+
+/// The outbox's packets as runs, each address's packets in their queued order (one
+/// packet a run without `gso`).
+fn runs<'a>(out: &'a Outbox, gso: bool) -> Vec<Run<'a>> {
+    let mut by_address: Vec<(SocketAddr, Vec<&'a [u8]>)> = Vec::new();
+    for (a, b) in out.iter() {
+        match by_address.iter_mut().find(|(x, _)| *x == a) {
+            Some((_, v)) => v.push(b),
+            None => by_address.push((a, vec![b])),
+        }
+    }
+    let mut runs: Vec<Run<'a>> = Vec::new();
+    for (a, packets) in by_address {
+        let to = SockAddr::from(a);
+        let mut i = 0;
+        while i < packets.len() {
+            let first = packets[i];
+            let (mut end, mut len) = (i + 1, first.len());
+            if gso {
+                while end < packets.len() && end - i < MAX_SEGMENTS && len + packets[end].len() <= MAX_RUN_BYTES {
+                    let (prev, next) = (packets[end - 1], packets[end]);
+                    // Back to back in the outbox, and no longer than the segment size:
+                    // only the run's last packet may be shorter.
+                    let adjacent = prev.as_ptr() as usize + prev.len() == next.as_ptr() as usize;
+                    if !adjacent || prev.len() != first.len() || next.len() > first.len() {
+                        break;
+                    }
+                    len += next.len();
+                    end += 1;
+                }
+            }
+            // SAFETY: packets i..end lie back to back in the outbox's buffer (checked
+            // above), so one slice from the first covers them all.
+            let bytes = unsafe { std::slice::from_raw_parts(first.as_ptr(), len) };
+            runs.push(Run { to: to.clone(), bytes, segment: first.len(), packets: end - i });
+            i = end;
+        }
+    }
+    runs
+}
+
+/// Sends every packet of `out` (in batches of messages, runs of same-sized packets to one
+/// address as one offloaded message while `gso` is on), then clears it. A message the
+/// kernel refuses (an unreachable member, a firewall rule) is skipped and its packets
+/// counted in the result's second number; a refusal of offloading turns `gso` off and
+/// sends the rest one packet a message. Returns (packets sent, packets refused, bytes sent).
+pub fn send_all(socket: &Socket, out: &mut Outbox, gso: &Segmentation) -> (u64, u64, u64) {
     let (mut sent, mut refused, mut bytes) = (0u64, 0u64, 0u64);
+    let mut runs = runs(out, gso.on());
     let mut at = 0;
-    while at < packets.len() {
-        let chunk = &packets[at..(at + BATCH).min(packets.len())];
+    while at < runs.len() {
+        let chunk = &runs[at..(at + BATCH).min(runs.len())];
         let mut iovs: Vec<libc::iovec> =
-            chunk.iter().map(|(_, b)| libc::iovec { iov_base: b.as_ptr() as *mut libc::c_void, iov_len: b.len() }).collect();
+            chunk.iter().map(|r| libc::iovec { iov_base: r.bytes.as_ptr() as *mut libc::c_void, iov_len: r.bytes.len() }).collect();
+        // One control buffer a message: a UDP_SEGMENT header and its u16 segment size.
+        let mut controls: Vec<[u64; 4]> = vec![[0u64; 4]; chunk.len()];
         // SAFETY: mmsghdr is plain old data; it is filled in below before use.
         let mut msgs: Vec<libc::mmsghdr> = (0..chunk.len()).map(|_| unsafe { std::mem::zeroed() }).collect();
         for (i, m) in msgs.iter_mut().enumerate() {
-            m.msg_hdr.msg_name = chunk[i].0.as_ptr() as *mut libc::c_void;
-            m.msg_hdr.msg_namelen = chunk[i].0.len();
+            m.msg_hdr.msg_name = chunk[i].to.as_ptr() as *mut libc::c_void;
+            m.msg_hdr.msg_namelen = chunk[i].to.len();
             m.msg_hdr.msg_iov = &mut iovs[i];
             m.msg_hdr.msg_iovlen = 1;
+            if chunk[i].packets > 1 {
+                // SAFETY: `controls[i]` (32 bytes, 8-aligned) holds one cmsghdr and a
+                // u16; CMSG_SPACE(2) fits in it.
+                unsafe {
+                    m.msg_hdr.msg_control = controls[i].as_mut_ptr().cast();
+                    m.msg_hdr.msg_controllen = libc::CMSG_SPACE(2) as _;
+                    let c = libc::CMSG_FIRSTHDR(&m.msg_hdr);
+                    (*c).cmsg_level = libc::SOL_UDP;
+                    (*c).cmsg_type = UDP_SEGMENT;
+                    (*c).cmsg_len = libc::CMSG_LEN(2) as _;
+                    std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), chunk[i].segment as u16);
+                }
+            }
         }
-        // SAFETY: the pointers in `msgs` point into `packets` (addresses and the outbox's
-        // bytes, which the kernel only reads) and `iovs`, all alive for the call.
+        // SAFETY: the pointers in `msgs` point into `runs` (addresses and the outbox's
+        // bytes, which the kernel only reads), `iovs` and `controls`, all alive for the call.
         let r = unsafe { libc::sendmmsg(socket.as_raw_fd(), msgs.as_mut_ptr(), chunk.len() as libc::c_uint, 0) };
         if r <= 0 {
             let e = io::Error::last_os_error();
@@ -174,19 +348,34 @@ pub fn send_all(socket: &Socket, out: &mut Outbox) -> (u64, u64, u64) {
                 }
                 continue;
             }
-            // The first packet of the chunk was refused: skip it and go on.
-            refused += 1;
+            let offload = e.raw_os_error().is_some_and(|c| matches!(c, libc::EIO | libc::EINVAL | libc::EOPNOTSUPP | libc::ENOPROTOOPT));
+            if chunk[0].packets > 1 && offload {
+                // This kernel or device cannot segment: the rest goes one packet a message.
+                gso.refused();
+                let rest: Vec<Run<'_>> = runs.drain(at..).flat_map(split).collect();
+                runs.extend(rest);
+                continue;
+            }
+            // The first message of the chunk was refused: skip it and go on.
+            refused += chunk[0].packets as u64;
             at += 1;
             continue;
         }
         for c in &chunk[..r as usize] {
-            bytes += c.1.len() as u64;
+            bytes += c.bytes.len() as u64;
+            sent += c.packets as u64;
         }
-        sent += r as u64;
         at += r as usize;
     }
+    drop(runs);
     out.clear();
     (sent, refused, bytes)
+}
+
+/// A run as one message a packet.
+fn split(run: Run<'_>) -> impl Iterator<Item = Run<'_>> {
+    let Run { to, bytes, segment, .. } = run;
+    bytes.chunks(segment.max(1)).map(move |b| Run { to: to.clone(), bytes: b, segment: b.len(), packets: 1 })
 }
 
 fn wait_writable(socket: &Socket) -> io::Result<()> {
@@ -194,4 +383,86 @@ fn wait_writable(socket: &Socket) -> io::Result<()> {
     // SAFETY: `fd` is one valid pollfd that lives across the call.
     unsafe { libc::poll(&mut fd, 1, 100) };
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::packet::{Header, Kind, HEADER};
+
+    /// `n` packets for `to` with payloads of `len` bytes, each starting with its number.
+    fn queue(out: &mut Outbox, to: SocketAddr, first: u32, n: u32, len: usize) {
+        for k in first..first + n {
+            let mut h = Header::new(Kind::Data, 1, 0);
+            h.seq = k;
+            let mut payload = vec![(k % 251) as u8; len];
+            payload[..4].copy_from_slice(&k.to_le_bytes());
+            out.push_bytes(to, &h, &payload);
+        }
+    }
+
+    fn receive_all(socket: &Socket, gro: bool, want: usize) -> Vec<Vec<u8>> {
+        let mut batch = RecvBatch::with_gro(BATCH, gro);
+        let mut got = Vec::new();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while got.len() < want && std::time::Instant::now() < deadline {
+            if !wait_readable(socket, Some(Duration::from_millis(50))).unwrap() {
+                continue;
+            }
+            let n = batch.recv(socket).unwrap();
+            got.extend((0..n).map(|i| batch.get(i).unwrap().0.to_vec()));
+        }
+        got
+    }
+
+    #[test]
+    fn runs_group_same_sized_packets_per_address_in_order() {
+        let (a, b): (SocketAddr, SocketAddr) = ("127.0.0.1:1".parse().unwrap(), "127.0.0.1:2".parse().unwrap());
+        let mut out = Outbox::default();
+        queue(&mut out, a, 0, 3, 1000);
+        queue(&mut out, b, 0, 2, 1000);
+        queue(&mut out, a, 3, 2, 1000);
+        queue(&mut out, a, 5, 1, 10); // shorter: ends a run
+        queue(&mut out, a, 6, 1, 1000);
+        let shape = |gso| runs(&out, gso).iter().map(|r| (r.to.as_socket().unwrap(), r.packets, r.segment)).collect::<Vec<_>>();
+        let p = HEADER + 1000;
+        // a's packets 0-2 and 3-4 are not back to back in the outbox (b's lie between).
+        assert_eq!(shape(true), vec![(a, 3, p), (a, 3, p), (a, 1, p), (b, 2, p)]);
+        assert_eq!(shape(false).len(), 9);
+        assert!(runs(&out, true).iter().all(|r| r.packets <= MAX_SEGMENTS && r.bytes.len() <= MAX_RUN_BYTES));
+    }
+
+    #[test]
+    fn offloaded_sends_arrive_as_the_same_datagrams_with_and_without_gro() {
+        for gro in [true, false] {
+            let rx = bind("127.0.0.1:0".parse().unwrap(), false, None).unwrap();
+            let to = rx.local_addr().unwrap().as_socket().unwrap();
+            let gro_on = gro && enable_gro(&rx);
+            let tx = bind("127.0.0.1:0".parse().unwrap(), false, None).unwrap();
+            let mut out = Outbox::default();
+            queue(&mut out, to, 0, 150, 1024); // more than one run of MAX_SEGMENTS
+            queue(&mut out, to, 150, 1, 100);
+            let want: Vec<Vec<u8>> = out.iter().map(|(_, b)| b.to_vec()).collect();
+            let gso = Segmentation::default();
+            let (sent, refused, bytes) = send_all(&tx, &mut out, &gso);
+            assert_eq!((sent, refused), (151, 0));
+            assert_eq!(bytes as usize, want.iter().map(Vec::len).sum::<usize>());
+            assert!(out.is_empty());
+            let got = receive_all(&rx, gro_on, want.len());
+            assert_eq!(got.len(), want.len(), "gro {gro_on}: datagrams lost on loopback");
+            assert_eq!(got, want, "gro {gro_on}: datagrams differ or came out of order");
+        }
+    }
+
+    #[test]
+    fn without_offload_every_packet_is_its_own_message() {
+        let rx = bind("127.0.0.1:0".parse().unwrap(), false, None).unwrap();
+        let to = rx.local_addr().unwrap().as_socket().unwrap();
+        let tx = bind("127.0.0.1:0".parse().unwrap(), false, None).unwrap();
+        let mut out = Outbox::default();
+        queue(&mut out, to, 0, 20, 512);
+        let want: Vec<Vec<u8>> = out.iter().map(|(_, b)| b.to_vec()).collect();
+        assert_eq!(send_all(&tx, &mut out, &Segmentation::off()).0, 20);
+        assert_eq!(receive_all(&rx, false, 20), want);
+    }
 }

@@ -43,6 +43,8 @@ pub struct WorkerOptions {
     /// On-path mode: the daemon intercepts packets sent towards `address`, so results come
     /// from the daemon's own address: accept the job's packets from any source.
     pub on_path: bool,
+    /// UDP segmentation and receive offload where the kernel has them (see the daemon's).
+    pub offload: bool,
 }
 
 /// What one `allreduce` saw.
@@ -67,6 +69,7 @@ pub struct Worker {
     carry: Vec<u32>,
     rtt: RttEstimate,
     batch: RecvBatch,
+    gso: socket::Segmentation,
     out: Outbox,
     rng: Pcg64Mcg,
     closed: bool,
@@ -142,6 +145,8 @@ impl Worker {
                 .connect(&options.address.into())
                 .map_err(|e| Error::Io(format!("cannot reach the aggregation daemon at {}: {e}", options.address)))?;
         }
+        let gro = options.offload && socket::enable_gro(&socket);
+        let offload = options.offload;
         let rng = Pcg64Mcg::seed_from_u64(options.seed ^ (options.member as u64) << 32);
         let mut w = Worker {
             socket,
@@ -150,7 +155,8 @@ impl Worker {
             round: 0,
             carry: Vec::new(),
             rtt: RttEstimate { srtt: 0.0, rttvar: 0.0, samples: 0 },
-            batch: RecvBatch::new(socket::BATCH),
+            batch: RecvBatch::with_gro(socket::BATCH, gro),
+            gso: if offload { socket::Segmentation::default() } else { socket::Segmentation::off() },
             out: Outbox::default(),
             rng,
             closed: true, // until the Join is acknowledged: nothing to leave
@@ -499,7 +505,7 @@ impl Worker {
 
     fn flush(&mut self) {
         if !self.out.is_empty() {
-            socket::send_all(&self.socket, &mut self.out);
+            socket::send_all(&self.socket, &mut self.out, &self.gso);
         }
     }
 

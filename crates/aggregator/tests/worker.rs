@@ -60,6 +60,7 @@ fn joined(daemon: &UdpSocket) -> (Worker, SocketAddr) {
         drop_rate: 0.0,
         seed: 0,
         on_path: false,
+        offload: true,
     };
     let worker = Worker::join(options).expect("the scripted daemon acknowledges the Join");
     let from = joiner.join().expect("script");

@@ -55,11 +55,11 @@ impl PyDaemon {
     #[pyo3(signature = (address, token=None, allow=Vec::new(), member_timeout=30.0, max_jobs=64, drop_rate=0.0, seed=0,
                         busy_poll=false, transparent=false, tos=None, upstream=None, upstream_member=0, upstream_size=0,
                         metrics_address=None, max_job_bytes=reprise_aggregator::engine::DEFAULT_MAX_JOB_BYTES,
-                        max_total_bytes=reprise_aggregator::engine::DEFAULT_MAX_TOTAL_BYTES))]
+                        max_total_bytes=reprise_aggregator::engine::DEFAULT_MAX_TOTAL_BYTES, offload=true))]
     #[allow(clippy::too_many_arguments)]
     fn new(py: Python<'_>, address: &str, token: Option<String>, allow: Vec<String>, member_timeout: f64, max_jobs: usize, drop_rate: f64,
            seed: u64, busy_poll: bool, transparent: bool, tos: Option<u8>, upstream: Option<&str>, upstream_member: u16,
-           upstream_size: u16, metrics_address: Option<&str>, max_job_bytes: u64, max_total_bytes: u64) -> PyResult<Self> {
+           upstream_size: u16, metrics_address: Option<&str>, max_job_bytes: u64, max_total_bytes: u64, offload: bool) -> PyResult<Self> {
         let bind = address_of(py, "address", address)?;
         let allow = allow
             .iter()
@@ -104,6 +104,7 @@ impl PyDaemon {
             busy_poll,
             transparent,
             tos,
+            offload,
         };
         let daemon = py.detach(|| Daemon::start(options)).map_err(|e| to_py(py, e))?;
         let stats = daemon.stats();
@@ -169,10 +170,11 @@ pub struct PyWorker {
 impl PyWorker {
     #[new]
     #[pyo3(signature = (address, job, rank, size, mode="sync", dtype="float32", segment_values=256, window=128, staleness=0,
-                        token=None, timeout=30.0, rto=0.01, drop_rate=0.0, seed=0, on_path=false))]
+                        token=None, timeout=30.0, rto=0.01, drop_rate=0.0, seed=0, on_path=false, offload=true))]
     #[allow(clippy::too_many_arguments)]
     fn new(py: Python<'_>, address: &str, job: u32, rank: u16, size: u16, mode: &str, dtype: &str, segment_values: u16, window: u16,
-           staleness: u16, token: Option<String>, timeout: f64, rto: f64, drop_rate: f64, seed: u64, on_path: bool) -> PyResult<Self> {
+           staleness: u16, token: Option<String>, timeout: f64, rto: f64, drop_rate: f64, seed: u64, on_path: bool,
+           offload: bool) -> PyResult<Self> {
         let mode = match mode {
             "sync" => Mode::Sync,
             "async" => Mode::Async,
@@ -197,6 +199,7 @@ impl PyWorker {
             drop_rate,
             seed,
             on_path,
+            offload,
         };
         let worker = py.detach(|| Worker::join(options)).map_err(|e| to_py(py, e))?;
         Ok(PyWorker { worker: Mutex::new(worker) })

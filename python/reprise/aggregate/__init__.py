@@ -47,18 +47,23 @@ class Daemon:
     ``max_total_bytes`` bound the memory a job, and all jobs together, may hold (a job's
     most is ``window x (kept results + 1) x segment_values x 4`` bytes and a little per
     member); a Join that would create a job beyond either is refused naming the budget.
+    ``offload`` (default on): UDP segmentation and receive offload where the kernel has them
+    (one system call and one buffer for a run of packets; the datagrams on the wire are the
+    same); off, one datagram a message.
     """
 
     def __init__(self, address: str = "127.0.0.1:0", *, token: str | None = None, allow: list[str] | None = None,
                  member_timeout: float = 30.0, max_jobs: int = 64, drop_rate: float = 0.0, seed: int = 0,
                  busy_poll: bool = False, transparent: bool = False, tos: int | None = None,
                  upstream: str | None = None, upstream_member: int = 0, upstream_size: int = 0,
-                 metrics_address: str | None = None, max_job_bytes: int = 256 << 20, max_total_bytes: int = 1 << 30):
+                 metrics_address: str | None = None, max_job_bytes: int = 256 << 20, max_total_bytes: int = 1 << 30,
+                 offload: bool = True):
         self._native = _native.AggregateDaemon(
             address, token=token, allow=list(allow or []), member_timeout=member_timeout, max_jobs=max_jobs,
             drop_rate=drop_rate, seed=seed, busy_poll=busy_poll, transparent=transparent, tos=tos,
             upstream=upstream, upstream_member=upstream_member, upstream_size=upstream_size,
-            metrics_address=metrics_address, max_job_bytes=max_job_bytes, max_total_bytes=max_total_bytes)
+            metrics_address=metrics_address, max_job_bytes=max_job_bytes, max_total_bytes=max_total_bytes,
+            offload=bool(offload))
 
     @property
     def address(self) -> str:
@@ -124,14 +129,16 @@ class Worker:
     the contributions that finish a segment. ``timeout`` bounds how long a call may go
     without progress; ``rto`` is the first retransmission timeout. In sync mode a call whose
     result is partial (members dropped after the daemon's ``member_timeout``, or a segment
-    force-broadcast) raises ``RepriseError`` unless ``allow_partial=True``.
+    force-broadcast) raises ``RepriseError`` unless ``allow_partial=True``. ``offload``: as
+    the daemon's.
     """
 
     def __init__(self, address: str, job: int, rank: int, world_size: int | None = None, *, size: int | None = None,
                  mode: str = "sync", dtype: str = "float32",
                  scale: float = 65536.0, segment_values: int = 256, window: int = 128, staleness: int = 0,
                  threshold: int | None = None, token: str | None = None, timeout: float = 30.0, rto: float = 0.01,
-                 drop_rate: float = 0.0, seed: int = 0, on_path: bool = False, allow_partial: bool = False):
+                 drop_rate: float = 0.0, seed: int = 0, on_path: bool = False, allow_partial: bool = False,
+                 offload: bool = True):
         size = _world_size(world_size, size)
         for name, value, low, high in (("job", job, 0, 2**32 - 1), ("rank", rank, 0, 65535),
                                        ("world_size", size, 1, 4096),
@@ -151,7 +158,7 @@ class Worker:
         self._native = _native.AggregateWorker(address, int(job), int(rank), int(size), mode=mode, dtype=dtype,
                                                segment_values=int(segment_values), window=int(window),
                                                staleness=int(staleness), token=token, timeout=timeout, rto=rto,
-                                               drop_rate=drop_rate, seed=seed, on_path=on_path)
+                                               drop_rate=drop_rate, seed=seed, on_path=on_path, offload=bool(offload))
         self.address = address
         self.allow_partial = bool(allow_partial) or mode == "async"
         #: What the last ``allreduce`` saw: per-segment ``counts``, ``partial``, ``late``, ``stale``, ``retransmits``.

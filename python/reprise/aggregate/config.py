@@ -10,6 +10,7 @@ with the same conventions as ``reprise serve``::
     max_job_bytes = 268435456           # memory a job may hold (256 MiB); a bigger Join is refused
     max_total_bytes = 1073741824        # memory all jobs together may hold (1 GiB)
     busy_poll = false                   # spin on the socket instead of sleeping (takes a core)
+    offload = true                      # UDP segmentation/receive offload where the kernel has it
     transparent = false                 # on-path mode: take packets nftables TPROXY diverts here
     tos = 0x3C                          # the ToS byte of the daemon's packets
 
@@ -38,7 +39,7 @@ from ..server_config import _check, _token
 _TOP = {"address": "string", "token": "string", "token_file": "string", "allow": "array of strings",
         "metrics_address": "string", "member_timeout_seconds": "number", "max_jobs": "integer",
         "max_job_bytes": "integer", "max_total_bytes": "integer",
-        "busy_poll": "boolean", "transparent": "boolean", "tos": "integer", "drop_rate": "number",
+        "busy_poll": "boolean", "offload": "boolean", "transparent": "boolean", "tos": "integer", "drop_rate": "number",
         "seed": "integer", "upstream": "table"}
 _UPSTREAM = {"address": "string", "member": "integer", "size": "integer"}
 
@@ -70,7 +71,8 @@ def daemon_kwargs(config: dict, directory: str = ".") -> dict:
               "metrics_address": config.get("metrics_address"), "max_jobs": config.get("max_jobs", 64),
               "max_job_bytes": config.get("max_job_bytes", 256 << 20),
               "max_total_bytes": config.get("max_total_bytes", 1 << 30),
-              "busy_poll": config.get("busy_poll", False), "transparent": config.get("transparent", False),
+              "busy_poll": config.get("busy_poll", False), "offload": config.get("offload", True),
+              "transparent": config.get("transparent", False),
               "tos": config.get("tos"), "drop_rate": config.get("drop_rate", 0.0), "seed": config.get("seed", 0)}
     if "member_timeout_seconds" in config:
         kwargs["member_timeout"] = float(config["member_timeout_seconds"])
