@@ -217,20 +217,15 @@ def run_redis(k: int, seconds: float, seed: int) -> dict:
                 time.sleep(0.05)
         state = {"version": 0}
 
+        def pop():
+            raw = r.lpop("rollouts")
+            if raw is None:
+                return []
+            g = pickle.loads(raw)
+            return [(g["version"], g["committed"], int(g["lengths"].sum()))]
+
         def draw():
-            tokens, versions, committed = 0, [], []
-            deadline = time.monotonic() + 5.0
-            while tokens < FILL and time.monotonic() < deadline:
-                raw = r.lpop("rollouts")
-                if raw is None:
-                    time.sleep(0.001)
-                    continue
-                g = pickle.loads(raw)
-                versions.extend([g["version"]] * G)
-                committed.extend([g["committed"]] * G)
-                if g["version"] >= state["version"] - BOUND:   # the trainer drops stale groups itself
-                    tokens += int(g["lengths"].sum())
-            return tokens, np.array(versions), np.array(committed)
+            return _whole_groups(pop, state["version"])
 
         def move(v):
             state["version"] = v
@@ -251,20 +246,12 @@ def run_ray(k: int, seconds: float, seed: int) -> dict:
         address = ray.get_runtime_context().gcs_address
         state = {"version": 0}
 
+        def pop():
+            refs = ray.get(q.pop.remote(8))
+            return [(g["version"], g["committed"], int(g["lengths"].sum())) for g in ray.get(refs)] if refs else []
+
         def draw():
-            tokens, versions, committed = 0, [], []
-            deadline = time.monotonic() + 5.0
-            while tokens < FILL and time.monotonic() < deadline:
-                refs = ray.get(q.pop.remote(8))
-                if not refs:
-                    time.sleep(0.001)
-                    continue
-                for g in ray.get(refs):
-                    versions.extend([g["version"]] * G)
-                    committed.extend([g["committed"]] * G)
-                    if g["version"] >= state["version"] - BOUND:
-                        tokens += int(g["lengths"].sum())
-            return tokens, np.array(versions), np.array(committed)
+            return _whole_groups(pop, state["version"])
 
         def move(v):
             state["version"] = v
@@ -292,22 +279,16 @@ def run_torchrl(k: int, seconds: float, seed: int) -> dict:
         address = ray.get_runtime_context().gcs_address
         state = {"version": 0}
 
+        def pop():
+            try:
+                batch = rb.sample(1)
+            except RuntimeError:   # nothing left to consume
+                return []
+            return [(int(g.get("policy_version")[0]), float(g.get("committed")[0]),
+                     sum(t.numel() for t in g.get("token", as_list=True))) for g in batch.unbind(0)]
+
         def draw():
-            tokens, versions, committed = 0, [], []
-            deadline = time.monotonic() + 5.0
-            while tokens < FILL and time.monotonic() < deadline:
-                try:
-                    batch = rb.sample(1)
-                except RuntimeError:   # nothing left to consume
-                    time.sleep(0.001)
-                    continue
-                for g in batch.unbind(0):
-                    v = int(g.get("policy_version")[0])
-                    versions.extend([v] * G)
-                    committed.extend([float(g.get("committed")[0])] * G)
-                    if v >= state["version"] - BOUND:   # the trainer drops stale groups itself
-                        tokens += sum(t.numel() for t in g.get("token", as_list=True))
-            return tokens, np.array(versions), np.array(committed)
+            return _whole_groups(pop, state["version"])
 
         def move(v):
             state["version"] = v
@@ -318,6 +299,26 @@ def run_torchrl(k: int, seconds: float, seed: int) -> dict:
             rb.close()
     finally:
         ray.shutdown()
+
+
+def _whole_groups(pop, version: int):
+    """A peer trainer's batch: groups from ``pop()`` (``[(version, commit time, tokens)]``,
+    empty when nothing waits) until it holds ``FILL`` fresh tokens or 5 s pass; groups past
+    the staleness bound are read and dropped (they count as drawn past it). Returns
+    ``(fresh tokens, each item's version, each item's commit time)``."""
+    tokens, versions, committed = 0, [], []
+    deadline = time.monotonic() + 5.0
+    while tokens < FILL and time.monotonic() < deadline:
+        groups = pop()
+        if not groups:
+            time.sleep(0.001)
+            continue
+        for v, when, n in groups:
+            versions.extend([v] * G)
+            committed.extend([when] * G)
+            if v >= version - BOUND:
+                tokens += n
+    return tokens, np.array(versions), np.array(committed)
 
 
 def _free_port() -> int:
