@@ -772,7 +772,7 @@ unsafe impl BlockSource for LeasedBlocks {
         let Some((&block, spares)) = blocks.split_first() else {
             return Err(Error::Corrupt("a lease reply without a block".into()));
         };
-        // The last block of the reply is handed out first.
+        // Spares go out in the reply's order (`pop` takes from the back).
         self.spares.extend(spares.iter().rev());
         self.counts.insert(block, 1);
         Ok(block)
