@@ -252,13 +252,17 @@ impl Segmentation {
     }
 }
 
-/// One message: a run of packets to one address, back to back in memory, all of the
-/// first one's size but the last (which may be shorter).
+/// One message: a run of packets to one address, all of the first one's size but the
+/// last (which may be shorter), gathered from wherever they lie in the outbox.
 struct Run<'a> {
     to: SockAddr,
-    bytes: &'a [u8],
-    segment: usize,
-    packets: usize,
+    packets: Vec<&'a [u8]>,
+}
+
+impl Run<'_> {
+    fn bytes(&self) -> usize {
+        self.packets.iter().map(|p| p.len()).sum()
+    }
 }
 
 /// The outbox's packets as runs, each address's packets in their queued order (one
@@ -276,25 +280,21 @@ fn runs<'a>(out: &'a Outbox, gso: bool) -> Vec<Run<'a>> {
         let to = SockAddr::from(a);
         let mut i = 0;
         while i < packets.len() {
-            let first = packets[i];
-            let (mut end, mut len) = (i + 1, first.len());
+            let size = packets[i].len();
+            let (mut end, mut bytes) = (i + 1, size);
             if gso {
-                while end < packets.len() && end - i < MAX_SEGMENTS && len + packets[end].len() <= MAX_RUN_BYTES {
-                    let (prev, next) = (packets[end - 1], packets[end]);
-                    // Back to back in the outbox, and no longer than the segment size:
-                    // only the run's last packet may be shorter.
-                    let adjacent = prev.as_ptr() as usize + prev.len() == next.as_ptr() as usize;
-                    if !adjacent || prev.len() != first.len() || next.len() > first.len() {
-                        break;
-                    }
-                    len += next.len();
+                // Same-sized packets; a shorter one may end the run, a longer one may not join it.
+                while end < packets.len()
+                    && end - i < MAX_SEGMENTS
+                    && bytes + packets[end].len() <= MAX_RUN_BYTES
+                    && packets[end - 1].len() == size
+                    && packets[end].len() <= size
+                {
+                    bytes += packets[end].len();
                     end += 1;
                 }
             }
-            // SAFETY: packets i..end lie back to back in the outbox's buffer (checked
-            // above), so one slice from the first covers them all.
-            let bytes = unsafe { std::slice::from_raw_parts(first.as_ptr(), len) };
-            runs.push(Run { to: to.clone(), bytes, segment: first.len(), packets: end - i });
+            runs.push(Run { to: to.clone(), packets: packets[i..end].to_vec() });
             i = end;
         }
     }
@@ -312,18 +312,24 @@ pub fn send_all(socket: &Socket, out: &mut Outbox, gso: &Segmentation) -> (u64, 
     let mut at = 0;
     while at < runs.len() {
         let chunk = &runs[at..(at + BATCH).min(runs.len())];
-        let mut iovs: Vec<libc::iovec> =
-            chunk.iter().map(|r| libc::iovec { iov_base: r.bytes.as_ptr() as *mut libc::c_void, iov_len: r.bytes.len() }).collect();
+        // Each run's packets as consecutive iovecs: the kernel gathers them into one payload.
+        let mut iovs: Vec<libc::iovec> = chunk
+            .iter()
+            .flat_map(|r| r.packets.iter().map(|b| libc::iovec { iov_base: b.as_ptr() as *mut libc::c_void, iov_len: b.len() }))
+            .collect();
         // One control buffer a message: a UDP_SEGMENT header and its u16 segment size.
         let mut controls: Vec<[u64; 4]> = vec![[0u64; 4]; chunk.len()];
         // SAFETY: mmsghdr is plain old data; it is filled in below before use.
         let mut msgs: Vec<libc::mmsghdr> = (0..chunk.len()).map(|_| unsafe { std::mem::zeroed() }).collect();
+        let mut first = 0;
         for (i, m) in msgs.iter_mut().enumerate() {
-            m.msg_hdr.msg_name = chunk[i].to.as_ptr() as *mut libc::c_void;
-            m.msg_hdr.msg_namelen = chunk[i].to.len();
-            m.msg_hdr.msg_iov = &mut iovs[i];
-            m.msg_hdr.msg_iovlen = 1;
-            if chunk[i].packets > 1 {
+            let run = &chunk[i];
+            m.msg_hdr.msg_name = run.to.as_ptr() as *mut libc::c_void;
+            m.msg_hdr.msg_namelen = run.to.len();
+            m.msg_hdr.msg_iov = iovs[first..].as_mut_ptr();
+            m.msg_hdr.msg_iovlen = run.packets.len() as _;
+            first += run.packets.len();
+            if run.packets.len() > 1 {
                 // SAFETY: `controls[i]` (32 bytes, 8-aligned) holds one cmsghdr and a
                 // u16; CMSG_SPACE(2) fits in it.
                 unsafe {
@@ -333,7 +339,7 @@ pub fn send_all(socket: &Socket, out: &mut Outbox, gso: &Segmentation) -> (u64, 
                     (*c).cmsg_level = libc::SOL_UDP;
                     (*c).cmsg_type = UDP_SEGMENT;
                     (*c).cmsg_len = libc::CMSG_LEN(2) as _;
-                    std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), chunk[i].segment as u16);
+                    std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), run.packets[0].len() as u16);
                 }
             }
         }
@@ -349,33 +355,33 @@ pub fn send_all(socket: &Socket, out: &mut Outbox, gso: &Segmentation) -> (u64, 
                 continue;
             }
             let offload = e.raw_os_error().is_some_and(|c| matches!(c, libc::EIO | libc::EINVAL | libc::EOPNOTSUPP | libc::ENOPROTOOPT));
-            if chunk[0].packets > 1 && offload {
+            if chunk[0].packets.len() > 1 && offload {
                 // This kernel or device cannot segment: the rest goes one packet a message.
                 gso.refused();
-                let rest: Vec<Run<'_>> = runs.drain(at..).flat_map(split).collect();
+                let rest: Vec<Run<'_>> = runs
+                    .drain(at..)
+                    .flat_map(|r| {
+                        let to = r.to;
+                        r.packets.into_iter().map(move |p| Run { to: to.clone(), packets: vec![p] })
+                    })
+                    .collect();
                 runs.extend(rest);
                 continue;
             }
             // The first message of the chunk was refused: skip it and go on.
-            refused += chunk[0].packets as u64;
+            refused += chunk[0].packets.len() as u64;
             at += 1;
             continue;
         }
         for c in &chunk[..r as usize] {
-            bytes += c.bytes.len() as u64;
-            sent += c.packets as u64;
+            bytes += c.bytes() as u64;
+            sent += c.packets.len() as u64;
         }
         at += r as usize;
     }
     drop(runs);
     out.clear();
     (sent, refused, bytes)
-}
-
-/// A run as one message a packet.
-fn split(run: Run<'_>) -> impl Iterator<Item = Run<'_>> {
-    let Run { to, bytes, segment, .. } = run;
-    bytes.chunks(segment.max(1)).map(move |b| Run { to: to.clone(), bytes: b, segment: b.len(), packets: 1 })
 }
 
 fn wait_writable(socket: &Socket) -> io::Result<()> {
@@ -424,12 +430,16 @@ mod tests {
         queue(&mut out, a, 3, 2, 1000);
         queue(&mut out, a, 5, 1, 10); // shorter: ends a run
         queue(&mut out, a, 6, 1, 1000);
-        let shape = |gso| runs(&out, gso).iter().map(|r| (r.to.as_socket().unwrap(), r.packets, r.segment)).collect::<Vec<_>>();
+        let shape = |gso| runs(&out, gso).iter().map(|r| (r.to.as_socket().unwrap(), r.packets.len(), r.packets[0].len())).collect::<Vec<_>>();
         let p = HEADER + 1000;
-        // a's packets 0-2 and 3-4 are not back to back in the outbox (b's lie between).
-        assert_eq!(shape(true), vec![(a, 3, p), (a, 3, p), (a, 1, p), (b, 2, p)]);
+        // a's packets need not lie back to back in the outbox (b's lie between): a run
+        // gathers them; the shorter packet 5 ends one.
+        assert_eq!(shape(true), vec![(a, 6, p), (a, 1, p), (b, 2, p)]);
         assert_eq!(shape(false).len(), 9);
-        assert!(runs(&out, true).iter().all(|r| r.packets <= MAX_SEGMENTS && r.bytes.len() <= MAX_RUN_BYTES));
+        let all = runs(&out, true);
+        assert!(all.iter().all(|r| r.packets.len() <= MAX_SEGMENTS && r.bytes() <= MAX_RUN_BYTES));
+        let order: Vec<u32> = all[..2].iter().flat_map(|r| r.packets.iter().map(|b| u32::from_le_bytes(b[HEADER..HEADER + 4].try_into().unwrap()))).collect();
+        assert_eq!(order, vec![0, 1, 2, 3, 4, 5, 6], "a's packets keep their order");
     }
 
     #[test]
@@ -440,14 +450,21 @@ mod tests {
             let gro_on = gro && enable_gro(&rx);
             let tx = bind("127.0.0.1:0".parse().unwrap(), false, None).unwrap();
             let mut out = Outbox::default();
-            queue(&mut out, to, 0, 150, 1024); // more than one run of MAX_SEGMENTS
+            let other = bind("127.0.0.1:0".parse().unwrap(), false, None).unwrap();
+            let elsewhere = other.local_addr().unwrap().as_socket().unwrap();
+            for k in 0..150 {
+                queue(&mut out, to, k, 1, 1024); // more than one run of MAX_SEGMENTS
+                queue(&mut out, elsewhere, k, 1, 1024); // interleaved: runs gather, not slice
+            }
             queue(&mut out, to, 150, 1, 100);
-            let want: Vec<Vec<u8>> = out.iter().map(|(_, b)| b.to_vec()).collect();
+            let want: Vec<Vec<u8>> = out.iter().filter(|(a, _)| *a == to).map(|(_, b)| b.to_vec()).collect();
+            let all_bytes: usize = out.iter().map(|(_, b)| b.len()).sum();
             let gso = Segmentation::default();
             let (sent, refused, bytes) = send_all(&tx, &mut out, &gso);
-            assert_eq!((sent, refused), (151, 0));
-            assert_eq!(bytes as usize, want.iter().map(Vec::len).sum::<usize>());
+            assert_eq!((sent, refused), (301, 0));
+            assert_eq!(bytes as usize, all_bytes);
             assert!(out.is_empty());
+            assert_eq!(receive_all(&other, false, 150).len(), 150);
             let got = receive_all(&rx, gro_on, want.len());
             assert_eq!(got.len(), want.len(), "gro {gro_on}: datagrams lost on loopback");
             assert_eq!(got, want, "gro {gro_on}: datagrams differ or came out of order");
