@@ -91,6 +91,9 @@ def drive(w, wait: str, width: int, timeout):
 
 
 def main(kind: str, wait: str, how: str) -> None:
+    # Python's own Ctrl-C handler, whatever this process inherited (a shell's background
+    # job starts with SIGINT ignored, and the test is about a program that gets it).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     store, table, server, w, width = scenario(kind, wait)
     fired: list[float] = []
     if how == "sigint":
