@@ -152,23 +152,13 @@ impl BlockAllocator {
     }
 
     /// Adds a reference to a block the caller already holds a reference to.
-    /// `retain` `n` times in one step.
+    pub fn retain(&self, block: u32) {
+        self.retain_n(block, 1)
+    }
+
+    /// Adds `n` references at once (see [`BlockAllocator::retain`]).
     pub fn retain_n(&self, block: u32, n: u32) {
         let previous = self.refcounts[block as usize].fetch_add(n, Ordering::AcqRel);
-        debug_assert!(previous > 0, "retained block {block} that nobody held");
-    }
-
-    /// `release` `n` times in one step.
-    pub fn release_n(&self, block: u32, n: u32) {
-        let previous = self.refcounts[block as usize].fetch_sub(n, Ordering::AcqRel);
-        debug_assert!(previous >= n, "released block {block} more than it was held");
-        if previous == n {
-            self.state.lock().give_back(block);
-        }
-    }
-
-    pub fn retain(&self, block: u32) {
-        let previous = self.refcounts[block as usize].fetch_add(1, Ordering::AcqRel);
         debug_assert!(previous > 0, "retained block {block} that nobody held");
     }
 
@@ -205,9 +195,14 @@ impl BlockAllocator {
 
     /// Drops a reference; the last one returns the block to the free queue.
     pub fn release(&self, block: u32) {
-        let previous = self.refcounts[block as usize].fetch_sub(1, Ordering::AcqRel);
-        debug_assert!(previous > 0, "released block {block} that nobody held");
-        if previous == 1 {
+        self.release_n(block, 1)
+    }
+
+    /// Drops `n` references at once (see [`BlockAllocator::release`]).
+    pub fn release_n(&self, block: u32, n: u32) {
+        let previous = self.refcounts[block as usize].fetch_sub(n, Ordering::AcqRel);
+        debug_assert!(previous >= n, "released block {block} more times than it was held");
+        if previous == n {
             self.state.lock().give_back(block);
         }
     }
