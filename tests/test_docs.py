@@ -315,9 +315,25 @@ def _run_python(blocks: list[Block], dirs: dict, env: dict, gpu: bool, run: str 
         torchrun = shutil.which("torchrun")
         if torchrun is None:
             pytest.skip("needs torchrun (pip install torch)")
-        argv = [torchrun, "--standalone", "--nproc-per-node", str(blocks[0].torchrun), str(script)]
+        argv = [torchrun, "--standalone", "--nproc-per-node", str(blocks[0].torchrun), str(_torchrun_main(script))]
         return _run(argv, where, dirs["work"], env, TORCHRUN_TIMEOUT)
     return _run([sys.executable, str(script)], where, dirs["work"], env, TIMEOUT, traceback_fails=True)
+
+
+def _torchrun_main(script: Path) -> Path:
+    """A launcher that runs ``script`` as ``__main__`` and, once it returned, leaves with
+    ``os._exit(0)``: gloo's worker threads sometimes abort the interpreter's own teardown
+    ("terminate called without an active exception") even after ``destroy_process_group``
+    (pytorch/pytorch#190489, #179291), after everything the snippet does has run and been
+    printed. An exception in the snippet still prints its traceback and fails the rank."""
+    main = script.with_name(script.name + ".torchrun.py")
+    main.write_text(
+        "import os, runpy, sys\n"
+        f"sys.argv = [{str(script)!r}]\n"
+        f"runpy.run_path({str(script)!r}, run_name='__main__')\n"
+        "sys.stdout.flush(); sys.stderr.flush()\n"
+        "os._exit(0)\n")
+    return main
 
 
 def _missing_tools(case: Case) -> list[str]:
