@@ -28,11 +28,11 @@ def status(out: Path) -> dict | None:
 class DemoRun:
     """``reprise demo DEMO ARGS`` in a subprocess; its stderr lines are collected as they come."""
 
-    def __init__(self, demo: str, args, cwd=None):
+    def __init__(self, demo: str, args, cwd=None, env: dict | None = None):
         import tempfile
         import threading
         self.runtime = Path(tempfile.mkdtemp(prefix="rp-xdg-"))  # short: a Unix socket path has 108 bytes
-        env = dict(os.environ, XDG_RUNTIME_DIR=str(self.runtime))
+        env = dict(os.environ, XDG_RUNTIME_DIR=str(self.runtime), **(env or {}))
         self.proc = subprocess.Popen([sys.executable, "-c", DEMO, "demo", demo, *args], stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, env=env, cwd=cwd, start_new_session=True)
         self.err_lines: list[str] = []

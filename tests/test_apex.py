@@ -27,8 +27,8 @@ from reprise.examples import apex  # noqa: E402
 from demo_runs import DemoRun as _DemoRun, status as _status  # noqa: E402
 
 
-def DemoRun(args, cwd=None):
-    return _DemoRun("apex", args, cwd)
+def DemoRun(args, cwd=None, env=None):
+    return _DemoRun("apex", args, cwd, env)
 
 def reference_transitions(episodes, n, gamma):
     """Plain model: for every transition t of every episode, the steps t..t+k it spans, its
@@ -323,7 +323,10 @@ def test_three_runs_started_together_each_get_a_directory_and_end_at_the_time_li
     a run as it starts: a summary that says so, exit 0, nothing left behind. The third run
     gets Ctrl-C while it draws its plot (matplotlib's import): the plot is skipped, the
     summary says where the signal came, and it exits 130."""
-    runs = [DemoRun([*TINY, "--time-limit", "3"], cwd=tmp_path) for _ in range(3)]
+    slow_plot = str(Path(__file__).parent / "slow_plot")  # its matplotlib import takes 10 s more
+    pythonpath = os.pathsep.join(filter(None, [slow_plot, os.environ.get("PYTHONPATH")]))
+    runs = [DemoRun([*TINY, "--time-limit", "3"], cwd=tmp_path, env={"PYTHONPATH": pythonpath} if k == 2 else None)
+            for k in range(3)]
     runs[2].wait_for(lambda: runs[2].saw("apex.png (Ctrl-C skips it)"), 60, "the plot")
     os.kill(runs[2].proc.pid, signal.SIGINT)
     codes = [r.finish(timeout=90) for r in runs]
