@@ -254,10 +254,20 @@ def test_host_draw_quick_measures_both_ways_of_holding_rows(tmp_path):
 
 def test_cluster_quick_measures_sample_against_bare_collectives(tmp_path):
     pytest.importorskip("torch.distributed")
+    from benchmarks.innetwork.netns import can_namespace
+    links = can_namespace()[0]  # also on namespaced links (root): ~15 s more
     # ~15 s on 2 idle cores (2 spawned gloo ranks); the timeout leaves room for a busy machine
-    r = run_module("benchmarks.cluster.compare", "--quick", "--out-dir", str(tmp_path), timeout=120)
+    r = run_module("benchmarks.cluster.compare", "--quick", "--out-dir", str(tmp_path),
+                   *(["--links", "10gbit"] if links else []), timeout=240)
     report = report_in(tmp_path, "cluster")
     assert not errors_in(report["systems"]), errors_in(report["systems"])
+    if links:
+        linked = report["systems"]["world2@10gbit"]
+        # every byte one rank sent the other crossed both ranks' links
+        crossing = sum(e["exchange_bytes_per_step"] * e["steps"] / 2 for e in linked["results"]["bandwidth"].values())
+        for h, carried in linked["link_bytes"].items():
+            assert carried["tx_bytes"] + carried["rx_bytes"] > crossing, (h, carried, crossing)
+        assert "| 2, links at 10gbit | iid | 1024 |" in r.stdout and "crosses two shaped links" in r.stdout
     res = report["systems"]["world2"]["results"]
     assert set(res["bandwidth"]) == {"iid/b256", "iid/b1024", "iid/b256/no-crc", "iid/b1024/no-crc",
                                      "local-hosts/b1024"}
