@@ -81,9 +81,9 @@ class Group:
         """``[size, len(words)]``: every rank's ``words`` (int64), in rank order."""
         import torch
         t = torch.from_numpy(np.ascontiguousarray(words, dtype=np.int64))
-        out = [torch.empty_like(t) for _ in range(self.size)]
-        self._guard(doing, lambda: self.dist.all_gather(out, t, group=self.control))
-        return torch.stack(out).numpy()
+        out = torch.empty(self.size * t.numel(), dtype=torch.int64)
+        self._guard(doing, lambda: self.dist.all_gather_into_tensor(out, t, group=self.control))
+        return out.numpy().reshape(self.size, -1)
 
     def all_gather_object(self, obj, doing: str) -> list:
         out = [None] * self.size

@@ -8,6 +8,8 @@ row's CRC-32 covers its header and data (all but the CRC word)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .. import _native
@@ -30,7 +32,7 @@ def _align(n: int) -> int:
 
 def step_bytes(field) -> int:
     """Bytes of one step of ``field``."""
-    return int(np.prod(field.shape, dtype=np.int64)) * np.dtype(field.dtype).itemsize
+    return math.prod(field.shape) * np.dtype(field.dtype).itemsize
 
 
 def layout(signature: dict, steps: int, record: int = 0) -> tuple[list[int], int]:
@@ -43,18 +45,22 @@ def layout(signature: dict, steps: int, record: int = 0) -> tuple[list[int], int
     return offsets, at
 
 
-def write_statuses(send: np.ndarray, starts, status: int, counts) -> None:
+def write_statuses(send: np.ndarray, starts: np.ndarray, status: int, counts: np.ndarray) -> None:
     """Writes each part's ``STATUS`` bytes into ``send`` (uint8): the status word
     (0: rows follow) and the part's count of filled rows (``counts``, one per part
-    starting at ``starts``)."""
-    for at, count in zip(starts, counts):
-        send[at:at + STATUS].view(np.int64)[:] = (status, count)
+    starting at ``starts``; every part starts 8-byte aligned)."""
+    words = send[: send.size // 8 * 8].view(np.int64)
+    words[starts // 8] = status
+    words[starts // 8 + 1] = counts
 
 
 def statuses(recv, starts: np.ndarray) -> np.ndarray:
     """``[sources, 2]`` int64: each source's status word and count of filled rows
     (``write_statuses``), from the received bytes (a uint8 tensor, on the host or a
     GPU): one small copy to the host."""
+    if recv.device.type == "cpu" and not (starts % 8).any():  # each part starts 8-byte aligned
+        words = recv.numpy()[: recv.numel() // 8 * 8].view(np.int64)
+        return words[(starts // 8)[:, None] + np.arange(2)]
     import torch
     at = torch.from_numpy((starts[:, None] + np.arange(STATUS)).reshape(-1)).to(recv.device)
     return recv.index_select(0, at).cpu().numpy().view(np.int64).reshape(-1, 2)
@@ -88,15 +94,17 @@ def unpack_received(recv: np.ndarray, starts: np.ndarray, counts: np.ndarray, or
     count against ``declared``. ``data`` as ``unpack``'s, or with ``packed`` each
     field's steps end to end, ``[total_steps, *shape]``; large fields in pooled
     memory (``reprise._pool``). ``records``: ``n * record`` bytes."""
-    arrival = np.concatenate([s + STATUS + np.arange(int(n), dtype=np.int64) * stride
-                              for s, n in zip(starts.tolist(), counts.tolist())]) if len(counts) else \
-        np.zeros(0, np.int64)
+    source = np.repeat(np.arange(len(counts)), counts)  # of each row, in arrival order
+    first = np.cumsum(counts) - counts  # each source's first row, in arrival order
+    arrival = starts[source] + STATUS + (np.arange(source.size) - first[source]) * stride
     at = np.empty_like(arrival)
     at[order] = arrival
     words = recv[: recv.size // 4 * 4].view(np.uint32)
     filled = words[(at + 44) // 4] == 1
-    source_of = np.repeat(np.arange(len(counts)), counts)[np.argsort(order, kind="stable")] if len(at) else at
-    check_counts(np.bincount(source_of[filled], minlength=len(counts)), declared, what)
+    if not filled.all() or (np.bincount(source, minlength=len(counts)) != declared).any():
+        source_of = np.empty_like(source)
+        source_of[order] = source
+        check_counts(np.bincount(source_of[filled], minlength=len(counts)), declared, what)
     at = at[filled]
     n = at.size
     lengths = np.minimum(words[(at + 28) // 4], steps).astype(np.int64)  # (a damaged length fails its CRC)

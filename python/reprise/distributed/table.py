@@ -556,37 +556,38 @@ class ShardedTable:
                 if not self._boundaries or rise > self._boundaries[-1][0]:
                     self._boundaries.append((rise, self._step))
             self._thaw()
-            # This rank's positions for each destination (none without a shard).
-            mine = dest[shard == self.shard] if rows is not None else None  # my rows' destinations
-            targets = [np.nonzero(mine == d)[0] if rows is not None else np.zeros(0, np.int64)
-                       for d in range(g.size)]
-            sizes = [_rows.STATUS + len(t) * stride for t in targets]
-            send_t = self._kept("_send", sum(sizes), pinned=self._data_backend == "nccl")
+            # This rank's rows (positions in order), grouped by destination.
+            mine = dest[shard == self.shard] if rows is not None else np.zeros(0, np.int64)
+            per_dest = np.bincount(mine, minlength=g.size)
+            sizes = _rows.STATUS + per_dest * stride
+            send_t = self._kept("_send", int(sizes.sum()), pinned=self._data_backend == "nccl")
             send = send_t.numpy()
-            counts = [0] * g.size
-            at = 0
-            for d, size in enumerate(sizes):
-                if rows is not None:
-                    rows.pack(send[at + _rows.STATUS:at + size], stride, offsets, self.shard,
-                              targets[d].astype(np.int64), filled, self._record)
-                    counts[d] = int(np.count_nonzero(filled[targets[d]]))
-                at += size
+            counts = np.zeros(g.size, np.int64)
             if rows is not None:
+                by_dest = np.argsort(mine, kind="stable")
+                at, first = 0, 0
+                for d in range(g.size):
+                    targets = by_dest[first:first + per_dest[d]]
+                    rows.pack(send[at + _rows.STATUS:at + sizes[d]], stride, offsets, self.shard, targets, filled,
+                              self._record)
+                    counts[d] = np.count_nonzero(filled[targets])
+                    at, first = at + sizes[d], first + per_dest[d]
                 rows.release()
         except BaseException as e:  # still take part in the exchange, telling every rank
             self._thaw()
             status, failure = 1, e
-            sizes = [_rows.STATUS + int(((source == g.rank) & (dest == d)).sum()) * stride for d in range(g.size)]
-            send = np.zeros(sum(sizes), dtype=np.uint8)
-            send_t, counts = None, [0] * g.size
-        _rows.write_statuses(send, np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64), status, counts)
-        recv_rows = np.array([((source == s) & (dest == g.rank)).sum() for s in range(g.size)], dtype=np.int64)
+            sizes = _rows.STATUS + np.bincount(dest[source == g.rank], minlength=g.size) * stride
+            send = np.zeros(int(sizes.sum()), dtype=np.uint8)
+            send_t, counts = None, np.zeros(g.size, np.int64)
+        starts = np.cumsum(sizes) - sizes
+        _rows.write_statuses(send, starts, status, counts)
+        recv_rows = np.bincount(source[dest == g.rank], minlength=g.size)
         recv_splits = _rows.STATUS + recv_rows * stride
         recv = self._all_to_all(send if send_t is None else send_t, sizes, recv_splits)
         self._step += 1
         if failure is not None:
             raise failure
-        starts = np.concatenate([[0], np.cumsum(recv_splits)[:-1]]).astype(np.int64)
+        starts = np.cumsum(recv_splits) - recv_splits
         statuses = _rows.statuses(recv, starts)
         bad = [s for s in range(g.size) if statuses[s, 0] != 0]
         if bad:
