@@ -10,8 +10,6 @@ import json
 import os
 import zlib
 
-import numpy as np
-
 from .. import checkpoint as single
 from ..errors import Corrupt, InvalidArgument
 
