@@ -270,10 +270,14 @@ def test_cluster_quick_measures_sample_against_bare_collectives(tmp_path):
         assert "| 2, links at 10gbit | iid | 1024 |" in r.stdout and "crosses two shaped links" in r.stdout
     res = report["systems"]["world2"]["results"]
     assert set(res["bandwidth"]) == {"iid/b256", "iid/b1024", "iid/b256/no-crc", "iid/b1024/no-crc",
-                                     "local-hosts/b1024"}
+                                     "local-hosts/b1024", "host-shard/b1024", "host-shard/b1024/exchange"}
     for key, e in res["bandwidth"].items():
         assert e["sample_gb_per_s"] > 0 and e["bare_gb_per_s_same_payload"] > 0 and e["ratio"] > 0, (key, e)
-        assert e["steps"] == 12 and e["exchange_bytes_per_step"] >= e["payload_bytes_per_step"], (key, e)
+        reads = key == "host-shard/b1024"  # the non-owner's rows come as locators: less than their payload
+        assert e["steps"] == 12 and (e["exchange_bytes_per_step"] >= e["payload_bytes_per_step"]) != reads, (key, e)
+    # one shard on the host: the reader's half of the rows cross as 88-byte locators, not 4 KB rows
+    host = res["bandwidth"]["host-shard/b1024"]["exchange_bytes_per_step"]
+    assert host < 0.6 * res["bandwidth"]["host-shard/b1024/exchange"]["exchange_bytes_per_step"]
     # iid on one host: about half the rows cross ranks; local with a host per rank: few
     assert 300 < res["bandwidth"]["iid/b1024"]["remote_rows_per_step"]["mean"] < 724
     assert res["bandwidth"]["local-hosts/b1024"]["remote_rows_per_step"]["mean"] < 100

@@ -378,6 +378,73 @@ def test_two_emulated_hosts_with_writes_right_before_sample():
     assert out == [(2, 20)] * 4
 
 
+def _same_host_body(rank, world, assignment):
+    """The same table twice, fed alike by the hosts' owners: first reading same-host
+    rows from the owner's shared memory (the default with shards="host"), then with
+    every row through the exchange. Each step's samples must be identical, and the
+    exchange must carry exactly the rows that cross hosts (plus locators for the
+    same-host ones, the owner's own rows included)."""
+    from reprise.distributed import _rows
+    runs = []
+    for zero_copy in (True, False):
+        t = rp.distributed.ShardedTable("z", SIG, capacity_per_shard=512, shards="host", seed=3, timeout=20,
+                                        assignment=assignment, attributes={"version": "int64", "reward": "float32"})
+        if not zero_copy:
+            t._locators[:] = False
+        t._poison = True
+        received = []
+        exchange = t._g.all_to_all
+
+        def counting(send, recv, send_splits, recv_splits, doing, group=None, received=received, exchange=exchange):
+            received.append(int(np.sum(recv_splits)))
+            return exchange(send, recv, send_splits, recv_splits, doing, group=group)
+
+        t._g.all_to_all = counting
+        out = []
+        for step in range(4):
+            if t.shard is not None:
+                with t.writer() as w:  # items of 1 to 3 steps; the first of each step has 3
+                    for i in range(3 + step):
+                        T = 3 if i == 0 else 1 + (rank + i + step) % 3
+                        for k in range(T):
+                            w.append({"x": np.int64(rank * 10_000 + step * 100 + i * 10 + k),
+                                      "v": np.full(3, rank + k / 4, np.float32)})
+                        w.create_item(t.name, T, 1.0 + i, attributes={"version": step, "reward": rank + i / 8})
+            t._g.barrier("test: written")
+            for call in ("n", "tokens"):
+                a = t.sample(3) if call == "n" else t.sample(tokens=7)
+                out.append((call, a.keys.tolist(), a.probabilities.tolist(), a.lengths.tolist(), a.times_sampled.tolist(),
+                            {k: np.asarray(a.data[k]).tolist() for k in SIG},
+                            {k: a.attributes[k].tolist() for k in ("version", "reward")}, received[-1]))
+                if call == "n":  # x encodes the writer's rank: its host is the shard the key names
+                    assert ((np.asarray(a.data["x"])[:, 0] // 10_000) // 2 == (a.keys >> 52).astype(np.int64)).all()
+        t.close()
+        runs.append(out)
+    host = rank // 2
+    for (call, keys, *rest, got), (_, keys2, *rest2, got_without) in zip(*runs):
+        assert (keys, rest) == (keys2, rest2)
+        if call == "tokens":  # rows as long as the longest item of the whole draw: not known here
+            continue
+        steps = 3  # every shard holds a 3-step item
+        local = (np.array(keys, dtype=np.uint64) >> 52).astype(np.int64) == host  # the owner's too
+        n = len(keys)
+        _, stride = _rows.layout(SIG, steps, 16)
+        _, loc = _rows.layout(_rows.LOCATOR, steps, 16)
+        assert got_without == _rows.STATUS * world + n * stride, (got_without, n)
+        assert got == _rows.STATUS * world + int((~local).sum()) * stride + int(local.sum()) * loc, (got, local)
+    return [(run[-1], run2[-1]) for run, run2 in zip(*runs)]
+
+
+@pytest.mark.parametrize("assignment", ["local", "iid"])
+def test_same_host_rows_are_read_from_shared_memory_and_never_cross_the_exchange(assignment):
+    out = run_ranks(4, _same_host_body, assignment, env=lambda r: {"REPRISE_HOST_ID": f"h{r // 2}"})
+    # the readers (ranks 1 and 3) never received more, and over the run less, than their rows in full
+    # (each step's exact count is checked in the ranks)
+    for rank in (1, 3):
+        assert all(got <= without for got, without in out[rank])
+        assert sum(got for got, _ in out[rank]) < sum(without for _, without in out[rank]), out[rank]
+
+
 @pytest.mark.parametrize("where,what", [(None, "data"), (0, "key"), (8, "probability"), (28, "length"),
                                         (44, "flag")])
 def test_a_row_damaged_in_transit_fails_its_crc_check(make_store, where, what):

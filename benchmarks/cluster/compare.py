@@ -113,6 +113,7 @@ def summarize_bandwidth(ranks: list[dict], world: int) -> dict:
         model.remote_rows(batch, hosts, "local")
     return {
         "batch": batch, "assignment": r0["assignment"], "verify_rows": r0["verify_rows"],
+        "shards": r0.get("shards", "rank"), "reads": r0.get("reads", True),
         "one_host_per_rank": r0["own_host"], "steps": int(step.size),
         "payload_bytes_per_step": step_bytes, "exchange_bytes_per_step": float(np.median(exchange)),
         "row_stride_bytes": r0["stride"],
@@ -222,6 +223,9 @@ def goal_cell(name: str, ok: bool) -> str:
 
 
 def variant_label(e: dict) -> str:
+    if e.get("shards") == "host":
+        return "one shard per host (rank 0's), " + ("others read its memory" if e["reads"] else
+                                                   "rows through the exchange")
     return (("iid" if e["assignment"] == "iid" else "local, 1 host/rank") +
             ("" if e["verify_rows"] else ", no CRC"))
 
@@ -318,7 +322,8 @@ def goal_lines(report: dict) -> list[str]:
             continue
         w = world_label(name)
         goal = GOAL_LINK_BANDWIDTH if s.get("link") else GOAL_BANDWIDTH
-        main = [e for e in res["bandwidth"].values() if e["assignment"] == "iid" and e["verify_rows"]]
+        main = [e for e in res["bandwidth"].values()
+                if e["assignment"] == "iid" and e["verify_rows"] and e["shards"] == "rank"]
         ratios = ", ".join(f"B={e['batch']}: {e['ratio']:.0%}" for e in main)
         nocrc = ", ".join(f"B={e['batch']}: {e['ratio']:.0%}" for e in res["bandwidth"].values()
                           if not e["verify_rows"])

@@ -77,7 +77,7 @@ class Probe:
         return ev
 
 
-def _table(name, signature, cfg_items, assignment="iid", verify=True, own_host=None):
+def _table(name, signature, cfg_items, assignment="iid", verify=True, own_host=None, shards="rank"):
     """A ShardedTable; ``own_host``: this rank's emulated host name (REPRISE_HOST_ID)."""
     import reprise as rp
     from reprise.distributed import ShardedTable
@@ -86,7 +86,7 @@ def _table(name, signature, cfg_items, assignment="iid", verify=True, own_host=N
         os.environ[HOST_ENV] = own_host
     try:
         return ShardedTable(name, signature, capacity_per_shard=cfg_items, sampler=rp.selectors.Uniform(),
-                            shards="rank", assignment=assignment, verify_rows=verify, seed=7, timeout=60.0)
+                            shards=shards, assignment=assignment, verify_rows=verify, seed=7, timeout=60.0)
     finally:
         if own_host is not None:
             if old is None:
@@ -144,7 +144,10 @@ def _new_record() -> dict:
 
 
 def bandwidth(cfg: dict, rank: int, world: int, batch: int, assignment: str, verify: bool,
-              own_host: bool) -> dict:
+              own_host: bool, shards: str = "rank", reads: bool = True) -> dict:
+    """``shards="host"``: one shard on this (one) host, rank 0's, the other ranks reading
+    its rows from shared memory (``reads``) or, with ``reads=False``, receiving them
+    through the exchange like rows from another host."""
     import reprise as rp
     import torch
     import torch.distributed as dist
@@ -152,11 +155,15 @@ def bandwidth(cfg: dict, rank: int, world: int, batch: int, assignment: str, ver
 
     floats = cfg["row_floats"]
     signature = {"x": rp.Field((floats,), "float32")}
-    name = f"bw-{assignment}-{batch}-{int(verify)}-{int(own_host)}"
-    table = _table(name, signature, cfg["items_per_shard"], assignment, verify,
-                   f"bench-host-{rank}" if own_host else None)
+    name = f"bw-{assignment}-{batch}-{int(verify)}-{int(own_host)}-{shards}-{int(reads)}"
+    shard_items = cfg["items_per_shard"] * (world if shards == "host" else 1)
+    table = _table(name, signature, shard_items, assignment, verify, f"bench-host-{rank}" if own_host else None,
+                   shards)
+    if not reads:
+        table._locators[:] = False
     rng = np.random.default_rng(1000 + rank)
-    _fill(table, cfg["items_per_shard"], lambda s, n: rng.standard_normal((n, 1, floats), dtype=np.float32))
+    if table.shard is not None:
+        _fill(table, shard_items, lambda s, n: rng.standard_normal((n, 1, floats), dtype=np.float32))
     _, stride = _rows.layout(signature, 1)
     status = _rows.STATUS
     probe = Probe(table)
@@ -191,7 +198,7 @@ def bandwidth(cfg: dict, rank: int, world: int, batch: int, assignment: str, ver
     assert x.shape == (batch // world, 1, floats) and np.isfinite(x).all(), (x.shape, batch, world)
     table.close()
     out.update(batch=batch, assignment=assignment, verify_rows=verify, own_host=own_host, stride=stride,
-               payload_bytes_per_row=floats * 4, status_bytes=status)
+               payload_bytes_per_row=floats * 4, status_bytes=status, shards=shards, reads=reads)
     return out
 
 
@@ -255,13 +262,16 @@ def latency(cfg: dict, rank: int, world: int) -> dict:
 
 
 def variants(cfg: dict) -> list[tuple]:
-    """(key, batch, assignment, verify_rows, one emulated host per rank) of the bandwidth rows."""
+    """(key, batch, assignment, verify_rows, one emulated host per rank, shards, same-host
+    reads) of the bandwidth rows."""
     out = []
     for verify in (True, False):
         for b in cfg["batches"]:
-            out.append((f"iid/b{b}" + ("" if verify else "/no-crc"), b, "iid", verify, False))
+            out.append((f"iid/b{b}" + ("" if verify else "/no-crc"), b, "iid", verify, False, "rank", True))
     for b in cfg["local_batches"]:
-        out.append((f"local-hosts/b{b}", b, "local", True, True))
+        out.append((f"local-hosts/b{b}", b, "local", True, True, "rank", True))
+        out.append((f"host-shard/b{b}", b, "iid", True, False, "host", True))
+        out.append((f"host-shard/b{b}/exchange", b, "iid", True, False, "host", False))
     return out
 
 
@@ -275,7 +285,7 @@ def rank_main(rank: int, world: int, cfg: dict) -> dict:
                                          "numpy": np.__version__},
               "header_words": WORDS, "bandwidth": {}}
     result["latency"] = latency(cfg, rank, world)
-    for key, batch, assignment, verify, own_host in variants(cfg):
-        result["bandwidth"][key] = bandwidth(cfg, rank, world, batch, assignment, verify, own_host)
+    for key, *how in variants(cfg):
+        result["bandwidth"][key] = bandwidth(cfg, rank, world, *how)
     result["wall_s"] = clock() - t0
     return result

@@ -170,8 +170,14 @@ fn check_rows(py: Python<'_>, rows: PyReadonlyArray1<'_, u8>, stride: usize) -> 
 /// `offsets[c]`, zeros after); `packed`, the rows' steps end to end with nothing
 /// between. With `verify`, each row's CRC-32 is checked as it is read. Returns the
 /// first row whose CRC fails (nothing is promised of the outputs then), or -1.
+///
+/// `located[i]`: row i is instead a `locator` row (`locator = (stride, offset)`:
+/// the header, the record, then at `offset` each step's row number in the store
+/// whose columns are `columns`, one flat byte array per field of `items[c]` bytes
+/// a row): its steps are copied from those columns. A row number outside them is
+/// reported as a failed row too.
 #[pyfunction]
-#[pyo3(signature = (recv, at, stride, offsets, items, longest, header, outputs, verify, record=0, records=None, packed=false))]
+#[pyo3(signature = (recv, at, stride, offsets, items, longest, header, outputs, verify, record=0, records=None, packed=false, located=None, locator=(0, 0), columns=Vec::new()))]
 #[allow(clippy::too_many_arguments)]
 fn unpack_rows(
     py: Python<'_>,
@@ -187,6 +193,9 @@ fn unpack_rows(
     record: usize,
     records: Option<Bound<'_, PyArray1<u8>>>,
     packed: bool,
+    located: Option<PyReadonlyArray1<'_, bool>>,
+    locator: (usize, usize),
+    columns: Vec<PyReadonlyArray1<'_, u8>>,
 ) -> PyResult<i64> {
     use crate::rows::{row_crc, CRC_AT, HEADER};
     let bytes = slice(py, "recv", &recv)?;
@@ -200,8 +209,24 @@ fn unpack_rows(
             return Err(invalid(py, format!("unpack_rows: field {c} of {longest} steps does not fit a row of {stride}")));
         }
     }
-    if let Some(&bad) = at.iter().find(|&&a| a < 0 || a as usize + stride > bytes.len()) {
-        return Err(invalid(py, format!("unpack_rows: a row at {bad} runs past the {} bytes received", bytes.len())));
+    let located: &[bool] = match &located {
+        Some(l) => slice(py, "located", l)?,
+        None => &[],
+    };
+    let (loc_stride, loc_at) = locator;
+    let cols: Vec<&[u8]> = columns.iter().map(|c| slice(py, "column", c)).collect::<PyResult<_>>()?;
+    if !located.is_empty() {
+        if located.len() != n || cols.len() != items.len() {
+            return Err(invalid(py, "unpack_rows: one located flag per row and one column per field are needed".into()));
+        }
+        if loc_at < HEADER + record || loc_at % 8 != 0 || loc_at + longest * 8 > loc_stride {
+            return Err(invalid(py, format!("unpack_rows: locators of {longest} steps do not fit a row of {loc_stride}")));
+        }
+    }
+    let is_located = |i: usize| located.get(i).copied().unwrap_or(false);
+    let row_len = |i: usize| if is_located(i) { loc_stride } else { stride };
+    if let Some(bad) = (0..n).find(|&i| at[i] < 0 || at[i] as usize + row_len(i) > bytes.len()) {
+        return Err(invalid(py, format!("unpack_rows: a row at {} runs past the {} bytes received", at[bad], bytes.len())));
     }
     let length_of = |a: i64| (word(&bytes[a as usize..], 28) as usize).min(longest);
     // Where each row's steps start in the outputs (in steps).
@@ -234,7 +259,7 @@ fn unpack_rows(
     }
     let bad = py.detach(|| {
         for (i, &a) in at.iter().enumerate() {
-            let row = &bytes[a as usize..a as usize + stride];
+            let row = &bytes[a as usize..a as usize + row_len(i)];
             if verify && row_crc(row) != word(row, CRC_AT) {
                 return Some(i);
             }
@@ -242,9 +267,21 @@ fn unpack_rows(
             records[i * record..(i + 1) * record].copy_from_slice(&row[HEADER..HEADER + record]);
             let length = length_of(a);
             let width = if packed { length } else { longest };
-            for ((out, &o), &item) in outs.iter_mut().zip(&offsets).zip(&items) {
+            for (c, ((out, &o), &item)) in outs.iter_mut().zip(&offsets).zip(&items).enumerate() {
                 let dst = &mut out[starts[i] * item..(starts[i] + width) * item];
-                dst[..length * item].copy_from_slice(&row[o..o + length * item]);
+                if is_located(i) {
+                    let col = cols[c];
+                    for k in 0..length {
+                        let w = &row[loc_at + 8 * k..loc_at + 8 * k + 8];
+                        let r = i64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]);
+                        if r < 0 || (r as usize + 1) * item > col.len() {
+                            return Some(i);
+                        }
+                        dst[k * item..(k + 1) * item].copy_from_slice(&col[r as usize * item..(r as usize + 1) * item]);
+                    }
+                } else {
+                    dst[..length * item].copy_from_slice(&row[o..o + length * item]);
+                }
                 dst[length * item..].fill(0);
             }
         }

@@ -276,7 +276,11 @@ impl PySampleRows {
     /// then the item's attribute record (`record` bytes, a table with attributes),
     /// then column c at `offsets[c]`, its item's rows and zeros past them. An unfilled
     /// target's row is zeros but its CRC (flags 0). Rows are kept held.
-    #[pyo3(signature = (out, stride, offsets, shard, order, filled, record=0))]
+    ///
+    /// `locate`: rows for a reader of this process's shared memory (same host):
+    /// after the header and record, at the one offset given, the store row number
+    /// of each of the item's steps (int64) and -1 past its end, instead of its data.
+    #[pyo3(signature = (out, stride, offsets, shard, order, filled, record=0, locate=false))]
     #[allow(clippy::too_many_arguments)]
     fn pack<'py>(
         &self,
@@ -288,6 +292,7 @@ impl PySampleRows {
         order: numpy::PyReadonlyArray1<'py, i64>,
         filled: numpy::PyReadonlyArray1<'py, bool>,
         record: usize,
+        locate: bool,
     ) -> PyResult<()> {
         let mut out = out.try_readwrite().map_err(|e| invalid(py, format!("pack needs a writable uint8 array: {e}")))?;
         let dst = out.as_slice_mut().map_err(|e| invalid(py, format!("pack needs a contiguous array: {e}")))?;
@@ -313,16 +318,22 @@ impl PySampleRows {
         if records.len() != next * record {
             return Err(invalid(py, format!("pack: {} bytes of attribute records for {next} items of {record}", records.len())));
         }
-        if offsets.len() != columns.signature().fields().len()
-            || offsets.first().is_some_and(|&o| o < HEADER + record)
-            || offsets.windows(2).any(|w| w[0] > w[1])
-        {
-            return Err(invalid(py, "pack: one offset per field, ascending, past the header and the record, is needed".into()));
-        }
         let widest = c.items().iter().map(|i| i.length as usize).max().unwrap_or(0);
-        for (col, &at) in offsets.iter().enumerate() {
-            if at + widest * columns.row_bytes(col) > stride {
-                return Err(invalid(py, format!("pack: field {col} of {widest} steps does not fit its row of {stride} bytes")));
+        if locate {
+            if offsets.len() != 1 || offsets[0] < HEADER + record || offsets[0] % 8 != 0 || offsets[0] + widest * 8 > stride {
+                return Err(invalid(py, format!("pack(locate): one 8-byte aligned offset past the header and the record, with room for {widest} row numbers in a row of {stride}, is needed")));
+            }
+        } else {
+            if offsets.len() != columns.signature().fields().len()
+                || offsets.first().is_some_and(|&o| o < HEADER + record)
+                || offsets.windows(2).any(|w| w[0] > w[1])
+            {
+                return Err(invalid(py, "pack: one offset per field, ascending, past the header and the record, is needed".into()));
+            }
+            for (col, &at) in offsets.iter().enumerate() {
+                if at + widest * columns.row_bytes(col) > stride {
+                    return Err(invalid(py, format!("pack: field {col} of {widest} steps does not fit its row of {stride} bytes")));
+                }
             }
         }
         let result = py.detach(|| {
@@ -335,16 +346,29 @@ impl PySampleRows {
                     seal(row);
                     continue;
                 };
-                c.copy_item(i, &offsets, row);
                 let item = &c.items()[i];
                 let first = offsets.first().copied().unwrap_or(stride);
+                if locate {
+                    let mut words = row[first..].chunks_exact_mut(8);
+                    for r in item.window.ranges() {
+                        // The range first: zip asks it before taking a word.
+                        for (k, w) in (0..r.len as u64).zip(words.by_ref()) {
+                            w.copy_from_slice(&((r.start + k) as i64).to_le_bytes());
+                        }
+                    }
+                    for w in words {
+                        w.copy_from_slice(&(-1i64).to_le_bytes());
+                    }
+                } else {
+                    c.copy_item(i, &offsets, row);
+                    // Zeros past each field's steps, up to the next field (or the row's end).
+                    for (col, &at) in offsets.iter().enumerate() {
+                        let end = offsets.get(col + 1).copied().unwrap_or(stride);
+                        row[at + item.length as usize * columns.row_bytes(col)..end].fill(0);
+                    }
+                }
                 row[HEADER..HEADER + record].copy_from_slice(&records[i * record..(i + 1) * record]);
                 row[HEADER + record..first].fill(0);
-                // Zeros past each field's steps, up to the next field (or the row's end).
-                for (col, &at) in offsets.iter().enumerate() {
-                    let end = offsets.get(col + 1).copied().unwrap_or(stride);
-                    row[at + item.length as usize * columns.row_bytes(col)..end].fill(0);
-                }
                 let (_, _, slot) = reprise_core::cluster::split_key(item.key);
                 row[0..8].copy_from_slice(&reprise_core::cluster::global_key(shard, item.key).to_le_bytes());
                 row[8..16].copy_from_slice(&item.probability.to_le_bytes());

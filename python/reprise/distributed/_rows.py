@@ -15,6 +15,7 @@ import numpy as np
 from .. import _native
 from .._pool import POOL
 from ..errors import Corrupt
+from ..signature import Field
 
 HEADER = 48
 HEADER_DTYPE = np.dtype([
@@ -24,6 +25,9 @@ HEADER_DTYPE = np.dtype([
 assert HEADER_DTYPE.itemsize == HEADER
 # Each source's part of an exchange starts with this many bytes of status.
 STATUS = 16
+# A locator row (a same-host reader's): the header, the record, then each step's store
+# row number where a row's data would be (int64, -1 past the item's end).
+LOCATOR = {"row": Field((), "int64")}
 
 
 def _align(n: int) -> int:
@@ -66,7 +70,7 @@ def statuses(recv, starts: np.ndarray) -> np.ndarray:
     return recv.index_select(0, at).cpu().numpy().view(np.int64).reshape(-1, 2)
 
 
-def _crc_failure(what: str, header) -> Corrupt:
+def crc_failure(what: str, header) -> Corrupt:
     """The error for a row (its ``HEADER_DTYPE`` header) whose CRC-32 does not match."""
     return Corrupt(f"{what}: the row of key {int(header['key'])} from shard {int(header['shard'])} "
                    f"(slot {int(header['slot'])}) failed its CRC-32 check")
@@ -84,7 +88,7 @@ def check_counts(filled_by_source: np.ndarray, declared: np.ndarray, what: str) 
 
 def unpack_received(recv: np.ndarray, starts: np.ndarray, counts: np.ndarray, order: np.ndarray, stride: int,
                     signature: dict, steps: int, verify: bool, what: str, declared: np.ndarray, device=None,
-                    record: int = 0, packed: bool = False):
+                    record: int = 0, packed: bool = False, located=None, columns=()):
     """``(header, records, data)`` straight from the received bytes on the host
     (``recv``, uint8): the rows of source s (``counts[s]`` from byte ``starts[s] +
     STATUS``), where the j-th to arrive is position ``order[j]``, unpacked in position
@@ -93,12 +97,16 @@ def unpack_received(recv: np.ndarray, starts: np.ndarray, counts: np.ndarray, or
     read with ``verify``). Unfilled rows are dropped after checking each source's
     count against ``declared``. ``data`` as ``unpack``'s, or with ``packed`` each
     field's steps end to end, ``[total_steps, *shape]``; large fields in pooled
-    memory (``reprise._pool``). ``records``: ``n * record`` bytes."""
+    memory (``reprise._pool``). ``records``: ``n * record`` bytes.
+
+    ``located[s]``: source s sent locators (``LOCATOR`` rows) of rows this process
+    reads from that source's store, whose columns are ``columns`` (one flat uint8
+    array per field, mapped here): those rows' steps are copied from there."""
+    located = np.zeros(len(counts), bool) if located is None else np.asarray(located, bool)
+    loc_offsets, loc_stride = layout(LOCATOR, steps, record)
+    strides = np.where(located, loc_stride, stride)
     source = np.repeat(np.arange(len(counts)), counts)  # of each row, in arrival order
-    first = np.cumsum(counts) - counts  # each source's first row, in arrival order
-    arrival = starts[source] + STATUS + (np.arange(source.size) - first[source]) * stride
-    at = np.empty_like(arrival)
-    at[order] = arrival
+    at = _offsets(starts, counts, order, strides)
     words = recv[: recv.size // 4 * 4].view(np.uint32)
     filled = words[(at + 44) // 4] == 1
     if not filled.all() or (np.bincount(source, minlength=len(counts)) != declared).any():
@@ -106,6 +114,11 @@ def unpack_received(recv: np.ndarray, starts: np.ndarray, counts: np.ndarray, or
         source_of[order] = source
         check_counts(np.bincount(source_of[filled], minlength=len(counts)), declared, what)
     at = at[filled]
+    row_located = np.zeros(0, bool)
+    if located.any():
+        source_of = np.empty_like(source)
+        source_of[order] = source
+        row_located = np.ascontiguousarray(located[source_of[filled]])
     n = at.size
     lengths = np.minimum(words[(at + 28) // 4], steps).astype(np.int64)  # (a damaged length fails its CRC)
     longest = int(lengths.max()) if n else 0
@@ -116,9 +129,13 @@ def unpack_received(recv: np.ndarray, starts: np.ndarray, counts: np.ndarray, or
     header = np.empty(n * HEADER, np.uint8)
     records = np.empty(n * record, np.uint8)
     bad = _native.cluster.unpack_rows(recv, at, stride, offsets, items, longest, header, outputs, verify,
-                                      record, records, packed)
+                                      record, records, packed, row_located if row_located.any() else None,
+                                      (loc_stride, loc_offsets[0]), list(columns))
     if bad >= 0:
-        raise _crc_failure(what, recv[at[bad]:at[bad] + HEADER].copy().view(HEADER_DTYPE)[0])
+        failure = crc_failure(what, recv[at[bad]:at[bad] + HEADER].copy().view(HEADER_DTYPE)[0])
+        if row_located.size and row_located[bad]:
+            failure = Corrupt(f"{failure} or names a row outside its owner's store (a damaged locator)")
+        raise failure
     header = header.view(HEADER_DTYPE)
     data = {}
     for (name, f), out in zip(signature.items(), outputs):
@@ -129,6 +146,18 @@ def unpack_received(recv: np.ndarray, starts: np.ndarray, counts: np.ndarray, or
             arr = torch.from_numpy(arr).to(device)
         data[name] = arr
     return header, records, data
+
+
+def _offsets(starts: np.ndarray, counts: np.ndarray, order: np.ndarray, strides) -> np.ndarray:
+    """Where each position's row starts in the received bytes: the rows of source s
+    (``counts[s]`` from byte ``starts[s] + STATUS``, ``strides[s]`` bytes each, or
+    ``strides`` for every source), the j-th to arrive at position ``order[j]``."""
+    strides = np.broadcast_to(strides, len(counts))
+    source = np.repeat(np.arange(len(counts)), counts)  # of each row, in arrival order
+    first = np.cumsum(counts) - counts  # each source's first row, in arrival order
+    at = np.empty(source.size, dtype=np.int64)
+    at[order] = starts[source] + STATUS + (np.arange(source.size) - first[source]) * strides[source]
+    return at
 
 
 def in_position_order(recv, starts: np.ndarray, counts: np.ndarray, stride: int, order: np.ndarray):
@@ -165,7 +194,7 @@ def unpack(rows, signature: dict, steps: int, verify: bool, what: str, device=No
         header = np.ascontiguousarray(host[:, :HEADER]).view(HEADER_DTYPE).reshape(-1)
         bad = _native.cluster.check_rows(host.reshape(-1), stride)
         if bad >= 0:
-            raise _crc_failure(what, header[bad])
+            raise crc_failure(what, header[bad])
     else:
         header = rows[:, :HEADER].cpu().numpy().copy().view(HEADER_DTYPE).reshape(-1)
     keep = header["flags"] == 1

@@ -179,6 +179,21 @@ class ShardedTable:
             addresses = g.all_gather_object(address, "sharing same-host server addresses")
             if self.shard is None:
                 self._local_address = addresses[int(self._owner[np.nonzero(self._shard_host == hosts[g.rank])[0][0]])]
+        # Same-host reads (rows on the host): an owner's own rows, and with shards="host"
+        # those for the other ranks of its host, cross the exchange as locators (header,
+        # record, the store row numbers of the item's steps); the consumer copies the
+        # rows from the owner's shared memory itself. Only rows for other hosts cross
+        # in full. locators[s, d]: the part from s to d holds locators (the same on
+        # every rank).
+        self._locators = np.zeros((g.size, g.size), dtype=bool)
+        if self._data_backend != "nccl":
+            for s in self._owner:
+                if shards == "host":
+                    self._locators[s] = hosts == hosts[s]
+                self._locators[s, s] = True
+        self._held = []  # drawn rows that readers may still copy: released when the next call begins
+        self._reader = None  # (client, columns) of this host's owner's store, made on the first read
+        self._columns = {}  # owner -> its store's columns as flat bytes (_column_bytes)
 
     # ------------------------------------------------------------------ setup
 
@@ -320,7 +335,16 @@ class ShardedTable:
         except BaseException:
             self._thaw()
             raise
+        finally:
+            # Every rank has entered this call (or the group failed): no reader
+            # still copies rows the last step drew.
+            self._release_held()
         return heads
+
+    def _release_held(self):
+        for rows in self._held:
+            rows.release()
+        self._held.clear()
 
     def _thaw(self):
         if self._table is not None:
@@ -537,7 +561,9 @@ class ShardedTable:
         # rows past a partial group's); plan["shard"], ["dest"] are per unit.
         shard, dest = np.repeat(plan["shard"], self._unit), np.repeat(plan["dest"], self._unit)
         offsets, stride = _rows.layout(self._signature, plan["steps"], self._record)
+        loc_offsets, loc_stride = _rows.layout(_rows.LOCATOR, plan["steps"], self._record)
         source = self._owner[shard]  # the rank that sends each position
+        stride_to = np.where(self._locators[g.rank], loc_stride, stride)  # per destination's part
         status, failure = 0, None
         sizes = []
         try:
@@ -559,7 +585,7 @@ class ShardedTable:
             # This rank's rows (positions in order), grouped by destination.
             mine = dest[shard == self.shard] if rows is not None else np.zeros(0, np.int64)
             per_dest = np.bincount(mine, minlength=g.size)
-            sizes = _rows.STATUS + per_dest * stride
+            sizes = _rows.STATUS + per_dest * stride_to
             send_t = self._kept("_send", int(sizes.sum()), pinned=self._data_backend == "nccl")
             send = send_t.numpy()
             counts = np.zeros(g.size, np.int64)
@@ -568,21 +594,27 @@ class ShardedTable:
                 at, first = 0, 0
                 for d in range(g.size):
                     targets = by_dest[first:first + per_dest[d]]
-                    rows.pack(send[at + _rows.STATUS:at + sizes[d]], stride, offsets, self.shard, targets, filled,
-                              self._record)
+                    locate = bool(self._locators[g.rank, d])
+                    rows.pack(send[at + _rows.STATUS:at + sizes[d]], int(stride_to[d]),
+                              loc_offsets if locate else offsets, self.shard, targets, filled, self._record, locate)
                     counts[d] = np.count_nonzero(filled[targets])
                     at, first = at + sizes[d], first + per_dest[d]
-                rows.release()
+                if (per_dest > 0)[self._locators[g.rank]].any():
+                    self._held.append(rows)  # readers copy from these rows' blocks: kept until the next call
+                    rows = None
         except BaseException as e:  # still take part in the exchange, telling every rank
             self._thaw()
             status, failure = 1, e
-            sizes = _rows.STATUS + np.bincount(dest[source == g.rank], minlength=g.size) * stride
+            sizes = _rows.STATUS + np.bincount(dest[source == g.rank], minlength=g.size) * stride_to
             send = np.zeros(int(sizes.sum()), dtype=np.uint8)
             send_t, counts = None, np.zeros(g.size, np.int64)
+        finally:
+            if rows is not None:
+                rows.release()
         starts = np.cumsum(sizes) - sizes
         _rows.write_statuses(send, starts, status, counts)
         recv_rows = np.bincount(source[dest == g.rank], minlength=g.size)
-        recv_splits = _rows.STATUS + recv_rows * stride
+        recv_splits = _rows.STATUS + recv_rows * np.where(self._locators[:, g.rank], loc_stride, stride)
         recv = self._all_to_all(send if send_t is None else send_t, sizes, recv_splits)
         self._step += 1
         if failure is not None:
@@ -629,14 +661,19 @@ class ShardedTable:
         return r
 
     def _receive(self, recv, starts, recv_rows, source, dest, stride, plan, device, declared) -> Sample:
+        """The consumer's sample from the received parts: rows, and from the owners
+        whose memory this rank reads (``_locators``) locators of the rows it copies
+        from there itself."""
         mine = np.nonzero(dest == self._g.rank)[0]  # my positions, in position order
         sources = source[mine]  # the rank each of them comes from
         order = np.argsort(sources, kind="stable")  # the order rows arrive in
         packed = plan.get("packed", False)
-        if recv.device.type == "cpu":  # one native pass from the receive buffer
+        if recv.device.type == "cpu":  # one native pass from the receive buffer (and shared memory)
+            located = self._locators[:, self._g.rank] & (recv_rows > 0)
+            columns = self._column_bytes(int(np.nonzero(located)[0][0])) if located.any() else ()
             header, records, data = _rows.unpack_received(
                 recv.numpy(), starts, recv_rows, order, stride, self._signature, plan["steps"], self._verify,
-                self._what, declared, device, self._record, packed)
+                self._what, declared, device, self._record, packed, self._locators[:, self._g.rank], columns)
         else:  # rows that arrived on a GPU are unpacked there (padded; packed() unpads)
             rows = _rows.in_position_order(recv, starts, recv_rows, stride, order)
             header, records, data = _rows.unpack(rows, self._signature, plan["steps"], self._verify, self._what,
@@ -651,6 +688,31 @@ class ShardedTable:
                       table_size=int(plan["table_size"]), lengths=header["length"].astype(np.int64),
                       attributes=attributes)
         return Sample._packed(data, **fields) if packed else Sample(**fields, data=data)
+
+    def _column_bytes(self, owner: int) -> list:
+        """``owner``'s store columns (this rank's own, or this host's owner's), one flat
+        uint8 array per field, mapped here (once)."""
+        if owner not in self._columns:
+            columns = self._columns_of(owner)
+            self._columns[owner] = [columns.views[name].numpy().view(np.uint8).reshape(-1)
+                                    for name in self._signature]
+        return self._columns[owner]
+
+    def _columns_of(self, owner: int):
+        """The columns of ``owner``'s store: this rank's own, or this host's owner's,
+        mapped here through a local client of its same-host server (made once)."""
+        if owner == self._g.rank:
+            return self._store._columns_for(torch_module().device("cpu"))
+        if self._reader is None:
+            import torch
+            from ..client import Client
+            client = Client(self._local_address)
+            try:
+                self._reader = (client, client._columns_for(self.name, torch.device("cpu")))
+            except BaseException:
+                client.close()
+                raise
+        return self._reader[1]
 
     # ------------------------------------------------------- updates, deletes
 
@@ -809,6 +871,13 @@ class ShardedTable:
     def close(self):
         """Stops this rank's same-host server, closes its shard's store and its
         private control group."""
+        self._release_held()
+        self._columns.clear()
+        if self._reader is not None:
+            client, columns = self._reader
+            self._reader = None
+            columns.close()
+            client.close()
         self._g.close()
         if self._server is not None:
             self._server.stop()
