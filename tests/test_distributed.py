@@ -435,6 +435,28 @@ def _same_host_body(rank, world, assignment):
     return [(run[-1], run2[-1]) for run, run2 in zip(*runs)]
 
 
+def _full_store_body(rank, world, shards):
+    """A full store whose items are all drawn by one step must still take inserts right
+    after it (a reader's rows are let go within the step, not at the next call)."""
+    t = rp.distributed.ShardedTable("f", SIG, capacity_per_shard=64, shards=shards, seed=1, timeout=20, block_steps=4)
+    sizes = []
+    for round in range(3):
+        if t.shard is not None:
+            t.insert(items_of(round, rank, 0, 64, 1), np.ones(64), timeout=2)  # fills the store (ring eviction)
+        t._g.barrier("test: written")
+        s = t.sample(48)
+        assert ((np.asarray(s.data["x"])[:, 0] // 10_000) % 100 == (s.keys >> 52).astype(np.int64)).all() or \
+            shards == "host"
+        sizes.append(len(s))
+    t.close()
+    return sizes
+
+
+@pytest.mark.parametrize("shards", ["rank", "host"])
+def test_a_step_keeps_no_blocks_out_of_reuse_after_it_returns(shards):
+    assert run_ranks(2, _full_store_body, shards) == [[48, 48, 48]] * 2
+
+
 @pytest.mark.parametrize("assignment", ["local", "iid"])
 def test_same_host_rows_are_read_from_shared_memory_and_never_cross_the_exchange(assignment):
     out = run_ranks(4, _same_host_body, assignment, env=lambda r: {"REPRISE_HOST_ID": f"h{r // 2}"})

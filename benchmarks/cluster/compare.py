@@ -47,7 +47,7 @@ import numpy as np
 
 from benchmarks.cluster import model
 from benchmarks.cluster.links import run_ranks_on_links
-from benchmarks.cluster.measure import rank_main, variants
+from benchmarks.cluster.measure import rank_main
 from reprise.distributed.local_ranks import run_ranks
 from benchmarks.common.config import Config
 from benchmarks.common.driver import OUT, command_line, start_report, write_outputs
@@ -198,7 +198,7 @@ def run_world(world: int, cfg: Config, idle_wait: float = 0.0, link: str | None 
     entry["versions"] = ranks[0]["versions"]
     entry["loadavg_1m_after"] = round(os.getloadavg()[0], 2)
     results = {"bandwidth": {}, "latency": summarize_latency([r["latency"] for r in ranks])}
-    for key, *_ in variants(cfg.as_dict()):
+    for key in ranks[0]["bandwidth"]:  # the variants the ranks ran (fewer on namespaced links)
         results["bandwidth"][key] = summarize_bandwidth([r["bandwidth"][key] for r in ranks], world)
     results["control"] = summarize_control(ranks, world)
     entry["results"] = results
@@ -225,10 +225,11 @@ def goal_cell(name: str, ok: bool) -> str:
 
 def variant_label(e: dict) -> str:
     if e.get("shards") == "host":
-        return "one shard per host (rank 0's), " + ("others read its memory" if e["reads"] else
-                                                   "rows through the exchange")
+        return "one shard on the host (rank 0's), " + ("others read its memory" if e["reads"] else
+                                                      "every row through the exchange")
     return (("iid" if e["assignment"] == "iid" else "local, 1 host/rank") +
-            ("" if e["verify_rows"] else ", no CRC"))
+            ("" if e["verify_rows"] else ", no CRC") + ("" if e.get("reads", True) else
+                                                       ", every row through the exchange"))
 
 
 def bandwidth_table(report: dict) -> list[str]:
@@ -324,7 +325,7 @@ def goal_lines(report: dict) -> list[str]:
         w = world_label(name)
         goal = GOAL_LINK_BANDWIDTH if s.get("link") else GOAL_BANDWIDTH
         main = [e for e in res["bandwidth"].values()
-                if e["assignment"] == "iid" and e["verify_rows"] and e["shards"] == "rank"]
+                if e["assignment"] == "iid" and e["verify_rows"] and e["shards"] == "rank" and e["reads"]]
         ratios = ", ".join(f"B={e['batch']}: {e['ratio']:.0%}" for e in main)
         nocrc = ", ".join(f"B={e['batch']}: {e['ratio']:.0%}" for e in res["bandwidth"].values()
                           if not e["verify_rows"])

@@ -43,7 +43,7 @@ def run_ranks_on_links(world: int, cfg: dict, rate: str, deadline: float) -> tup
         for h in hosts:
             net.shape(h, rate)
         cfg_path = Path(tmp) / "cfg.json"
-        cfg_path.write_text(json.dumps(cfg))
+        cfg_path.write_text(json.dumps(dict(cfg, links=True)))
         before = {h: net.link_bytes(h) for h in hosts}
         procs = []
         for r, h in enumerate(hosts):

@@ -146,8 +146,8 @@ def _new_record() -> dict:
 def bandwidth(cfg: dict, rank: int, world: int, batch: int, assignment: str, verify: bool,
               own_host: bool, shards: str = "rank", reads: bool = True) -> dict:
     """``shards="host"``: one shard on this (one) host, rank 0's, the other ranks reading
-    its rows from shared memory (``reads``) or, with ``reads=False``, receiving them
-    through the exchange like rows from another host."""
+    its rows from shared memory. ``reads=False``: every row through the exchange, an
+    owner's own rows and same-host rows too (the data path before same-host reads)."""
     import reprise as rp
     import torch
     import torch.distributed as dist
@@ -269,9 +269,11 @@ def variants(cfg: dict) -> list[tuple]:
         for b in cfg["batches"]:
             out.append((f"iid/b{b}" + ("" if verify else "/no-crc"), b, "iid", verify, False, "rank", True))
     for b in cfg["local_batches"]:
+        out.append((f"iid/b{b}/exchange", b, "iid", True, False, "rank", False))
         out.append((f"local-hosts/b{b}", b, "local", True, True, "rank", True))
-        out.append((f"host-shard/b{b}", b, "iid", True, False, "host", True))
-        out.append((f"host-shard/b{b}/exchange", b, "iid", True, False, "host", False))
+        if not cfg.get("links"):  # on namespaced links every rank is a host of its own
+            out.append((f"host-shard/b{b}", b, "iid", True, False, "host", True))
+            out.append((f"host-shard/b{b}/exchange", b, "iid", True, False, "host", False))
     return out
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import time
+from datetime import timedelta
 
 import numpy as np
 
@@ -191,7 +192,15 @@ class ShardedTable:
                 if shards == "host":
                     self._locators[s] = hosts == hosts[s]
                 self._locators[s, s] = True
-        self._held = []  # drawn rows that readers may still copy: released when the next call begins
+        # Ranks that read another rank's rows (shards="host", several ranks on a host)
+        # end such a step with a barrier of the host's ranks: the owner lets the rows'
+        # blocks go only once its readers have copied them.
+        self._host_group = None
+        self._host_of = hosts
+        if (self._locators & ~np.eye(g.size, dtype=bool)).any() and (hosts == hosts[g.rank]).sum() > 1:
+            here = [g.ranks[r] for r in range(g.size) if hosts[r] == hosts[g.rank]]
+            self._host_group = g._guard("creating the host group", lambda: g.dist.new_group(
+                here, backend="gloo", timeout=timedelta(seconds=g.timeout), use_local_synchronization=True))
         self._reader = None  # (client, columns) of this host's owner's store, made on the first read
         self._columns = {}  # owner -> its store's columns as flat bytes (_column_bytes)
 
@@ -335,16 +344,7 @@ class ShardedTable:
         except BaseException:
             self._thaw()
             raise
-        finally:
-            # Every rank has entered this call (or the group failed): no reader
-            # still copies rows the last step drew.
-            self._release_held()
         return heads
-
-    def _release_held(self):
-        for rows in self._held:
-            rows.release()
-        self._held.clear()
 
     def _thaw(self):
         if self._table is not None:
@@ -564,7 +564,7 @@ class ShardedTable:
         loc_offsets, loc_stride = _rows.layout(_rows.LOCATOR, plan["steps"], self._record)
         source = self._owner[shard]  # the rank that sends each position
         stride_to = np.where(self._locators[g.rank], loc_stride, stride)  # per destination's part
-        status, failure = 0, None
+        status, failure, held = 0, None, None
         sizes = []
         try:
             rows = None
@@ -600,8 +600,7 @@ class ShardedTable:
                     counts[d] = np.count_nonzero(filled[targets])
                     at, first = at + sizes[d], first + per_dest[d]
                 if (per_dest > 0)[self._locators[g.rank]].any():
-                    self._held.append(rows)  # readers copy from these rows' blocks: kept until the next call
-                    rows = None
+                    held, rows = rows, None  # readers copy from these rows' blocks: kept until they have
         except BaseException as e:  # still take part in the exchange, telling every rank
             self._thaw()
             status, failure = 1, e
@@ -615,19 +614,42 @@ class ShardedTable:
         _rows.write_statuses(send, starts, status, counts)
         recv_rows = np.bincount(source[dest == g.rank], minlength=g.size)
         recv_splits = _rows.STATUS + recv_rows * np.where(self._locators[:, g.rank], loc_stride, stride)
-        recv = self._all_to_all(send if send_t is None else send_t, sizes, recv_splits)
-        self._step += 1
-        if failure is not None:
-            raise failure
-        starts = np.cumsum(recv_splits) - recv_splits
-        statuses = _rows.statuses(recv, starts)
-        bad = [s for s in range(g.size) if statuses[s, 0] != 0]
-        if bad:
-            raise CollectiveError(f"{self._what}: rank(s) {bad} failed while drawing their rows at step "
-                                  f"{self._step - 1}; see their error")
-        if g.rank not in self._consumers:
-            return None
-        return self._receive(recv, starts, recv_rows, source, dest, stride, plan, device, statuses[:, 1])
+        try:
+            recv = self._all_to_all(send if send_t is None else send_t, sizes, recv_splits)
+            self._step += 1
+            if failure is not None:
+                raise failure
+            starts = np.cumsum(recv_splits) - recv_splits
+            statuses = _rows.statuses(recv, starts)
+            bad = [s for s in range(g.size) if statuses[s, 0] != 0]
+            if bad:
+                raise CollectiveError(f"{self._what}: rank(s) {bad} failed while drawing their rows at step "
+                                      f"{self._step - 1}; see their error")
+            out = None if g.rank not in self._consumers else \
+                self._receive(recv, starts, recv_rows, source, dest, stride, plan, device, statuses[:, 1])
+        except BaseException:
+            try:
+                self._reads_done(source, dest, held)
+            except Exception:  # noqa: BLE001 - the error on its way says more
+                pass
+            raise
+        self._reads_done(source, dest, held)
+        return out
+
+    def _reads_done(self, source, dest, held):
+        """Ends a step's same-host reads: where this host's owner sent locators to
+        another rank of the host (known alike on each of them from the plan), every
+        rank of the host meets in a barrier once it has copied its rows; then the
+        owner lets the drawn rows go (``held``)."""
+        try:
+            here = self._host_of[source] == self._host_of[self._g.rank]
+            if self._host_group is not None and (here & (source != dest) & self._locators[source, dest]).any():
+                g = self._g
+                g._guard(f"sample step {self._step - 1}: same-host reads done",
+                         lambda: g.dist.barrier(group=self._host_group))
+        finally:
+            if held is not None:
+                held.release()
 
     def _kept(self, name: str, nbytes: int, pinned: bool = False):
         """``nbytes`` of the uint8 buffer kept in ``self.<name>`` across steps, grown by
@@ -871,13 +893,18 @@ class ShardedTable:
     def close(self):
         """Stops this rank's same-host server, closes its shard's store and its
         private control group."""
-        self._release_held()
         self._columns.clear()
         if self._reader is not None:
             client, columns = self._reader
             self._reader = None
             columns.close()
             client.close()
+        if self._host_group is not None:
+            try:
+                self._g.dist.destroy_process_group(self._host_group)
+            except Exception:  # the job's group may already be gone
+                pass
+            self._host_group = None
         self._g.close()
         if self._server is not None:
             self._server.stop()
