@@ -544,6 +544,50 @@ def test_native_unpack_equals_the_torch_unpack_in_any_arrival_order(make_store):
         assert d1["x"].shape == (5, 3) and (d1["x"][h1["length"] == 1][:, 1:] == 0).all()
 
 
+def test_locators_read_back_the_rows_they_name_and_a_damaged_one_is_corrupt(make_store):
+    """Rows packed as locators (store row numbers) and unpacked against the store's own
+    columns equal the same rows packed in full; mixed in one pass with full rows, in
+    any arrival order. A row number outside the store is Corrupt, with or without the
+    CRC check, and nothing is written past the outputs."""
+    from reprise.distributed import _rows
+    store = make_store(SIG, capacity=256, block_steps=4)
+    table = rp.Table("t", store)
+    table.insert(items_of(0, 0, 0, 5, 1), np.ones(5))
+    table.insert(items_of(0, 0, 1, 5, 3), np.ones(5))
+    offsets, stride = _rows.layout(SIG, 3)
+    loc_offsets, loc_stride = _rows.layout(_rows.LOCATOR, 3)
+    assert loc_stride == _rows.HEADER + 3 * 8 < stride
+    fill = np.array([True, False, True, True, True])
+    rows = table._native.sample_rows(int(fill.sum()), None)
+    full = np.full(fill.size * stride, 0xCD, np.uint8)
+    located = np.full(fill.size * loc_stride, 0xCD, np.uint8)
+    rows.pack(full, stride, offsets, 0, np.arange(fill.size, dtype=np.int64), fill)
+    rows.pack(located, loc_stride, loc_offsets, 0, np.arange(fill.size, dtype=np.int64), fill, 0, True)
+    columns = [store._columns_for(torch.device("cpu")).views[k].numpy().view(np.uint8).reshape(-1) for k in SIG]
+    # source 0 sends full rows, source 1 the same rows as locators; positions interleave
+    recv = np.concatenate([np.zeros(_rows.STATUS, np.uint8), full, np.zeros(_rows.STATUS, np.uint8), located])
+    starts = np.array([0, _rows.STATUS + full.size])
+    counts = np.array([fill.size, fill.size])
+    order = np.array([0, 2, 4, 6, 8, 1, 3, 5, 7, 9])  # arrival j lands at position order[j]
+    for verify in (True, False):
+        header, _, data = _rows.unpack_received(recv, starts, counts, order, stride, SIG, 3, verify, "t",
+                                                np.array([4, 4]), None, 0, False, np.array([False, True]), columns)
+        same = [f for f in header.dtype.names if f != "crc"]  # (each row's CRC covers its own bytes)
+        assert len(header) == 8 and np.array_equal(header[same][0::2], header[same][1::2])
+        for k in SIG:
+            assert np.array_equal(data[k][0::2], data[k][1::2]), k
+    rows.release()
+    bad = located.copy()
+    first_row = np.nonzero(fill)[0][0] * loc_stride + loc_offsets[0]
+    bad[first_row:first_row + 8] = np.frombuffer(np.int64(1 << 40).tobytes(), np.uint8)
+    recv = np.concatenate([np.zeros(_rows.STATUS, np.uint8), bad])
+    args = (recv, np.array([0]), np.array([fill.size]), np.arange(fill.size), stride, SIG, 3)
+    with pytest.raises(rp.errors.Corrupt, match="failed its CRC-32 check"):
+        _rows.unpack_received(*args, True, "t", np.array([4]), None, 0, False, np.array([True]), columns)
+    with pytest.raises(rp.errors.Corrupt, match="names a row outside its owner's store"):
+        _rows.unpack_received(*args, False, "t", np.array([4]), None, 0, False, np.array([True]), columns)
+
+
 def test_pack_writes_every_byte_so_a_reused_buffer_needs_no_zero_fill(make_store):
     """The send buffer is reused across steps: packing into stale bytes gives exactly
     the rows packed into zeros (padding past short items, and unfilled targets' rows)."""

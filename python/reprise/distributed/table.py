@@ -196,7 +196,6 @@ class ShardedTable:
         # end such a step with a barrier of the host's ranks: the owner lets the rows'
         # blocks go only once its readers have copied them.
         self._host_group = None
-        self._host_of = hosts
         if (self._locators & ~np.eye(g.size, dtype=bool)).any() and (hosts == hosts[g.rank]).sum() > 1:
             here = [g.ranks[r] for r in range(g.size) if hosts[r] == hosts[g.rank]]
             self._host_group = g._guard("creating the host group", lambda: g.dist.new_group(
@@ -642,7 +641,8 @@ class ShardedTable:
         rank of the host meets in a barrier once it has copied its rows; then the
         owner lets the drawn rows go (``held``)."""
         try:
-            here = self._host_of[source] == self._host_of[self._g.rank]
+            hosts = self._g.host_of_rank
+            here = hosts[source] == hosts[self._g.rank]
             if self._host_group is not None and (here & (source != dest) & self._locators[source, dest]).any():
                 g = self._g
                 g._guard(f"sample step {self._step - 1}: same-host reads done",
