@@ -411,11 +411,13 @@ def _same_host_body(rank, world, assignment):
                                       "v": np.full(3, rank + k / 4, np.float32)})
                         w.create_item(t.name, T, 1.0 + i, attributes={"version": step, "reward": rank + i / 8})
             t._g.barrier("test: written")
-            for call in ("n", "tokens"):
-                a = t.sample(3) if call == "n" else t.sample(tokens=7)
+            for call in ("n", "tokens", "n-torch", "tokens-torch"):  # torch: straight into tensors where it can
+                device = "cpu" if call.endswith("torch") else None
+                a = t.sample(3, device=device) if call.startswith("n") else t.sample(tokens=7, device=device)
+                data = a.packed_data if call.startswith("tokens") and device else a.data
                 out.append((call, a.keys.tolist(), a.probabilities.tolist(), a.lengths.tolist(), a.times_sampled.tolist(),
-                            {k: np.asarray(a.data[k]).tolist() for k in SIG},
-                            {k: a.attributes[k].tolist() for k in ("version", "reward")}, received[-1]))
+                            {k: np.asarray(data[k]).tolist() for k in SIG},
+                            {k: np.asarray(a.attributes[k]).tolist() for k in ("version", "reward")}, received[-1]))
                 if call == "n":  # x encodes the writer's rank: its host is the shard the key names
                     assert ((np.asarray(a.data["x"])[:, 0] // 10_000) // 2 == (a.keys >> 52).astype(np.int64)).all()
         t.close()
@@ -423,7 +425,7 @@ def _same_host_body(rank, world, assignment):
     host = rank // 2
     for (call, keys, *rest, got), (_, keys2, *rest2, got_without) in zip(*runs):
         assert (keys, rest) == (keys2, rest2)
-        if call == "tokens":  # rows as long as the longest item of the whole draw: not known here
+        if call.startswith("tokens"):  # rows as long as the longest item of the whole draw: not known here
             continue
         steps = 3  # every shard holds a 3-step item
         local = (np.array(keys, dtype=np.uint64) >> 52).astype(np.int64) == host  # the owner's too

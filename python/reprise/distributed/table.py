@@ -21,7 +21,7 @@ import numpy as np
 from .. import _native
 from .._attributes import arrays, check_fixed, check_schema, record_size
 from .._convert import as_int
-from ..errors import CollectiveError, CollectiveMismatch, InvalidArgument, NotFound, Timeout
+from ..errors import CollectiveError, CollectiveMismatch, Corrupt, InvalidArgument, NotFound, Timeout
 from ..rate_limiters import MinSize, RateLimiter
 from ..sample import Sample
 from ..selectors import Fifo, Selector, Uniform
@@ -29,6 +29,7 @@ from ..signature import Field
 from ..store import Store
 from ..table import Table
 from ..torch._device import is_host_device, torch_module
+from ..torch.collect import gather
 from . import _rows, placement
 from ._group import Group
 from ._header import (OP, OPS, W_ARG, W_ERROR, W_EXPIRED, W_INSERTS, W_MASS, W_MAXLEN, W_NEXT_SEQ, W_OP, W_OWNER,
@@ -200,7 +201,7 @@ class ShardedTable:
             here = [g.ranks[r] for r in range(g.size) if hosts[r] == hosts[g.rank]]
             self._host_group = g._guard("creating the host group", lambda: g.dist.new_group(
                 here, backend="gloo", timeout=timedelta(seconds=g.timeout), use_local_synchronization=True))
-        self._reader = None  # (client, columns) of this host's owner's store, made on the first read
+        self._reader = None  # a local client of this host's owner's server, made on the first read
         self._columns = {}  # owner -> its store's columns as flat bytes (_column_bytes)
 
     # ------------------------------------------------------------------ setup
@@ -690,8 +691,15 @@ class ShardedTable:
         sources = source[mine]  # the rank each of them comes from
         order = np.argsort(sources, kind="stable")  # the order rows arrive in
         packed = plan.get("packed", False)
-        if recv.device.type == "cpu":  # one native pass from the receive buffer (and shared memory)
-            located = self._locators[:, self._g.rank] & (recv_rows > 0)
+        located = self._locators[:, self._g.rank] & (recv_rows > 0)
+        if device is not None and recv.device.type == "cpu" and located.any() and not recv_rows[~located].any():
+            # Every row is read from one owner's memory: gathered straight into tensors
+            # on the device (in place from the host memory, registered, on a GPU).
+            owner = int(np.nonzero(located)[0][0])
+            header, records, data = self._gather_located(
+                recv.numpy()[starts[owner] + _rows.STATUS:], int(recv_rows[owner]), plan["steps"],
+                int(declared[owner]), owner, device, packed)
+        elif recv.device.type == "cpu":  # one native pass from the receive buffer (and shared memory)
             columns = self._column_bytes(int(np.nonzero(located)[0][0])) if located.any() else ()
             header, records, data = _rows.unpack_received(
                 recv.numpy(), starts, recv_rows, order, stride, self._signature, plan["steps"], self._verify,
@@ -711,30 +719,64 @@ class ShardedTable:
                       attributes=attributes)
         return Sample._packed(data, **fields) if packed else Sample(**fields, data=data)
 
+    def _gather_located(self, part, n: int, steps: int, declared: int, owner: int, device, packed: bool):
+        """``(header, records, data)`` of ``n`` locators at the start of ``part`` (uint8),
+        ``data`` gathered from ``owner``'s store straight into tensors on ``device``
+        (padded ``[m, T, *shape]``, or with ``packed`` the steps end to end). The CRC
+        (``verify_rows``), the count of filled rows and every row number are checked
+        first; on a GPU the gather has finished when this returns (the owner lets the
+        rows go after the step)."""
+        torch = torch_module()
+        (at,), loc_stride = _rows.layout(_rows.LOCATOR, steps, self._record)
+        rows = part[:n * loc_stride].reshape(n, loc_stride)
+        header = rows[:, :_rows.HEADER].copy().view(_rows.HEADER_DTYPE).reshape(-1)
+        if self._verify and n:
+            bad = C.check_rows(rows.reshape(-1), loc_stride)
+            if bad >= 0:
+                raise _rows.crc_failure(self._what, header[bad])
+        filled = header["flags"] == 1
+        if int(filled.sum()) != declared:
+            raise Corrupt(f"{self._what}: rank {owner} sent {declared} filled rows but {int(filled.sum())} arrived "
+                          f"marked filled (a damaged row header)")
+        header, rows = header[filled], rows[filled]
+        records = rows[:, _rows.HEADER:_rows.HEADER + self._record].reshape(-1).copy()
+        longest = min(int(header["length"].max()), steps) if len(header) else 0
+        index = np.ascontiguousarray(rows[:, at:at + longest * 8]).view(np.int64).reshape(len(header), longest)
+        columns = self._columns_of(owner, device)
+        capacity = next(iter(columns.views.values())).shape[0]
+        if ((index < -1) | (index >= capacity)).any():
+            raise Corrupt(f"{self._what}: a locator from rank {owner} names a row outside its store of {capacity} rows")
+        names = list(self._signature)
+        if packed:
+            flat = index[index >= 0]  # each item's steps, end to end
+            data = {k: v[0] for k, v in gather(columns, names, torch.from_numpy(flat).to(device), 1, flat.size,
+                                               False).items()}
+        else:
+            data = gather(columns, names, torch.from_numpy(index.reshape(-1)).to(device), len(header), longest,
+                          bool((index < 0).any()))
+        if device.type == "cuda":
+            torch.cuda.current_stream(device).synchronize()
+        return header, records, data
+
     def _column_bytes(self, owner: int) -> list:
         """``owner``'s store columns (this rank's own, or this host's owner's), one flat
         uint8 array per field, mapped here (once)."""
         if owner not in self._columns:
-            columns = self._columns_of(owner)
+            columns = self._columns_of(owner, torch_module().device("cpu"))
             self._columns[owner] = [columns.views[name].numpy().view(np.uint8).reshape(-1)
                                     for name in self._signature]
         return self._columns[owner]
 
-    def _columns_of(self, owner: int):
-        """The columns of ``owner``'s store: this rank's own, or this host's owner's,
-        mapped here through a local client of its same-host server (made once)."""
+    def _columns_of(self, owner: int, device):
+        """The columns of ``owner``'s store for ``device`` (a torch device): this rank's
+        own, or this host's owner's, mapped here through a local client of its
+        same-host server (made once); registered with the GPU for a CUDA device."""
         if owner == self._g.rank:
-            return self._store._columns_for(torch_module().device("cpu"))
+            return self._store._columns_for(device)
         if self._reader is None:
-            import torch
             from ..client import Client
-            client = Client(self._local_address)
-            try:
-                self._reader = (client, client._columns_for(self.name, torch.device("cpu")))
-            except BaseException:
-                client.close()
-                raise
-        return self._reader[1]
+            self._reader = Client(self._local_address)
+        return self._reader._columns_for(self.name, device)
 
     # ------------------------------------------------------- updates, deletes
 
@@ -895,10 +937,8 @@ class ShardedTable:
         private control group."""
         self._columns.clear()
         if self._reader is not None:
-            client, columns = self._reader
+            self._reader.close()  # (and its mapped columns)
             self._reader = None
-            columns.close()
-            client.close()
         if self._host_group is not None:
             try:
                 self._g.dist.destroy_process_group(self._host_group)
