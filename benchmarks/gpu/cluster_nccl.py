@@ -1,5 +1,7 @@
 """Cluster mode on one GPU: ``ShardedTable(data_backend="nccl")`` at world size 1 against a
-single-node ``Table`` holding the same items, both ``sample(b, device="cuda")``.
+single-node ``Table`` holding the same items, both ``sample(b, device="cuda")``; and
+``data_backend="gloo"``, where the rank reads its own shard's rows from host memory and the
+GPU gathers them in place (same-host reads).
 
     python -m benchmarks.gpu.cluster_nccl [--rows 400,4096] [--batches 256,1024,4096]
     python -m benchmarks.gpu.cluster_nccl --quick        # smoke run (needs CUDA)
@@ -71,9 +73,12 @@ def main():
             sig = {"x": rp.Field((width,), "float32")}
             store_ = rp.Store(sig, capacity=n + 4 * 64)
             single = rp.Table("single", store_, max_size=n)
-            sharded = {verify: ShardedTable(f"sharded-{verify}", sig, capacity_per_shard=n + 4 * 64,
-                                            max_size_per_shard=n, shards="rank", data_backend="nccl", timeout=120,
-                                            verify_rows=verify) for verify in (True, False)}
+            # nccl: rows through the NCCL exchange; gloo: the shard's rows read from its own host memory,
+            # gathered in place by the GPU (same-host reads)
+            sharded = {(backend, verify): ShardedTable(
+                f"sharded-{backend}-{verify}", sig, capacity_per_shard=n + 4 * 64, max_size_per_shard=n,
+                shards="rank", data_backend=backend, timeout=120, verify_rows=verify)
+                for backend, verify in (("nccl", True), ("nccl", False), ("gloo", True))}
             for lo in range(0, n, 65536):
                 part = {"x": data[lo:lo + 65536]}
                 single.insert(part, 1.0)
@@ -82,14 +87,15 @@ def main():
             for b in batches:
                 check(single.sample(b, device="cuda"), data)
                 t_single = timed(lambda: single.sample(b, device="cuda"), args.repeats)
-                for verify, table in sharded.items():
+                for (backend, verify), table in sharded.items():
                     check(table.sample(b, device="cuda"), data)
                     t_sharded = timed(lambda: table.sample(b, device="cuda"), args.repeats)
-                    r = {"row_bytes": row, "batch": b, "items": n, "verify_rows": verify, "single_us": t_single * 1e6,
-                         "sharded_us": t_sharded * 1e6, "sharded_over_single_rate": t_single / t_sharded,
+                    r = {"row_bytes": row, "batch": b, "items": n, "data_backend": backend, "verify_rows": verify,
+                         "single_us": t_single * 1e6, "sharded_us": t_sharded * 1e6,
+                         "sharded_over_single_rate": t_single / t_sharded,
                          "single_GBps": b * row / t_single / 1e9, "sharded_GBps": b * row / t_sharded / 1e9}
                     results.append(r)
-                    print(f"{row:>7} B x {b:>5}: single {r['single_us']:9.1f} us  sharded(nccl, verify_rows="
+                    print(f"{row:>7} B x {b:>5}: single {r['single_us']:9.1f} us  sharded({backend}, verify_rows="
                           f"{verify!s:5}) {r['sharded_us']:9.1f} us  rate ratio {r['sharded_over_single_rate']:.2f}",
                           flush=True)
             for t in sharded.values():
