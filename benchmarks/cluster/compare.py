@@ -149,9 +149,8 @@ def summarize_control(ranks: list[dict], world: int) -> dict:
     """Every sample call's control all_gather sizes, over every table of the run."""
     seen = set()
     calls = 0
-    # (shards="host" tables add the entering barrier of a shared shard: one more 8-byte gather)
     tables = [("latency", r["latency"]) for r in ranks] + \
-             [(k, v) for r in ranks for k, v in r["bandwidth"].items() if v.get("shards", "rank") == "rank"]
+             [(k, v) for r in ranks for k, v in r["bandwidth"].items()]
     batches = set()
     for key, rec in tables:
         batches.add(rec["batch"])

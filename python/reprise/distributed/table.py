@@ -171,7 +171,6 @@ class ShardedTable:
                                     group_size=group_size, group_timeout=group_timeout,
                                     on_group_timeout=on_group_timeout)
         self._local_address = None
-        self._shared_host = shards == "host" and len(self._owner) < g.size
         if shards == "host":
             address = None
             if self.shard is not None and (hosts == hosts[g.rank]).sum() > 1:
@@ -193,11 +192,12 @@ class ShardedTable:
                 if shards == "host":
                     self._locators[s] = hosts == hosts[s]
                 self._locators[s, s] = True
-        # Ranks that read another rank's rows (shards="host", several ranks on a host)
-        # end such a step with a barrier of the host's ranks: the owner lets the rows'
-        # blocks go only once its readers have copied them.
+        # The ranks of a host that shares a shard (shards="host", several ranks there)
+        # meet in a barrier of their own before the owner freezes the shard (none of
+        # them is still inside a write into it), and after a step in which some of them
+        # read the owner's rows (the owner lets the rows' blocks go once they have).
         self._host_group = None
-        if (self._locators & ~np.eye(g.size, dtype=bool)).any() and (hosts == hosts[g.rank]).sum() > 1:
+        if shards == "host" and (hosts == hosts[g.rank]).sum() > 1:
             here = [g.ranks[r] for r in range(g.size) if hosts[r] == hosts[g.rank]]
             self._host_group = g._guard("creating the host group", lambda: g.dist.new_group(
                 here, backend="gloo", timeout=timedelta(seconds=g.timeout), use_local_synchronization=True))
@@ -331,11 +331,12 @@ class ShardedTable:
 
     def _begin(self, op: int, arg: int, err: Exception | None, freeze: bool = False, expired: bool = False):
         """The header gather every collective starts with; returns the headers."""
-        if freeze and self._shared_host:
+        if freeze and self._host_group is not None:
             # A rank that writes into another rank's shard (shards="host") must be
-            # out of its write before that shard freezes: wait until every rank
-            # has entered the call (the same extra gather on every rank).
-            self._g.barrier(f"{OPS[op]} step {self._step}: entering")
+            # out of its write before that shard freezes: wait until every rank of
+            # the host has entered the call (only they write into its shard).
+            g = self._g
+            g._guard(f"{OPS[op]} step {self._step}: entering", lambda: g.dist.barrier(group=self._host_group))
         if freeze and self._table is not None and err is None:
             self._table._native.freeze()
         try:
