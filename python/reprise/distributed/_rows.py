@@ -104,9 +104,8 @@ def unpack_received(recv: np.ndarray, starts: np.ndarray, counts: np.ndarray, or
     array per field, mapped here): those rows' steps are copied from there."""
     located = np.zeros(len(counts), bool) if located is None else np.asarray(located, bool)
     loc_offsets, loc_stride = layout(LOCATOR, steps, record)
-    strides = np.where(located, loc_stride, stride)
     source = np.repeat(np.arange(len(counts)), counts)  # of each row, in arrival order
-    at = _offsets(starts, counts, order, strides)
+    at = _offsets(starts, counts, order, np.where(located, loc_stride, stride) if located.any() else stride)
     words = recv[: recv.size // 4 * 4].view(np.uint32)
     filled = words[(at + 44) // 4] == 1
     if not filled.all() or (np.bincount(source, minlength=len(counts)) != declared).any():
@@ -152,11 +151,11 @@ def _offsets(starts: np.ndarray, counts: np.ndarray, order: np.ndarray, strides)
     """Where each position's row starts in the received bytes: the rows of source s
     (``counts[s]`` from byte ``starts[s] + STATUS``, ``strides[s]`` bytes each, or
     ``strides`` for every source), the j-th to arrive at position ``order[j]``."""
-    strides = np.broadcast_to(strides, len(counts))
     source = np.repeat(np.arange(len(counts)), counts)  # of each row, in arrival order
     first = np.cumsum(counts) - counts  # each source's first row, in arrival order
     at = np.empty(source.size, dtype=np.int64)
-    at[order] = starts[source] + STATUS + (np.arange(source.size) - first[source]) * strides[source]
+    stride = strides[source] if isinstance(strides, np.ndarray) else strides
+    at[order] = starts[source] + STATUS + (np.arange(source.size) - first[source]) * stride
     return at
 
 
