@@ -543,7 +543,8 @@ def test_native_unpack_equals_the_torch_unpack_in_any_arrival_order(make_store):
         assert np.array_equal(h1, h2) and len(h1) == 5
         for k in SIG:
             assert np.array_equal(d1[k], d2[k]), k
-        assert d1["x"].shape == (5, 3) and (d1["x"][h1["length"] == 1][:, 1:] == 0).all()
+        # padded to the longest item drawn (1 when, 1 time in 32, only one-step items are)
+        assert d1["x"].shape == (5, int(h1["length"].max())) and (d1["x"][h1["length"] == 1][:, 1:] == 0).all()
 
 
 def test_locators_read_back_the_rows_they_name_and_a_damaged_one_is_corrupt(make_store):

@@ -736,9 +736,11 @@ class ShardedTable:
             if bad >= 0:
                 raise _rows.crc_failure(self._what, header[bad])
         filled = header["flags"] == 1
-        if int(filled.sum()) != declared:
-            raise Corrupt(f"{self._what}: rank {owner} sent {declared} filled rows but {int(filled.sum())} arrived "
-                          f"marked filled (a damaged row header)")
+        counted = np.zeros(owner + 1, np.int64)
+        counted[owner] = filled.sum()
+        expected = np.zeros(owner + 1, np.int64)
+        expected[owner] = declared
+        _rows.check_counts(counted, expected, self._what)
         header, rows = header[filled], rows[filled]
         records = rows[:, _rows.HEADER:_rows.HEADER + self._record].reshape(-1).copy()
         longest = min(int(header["length"].max()), steps) if len(header) else 0
