@@ -103,7 +103,7 @@ def unpack_received(recv: np.ndarray, starts: np.ndarray, counts: np.ndarray, or
     reads from that source's store, whose columns are ``columns`` (one flat uint8
     array per field, mapped here): those rows' steps are copied from there."""
     located = np.zeros(len(counts), bool) if located is None else np.asarray(located, bool)
-    loc_offsets, loc_stride = layout(LOCATOR, steps, record)
+    loc_offsets, loc_stride = layout(LOCATOR, steps, record) if located.any() else ([0], 0)
     source = np.repeat(np.arange(len(counts)), counts)  # of each row, in arrival order
     at = _offsets(starts, counts, order, np.where(located, loc_stride, stride) if located.any() else stride)
     words = recv[: recv.size // 4 * 4].view(np.uint32)

@@ -203,6 +203,7 @@ class ShardedTable:
                 here, backend="gloo", timeout=timedelta(seconds=g.timeout), use_local_synchronization=True))
         self._reader = None  # a local client of this host's owner's server, made on the first read
         self._columns = {}  # owner -> its store's columns as flat bytes (_column_bytes)
+        self._layouts = {}  # steps -> the rows' layout (_layout)
 
     # ------------------------------------------------------------------ setup
 
@@ -314,7 +315,7 @@ class ShardedTable:
 
     def _agree(self, heads: np.ndarray, op: int, err: Exception | None):
         """Raises on every rank when the ranks' calls differ or one could not make it."""
-        keys = heads[:, [W_TABLE, W_STEP, W_OP, W_ARG]]
+        keys = heads[:, W_TABLE:W_ARG + 1]  # table, step, op, argument: the call
         if (keys != keys[0]).any():
             def says(h):
                 name = "this table" if h[W_TABLE] == heads[self._g.rank][W_TABLE] else "another table"
@@ -322,7 +323,7 @@ class ShardedTable:
             calls = "; ".join(f"rank {r}: {says(h)}" for r, h in enumerate(heads))
             raise CollectiveMismatch(f"{self._what}: the ranks made different calls ({calls}); every rank must "
                                      f"call the same method with the same arguments in the same order")
-        failed = [r for r, h in enumerate(heads) if h[W_ERROR]]
+        failed = np.nonzero(heads[:, W_ERROR])[0].tolist()
         if failed:
             if err is not None:
                 raise err
@@ -560,9 +561,10 @@ class ShardedTable:
         g = self._g
         # Per row: a drawn unit takes self._unit rows (a group's members, unfilled
         # rows past a partial group's); plan["shard"], ["dest"] are per unit.
-        shard, dest = np.repeat(plan["shard"], self._unit), np.repeat(plan["dest"], self._unit)
-        offsets, stride = _rows.layout(self._signature, plan["steps"], self._record)
-        loc_offsets, loc_stride = _rows.layout(_rows.LOCATOR, plan["steps"], self._record)
+        shard, dest = plan["shard"], plan["dest"]
+        if self._unit > 1:
+            shard, dest = np.repeat(shard, self._unit), np.repeat(dest, self._unit)
+        offsets, stride, loc_offsets, loc_stride = self._layout(plan["steps"])
         source = self._owner[shard]  # the rank that sends each position
         stride_to = np.where(self._locators[g.rank], loc_stride, stride)  # per destination's part
         status, failure, held = 0, None, None
@@ -652,6 +654,15 @@ class ShardedTable:
         finally:
             if held is not None:
                 held.release()
+
+    def _layout(self, steps: int) -> tuple:
+        """``(offsets, stride, locator offsets, locator stride)`` of a step's rows of
+        ``steps`` steps (``_rows.layout``), worked out once per ``steps``."""
+        got = self._layouts.get(steps)
+        if got is None:
+            got = self._layouts[steps] = (*_rows.layout(self._signature, steps, self._record),
+                                          *_rows.layout(_rows.LOCATOR, steps, self._record))
+        return got
 
     def _kept(self, name: str, nbytes: int, pinned: bool = False):
         """``nbytes`` of the uint8 buffer kept in ``self.<name>`` across steps, grown by
