@@ -76,13 +76,15 @@ def crc_failure(what: str, header) -> Corrupt:
                    f"(slot {int(header['slot'])}) failed its CRC-32 check")
 
 
-def check_counts(filled_by_source: np.ndarray, declared: np.ndarray, what: str) -> None:
+def check_counts(filled_by_source: np.ndarray, declared: np.ndarray, what: str, ranks=None) -> None:
     """Raises ``Corrupt`` naming the first source whose rows marked filled are not as
-    many as it said it sent (a damaged flag word would otherwise drop a row)."""
+    many as it said it sent (a damaged flag word would otherwise drop a row). Source
+    s is rank ``ranks[s]`` (default: rank s)."""
     bad = np.nonzero(filled_by_source != declared)[0]
     if bad.size:
         s = int(bad[0])
-        raise Corrupt(f"{what}: rank {s} sent {int(declared[s])} filled rows but {int(filled_by_source[s])} "
+        rank = s if ranks is None else int(ranks[s])
+        raise Corrupt(f"{what}: rank {rank} sent {int(declared[s])} filled rows but {int(filled_by_source[s])} "
                       f"arrived marked filled (a damaged row header)")
 
 
@@ -104,20 +106,23 @@ def unpack_received(recv: np.ndarray, starts: np.ndarray, counts: np.ndarray, or
     array per field, mapped here): those rows' steps are copied from there."""
     located = np.zeros(len(counts), bool) if located is None else np.asarray(located, bool)
     loc_offsets, loc_stride = layout(LOCATOR, steps, record) if located.any() else ([0], 0)
+    # Where each position's row starts: source s's rows from byte starts[s] + STATUS,
+    # the j-th to arrive at position order[j].
     source = np.repeat(np.arange(len(counts)), counts)  # of each row, in arrival order
-    at = _offsets(starts, counts, order, np.where(located, loc_stride, stride) if located.any() else stride)
+    first = np.cumsum(counts) - counts  # each source's first row, in arrival order
+    row_stride = np.where(located, loc_stride, stride)[source] if located.any() else stride
+    at = np.empty(source.size, dtype=np.int64)
+    at[order] = starts[source] + STATUS + (np.arange(source.size) - first[source]) * row_stride
     words = recv[: recv.size // 4 * 4].view(np.uint32)
     filled = words[(at + 44) // 4] == 1
-    if not filled.all() or (np.bincount(source, minlength=len(counts)) != declared).any():
-        source_of = np.empty_like(source)
+    check = not filled.all() or (counts != declared).any()
+    if check or located.any():
+        source_of = np.empty_like(source)  # of each position
         source_of[order] = source
-        check_counts(np.bincount(source_of[filled], minlength=len(counts)), declared, what)
+        if check:
+            check_counts(np.bincount(source_of[filled], minlength=len(counts)), declared, what)
     at = at[filled]
-    row_located = np.zeros(0, bool)
-    if located.any():
-        source_of = np.empty_like(source)
-        source_of[order] = source
-        row_located = np.ascontiguousarray(located[source_of[filled]])
+    row_located = np.ascontiguousarray(located[source_of[filled]]) if located.any() else np.zeros(0, bool)
     n = at.size
     lengths = np.minimum(words[(at + 28) // 4], steps).astype(np.int64)  # (a damaged length fails its CRC)
     longest = int(lengths.max()) if n else 0
@@ -145,18 +150,6 @@ def unpack_received(recv: np.ndarray, starts: np.ndarray, counts: np.ndarray, or
             arr = torch.from_numpy(arr).to(device)
         data[name] = arr
     return header, records, data
-
-
-def _offsets(starts: np.ndarray, counts: np.ndarray, order: np.ndarray, strides) -> np.ndarray:
-    """Where each position's row starts in the received bytes: the rows of source s
-    (``counts[s]`` from byte ``starts[s] + STATUS``, ``strides[s]`` bytes each, or
-    ``strides`` for every source), the j-th to arrive at position ``order[j]``."""
-    source = np.repeat(np.arange(len(counts)), counts)  # of each row, in arrival order
-    first = np.cumsum(counts) - counts  # each source's first row, in arrival order
-    at = np.empty(source.size, dtype=np.int64)
-    stride = strides[source] if isinstance(strides, np.ndarray) else strides
-    at[order] = starts[source] + STATUS + (np.arange(source.size) - first[source]) * stride
-    return at
 
 
 def in_position_order(recv, starts: np.ndarray, counts: np.ndarray, stride: int, order: np.ndarray):
