@@ -378,6 +378,23 @@ def test_two_emulated_hosts_with_writes_right_before_sample():
     assert out == [(2, 20)] * 4
 
 
+def _torch_device() -> str:
+    """Where the same-host test gathers torch samples: the GPU where there is one
+    (rows read in place from the owner's registered shared memory), else the CPU."""
+    try:
+        import torch
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    except ImportError:
+        return "cpu"
+
+
+_TORCH_DEVICE = _torch_device()
+
+
+def _host(v):
+    return v.cpu().numpy() if hasattr(v, "cpu") else np.asarray(v)
+
+
 def _same_host_body(rank, world, assignment):
     """The same table twice, fed alike by the hosts' owners: first reading same-host
     rows from the owner's shared memory (the default with shards="host"), then with
@@ -412,12 +429,12 @@ def _same_host_body(rank, world, assignment):
                         w.create_item(t.name, T, 1.0 + i, attributes={"version": step, "reward": rank + i / 8})
             t._g.barrier("test: written")
             for call in ("n", "tokens", "n-torch", "tokens-torch"):  # torch: straight into tensors where it can
-                device = "cpu" if call.endswith("torch") else None
+                device = _TORCH_DEVICE if call.endswith("torch") else None
                 a = t.sample(3, device=device) if call.startswith("n") else t.sample(tokens=7, device=device)
                 data = a.packed_data if call.startswith("tokens") and device else a.data
                 out.append((call, a.keys.tolist(), a.probabilities.tolist(), a.lengths.tolist(), a.times_sampled.tolist(),
-                            {k: np.asarray(data[k]).tolist() for k in SIG},
-                            {k: np.asarray(a.attributes[k]).tolist() for k in ("version", "reward")}, received[-1]))
+                            {k: _host(data[k]).tolist() for k in SIG},
+                            {k: _host(a.attributes[k]).tolist() for k in ("version", "reward")}, received[-1]))
                 if call == "n":  # x encodes the writer's rank: its host is the shard the key names
                     assert ((np.asarray(a.data["x"])[:, 0] // 10_000) // 2 == (a.keys >> 52).astype(np.int64)).all()
         t.close()

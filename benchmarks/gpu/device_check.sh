@@ -7,6 +7,9 @@
 #   device: bash benchmarks/gpu/device_check.sh tests     # GPU tests + cluster NCCL + demos
 #           bash benchmarks/gpu/device_check.sh bench     # benchmarks.gpu.compare (+ huge pages)
 #           bash benchmarks/gpu/device_check.sh again     # kernel checks, cluster NCCL, profile_paths
+#           bash benchmarks/gpu/device_check.sh ab        # tests, then an A/B of the small-sample paths:
+#                   old = .ab/old/reprise (git archive of the base commit's python/reprise, ignored:
+#                   carry it), new = the wheel; then TorchRL's side and cluster NCCL
 #
 # Every step has its own timeout; logs and JSON go to $OUT (or benchmarks/out).
 set -u
@@ -46,5 +49,27 @@ again)  # after the fixes of the first two parts: what failed, the cluster path,
   step 60 python3 -m benchmarks.gpu.cluster_nccl --rows 400,4096 --batches 256,4096 --bytes 4e8 \
       --out "$OUT/cluster_nccl.json" 2>&1 | tail -20
   step 90 python3 -m benchmarks.gpu.profile_paths --out "$OUT" 2>&1 | tee "$OUT/profile.log" | head -40
+  ;;
+ab)
+  step 150 python3 -m pytest -q -n 4 -p no:warnings -p no:cacheprovider -rfE --timeout 120 \
+      tests/test_gpu.py tests/test_static.py tests/test_resident.py tests/test_sum_tree_kernels.py \
+      tests/test_device_cpu.py tests/test_distributed.py "tests/test_docs.py" \
+      -k "(not test_docs or cuda) and (not test_distributed or same_host)" 2>&1 | tee "$OUT/tests.log" | tail -40
+  cp /tmp/site/reprise/_native.abi3.so .ab/old/reprise/
+  ab() {  # side, then profile_paths' arguments
+    local side=$1; shift
+    if [ "$side" = old ]; then PYTHONPATH=$PWD/.ab/old:/tmp/site:$PWD step 45 python3 -m benchmarks.gpu.profile_paths \
+        --medians-only --label "old " "$@" 2>&1 | grep -E "^  |Error|error" | tee -a "$OUT/ab.log"
+    else step 45 python3 -m benchmarks.gpu.profile_paths --medians-only --label "new " "$@" 2>&1 \
+        | grep -E "^  |Error|error" | tee -a "$OUT/ab.log"; fi
+  }
+  small="--repeats 1000 --variants host_selection,resident,device_store,device_store_resident"
+  large="--repeats 300 --row-bytes 4096 --batch 4096 --items 262144 --variants host_selection,device_store,device_store_resident"
+  ab old $small; ab new $small; ab old $small; ab new $small
+  ab old $large; ab new $large
+  step 80 python3 -m benchmarks.gpu.compare --only latency,device --rows 4096 --batches 1024,4096 --budget 70 \
+      --out "$OUT/gpu.json" 2>&1 | tail -14
+  step 45 python3 -m benchmarks.gpu.cluster_nccl --rows 400,4096 --batches 256,4096 --bytes 2e8 \
+      --out "$OUT/cluster_nccl.json" 2>&1 | tail -12
   ;;
 esac

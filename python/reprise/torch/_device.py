@@ -146,6 +146,30 @@ def host_to_device(array, dev):
     return tensor.pin_memory().to(dev, non_blocking=True)
 
 
+class Mapped:
+    """Host memory the device can read in place (page-locked and mapped: registered
+    with ``cudaHostRegister``, or allocated pinned, which under unified addressing
+    is mapped at the same address), exposed through ``__cuda_array_interface__``;
+    ``owner`` is kept alive with it."""
+
+    def __init__(self, address: int, nbytes: int, owner):
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes,), "typestr": "|u1", "data": (address, False), "version": 3, "strides": None,
+        }
+        self._owner = owner
+
+
+def mapped_view(pinned, dev):
+    """A tensor on ``dev`` over the memory of the pinned host tensor ``pinned`` (kept
+    alive with it): kernels read it in place over the bus, with no copy queued before
+    them. On the CPU, ``pinned`` itself."""
+    if dev.type == "cpu":
+        return pinned
+    torch = torch_module()
+    raw = torch.as_tensor(Mapped(pinned.data_ptr(), pinned.numel() * pinned.element_size(), pinned), device=dev)
+    return raw.view(pinned.dtype)
+
+
 def new_event(dev):
     if dev.type == "cpu":
         return _CpuEvent()

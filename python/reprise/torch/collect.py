@@ -21,7 +21,7 @@ import time
 
 from ..sample import Sample
 from .._attributes import arrays
-from ._device import new_event, torch_module, use_stream
+from ._device import mapped_view, new_event, torch_module, use_stream
 
 log = logging.getLogger("reprise")
 
@@ -30,28 +30,46 @@ class _Releaser:
     """Lets sampled rows go once the device work reading them has completed.
 
     Completed events are found by polling (``event.query()``, which never blocks):
-    at every collect and from a sweeper thread that runs only while rows are held,
-    a few times per millisecond. Nothing here ever waits on the GPU while holding
-    the GIL, so the caller's thread is not slowed down."""
+    at every ``hold`` (the samples before it have usually completed by then) and
+    from a sweeper thread, every half millisecond while rows are held and every few
+    milliseconds otherwise; it ends after a while with nothing held and the next
+    ``hold`` starts another. ``hold`` never wakes it: a wake per sample made the
+    sweeper compete for the GIL with the thread that samples. Nothing here waits
+    on the GPU while holding the GIL. The events of released samples are kept for
+    reuse (``event``), so a sample creates no CUDA event."""
 
     SWEEP_SECONDS = 0.0005
-    SWEEP_AT = 8  # a collect sweeps itself once this many samples are held
+    IDLE_SECONDS = 0.005  # the sweeper's pace with nothing held
+    IDLE_EXIT = 2.0  # ... and how long it stays with nothing held
+    SWEEP_AT = 8  # a hold sweeps the rest too once this many samples are held
 
     def __init__(self):
         self._held: list = []
         self._lock = threading.Condition()
         self._thread = None
+        self._events: dict = {}  # device -> events of released samples, for reuse
 
-    def hold(self, event, rows):
+    def event(self, dev):
+        """An event to record after a sample's gathers (a released one's, or a new one)."""
+        if dev.type == "cpu":
+            return new_event(dev)
         with self._lock:
-            self._held.append((event, rows))
-            if len(self._held) == 1:  # the sweeper may be waiting for work
-                if self._thread is None or not self._thread.is_alive():
-                    self._thread = threading.Thread(target=self._run, name="reprise-release", daemon=True)
-                    self._thread.start()
-                self._lock.notify_all()
+            free = self._events.get(dev)
+            if free:
+                return free.pop()
+        return new_event(dev)
+
+    def hold(self, event, rows, dev):
+        with self._lock:
+            first = bool(self._held) and self._held[0][0].query()
+            self._held.append((event, rows, dev))
             many = len(self._held) > self.SWEEP_AT
-        if many:
+            start = self._thread is None
+            if start:
+                self._thread = threading.Thread(target=self._run, name="reprise-release", daemon=True)
+        if start:
+            self._thread.start()
+        if first or many:
             self.sweep()
 
     def sweep(self) -> int:
@@ -64,19 +82,32 @@ class _Releaser:
                 (done if h[0].query() else held).append(h)
             self._held = held
             left = len(held)
-        for _, rows in done:
+        for _, rows, _ in done:
             rows.release()
         if done:
             with self._lock:
+                for event, _, dev in done:
+                    free = self._events.setdefault(dev, [])
+                    if len(free) < 64:
+                        free.append(event)
                 self._lock.notify_all()
         return left
 
     def _run(self):
+        idle = 0.0
         while True:
-            with self._lock:
-                self._lock.wait_for(lambda: bool(self._held))
-            time.sleep(self.SWEEP_SECONDS)
-            self.sweep()
+            pace = self.SWEEP_SECONDS if self.pending() else self.IDLE_SECONDS
+            time.sleep(pace)
+            if self.sweep():
+                idle = 0.0
+                continue
+            idle += pace
+            if idle >= self.IDLE_EXIT:
+                with self._lock:
+                    if not self._held:
+                        self._thread = None
+                        return
+                idle = 0.0
 
     def pending(self) -> int:
         with self._lock:
@@ -101,7 +132,7 @@ def release_after(rows, event, device):
     if device.type == "cpu":
         rows.release()
     else:
-        RELEASER.hold(event, rows)
+        RELEASER.hold(event, rows, device)
 
 
 def wait_released(timeout: float | None = None) -> bool:
@@ -111,24 +142,28 @@ def wait_released(timeout: float | None = None) -> bool:
 
 class _IndexStaging:
     """Pinned host buffers that row indices are written into (by the native
-    sample, no temporary) and copied to the device from; a buffer is reused once
-    the event recorded after the gather that read it has passed."""
+    sample, no temporary) and that the gathers read in place over the bus (no
+    copy to the device before them: one CUDA call less a sample); a buffer is
+    reused once the event recorded after the gather that read it has passed."""
 
     SLOTS = 8
 
     def __init__(self, device):
         self.device = device
-        self._bufs = [None] * self.SLOTS
+        self._bufs = [None] * self.SLOTS  # (pinned int64 tensor, its view on the device)
         self._events = [None] * self.SLOTS
         self._busy = [False] * self.SLOTS
         self._next = 0
         self._lock = threading.Lock()
 
-    def take(self, need: int):
-        """A free ``(slot, pinned int64 tensor of >= need entries)``; slot -1 is a
-        one-off buffer (when every slot is in use by other threads)."""
+    def _new(self, need: int):
         torch = torch_module()
-        pinned = self.device.type == "cuda"
+        host = torch.empty(need, dtype=torch.int64, pin_memory=self.device.type == "cuda")
+        return host, mapped_view(host, self.device)
+
+    def take(self, need: int):
+        """A free ``(slot, pinned int64 tensor of >= need entries, its device view)``;
+        slot -1 is a one-off buffer (when every slot is in use by other threads)."""
         with self._lock:
             k = self._next
             self._next = (k + 1) % self.SLOTS
@@ -137,16 +172,15 @@ class _IndexStaging:
             else:
                 self._busy[k] = True
         if k < 0:
-            return -1, torch.empty(need, dtype=torch.int64, pin_memory=pinned)
+            return (-1, *self._new(need))
         event = self._events[k]
         if event is not None:
             event.synchronize()
             self._events[k] = None
         buf = self._bufs[k]
-        if buf is None or buf.numel() < need:
-            buf = torch.empty(max(need, 1 << 14), dtype=torch.int64, pin_memory=pinned)
-            self._bufs[k] = buf
-        return k, buf
+        if buf is None or buf[0].numel() < need:
+            buf = self._bufs[k] = self._new(max(need, 1 << 14))
+        return (k, *buf)
 
     def done(self, k: int, event):
         """Slot ``k`` may be reused once ``event`` has passed (None: at once)."""
@@ -212,28 +246,25 @@ def collect_rows(rows, columns, fields=None, stream=None, schema=None, packed: b
     staging = _staging(dev)
     k = -1
     try:
-        k, buf = staging.take(0)
+        k, buf, on_dev = staging.take(0)
         if packed:  # one row number per step, items end to end: a [1, total] gather
             *meta, total, filled = rows.packed_index(buf.numpy())
             if not filled:
                 staging.done(k, None)
-                k, buf = staging.take(total)
+                k, buf, on_dev = staging.take(total)
                 *meta, total, filled = rows.packed_index(buf.numpy())
             n, t, ragged = 1, total, False
         else:
             *meta, n, t, ragged, filled = rows.index(buf.numpy())
             if not filled:  # longer items than the buffer holds: a bigger one
                 staging.done(k, None)
-                k, buf = staging.take(n * t)
+                k, buf, on_dev = staging.take(n * t)
                 n, t, ragged = rows.fill_index(buf.numpy())
         context = use_stream(stream) if stream is not None else contextlib.nullcontext()
         with context:
             columns.wait_for_writes(stream)
-            idx = buf[: n * t]
-            if dev.type != "cpu":
-                idx = idx.to(dev, non_blocking=True)
-            data = gather(columns, names, idx, n, t, ragged)
-            event = new_event(dev)
+            data = gather(columns, names, on_dev[: n * t], n, t, ragged)
+            event = RELEASER.event(dev)
             event.record() if stream is None else event.record(stream)  # None: the current stream
         staging.done(k, event)
     except BaseException:

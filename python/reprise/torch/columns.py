@@ -19,7 +19,7 @@ import numpy as np
 
 from .._convert import to_field_array
 from ..errors import InvalidArgument, RepriseError
-from ._device import torch_module
+from ._device import Mapped, torch_module
 
 _WORDS = ((8, "int64"), (4, "int32"), (2, "int16"), (1, "uint8"))
 # cudaHostRegisterPortable | cudaHostRegisterMapped
@@ -55,16 +55,6 @@ def _clear_last_error():
             ctypes.CDLL(path).cudaGetLastError()
     except OSError:
         pass
-
-
-class _Mapped:
-    """Exposes registered host memory through ``__cuda_array_interface__``."""
-
-    def __init__(self, address: int, nbytes: int, owner):
-        self.__cuda_array_interface__ = {
-            "shape": (nbytes,), "typestr": "|u1", "data": (address, False), "version": 3, "strides": None,
-        }
-        self._owner = owner
 
 
 class ColumnViews:
@@ -116,7 +106,7 @@ class HostColumns(ColumnViews):
                     users = _REGISTERED[self._key] = [code == 0, 0]
                 users[1] += 1
             self._registered = True
-            base = torch.as_tensor(_Mapped(address, nbytes, owner), device=device)
+            base = torch.as_tensor(Mapped(address, nbytes, owner), device=device)
         else:
             buf = (ctypes.c_uint8 * nbytes).from_address(address)
             base = torch.from_numpy(np.ctypeslib.as_array(buf))

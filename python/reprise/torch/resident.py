@@ -38,8 +38,8 @@ import numpy as np
 
 from ..sample import Sample
 from . import resident_kernels as kernels
-from ._device import current_stream, host_to_device, new_event, torch_module, use_stream
-from .collect import gather, release_after
+from ._device import current_stream, host_to_device, torch_module, use_stream
+from .collect import RELEASER, gather, release_after
 from .selection import sampling_weights, seeded_generator
 from .sum_tree import SumTree
 
@@ -196,7 +196,7 @@ class ResidentSelection:
                 elif t != a.longest:
                     idx = idx[:, :t]
                 data = gather(columns, names, idx.flatten().to(columns.device), a.count, t, a.shortest != a.longest)
-                event = new_event(columns.device)
+                event = RELEASER.event(columns.device)
                 event.record(stream)
         except BaseException:
             a.rows.release()

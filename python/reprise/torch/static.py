@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from ..errors import InvalidArgument
 from ..sample import Sample
-from ._device import current_stream, new_event, torch_module, use_stream
-from .collect import gather, release_after
+from ._device import current_stream, torch_module, use_stream
+from .collect import RELEASER, gather, release_after
 
 
 class StaticSample:
@@ -102,7 +102,7 @@ class StaticSample:
     def _release(self, stream):
         """Lets the latest admission's rows go once ``stream``'s work so far is done."""
         if self._held is not None:
-            event = new_event(self._columns.device)
+            event = RELEASER.event(self._columns.device)
             event.record(stream)
             release_after(self._held, event, self._columns.device)
             self._held = None
