@@ -72,4 +72,15 @@ ab)
   step 45 python3 -m benchmarks.gpu.cluster_nccl --rows 400,4096 --batches 256,4096 --bytes 2e8 \
       --out "$OUT/cluster_nccl.json" 2>&1 | tail -12
   ;;
+diag)  # (2026-11-28) the same-host CUDA test with its ranks' output, gather variants, where resident draws spend
+  PYTHONFAULTHANDLER=1 step 75 python3 -m pytest -x -s -q -p no:warnings -p no:cacheprovider --timeout 70 \
+      tests/test_distributed.py -k "same_host and local" 2>&1 | tee "$OUT/same_host.log" | grep -v "^E  " | tail -60
+  step 60 python3 -m benchmarks.gpu.gather_variants --repeats 200 2>&1 | tail -20
+  step 40 python3 -m benchmarks.gpu.profile_paths --repeats 300 --variants resident,device_store_resident --out "$OUT" \
+      2>&1 | grep -E "^  |rror"
+  mkdir -p "$OUT/4k"
+  step 45 python3 -m benchmarks.gpu.profile_paths --repeats 200 --row-bytes 4096 --batch 4096 --items 262144 \
+      --variants device_store,device_store_resident --label "4k " --out "$OUT/4k" 2>&1 | grep -E "^  |rror"
+  step 40 python3 -m benchmarks.gpu.compare --only latency --budget 30 --out "$OUT/gpu.json" 2>&1 | grep -E "^\| lat|^\| static|rror"
+  ;;
 esac

@@ -22,7 +22,7 @@ import torch
 
 import reprise as rp
 from benchmarks.common.timing import call_times
-from reprise.torch import collect, resident
+from reprise.torch import collect, resident, resident_kernels
 
 STAGES = [
     (resident.ResidentSelection, "admit"), (resident.ResidentSelection, "_apply"),
@@ -42,7 +42,7 @@ def mark_stages():
     for owner, name in STAGES:
         setattr(owner, name, wrap(getattr(owner, name), f"reprise.{owner.__name__}.{name}"))
     for mod, name in ((collect, "gather"), (collect, "release_after"), (resident, "gather"),
-                      (resident, "release_after")):
+                      (resident, "release_after"), (resident_kernels, "fused_draw")):
         setattr(mod, name, wrap(getattr(mod, name), f"reprise.{mod.__name__.split('.')[-1]}.{name}"))
 
 
@@ -61,8 +61,9 @@ def profile(name, fn, out_dir):
             fn()
             torch.cuda.synchronize()
     table = prof.key_averages().table(sort_by="cpu_time_total", row_limit=28, max_name_column_width=60)
-    print(f"\n##### {name} (50 calls)\n{table}", flush=True)
-    if out_dir:
+    if not out_dir:
+        print(f"\n##### {name} (50 calls)\n{table}", flush=True)
+    else:
         with open(os.path.join(out_dir, f"profile-{name}.txt"), "w") as f:
             f.write(table)
 
