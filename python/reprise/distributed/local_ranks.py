@@ -6,15 +6,19 @@ interpreters) joined through a TCPStore on port 0 of 127.0.0.1, runs
 ``fn(rank, world, *args)`` in each with ``OMP_NUM_THREADS=1``, one torch thread and a
 ``timeout`` on every collective, and returns the ranks' results in rank order. A
 rank that raises fails the call with its traceback; a rank still running at
-``deadline`` seconds is killed and the call fails: nothing hangs. ``fn`` must be
-importable by name (a module-level function)."""
+``deadline`` seconds is killed and the call fails: nothing hangs (it is first sent
+SIGABRT, on which ``faulthandler`` prints every thread's Python stack to its stderr,
+so a hang says where it was). ``fn`` must be importable by name (a module-level
+function)."""
 
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing as mp
 import os
 import pickle
 import queue
+import signal
 import time
 import traceback
 from datetime import timedelta
@@ -23,6 +27,7 @@ from ..errors import CollectiveError
 
 
 def _child(rank, world, port, timeout, fn, args, results, env):
+    faulthandler.enable()  # SIGABRT from run_ranks at its deadline: every thread's stack on stderr
     os.environ.update(env)
     os.environ["OMP_NUM_THREADS"] = "1"
     try:
@@ -80,6 +85,9 @@ def run_ranks(world: int, fn, *args, deadline: float = 300.0, timeout: float = 6
     finally:
         for p in procs:
             p.join(timeout=max(0.1, min(5.0, end - time.monotonic())))
+            if p.is_alive():
+                os.kill(p.pid, signal.SIGABRT)  # its stacks first (faulthandler), then it ends
+                p.join(timeout=2.0)
             if p.is_alive():
                 p.kill()
                 p.join()
