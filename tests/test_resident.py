@@ -332,7 +332,7 @@ def test_triton_kernels_compile_for_an_h100():
     from reprise.torch import resident_kernels as K
     target = GPUTarget("cuda", 90, 32)
     pick = {"u_ptr": "*fp64", "tree_ptr": "*fp64", "base_ptr": "*i64", "delta_ptr": "*i64", "slot_ptr": "*i64",
-            "prev_ptr": "*i64", "meta_ptr": "*i64", "n": "i32", "size": "i64", "capacity": "i64",
+            "prev_ptr": "*i64", "meta_ptr": "*i64", "n": "i32", "size_ptr": "*i64", "capacity": "i64",
             "dense": "constexpr", "levels": "constexpr", "BLOCK": "constexpr"}
     describe = {"slot_ptr": "*i64", "prev_ptr": "*i64", "key_ptr": "*i64", "prio_ptr": "*fp64", "len_ptr": "*i64",
                 "start_ptr": "*i64", "delta_ptr": "*i64", "meta_ptr": "*i64", "idx_ptr": "*i64", "n": "i32",

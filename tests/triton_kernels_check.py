@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 import reprise as rp
-from reprise.torch import collect, emulate_cuda, gather_kernels
+from reprise.torch import collect, emulate_cuda, gather_kernels, resident
 from reprise.torch import resident_kernels as kernels
 
 
@@ -33,12 +33,13 @@ def fill(store, t, lengths, interleave):
 
 def check_draws():
     assert kernels.triton is not None
-    real, calls = kernels.fused_draw, []
+    real, calls, replays = resident.ResidentSelection._fused_draw, [], []
 
-    def counted(*args):
-        calls.append(args[2])
-        return real(*args)
-    kernels.fused_draw = counted
+    def counted(self, graph, u, n, *rest):
+        calls.append(n)
+        replays.append(graph is not None)
+        return real(self, graph, u, n, *rest)
+    resident.ResidentSelection._fused_draw = counted
     cases = [("u", rp.selectors.Uniform(), (1,), False), ("p", rp.selectors.Prioritized(0.7), (1, 3, 2), False),
              ("w", rp.selectors.Uniform(), (5, 3), True), ("d", rp.selectors.Prioritized(1.0), (2,), False)]
     for name, sampler, lengths, interleave in cases:
@@ -49,11 +50,12 @@ def check_draws():
             if step == 2:  # a hole: Uniform draws by the sum tree from now on
                 for _, t in pair:
                     t.delete([t.items()[1][0]])
-            a, b = (t.sample(n, device="cuda") for _, t in pair)
-            for k in ("keys", "probabilities", "priorities", "times_sampled", "lengths"):
-                np.testing.assert_array_equal(getattr(a, k), getattr(b, k), err_msg=f"{name} {n} {k}")
-            np.testing.assert_array_equal(a.data["x"].cpu().numpy(), b.data["x"].cpu().numpy(),
-                                          err_msg=f"{name} {n} data")
+            for again in range(2):  # on a GPU the second draw of a shape replays its CUDA graph
+                a, b = (t.sample(n, device="cuda") for _, t in pair)
+                for k in ("keys", "probabilities", "priorities", "times_sampled", "lengths"):
+                    np.testing.assert_array_equal(getattr(a, k), getattr(b, k), err_msg=f"{name} {n} {again} {k}")
+                np.testing.assert_array_equal(a.data["x"].cpu().numpy(), b.data["x"].cpu().numpy(),
+                                              err_msg=f"{name} {n} {again} data")
         # Drawn items leave (their draws not yet credited) and new ones take their
         # slots: the new items' counts start at zero.
         drawn = [int(k) for k in np.unique(a.keys)[:3]]
@@ -68,9 +70,12 @@ def check_draws():
         assert pair[0][1].items() == pair[1][1].items(), name
         for store, _ in pair:
             store.close()
-    # Every batch up to MAX_BATCH went through the kernels (4 cases x 4 batches).
-    assert len(calls) == 16 and max(calls) <= kernels.MAX_BATCH, calls
-    kernels.fused_draw = real
+    # Every batch up to MAX_BATCH went through the kernels (4 cases x (3 batches x 2 + 1)),
+    # on a GPU half of the repeated ones as graph replays.
+    assert len(calls) == 28 and max(calls) <= kernels.MAX_BATCH, calls
+    if DEVICE.type == "cuda":
+        assert sum(replays) >= 8, replays
+    resident.ResidentSelection._fused_draw = real
 
 
 # Every word width (int64, int32, int16, uint8 words), rows narrower and wider than

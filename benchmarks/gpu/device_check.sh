@@ -83,4 +83,13 @@ diag)  # (2026-11-28) the same-host CUDA test with its ranks' output, gather var
       --variants device_store,device_store_resident --label "4k " --out "$OUT/4k" 2>&1 | grep -E "^  |rror"
   step 40 python3 -m benchmarks.gpu.compare --only latency --budget 30 --out "$OUT/gpu.json" 2>&1 | grep -E "^\| lat|^\| static|rror"
   ;;
+graphs)  # (2026-11-28) resident draws replayed from CUDA graphs: checked, timed; the same-host hang's stacks
+  step 60 python3 tests/triton_kernels_check.py 2>&1 | tail -8
+  step 40 python3 -m benchmarks.gpu.profile_paths --medians-only --repeats 500 \
+      --variants host_selection,resident,device_store_resident 2>&1 | grep -E "^  |rror"
+  step 30 python3 -m benchmarks.gpu.profile_paths --medians-only --repeats 200 --row-bytes 4096 --batch 4096 \
+      --items 262144 --variants device_store_resident --label "4k " 2>&1 | grep -E "^  |rror"
+  step 70 python3 -m pytest -x -q -p no:warnings -p no:cacheprovider --timeout 68 tests/test_distributed.py \
+      -k "same_host and local" 2>&1 | tee "$OUT/same_host.log" | grep -E "File|Thread|passed|failed" | head -70
+  ;;
 esac

@@ -81,6 +81,10 @@ class ResidentSelection:
         self.starts = torch.empty(0, 1, **i64)
         self.lens = torch.empty(0, 1, **i64)
         self.tree = SumTree(1, device)
+        self.size = torch.zeros(1, **i64)  # the table size of the latest dense draw, read by the pick kernel
+        self._size = 0
+        self.graphs = kernels.DrawGraphs() if self.use_triton else None
+        self._stream = None  # the stream of the latest graph replay
         self._grow(min(max_size, 1 << 16) + 1)
         self.generator = seeded_generator(device, seed)
 
@@ -110,6 +114,8 @@ class ResidentSelection:
         self.capacity, self.ranges = new, k
         if self.tree.capacity < new:
             self.tree = self.tree.grow(new)
+        if self.graphs is not None:
+            self.graphs.clear()  # they read the old buffers
 
     def _apply(self, changes):
         """Applies ``admit``'s changes (see the native ``admit``)."""
@@ -216,17 +222,51 @@ class ResidentSelection:
         torch = torch_module()
         self._apply(a.changes)
         n = a.count
-        u = torch.rand(n, dtype=torch.float64, device=self.device, generator=self.generator)
         uniform = self.kind == "Uniform" and a.dense  # the items fill slots 0..size
         zero = self.kind == "Prioritized" and a.positive == 0 and self.exponent != 0.0
-        if kernels.available(self) and n <= kernels.MAX_BATCH and not zero:
-            ok, fused = self._kernels(kernels.fused_draw, self, u, n, a.size, uniform, t)
+        fused = kernels.available(self) and n <= kernels.MAX_BATCH and not zero
+        graph = self.graphs.get(self, n, t, uniform) if fused and self.graphs is not None else None
+        if graph is not None:
+            self._after_previous_replay()
+        u = graph.u if graph is not None else torch.empty(n, dtype=torch.float64, device=self.device)
+        torch.rand(n, dtype=torch.float64, device=self.device, generator=self.generator, out=u)
+        if fused:
+            ok, drawn = self._kernels(self._fused_draw, graph, u, n, a.size, uniform, t)
             if ok:
-                return fused
+                return drawn
         slots, probabilities = self._pick(u, a.size, uniform, zero)
         meta = torch.stack([self.key[slots], probabilities.view(torch.int64),
                             self.priority[slots].view(torch.int64), self._count(slots), self.length[slots]])
         return slots, meta, None
+
+    def _after_previous_replay(self):
+        """Makes the current stream wait for the work queued so far on the stream of
+        the previous graph replay, when they differ: a graph's input and outputs are
+        the same buffers at every replay, and the previous draw's gather may still
+        be reading them there."""
+        stream = torch_module().cuda.current_stream(self.device)
+        if self._stream is not None and self._stream != stream:
+            stream.wait_stream(self._stream)
+        self._stream = stream
+
+    def _fused_draw(self, graph, u, n: int, size: int, dense: bool, t: int):
+        """``kernels.fused_draw``: the replay of its CUDA graph for this shape, or
+        its launches (and then its graph captured for the next draw of the shape)."""
+        if dense and size != self._size:
+            self.size.fill_(size)
+            self._size = size
+        if graph is not None:
+            return graph.replay()
+        drawn = kernels.fused_draw(self, u, n, dense, t)
+        if self.graphs is not None and self.graphs.enabled:
+            try:
+                self.graphs.capture(self, n, t, dense)
+            except Exception as e:  # a torch, Triton or driver without what capturing needs
+                self.graphs.enabled = False
+                self.graphs.clear()
+                log.warning("reprise: capturing the device-resident draw in a CUDA graph failed on %s (%s: %s); "
+                            "launching its kernels instead", self.device, type(e).__name__, e)
+        return drawn
 
     def _kernels(self, fn, *args):
         """``(True, fn(*args))`` (one of the Triton kernels' steps), or ``(False,
@@ -237,6 +277,9 @@ class ResidentSelection:
             return True, fn(*args)
         except Exception as e:  # a Triton or driver version without what the kernels use
             self.use_triton = self.tree.use_triton = False
+            if self.graphs is not None:
+                self.graphs.enabled = False
+                self.graphs.clear()
             log.warning("reprise: the device-resident draw kernels failed on %s (%s: %s); "
                         "drawing with torch operations instead", self.device, type(e).__name__, e)
             return False, None

@@ -38,12 +38,13 @@ if triton is not None:
     from .sum_tree import descend
 
     @triton.jit
-    def _pick_kernel(u_ptr, tree_ptr, base_ptr, delta_ptr, slot_ptr, prev_ptr, meta_ptr, n, size, capacity,
+    def _pick_kernel(u_ptr, tree_ptr, base_ptr, delta_ptr, slot_ptr, prev_ptr, meta_ptr, n, size_ptr, capacity,
                      dense: tl.constexpr, levels: tl.constexpr, BLOCK: tl.constexpr):
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         live = offs < n
         u = tl.load(u_ptr + offs, mask=live, other=0.0)
         if dense:
+            size = tl.load(size_ptr)  # read on the device: a CUDA graph of the draw replays for any size
             slot = tl.minimum((u * size).to(tl.int64), size - 1)
             prob = tl.full((BLOCK,), 1.0, tl.float64) / size
         else:
@@ -126,9 +127,10 @@ def available(sel) -> bool:
     return triton is not None and sel.use_triton
 
 
-def fused_draw(sel, u, n: int, size: int, dense: bool, t: int):
+def fused_draw(sel, u, n: int, dense: bool, t: int):
     """``(slots, meta [5, n] int64, idx [n, t] int64 or None)`` for the uniform
-    numbers ``u``; ``idx`` is None when a window has several row ranges."""
+    numbers ``u`` (the table size of a dense draw is ``sel.size``, on the device);
+    ``idx`` is None when a window has several row ranges."""
     torch = torch_module()
     dev = sel.device
     slots = torch.empty(n, dtype=torch.int64, device=dev)
@@ -138,8 +140,62 @@ def fused_draw(sel, u, n: int, size: int, dense: bool, t: int):
     idx = torch.empty((n, t), dtype=torch.int64, device=dev) if rows else slots
     grid = (triton.cdiv(n, BLOCK),)
     tree = sel.tree
-    _pick_kernel[grid](u, tree.tree, sel.base, sel.delta, slots, prev, meta, n, size, tree.capacity,
+    _pick_kernel[grid](u, tree.tree, sel.base, sel.delta, slots, prev, meta, n, sel.size, tree.capacity,
                        dense=dense, levels=tree.levels, BLOCK=BLOCK, enable_fp_fusion=False)
     _describe_kernel[grid](slots, prev, sel.key, sel.priority, sel.length, sel.starts, sel.delta, meta, idx,
                            n, t, sel.starts.stride(0), rows=rows, BLOCK=BLOCK, TB=triton.next_power_of_2(max(t, 1)))
     return slots, meta, (idx if rows else None)
+
+
+class DrawGraphs:
+    """CUDA graphs of ``fused_draw``, one per batch, steps, dense flag and mirror
+    layout: after the first draw of a shape (launched, then captured), a draw is one
+    graph replay instead of two Triton launches, each of which costs tens of
+    microseconds of Python on the host. The graph reads its uniform numbers from
+    ``u`` (filled before each replay) and writes into fixed outputs, which a draw's
+    caller copies or reads before the next draw (under the selection's lock).
+
+    A capture that fails (a Triton, driver or torch without what it needs) turns
+    the graphs off for good, with one warning: the draws go on with launches."""
+
+    MAX = 8  # shapes kept per selection
+
+    def __init__(self):
+        self.enabled = True
+        self._graphs: dict = {}
+
+    @staticmethod
+    def _layout(sel, n: int, t: int, dense: bool):
+        mirror = (sel.seq, sel.key, sel.priority, sel.length, sel.base, sel.delta, sel.starts, sel.size,
+                  sel.tree.tree)
+        return (n, t, dense, sel.ranges, sel.tree.capacity, sel.tree.levels, *(m.data_ptr() for m in mirror))
+
+    def get(self, sel, n: int, t: int, dense: bool):
+        """The graph for this draw's shape, or None (not captured yet, or graphs off)."""
+        return self._graphs.get(self._layout(sel, n, t, dense)) if self.enabled else None
+
+    def capture(self, sel, n: int, t: int, dense: bool):
+        """Captures ``fused_draw`` for this shape (after a launched draw of the same
+        shape compiled its kernels). Nothing runs: capturing only records."""
+        torch = torch_module()
+        if len(self._graphs) >= self.MAX:
+            self._graphs.clear()
+        graph = _Graph()
+        graph.u = torch.empty(n, dtype=torch.float64, device=sel.device)
+        graph.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph.graph, capture_error_mode="thread_local"):
+            graph.out = fused_draw(sel, graph.u, n, dense, t)
+        self._graphs[self._layout(sel, n, t, dense)] = graph
+
+    def clear(self):
+        self._graphs.clear()
+
+
+class _Graph:
+    """One captured draw: ``u`` its input, ``out`` its ``(slots, meta, idx)``."""
+
+    u = graph = out = None
+
+    def replay(self):
+        self.graph.replay()
+        return self.out
