@@ -9,11 +9,17 @@ pub struct RowRange {
 
 impl RowRange {
     /// The blocks this range touches.
+    #[inline]
     pub fn blocks(&self, block_steps: u32) -> std::ops::RangeInclusive<u32> {
+        let end = self.start + self.len as u64 - 1;
+        if block_steps.is_power_of_two() {
+            // A shift, not two 64-bit divisions: this runs twice per item inserted
+            // or removed (block sizes are powers of two unless a user picks otherwise).
+            let shift = block_steps.trailing_zeros();
+            return (self.start >> shift) as u32..=(end >> shift) as u32;
+        }
         let bs = block_steps as u64;
-        let first = (self.start / bs) as u32;
-        let last = ((self.start + self.len as u64 - 1) / bs) as u32;
-        first..=last
+        (self.start / bs) as u32..=(end / bs) as u32
     }
 }
 
@@ -45,6 +51,7 @@ impl Window {
 /// Calls `f` once for every block a window touches (a block shared by two ranges
 /// of the window is visited once per range; retain and release use the same walk,
 /// so the counts match).
+#[inline]
 pub fn for_each_block(ranges: &[RowRange], block_steps: u32, mut f: impl FnMut(u32)) {
     for r in ranges {
         for b in r.blocks(block_steps) {

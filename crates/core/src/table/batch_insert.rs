@@ -78,11 +78,22 @@ impl Table {
                 at += bytes;
             }
         }
-        let items: Vec<NewItem> = priorities
-            .iter()
-            .enumerate()
-            .map(|(i, &priority)| NewItem { window: slice_runs(&claim.runs, (i * steps) as u64, steps as u64), priority })
-            .collect();
+        let items: Vec<NewItem> = match claim.runs.as_slice() {
+            // The usual claim: one run of fresh rows, item i at its i-th `steps` rows.
+            [run] => priorities
+                .iter()
+                .enumerate()
+                .map(|(i, &priority)| NewItem {
+                    window: Window::One(RowRange { start: run.start + (i * steps) as u64, len: steps as u32 }),
+                    priority,
+                })
+                .collect(),
+            runs => priorities
+                .iter()
+                .enumerate()
+                .map(|(i, &priority)| NewItem { window: slice_runs(runs, (i * steps) as u64, steps as u64), priority })
+                .collect(),
+        };
         let first_rows = items.iter().map(|i| i.window.ranges()[0].start).collect();
         // Windows lie inside the claim and priorities were checked above. The items
         // now hold their own references; the claim's go when it drops.
