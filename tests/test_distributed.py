@@ -476,6 +476,9 @@ def test_a_step_keeps_no_blocks_out_of_reuse_after_it_returns(shards):
     assert run_ranks(2, _full_store_body, shards) == [[48, 48, 48]] * 2
 
 
+@pytest.mark.xfail(_TORCH_DEVICE == "cuda", strict=False, reason=(
+    "with CUDA samples on one GPU, every rank waited in new_group for the second table's control group "
+    "(H200, torch 2.11, 2026-11-28; benchmarks/RESULTS.md): not understood yet, issue 31"))
 @pytest.mark.parametrize("assignment", ["local", "iid"])
 def test_same_host_rows_are_read_from_shared_memory_and_never_cross_the_exchange(assignment):
     out = run_ranks(4, _same_host_body, assignment, env=lambda r: {"REPRISE_HOST_ID": f"h{r // 2}"})
