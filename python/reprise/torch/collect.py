@@ -144,7 +144,9 @@ class _IndexStaging:
     """Pinned host buffers that row indices are written into (by the native
     sample, no temporary) and that the gathers read in place over the bus (no
     copy to the device before them: one CUDA call less a sample); a buffer is
-    reused once the event recorded after the gather that read it has passed."""
+    reused once the event recorded after the gather that read it has passed (the
+    releaser may have recorded that event again for a later sample by then:
+    waiting for it then waits for that one too, never for less)."""
 
     SLOTS = 8
 
