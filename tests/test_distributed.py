@@ -476,9 +476,6 @@ def test_a_step_keeps_no_blocks_out_of_reuse_after_it_returns(shards):
     assert run_ranks(2, _full_store_body, shards) == [[48, 48, 48]] * 2
 
 
-@pytest.mark.xfail(_TORCH_DEVICE == "cuda", strict=False, reason=(
-    "with CUDA samples on one GPU, every rank waited in new_group for the second table's control group "
-    "(H200, torch 2.11, 2026-11-28; benchmarks/RESULTS.md): not understood yet, issue 31"))
 @pytest.mark.parametrize("assignment", ["local", "iid"])
 def test_same_host_rows_are_read_from_shared_memory_and_never_cross_the_exchange(assignment):
     out = run_ranks(4, _same_host_body, assignment, env=lambda r: {"REPRISE_HOST_ID": f"h{r // 2}"})
@@ -487,6 +484,54 @@ def test_same_host_rows_are_read_from_shared_memory_and_never_cross_the_exchange
     for rank in (1, 3):
         assert all(got <= without for got, without in out[rank])
         assert sum(got for got, _ in out[rank]) < sum(without for _, without in out[rank]), out[rank]
+
+
+def _old_group_names():
+    """torch up to 2.11 named a group made by its members alone after its ranks and
+    how many groups the rank held, so closing a table (destroying its groups) and
+    making the next one gave that one the first one's group names again: here on
+    any torch version."""
+    import hashlib as _hashlib
+
+    from torch.distributed import distributed_c10d as c10d
+
+    def old_hash(ranks):
+        joined = "_".join(map(str, ranks)) + "_" + str(len(c10d._world.pg_names))
+        return _hashlib.sha1(joined.encode()).hexdigest()
+    c10d._hash_ranks_to_str = old_hash
+
+
+def _tables_one_after_another_body(rank, world):
+    """Three tables made and closed in turn over the same ranks, with host groups, and
+    three over a subgroup of the job (ranks 0 and 1): each must work."""
+    import torch.distributed as dist
+    _old_group_names()
+    sizes = []
+    for _ in range(3):
+        t = rp.distributed.ShardedTable("s", SIG, capacity_per_shard=64, shards="host", seed=1, timeout=8)
+        if t.shard is not None:
+            t.insert(items_of(0, rank, 0, 4, 1), np.ones(4))
+        t._g.barrier("test: written")
+        sizes.append(len(t.sample(5)))
+        t.close()
+    pair = dist.new_group([0, 1], backend="gloo")
+    for _ in range(3):
+        if rank < 2:
+            t = rp.distributed.ShardedTable("p", SIG, capacity_per_shard=64, shards="rank", seed=1, timeout=8,
+                                            group=pair)
+            t.insert(items_of(0, rank, 0, 4, 1), np.ones(4))
+            t._g.barrier("test: written")
+            sizes.append(len(t.sample(3)))
+            t.close()
+    return sizes
+
+
+def test_tables_made_one_after_another_over_the_same_ranks_never_reuse_a_group_name():
+    """Made, closed and made again over the same ranks (the whole job with host groups,
+    and a subgroup): with torch's old group names the second table waited for ever at
+    its first collective (seen on torch 2.11); every table now gets fresh names."""
+    out = run_ranks(4, _tables_one_after_another_body, env=lambda r: {"REPRISE_HOST_ID": f"h{r // 2}"})
+    assert out == [[5, 5, 5, 3, 3, 3]] * 2 + [[5, 5, 5]] * 2
 
 
 @pytest.mark.parametrize("where,what", [(None, "data"), (0, "key"), (8, "probability"), (28, "length"),

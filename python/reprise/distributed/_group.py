@@ -13,6 +13,7 @@ import numpy as np
 from ..errors import CollectiveError, InvalidArgument
 
 HOST_ENV = "REPRISE_HOST_ID"
+_RETIRED: list = []  # closed subgroup tables' groups, kept so that no group name repeats (Group.new_group)
 
 
 def _dist():
@@ -54,14 +55,44 @@ class Group:
         self.backend = str(dist.get_backend(base)).lower()
         self.timeout = timeout
         self._base = base
-        # Only members make the group (use_local_synchronization): a subgroup's
-        # table does not involve the rest of the job.
-        self.control = self._guard("creating the control group", lambda: dist.new_group(
-            self.ranks, backend="gloo", timeout=timedelta(seconds=timeout), use_local_synchronization=True))
+        self.whole_job = len(self.ranks) == dist.get_world_size()
+        self.control = self.new_group(self.ranks, "creating the control group")
         hosts = self.all_gather_object(host_name(), "gathering host names")
         names = sorted(set(hosts), key=hosts.index)
         self.host_of_rank = np.array([names.index(h) for h in hosts], dtype=np.uint32)
         self.host_names = names
+
+    def new_group(self, ranks: list, doing: str, every_rank_calls: bool = True):
+        """A gloo group of ``ranks`` (job ranks) with this table's timeout.
+
+        Group names must never repeat in a process: torch (up to 2.11 at least) names
+        a group made by its members alone after a hash of its ranks and of how many
+        groups the rank holds, so a table made after another over the same ranks was
+        closed got its group's name again, and its ranks met the first group's stale
+        rendezvous keys and waited for ever. So a table over the whole job makes its
+        groups the job-wide way (every rank calls, names from a counter that never
+        goes back; ``every_rank_calls``: every rank of the job calls this in the same
+        order), and a subgroup's table makes them among its members and never
+        destroys them (``close`` keeps them: see ``retire``)."""
+        dist, limit = self.dist, timedelta(seconds=self.timeout)
+        if self.whole_job and every_rank_calls:
+            return self._guard(doing, lambda: dist.new_group(ranks, backend="gloo", timeout=limit))
+        return self._guard(doing, lambda: dist.new_group(ranks, backend="gloo", timeout=limit,
+                                                         use_local_synchronization=True))
+
+    def retire(self, group):
+        """Lets ``group`` (made by ``new_group``) go when the table closes: destroyed
+        where the job names groups from its counter; kept (its gloo threads with it)
+        for a subgroup's table, whose next group's name would otherwise repeat."""
+        if group is None or group is self.dist.GroupMember.NON_GROUP_MEMBER:
+            return
+        if not self.whole_job:
+            _RETIRED.append(group)
+            return
+        try:
+            self.dist.destroy_process_group(group)
+        except Exception:  # the job's group may already be gone
+            pass
 
     def _guard(self, doing: str, fn):
         if self.broken is not None:
@@ -98,13 +129,10 @@ class Group:
             input_split_sizes=list(map(int, send_splits)), group=g))
 
     def close(self):
-        """Destroys the control group (its gloo threads); later calls fail clearly."""
+        """Lets the control group go (``retire``); later calls fail clearly."""
         if self.broken is None:
             self.broken = "the table was closed"
-        try:
-            self.dist.destroy_process_group(self.control)
-        except Exception:  # the job's group may already be gone
-            pass
+        self.retire(self.control)
 
     def barrier(self, doing: str):
         self.all_gather(np.zeros(1, dtype=np.int64), doing)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import time
-from datetime import timedelta
 
 import numpy as np
 
@@ -197,10 +196,16 @@ class ShardedTable:
         # them is still inside a write into it), and after a step in which some of them
         # read the owner's rows (the owner lets the rows' blocks go once they have).
         self._host_group = None
-        if shards == "host" and (hosts == hosts[g.rank]).sum() > 1:
-            here = [g.ranks[r] for r in range(g.size) if hosts[r] == hosts[g.rank]]
-            self._host_group = g._guard("creating the host group", lambda: g.dist.new_group(
-                here, backend="gloo", timeout=timedelta(seconds=g.timeout), use_local_synchronization=True))
+        if shards == "host":
+            # Every host of several ranks gets a group; over the whole job every rank
+            # makes each of them, in host order, and keeps its own (Group.new_group).
+            for host in sorted(set(hosts.tolist())):
+                members = [g.ranks[r] for r in range(g.size) if hosts[r] == host]
+                if len(members) < 2 or (not g.whole_job and host != hosts[g.rank]):
+                    continue
+                made = g.new_group(members, "creating the host group")
+                if host == hosts[g.rank]:
+                    self._host_group = made
         self._reader = None  # a local client of this host's owner's server, made on the first read
         self._columns = {}  # owner -> its store's columns as flat bytes (_column_bytes)
         self._layouts = {}  # steps -> the rows' layout (_layout)
@@ -950,10 +955,7 @@ class ShardedTable:
             self._reader.close()  # (and its mapped columns)
             self._reader = None
         if self._host_group is not None:
-            try:
-                self._g.dist.destroy_process_group(self._host_group)
-            except Exception:  # the job's group may already be gone
-                pass
+            self._g.retire(self._host_group)
             self._host_group = None
         self._g.close()
         if self._server is not None:
