@@ -410,6 +410,36 @@ def test_sigint_while_training_then_again_while_plotting(tmp_path):
     run.assert_clean(pids)
 
 
+def test_an_interrupt_that_python_wrapped_still_ends_an_optional_step_quietly():
+    """A signal raised inside a class body under construction (here, as during the plot's
+    matplotlib import in the Ctrl-C storm of the test above, once in CI) comes back as a
+    RuntimeError from ``__set_name__``: ``optional`` still reads it as the interrupt it is,
+    and lets every other error through."""
+    import signal as _signal
+
+    from reprise.examples.stopping import Interrupted, StopSignals, caused_by_interrupt
+
+    class Descriptor:
+        def __set_name__(self, owner, name):
+            raise Interrupted(_signal.SIGINT)
+
+    def build_a_class():
+        class Formatter:  # noqa: F841 - made for its __set_name__
+            locs = Descriptor()
+
+    with pytest.raises(RuntimeError) as wrapped:
+        build_a_class()
+    assert caused_by_interrupt(wrapped.value) and not caused_by_interrupt(RuntimeError("plain"))
+    stop = StopSignals()
+    assert stop.optional(build_a_class) == (False, None)
+
+    def broken():
+        raise ValueError("a real failure")
+    with pytest.raises(ValueError, match="a real failure"):
+        StopSignals().optional(broken)
+    assert StopSignals().optional(lambda: 7) == (True, 7)
+
+
 def test_a_process_that_keeps_failing_ends_the_run_instead_of_a_restart_loop(monkeypatch):
     from reprise.examples.apex import processes
 

@@ -169,8 +169,26 @@ class StopSignals:
             return (False, None) if self._lost else (True, result)
         except Interrupted:
             return False, None
+        except Exception as e:
+            # The raise can land where Python wraps it: inside a class body being made
+            # during an import, it comes back as a RuntimeError from "__set_name__".
+            if caused_by_interrupt(e):
+                return False, None
+            raise
         finally:
             self._raising = False
+
+
+def caused_by_interrupt(error: BaseException) -> bool:
+    """Whether ``error`` is, or was raised while handling or because of, an
+    ``Interrupted`` (the chain of ``__cause__`` and ``__context__``)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, Interrupted):
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False
 
 
 @contextlib.contextmanager
