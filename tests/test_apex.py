@@ -485,7 +485,14 @@ def test_progress_prints_lines_without_a_terminal_or_on_a_pty_of_size_zero():
         line.update(0.5, "not shown yet: within 10 s of the last line")
         line.close()  # prints the last state
         os.set_blocking(master, False)
-        shown = os.read(master, 4096).decode()
+        # The pty hands written bytes to its master side a little later (under load, after
+        # this read began once in CI): read until the last line is there, or 10 s.
+        shown, deadline = "", time.monotonic() + 10
+        while "not shown yet" not in shown and time.monotonic() < deadline:
+            try:
+                shown += os.read(master, 4096).decode()
+            except BlockingIOError:
+                time.sleep(0.01)
     os.close(master)
     assert "apex CartPole-v1  45% greedy return 212 of 475 | 0:42 of 10:00" in shown
     assert "apex CartPole-v1  50% not shown yet" in shown and "\x1b[K" not in shown
