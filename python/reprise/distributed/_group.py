@@ -62,7 +62,7 @@ class Group:
         self.host_of_rank = np.array([names.index(h) for h in hosts], dtype=np.uint32)
         self.host_names = names
 
-    def new_group(self, ranks: list, doing: str, every_rank_calls: bool = True):
+    def new_group(self, ranks: list, doing: str):
         """A gloo group of ``ranks`` (job ranks) with this table's timeout.
 
         Group names must never repeat in a process: torch (up to 2.11 at least) names
@@ -70,12 +70,12 @@ class Group:
         groups the rank holds, so a table made after another over the same ranks was
         closed got its group's name again, and its ranks met the first group's stale
         rendezvous keys and waited for ever. So a table over the whole job makes its
-        groups the job-wide way (every rank calls, names from a counter that never
-        goes back; ``every_rank_calls``: every rank of the job calls this in the same
-        order), and a subgroup's table makes them among its members and never
-        destroys them (``close`` keeps them: see ``retire``)."""
+        groups the job-wide way (every rank of the job calls this, in the same order;
+        names from a counter that never goes back), and a subgroup's table makes them
+        among its members and never destroys them (``close`` keeps them: see
+        ``retire``)."""
         dist, limit = self.dist, timedelta(seconds=self.timeout)
-        if self.whole_job and every_rank_calls:
+        if self.whole_job:
             return self._guard(doing, lambda: dist.new_group(ranks, backend="gloo", timeout=limit))
         return self._guard(doing, lambda: dist.new_group(ranks, backend="gloo", timeout=limit,
                                                          use_local_synchronization=True))

@@ -115,7 +115,7 @@ class ResidentSelection:
         if self.tree.capacity < new:
             self.tree = self.tree.grow(new)
         if self.graphs is not None:
-            self.graphs.clear()  # they read the old buffers
+            self.graphs.clear()  # they read the old buffers (the only place the mirror replaces them)
 
     def _apply(self, changes):
         """Applies ``admit``'s changes (see the native ``admit``)."""
@@ -225,7 +225,7 @@ class ResidentSelection:
         uniform = self.kind == "Uniform" and a.dense  # the items fill slots 0..size
         zero = self.kind == "Prioritized" and a.positive == 0 and self.exponent != 0.0
         fused = kernels.available(self) and n <= kernels.MAX_BATCH and not zero
-        graph = self.graphs.get(self, n, t, uniform) if fused and self.graphs is not None else None
+        graph = self.graphs.get(n, t, uniform) if fused and self.graphs is not None else None
         if graph is not None:
             self._after_previous_replay()
         u = graph.u if graph is not None else torch.empty(n, dtype=torch.float64, device=self.device)
@@ -262,8 +262,7 @@ class ResidentSelection:
             try:
                 self.graphs.capture(self, n, t, dense)
             except Exception as e:  # a torch, Triton or driver without what capturing needs
-                self.graphs.enabled = False
-                self.graphs.clear()
+                self.graphs.disable()
                 log.warning("reprise: capturing the device-resident draw in a CUDA graph failed on %s (%s: %s); "
                             "launching its kernels instead", self.device, type(e).__name__, e)
         return drawn
@@ -278,8 +277,7 @@ class ResidentSelection:
         except Exception as e:  # a Triton or driver version without what the kernels use
             self.use_triton = self.tree.use_triton = False
             if self.graphs is not None:
-                self.graphs.enabled = False
-                self.graphs.clear()
+                self.graphs.disable()
             log.warning("reprise: the device-resident draw kernels failed on %s (%s: %s); "
                         "drawing with torch operations instead", self.device, type(e).__name__, e)
             return False, None

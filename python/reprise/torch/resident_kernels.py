@@ -155,8 +155,12 @@ class DrawGraphs:
     ``u`` (filled before each replay) and writes into fixed outputs, which a draw's
     caller copies or reads before the next draw (under the selection's lock).
 
+    A graph reads the mirror's buffers where they were at its capture: the mirror
+    replaces them only when it grows, and then clears its graphs (``clear``).
+
     A capture that fails (a Triton, driver or torch without what it needs) turns
-    the graphs off for good, with one warning: the draws go on with launches."""
+    the graphs off for good (``disable``), with one warning: the draws go on with
+    launches."""
 
     MAX = 8  # shapes kept per selection
 
@@ -164,15 +168,9 @@ class DrawGraphs:
         self.enabled = True
         self._graphs: dict = {}
 
-    @staticmethod
-    def _layout(sel, n: int, t: int, dense: bool):
-        mirror = (sel.seq, sel.key, sel.priority, sel.length, sel.base, sel.delta, sel.starts, sel.size,
-                  sel.tree.tree)
-        return (n, t, dense, sel.ranges, sel.tree.capacity, sel.tree.levels, *(m.data_ptr() for m in mirror))
-
-    def get(self, sel, n: int, t: int, dense: bool):
+    def get(self, n: int, t: int, dense: bool):
         """The graph for this draw's shape, or None (not captured yet, or graphs off)."""
-        return self._graphs.get(self._layout(sel, n, t, dense)) if self.enabled else None
+        return self._graphs.get((n, t, dense)) if self.enabled else None
 
     def capture(self, sel, n: int, t: int, dense: bool):
         """Captures ``fused_draw`` for this shape (after a launched draw of the same
@@ -185,9 +183,13 @@ class DrawGraphs:
         graph.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph.graph, capture_error_mode="thread_local"):
             graph.out = fused_draw(sel, graph.u, n, dense, t)
-        self._graphs[self._layout(sel, n, t, dense)] = graph
+        self._graphs[(n, t, dense)] = graph
 
     def clear(self):
+        self._graphs.clear()
+
+    def disable(self):
+        self.enabled = False
         self._graphs.clear()
 
 
