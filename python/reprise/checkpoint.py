@@ -140,7 +140,8 @@ def load(path, progress: bool | None = None, device=None, directory=None,
     made = []
 
     def make_store(index, signature, capacity, block_steps, saved_on):
-        sig = {n: Field(tuple(shape), dtype) for n, shape, dtype in signature}
+        sig = {n: Field(tuple(shape), dtype, compress=None if level is None else "zstd", level=level)
+               for n, shape, dtype, level in signature}
         on = None if saved_on == "cpu" else (saved_on if device is None else device)
         host = on is None
         store = Store(sig, capacity=capacity, block_steps=block_steps, device=on,

@@ -42,6 +42,7 @@ class Client:
             raise InvalidArgument(f"address must be a str ('unix:///...' or 'host:port'), got {type(address).__name__}")
         self._address = address
         self._host_views: dict = {}
+        self._compressed_tables: dict = {}
         ca = None
         if tls_ca is not None:
             try:
@@ -101,7 +102,8 @@ class Client:
             return draw() if device is None else host_tensors(draw)
         from .torch import resolve
         dev = resolve(device)
-        if not self._local:
+        if not self._local or self._compressed(table):
+            # Remote rows arrive on the host; compressed ones are decompressed there.
             return on_device(functools.partial(self._native.sample, table, n, timeout, fields), dev)
         # Local: the GPU gathers the rows straight from the shared-memory store.
         from .torch.collect import collect_rows
@@ -141,7 +143,7 @@ class Client:
             from .torch import resolve
             dev = resolve(device)
         count = 0
-        if self._local and not host:   # the zero-copy GPU path, batch by batch
+        if self._local and not host and not self._compressed(table):   # the zero-copy GPU path, batch by batch
             while num_batches is None or count < num_batches:
                 yield self.sample(table, batch_size, timeout, fields, device)
                 count += 1
@@ -151,6 +153,14 @@ class Client:
             yield sampler.next() if dev is None else on_device(sampler.next, dev)
             count += 1
 
+    def _compressed(self, table: str) -> bool:
+        """Whether ``table``'s store has compressed fields (local clients; once per table)."""
+        known = self._compressed_tables.get(table)
+        if known is None:
+            known = any(level is not None for *_, level in self._native.store_memory(table)[3])
+            self._compressed_tables[table] = known
+        return known
+
     def _columns_for(self, table: str, device):
         """The server's shared-memory columns of ``table``'s store, registered for
         ``device`` once per store (local clients)."""
@@ -159,7 +169,7 @@ class Client:
         views = self._host_views.get(key)
         if views is None:
             from .torch.columns import HostColumns
-            signature = {name: Field(tuple(shape), dtype) for name, shape, dtype in fields}
+            signature = {name: Field(tuple(shape), dtype) for name, shape, dtype, _ in fields}
             views = HostColumns((address, nbytes), layout, signature, capacity, device, owner=self._native)
             self._host_views[key] = views
         return views

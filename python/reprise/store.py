@@ -49,6 +49,11 @@ class Store:
                                   "columns in GPU memory")
         self._device = None
         self._device_columns = None
+        compressed = [name for name, f in signature.items() if f.compress is not None]
+        if compressed and not is_host_device(device):
+            raise InvalidArgument(f"field '{compressed[0]}' is compressed, and a store on {device} keeps its columns "
+                                  f"raw in GPU memory: store it raw there, or keep the store on the host "
+                                  f"(device=None) and sample it to {device}")
         if not is_host_device(device):
             from .torch import resolve
             from .torch.device_store import INDEX_FIELD
@@ -61,10 +66,12 @@ class Store:
             index_signature = [(name, list(f.shape), f.dtype) for name, f in signature.items()]
         self._signature = dict(signature)
         self._huge_pages = huge_pages
+        levels = [f.level for f in signature.values()] if self._device is None else []
         self._native = _native.Store(
             index_signature, capacity, block_steps, None if directory is None else os.fspath(directory),
-            huge_pages,
+            huge_pages, levels,
         )
+        self._compressed = frozenset(compressed)
         if self._device is not None:
             from .torch.columns import DeviceColumns
             self._device_columns = DeviceColumns(self._signature, self._native.capacity, self._device)
@@ -112,6 +119,24 @@ class Store:
         return self._huge_pages
 
     @property
+    def compressed_fields(self) -> frozenset:
+        """Names of the fields stored compressed (``Field(compress="zstd")``)."""
+        return self._compressed
+
+    def memory(self) -> dict:
+        """What the columns take: ``raw_bytes`` (uncompressed, at full capacity),
+        ``stored_bytes`` (what their file takes now: pages written and not given
+        back), and per compressed field ``{blocks, raw_bytes, stored_bytes, ratio}``
+        over its blocks compressed so far (the open blocks are raw)."""
+        self._check_open()
+        raw, stored = self._native.memory_bytes()
+        fields = {}
+        for name, (blocks, raw_b, packed) in sorted(self._native.compression().items()):
+            fields[name] = {"blocks": blocks, "raw_bytes": raw_b, "stored_bytes": packed,
+                            "ratio": raw_b / packed if packed else None}
+        return {"raw_bytes": raw, "stored_bytes": stored, "fields": fields}
+
+    @property
     def huge_page_bytes(self) -> int:
         """Bytes of the columns this process reaches through huge pages now (from
         /proc/self/smaps; pages not yet written count for nothing)."""
@@ -140,6 +165,9 @@ class Store:
             if device != self._device:
                 raise InvalidArgument(f"this store keeps its data on {self._device}; sample it to that device or to the host")
             return self._device_columns
+        if self._compressed:
+            raise InvalidArgument(f"fields {sorted(self._compressed)} are compressed: their rows are not in the "
+                                  "shared memory as they are, so a device cannot gather them in place")
         views = self._host_views.get(device)
         if views is None:
             self._check_open()
@@ -179,5 +207,6 @@ class Store:
         return reduce_store(self)
 
     def __repr__(self):
-        fields = ", ".join(f"{k}: {v.dtype}{list(v.shape)}" for k, v in self._signature.items())
+        fields = ", ".join(f"{k}: {v.dtype}{list(v.shape)}" + (f" zstd:{v.level}" if v.compress else "")
+                           for k, v in self._signature.items())
         return f"Store({{{fields}}}, capacity={self.capacity}, block_steps={self.block_steps})"

@@ -151,7 +151,12 @@ fn hello(path: &Path) -> Result<(UnixStream, ServerInfo)> {
             let dtype = DType::from_name(&r.str()?).map_err(|e| Error::Corrupt(e.to_string()))?;
             let ndim = r.count(32, "dimensions")?;
             let shape = (0..ndim).map(|_| r.u64().map(|d| d as usize)).collect::<Result<Vec<_>>>()?;
-            fields.push(Field::new(&name, dtype, shape).map_err(|e| Error::Corrupt(e.to_string()))?);
+            let level = match r.u32()? as i32 {
+                0 => None,
+                l => Some(l),
+            };
+            let field = Field::new(&name, dtype, shape).and_then(|f| f.compressed(level));
+            fields.push(field.map_err(|e| Error::Corrupt(e.to_string()))?);
         }
         let sig = Signature::new(fields).map_err(|e| Error::Corrupt(e.to_string()))?;
         stores.push(Arc::new(Columns::attach(&path, sig, capacity, block_steps)?));

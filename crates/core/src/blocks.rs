@@ -320,6 +320,8 @@ impl Cursor {
             Some((b, used)) if used < bs => (b, used),
             other => {
                 let fresh = source.lease(wait)?;
+                // SAFETY: the block was just leased to us: nobody else holds it.
+                unsafe { source.columns().reset_block(fresh) };
                 if let Some((old, _)) = other {
                     source.release(old);
                 }
@@ -336,9 +338,14 @@ impl Cursor {
         self.current.map_or(0, |(_, used)| block_steps - used)
     }
 
-    /// Gives up the current block.
+    /// Gives up the current block. Its compressed columns (if any) are compressed
+    /// as they are: the caller has written every row it took, and no one writes
+    /// the rest before the block is leased again.
     pub fn close(&mut self, source: &mut impl BlockSource) {
         if let Some((b, _)) = self.current.take() {
+            // SAFETY: the cursor's rows are written (the caller's writes return
+            // before it closes) and the block is still ours until the release.
+            unsafe { source.columns().compress_block(b) };
             source.release(b);
         }
     }

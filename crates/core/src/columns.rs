@@ -13,13 +13,37 @@
 //! * rows are read only while the reader holds a reference on their block (an item
 //!   in a table, or a sample being collected), so they are not reused under it.
 //!
+//! # Compressed columns
+//! A field made with `compress` keeps a block's rows raw while the block is being
+//! written (the open block), and as one zstd frame per row once the writer that
+//! leased it has written its last row: each block counts the rows written to it,
+//! and the write that completes the block compresses it before it returns (the
+//! writer still holds the block then). A block given up part-filled (a writer's
+//! close) or restored from a checkpoint is compressed whole
+//! ([`Columns::compress_block`]). Every compressed column has, after the raw
+//! columns, one *slot* per block (an offset table of `block_steps + 1` u32 and the
+//! frames) and per block a state word — [`RAW`], [`KEPT`] (did not shrink by an
+//! eighth: stays raw) or the payload's length — and the count of rows written. Once a block's frames are in place its state says so and its raw pages
+//! are given back to the file system; the slot's pages go back when the block is
+//! leased again ([`Columns::reset_block`]). So a block takes either its raw bytes
+//! or its compressed ones, never both for long, and the file stays sparse. All of
+//! it lies in the shared region, so local clients (other processes) compress the
+//! blocks they fill and read compressed rows the same way.
+//!
+//! A reader may find a block raw and read it while its writer compresses it and
+//! punches the raw pages: it reads the state again after the copy (a seqlock) and,
+//! if the block was compressed meanwhile, reads the frames instead. Frames are
+//! decompressed row by row, so a sample of random rows costs one frame per row.
+//!
 //! This module and `memory.rs` are the only ones that touch raw memory. The two
 //! copies whose soundness depends on those rules are `unsafe fn`s
 //! ([`Columns::write_rows`], [`Columns::read_ranges`]), and the traits whose
 //! implementors hand out rows are `unsafe trait`s (`blocks::BlockSource`,
 //! `sample::Collect`): the rules show at every call site.
 
+use std::cell::RefCell;
 use std::path::Path;
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 
 use crate::error::{Error, Result};
 use crate::invalid;
@@ -28,11 +52,29 @@ use crate::memory::Region;
 use crate::signature::Signature;
 
 const COLUMN_ALIGN: usize = 64;
+const PAGE: usize = 4096;
+
+/// A compressed column's block state: raw (open, or not yet compressed).
+pub const RAW: u64 = 0;
+/// ... kept raw for good: its frames would not have saved an eighth of it.
+pub const KEPT: u64 = u64::MAX;
 
 #[derive(Clone, Copy, Debug)]
 struct Column {
     offset: usize,
     row_bytes: usize,
+    /// Where a compressed column's slots and block states are (None: raw column).
+    packed: Option<Packed>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Packed {
+    level: i32,
+    /// Offset of block 0's slot; block `b`'s is `slots + b * slot_bytes`.
+    slots: usize,
+    slot_bytes: usize,
+    /// Offset of the per-block words: state and rows written (u64 each).
+    states: usize,
 }
 
 pub struct Columns {
@@ -43,20 +85,56 @@ pub struct Columns {
     region: Region,
 }
 
-/// Column offsets and the total size for `capacity` rows.
-fn layout(signature: &Signature, capacity: u64) -> Result<(Vec<Column>, usize)> {
+/// Column offsets, the total size for `capacity` rows, and the bytes allocated at
+/// most at once (a compressed column's block is raw or compressed, not both).
+fn layout(signature: &Signature, capacity: u64, block_steps: u32) -> Result<(Vec<Column>, usize, usize)> {
     let mut columns = Vec::with_capacity(signature.len());
     let mut offset = 0usize;
+    let mut need = 0usize;
     for f in signature.fields() {
         let row_bytes = f.row_bytes();
-        let bytes = (row_bytes as u64).checked_mul(capacity).filter(|&b| b <= isize::MAX as u64 / 2);
+        let bytes = (row_bytes as u64).checked_mul(capacity).filter(|&b| b <= isize::MAX as u64 / 4);
         let Some(bytes) = bytes else {
             return Err(invalid!("field '{}' ({}) x {capacity} steps does not fit in memory", f.name, f.describe()));
         };
-        columns.push(Column { offset, row_bytes });
+        // A compressed column's blocks start on pages where they can, so that its raw
+        // pages go back whole.
+        let align = if f.compress.is_some() { PAGE } else { COLUMN_ALIGN };
+        offset = offset.next_multiple_of(align);
+        columns.push(Column { offset, row_bytes, packed: None });
         offset = (offset + bytes as usize).next_multiple_of(COLUMN_ALIGN);
+        need += bytes as usize;
     }
-    Ok((columns, offset))
+    let blocks = (capacity / block_steps.max(1) as u64) as usize;
+    for (c, f) in signature.fields().iter().enumerate() {
+        let Some(level) = f.compress else { continue };
+        let raw = block_steps as usize * f.row_bytes();
+        let slot_bytes = (4 * (block_steps as usize + 1) + raw).next_multiple_of(PAGE);
+        if slot_bytes > u32::MAX as usize {
+            return Err(invalid!(
+                "field '{}' ({}): a compressed block of {block_steps} steps takes {slot_bytes} bytes, and at most \
+                 4 GiB are supported: lower block_steps",
+                f.name,
+                f.describe()
+            ));
+        }
+        let slots = offset.next_multiple_of(PAGE);
+        let states = (slots + blocks * slot_bytes).next_multiple_of(COLUMN_ALIGN);
+        offset = states + blocks * 16;
+        columns[c].packed = Some(Packed { level, slots, slot_bytes, states });
+        need += blocks * 16 + 4 * PAGE;
+    }
+    Ok((columns, offset.next_multiple_of(COLUMN_ALIGN), need))
+}
+
+/// This thread's zstd contexts (a context costs hundreds of KB to make).
+struct Zstd {
+    compressor: Option<(i32, zstd::bulk::Compressor<'static>)>,
+    decompressor: Option<zstd::bulk::Decompressor<'static>>,
+}
+
+thread_local! {
+    static ZSTD: RefCell<Zstd> = const { RefCell::new(Zstd { compressor: None, decompressor: None }) };
 }
 
 impl Columns {
@@ -69,19 +147,25 @@ impl Columns {
         directory: &Path,
         huge_pages: bool,
     ) -> Result<Columns> {
-        let (columns, len) = layout(&signature, capacity)?;
-        let region = Region::create(directory, len, huge_pages)?;
+        if huge_pages && signature.fields().iter().any(|f| f.compress.is_some()) {
+            return Err(invalid!(
+                "compressed fields cannot be on huge pages (a compressed block gives its raw pages back, and a huge \
+                 page cannot be given back in part): pass huge_pages=False or store the fields raw"
+            ));
+        }
+        let (columns, len, need) = layout(&signature, capacity, block_steps)?;
+        let region = Region::create_sparse(directory, len, need, huge_pages)?;
         Ok(Columns { signature, block_steps, capacity, columns, region })
     }
 
     /// Maps an existing region created by [`Columns::create`] with the same
     /// signature and capacity (by another process of the same user).
     pub fn attach(path: &Path, signature: Signature, capacity: u64, block_steps: u32) -> Result<Columns> {
-        let (columns, len) = layout(&signature, capacity)?;
-        let region = Region::open(path, len)?;
         if block_steps == 0 || capacity % block_steps as u64 != 0 {
             return Err(Error::Corrupt(format!("store at {}: capacity {capacity} is not whole blocks of {block_steps}", path.display())));
         }
+        let (columns, len, _) = layout(&signature, capacity, block_steps)?;
+        let region = Region::open(path, len)?;
         Ok(Columns { signature, block_steps, capacity, columns, region })
     }
 
@@ -148,6 +232,22 @@ impl Columns {
             let dst = self.region.base().add(c.offset + row as usize * c.row_bytes);
             std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len());
         }
+        if let Some(p) = c.packed {
+            // Count the rows into their blocks; the write that completes a block
+            // compresses it (every other row of it was written before its count).
+            let bs = self.block_steps as u64;
+            let (mut at, end) = (row, row + rows);
+            while at < end {
+                let block = at / bs;
+                let n = (bs - at % bs).min(end - at);
+                if self.written(&p, block).fetch_add(n, Ordering::AcqRel) + n == bs {
+                    // SAFETY: all `bs` rows of the block are written (counted), and
+                    // the caller still holds it (this function's contract).
+                    unsafe { self.compress_column_block(&c, &p, block as u32) };
+                }
+                at += n;
+            }
+        }
     }
 
     /// The rows of `range` in column `col`, as a slice of the mapping. Panics when the
@@ -158,6 +258,7 @@ impl Columns {
     /// `range` touches for as long as the slice lives, so no writer reuses the rows.
     pub unsafe fn rows(&self, col: usize, range: &RowRange) -> &[u8] {
         let c = self.columns[col];
+        assert!(c.packed.is_none(), "a compressed column's rows are read with read_ranges");
         assert!(range.start + range.len as u64 <= self.capacity, "row read past capacity");
         // SAFETY: inside the column (asserted), published, and kept from writers by the
         // caller's reference (this function's contract).
@@ -181,6 +282,12 @@ impl Columns {
         for r in ranges {
             let bytes = r.len as usize * c.row_bytes;
             assert!(r.start + r.len as u64 <= self.capacity, "row read past capacity");
+            if let Some(p) = c.packed {
+                // SAFETY: as below (the caller references the rows' blocks).
+                unsafe { self.read_packed(&c, &p, r, &mut dst[at..at + bytes]) };
+                at += bytes;
+                continue;
+            }
             // SAFETY: the source rows are inside the column (asserted), published and
             // referenced by the caller so no writer touches them; `dst[at..at+bytes]`
             // is a valid exclusive slice (indexing panics otherwise).
@@ -200,7 +307,7 @@ impl Columns {
         {
             use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
             let c = self.columns[col];
-            if range.start + range.len as u64 > self.capacity {
+            if c.packed.is_some() || range.start + range.len as u64 > self.capacity {
                 return;
             }
             let bytes = (range.len as usize * c.row_bytes).min(max_bytes);
@@ -213,5 +320,372 @@ impl Columns {
         }
         #[cfg(not(target_arch = "x86_64"))]
         let _ = (col, range, max_bytes);
+    }
+
+    /// True when column `col` is stored compressed (its rows are not where
+    /// [`Columns::column_ptr`] says: read them with [`Columns::read_ranges`]).
+    pub fn is_compressed(&self, col: usize) -> bool {
+        self.columns[col].packed.is_some()
+    }
+
+    /// True when any column is stored compressed.
+    pub fn any_compressed(&self) -> bool {
+        self.columns.iter().any(|c| c.packed.is_some())
+    }
+
+    fn state(&self, p: &Packed, block: u64) -> &AtomicU64 {
+        self.block_word(p, block, 0)
+    }
+
+    fn written(&self, p: &Packed, block: u64) -> &AtomicU64 {
+        self.block_word(p, block, 1)
+    }
+
+    fn block_word(&self, p: &Packed, block: u64, word: usize) -> &AtomicU64 {
+        assert!(block < self.capacity / self.block_steps as u64, "block {block} past the store");
+        // SAFETY: the words are inside the region (`layout`), 8-byte aligned (their
+        // area starts 64-aligned), and only ever accessed atomically.
+        unsafe { &*(self.region.base().add(p.states + block as usize * 16 + word * 8) as *const AtomicU64) }
+    }
+
+    /// A compressed column's block state ([`RAW`], [`KEPT`] or the payload's
+    /// length); [`RAW`] for a raw column.
+    pub fn block_state(&self, col: usize, block: u32) -> u64 {
+        self.columns[col].packed.map_or(RAW, |p| self.state(&p, block as u64).load(Ordering::Acquire))
+    }
+
+    /// Compresses `block` of every compressed column that still holds it raw:
+    /// one zstd frame per row into the block's slot, then the raw pages go back.
+    /// A block whose frames would not save an eighth stays raw ([`KEPT`]).
+    ///
+    /// # Safety
+    /// Every row of the block has been written and none will be again until the
+    /// block is leased anew: its leaseholder has filled it (or given it up), or it
+    /// was reserved and written whole by a restore. Readers may read it meanwhile.
+    pub unsafe fn compress_block(&self, block: u32) {
+        for c in &self.columns {
+            if let Some(p) = c.packed {
+                // SAFETY: this function's contract.
+                unsafe { self.compress_column_block(c, &p, block) };
+            }
+        }
+    }
+
+    /// [`Columns::compress_block`] for one column.
+    ///
+    /// # Safety
+    /// As [`Columns::compress_block`], for this column's rows of the block.
+    unsafe fn compress_column_block(&self, c: &Column, p: &Packed, block: u32) {
+        let bs = self.block_steps as usize;
+        let state = self.state(p, block as u64);
+        if state.load(Ordering::Acquire) != RAW {
+            return;
+        }
+        let raw_at = c.offset + block as usize * bs * c.row_bytes;
+        let slot_at = p.slots + block as usize * p.slot_bytes;
+        // SAFETY: the raw rows and the slot lie inside the region (`layout`); the
+        // rows are written and stay unchanged (this function's contract), and the
+        // slot of a RAW block is touched by no one but its leaseholder, us.
+        let (rows, slot) = unsafe {
+            (
+                std::slice::from_raw_parts(self.region.base().add(raw_at), bs * c.row_bytes),
+                std::slice::from_raw_parts_mut(self.region.base().add(slot_at), p.slot_bytes),
+            )
+        };
+        let header = 4 * (bs + 1);
+        let limit = (header + rows.len() - rows.len() / 8).min(slot.len());
+        let written = ZSTD.with(|z| {
+            let mut z = z.borrow_mut();
+            if z.compressor.as_ref().is_none_or(|(l, _)| *l != p.level) {
+                z.compressor = Some((p.level, zstd::bulk::Compressor::new(p.level).ok()?));
+            }
+            let (_, compressor) = z.compressor.as_mut()?;
+            let mut at = header;
+            for (i, row) in rows.chunks_exact(c.row_bytes.max(1)).enumerate() {
+                slot[4 * i..4 * i + 4].copy_from_slice(&(at as u32).to_le_bytes());
+                at += compressor.compress_to_buffer(row, &mut slot[at..limit]).ok()?;
+            }
+            slot[4 * bs..header].copy_from_slice(&(at as u32).to_le_bytes());
+            Some(at)
+        });
+        match written {
+            Some(len) => {
+                // Frames first, then the state (a reader that sees it finds them
+                // whole), then the raw pages go: a reader copying them meanwhile
+                // sees the state change when it checks again (`read_packed`).
+                state.store(len as u64, Ordering::SeqCst);
+                // SAFETY: the block's readers read the frames from now on or retry
+                // there; its rows are not written until it is leased again.
+                unsafe { self.region.remove(raw_at, rows.len()) };
+            }
+            None => {
+                state.store(KEPT, Ordering::SeqCst);
+                // SAFETY: the slot of a KEPT block is never read.
+                unsafe { self.region.remove(slot_at, p.slot_bytes) };
+            }
+        }
+    }
+
+    /// Makes `block` raw again in every compressed column, giving its slot's pages
+    /// back: for its new leaseholder, before it writes a row.
+    ///
+    /// # Safety
+    /// The caller has just leased or reserved the block: nobody else holds, reads
+    /// or writes it.
+    pub unsafe fn reset_block(&self, block: u32) {
+        for c in &self.columns {
+            let Some(p) = c.packed else { continue };
+            self.written(&p, block as u64).store(0, Ordering::Relaxed);
+            let was = self.state(&p, block as u64).swap(RAW, Ordering::AcqRel);
+            if was != RAW && was != KEPT {
+                // SAFETY: nobody reads the block (this function's contract).
+                unsafe { self.region.remove(p.slots + block as usize * p.slot_bytes, was as usize) };
+            }
+        }
+    }
+
+    /// Rows `r` of compressed column `c` into `dst`, block by block.
+    ///
+    /// # Safety
+    /// As [`Columns::read_ranges`].
+    unsafe fn read_packed(&self, c: &Column, p: &Packed, r: &RowRange, dst: &mut [u8]) {
+        let bs = self.block_steps as u64;
+        let (mut row, end, mut at) = (r.start, r.start + r.len as u64, 0usize);
+        while row < end {
+            let (block, first) = (row / bs, (row % bs) as usize);
+            let n = (bs - first as u64).min(end - row) as usize;
+            let out = &mut dst[at..at + n * c.row_bytes];
+            let state = self.state(p, block);
+            loop {
+                let seen = state.load(Ordering::SeqCst);
+                if seen == RAW || seen == KEPT {
+                    // SAFETY: inside the column; referenced by the caller, so not
+                    // rewritten; the raw pages may be punched under us, which the
+                    // state check below catches.
+                    unsafe {
+                        let src = self.region.base().add(c.offset + row as usize * c.row_bytes);
+                        std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len());
+                    }
+                    fence(Ordering::SeqCst);
+                    if seen == KEPT || state.load(Ordering::SeqCst) == RAW {
+                        break;
+                    }
+                    continue; // compressed meanwhile: read the frames
+                }
+                // SAFETY: a compressed block's slot is immutable until the block is
+                // leased again, which the caller's reference prevents.
+                let slot = unsafe {
+                    std::slice::from_raw_parts(
+                        self.region.base().add(p.slots + block as usize * p.slot_bytes),
+                        (seen as usize).min(p.slot_bytes),
+                    )
+                };
+                self.unpack_rows(slot, first, c.row_bytes, out);
+                break;
+            }
+            row += n as u64;
+            at += n * c.row_bytes;
+        }
+    }
+
+    /// Decompresses rows `first..` of a block's `slot` into `out` (whole rows).
+    /// A frame that does not decompress to exactly one row (a store file damaged
+    /// from outside) leaves that row zeroed and is logged.
+    fn unpack_rows(&self, slot: &[u8], first: usize, row_bytes: usize, out: &mut [u8]) {
+        let offset = |i: usize| -> usize {
+            slot.get(4 * i..4 * i + 4).map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+        };
+        ZSTD.with(|z| {
+            let mut z = z.borrow_mut();
+            if z.decompressor.is_none() {
+                z.decompressor = zstd::bulk::Decompressor::new().ok();
+            }
+            for (k, dst) in out.chunks_exact_mut(row_bytes.max(1)).enumerate() {
+                let (a, b) = (offset(first + k), offset(first + k + 1));
+                let frame = slot.get(a..b).unwrap_or(&[]);
+                let ok = z.decompressor.as_mut().and_then(|d| d.decompress_to_buffer(frame, dst).ok());
+                if ok != Some(row_bytes) {
+                    dst.fill(0);
+                    tracing::error!(target: "reprise", "a compressed row of store {} does not decompress: \
+                                    the store file was changed from outside", self.path().display());
+                }
+            }
+        });
+    }
+
+    /// `(raw, stored)`: bytes the columns would take uncompressed, and bytes their
+    /// file takes now (compressed blocks, raw ones, slots' and states' pages).
+    pub fn memory_bytes(&self) -> (u64, u64) {
+        let raw = self.columns.iter().map(|c| c.row_bytes as u64 * self.capacity).sum();
+        (raw, self.region.allocated_bytes())
+    }
+
+    /// `(blocks compressed, their raw bytes, their compressed bytes)` of column
+    /// `col` (zeros for a raw column).
+    pub fn compression(&self, col: usize) -> (u64, u64, u64) {
+        let c = self.columns[col];
+        let Some(p) = c.packed else { return (0, 0, 0) };
+        let raw_block = self.block_steps as u64 * c.row_bytes as u64;
+        let (mut n, mut packed) = (0u64, 0u64);
+        for b in 0..self.capacity / self.block_steps as u64 {
+            let s = self.state(&p, b).load(Ordering::Relaxed);
+            if s != RAW && s != KEPT {
+                n += 1;
+                packed += s;
+            }
+        }
+        (n, n * raw_block, packed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::default_directory;
+    use crate::signature::{DType, Field};
+
+    fn frames(rows: usize, row_bytes: usize, seed: u8) -> Vec<u8> {
+        // Atari-like: mostly flat with a few moving bytes, so it compresses well.
+        (0..rows * row_bytes).map(|i| if i % 97 < 3 { (i / 7) as u8 ^ seed } else { 87 }).collect()
+    }
+
+    fn columns(capacity: u64, bs: u32, level: Option<i32>) -> Columns {
+        let sig = Signature::new(vec![
+            Field::new("obs", DType::UInt8, vec![64, 64]).unwrap().compressed(level).unwrap(),
+            Field::new("r", DType::Float32, vec![]).unwrap(),
+        ])
+        .unwrap();
+        Columns::create(sig, capacity, bs, &default_directory(), false).unwrap()
+    }
+
+    fn read(c: &Columns, col: usize, start: u64, len: u32) -> Vec<u8> {
+        let mut out = vec![0u8; len as usize * c.row_bytes(col)];
+        // SAFETY: tests own every block of these stores.
+        unsafe { c.read_ranges(col, &[RowRange { start, len }], &mut out) };
+        out
+    }
+
+    #[test]
+    fn a_filled_block_is_compressed_reads_back_exactly_and_gives_its_raw_pages_back() {
+        let c = columns(64, 16, Some(3));
+        let data = frames(40, 4096, 1);
+        // SAFETY: the test owns the store; rows are written once.
+        unsafe { c.write_rows(0, 0, &data[..10 * 4096]) };
+        assert_eq!(c.block_state(0, 0), RAW, "a part-filled block stays raw");
+        assert_eq!(read(&c, 0, 0, 10), data[..10 * 4096]);
+        // SAFETY: as above.
+        unsafe { c.write_rows(0, 10, &data[10 * 4096..]) };
+        let s0 = c.block_state(0, 0);
+        assert!(s0 != RAW && s0 != KEPT && s0 < 16 * 4096 / 4, "block 0 compressed to {s0} bytes");
+        assert!(c.block_state(0, 1) != RAW, "block 1 is full too");
+        assert_eq!(c.block_state(0, 2), RAW, "block 2 holds 8 of 16 rows");
+        // Every row, across blocks and from the middle of one.
+        assert_eq!(read(&c, 0, 0, 40), data);
+        assert_eq!(read(&c, 0, 13, 7), data[13 * 4096..20 * 4096]);
+        let (raw, after) = c.memory_bytes();
+        assert_eq!(raw, 64 * (4096 + 4));
+        assert!(after < 16 * 4096, "40 raw rows take 160 KiB; compressed blocks gave theirs back: {after}");
+        let (n, raw_bytes, packed) = c.compression(0);
+        assert_eq!((n, raw_bytes), (2, 2 * 16 * 4096));
+        assert!(packed * 4 < raw_bytes, "{packed} of {raw_bytes}");
+        assert_eq!(c.compression(1), (0, 0, 0), "a raw column reports nothing");
+    }
+
+    #[test]
+    fn data_that_does_not_shrink_stays_raw_and_reads_back() {
+        let c = columns(32, 16, Some(1));
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let noise: Vec<u8> = (0..16 * 4096)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 32) as u8
+            })
+            .collect();
+        // SAFETY: the test owns the store.
+        unsafe { c.write_rows(0, 0, &noise) };
+        assert_eq!(c.block_state(0, 0), KEPT);
+        assert_eq!(read(&c, 0, 0, 16), noise);
+    }
+
+    #[test]
+    fn a_block_leased_again_is_raw_and_holds_new_rows() {
+        let c = columns(32, 16, Some(3));
+        let (a, b) = (frames(16, 4096, 1), frames(16, 4096, 2));
+        // SAFETY: the test owns the store; reset_block stands for a new lease.
+        unsafe {
+            c.write_rows(0, 0, &a);
+            assert!(c.block_state(0, 0) != RAW);
+            c.reset_block(0);
+            assert_eq!(c.block_state(0, 0), RAW);
+            c.write_rows(0, 0, &b[..8 * 4096]);
+            assert_eq!(read(&c, 0, 0, 8), b[..8 * 4096]);
+            c.write_rows(0, 8, &b[8 * 4096..]);
+        }
+        assert!(c.block_state(0, 0) != RAW);
+        assert_eq!(read(&c, 0, 0, 16), b);
+    }
+
+    #[test]
+    fn a_block_given_up_part_filled_is_compressed_whole() {
+        let c = columns(32, 16, Some(3));
+        let a = frames(5, 4096, 3);
+        // SAFETY: the test owns the store; nothing writes block 0 again.
+        unsafe {
+            c.write_rows(0, 0, &a);
+            c.compress_block(0);
+        }
+        assert!(c.block_state(0, 0) != RAW);
+        assert_eq!(read(&c, 0, 0, 5), a);
+    }
+
+    #[test]
+    fn readers_racing_the_compression_always_read_what_was_written() {
+        // A reader copies a block's rows while its writer completes and compresses
+        // it (punching the raw pages): the seqlock retry reads the frames instead.
+        for round in 0..20u8 {
+            let c = std::sync::Arc::new(columns(64, 16, Some(1)));
+            let data = frames(16, 4096, round);
+            // SAFETY: the test owns the store.
+            unsafe { c.write_rows(0, 0, &data[..15 * 4096]) };
+            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let reader = {
+                let (c, stop, want) = (c.clone(), stop.clone(), data[..15 * 4096].to_vec());
+                std::thread::spawn(move || {
+                    let mut reads = 0;
+                    while !stop.load(Ordering::Relaxed) || reads < 10 {
+                        assert_eq!(read(&c, 0, 0, 15), want);
+                        reads += 1;
+                    }
+                })
+            };
+            std::thread::sleep(std::time::Duration::from_micros(200));
+            // SAFETY: the last row of block 0; the reader reads only rows 0..15.
+            unsafe { c.write_rows(0, 15, &data[15 * 4096..]) };
+            stop.store(true, Ordering::Relaxed);
+            reader.join().unwrap();
+            assert!(c.block_state(0, 0) != RAW);
+        }
+    }
+
+    #[test]
+    fn every_dtype_round_trips_through_compression() {
+        for dtype in DType::ALL {
+            let sig = Signature::new(vec![Field::new("x", dtype, vec![5]).unwrap().compressed(Some(1)).unwrap()]).unwrap();
+            let c = Columns::create(sig, 8, 4, &default_directory(), false).unwrap();
+            let bytes: Vec<u8> = (0..8 * c.row_bytes(0)).map(|i| (i % 3) as u8).collect();
+            // SAFETY: the test owns the store.
+            unsafe { c.write_rows(0, 0, &bytes) };
+            assert!(c.block_state(0, 1) != RAW, "{dtype:?}");
+            assert_eq!(read(&c, 0, 0, 8), bytes, "{dtype:?}");
+        }
+    }
+
+    #[test]
+    fn compressed_fields_refuse_huge_pages() {
+        let sig = Signature::new(vec![Field::new("x", DType::UInt8, vec![8]).unwrap().compressed(Some(1)).unwrap()]).unwrap();
+        let e = Columns::create(sig, 8, 4, &default_directory(), true).err().unwrap().to_string();
+        assert!(e.contains("compressed") && e.contains("huge_pages"), "{e}");
     }
 }

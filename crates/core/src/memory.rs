@@ -195,6 +195,8 @@ fn sweep_once(dir: &Path) {
 pub struct Region {
     // Kept alive for the mapping; all access goes through `base`.
     _map: MmapMut,
+    /// The file behind the mapping (its allocated size: [`Region::allocated_bytes`]).
+    file: std::fs::File,
     base: NonNull<u8>,
     path: PathBuf,
     /// Created (and so removed on drop) by this handle.
@@ -212,7 +214,15 @@ impl Region {
     /// Creates a new region of `len` bytes (at least one page) in `directory`. With
     /// `huge_pages`, a directory that cannot back it with huge pages is refused and
     /// the length is rounded up to whole huge pages (hugetlbfs always rounds).
+    #[cfg(test)]
     pub fn create(directory: &Path, len: usize, huge_pages: bool) -> Result<Region> {
+        Region::create_sparse(directory, len, len, huge_pages)
+    }
+
+    /// [`Region::create`] for a region of which at most `need` bytes are ever
+    /// allocated at once (the rest stays sparse: compressed columns keep each block
+    /// either raw or compressed, see `columns`): the free-space check asks for `need`.
+    pub fn create_sparse(directory: &Path, len: usize, need: usize, huge_pages: bool) -> Result<Region> {
         let st = file_system(directory)?;
         sweep_once(directory);
         let backing = backing_of(directory, &st);
@@ -234,11 +244,11 @@ impl Region {
         // pages when the file is mapped and answers there.)
         if !matches!(backing, Backing::HugeTlb { .. }) {
             let free = free_bytes(&st);
-            if len as u64 > free {
+            if need.min(len) as u64 > free {
                 return Err(Error::ResourceExhausted(format!(
                     "a store of {:.2} GiB does not fit in {} ({:.2} GiB free): lower the capacity or \
                      pass another directory",
-                    len as f64 / GIB,
+                    need.min(len) as f64 / GIB,
                     directory.display(),
                     free as f64 / GIB
                 )));
@@ -285,7 +295,7 @@ impl Region {
         })?;
         let base = NonNull::new(map.as_mut_ptr()).expect("mmap never returns a null mapping");
         advise_huge_pages_raw(base.as_ptr() as usize, len);
-        Ok(Region { _map: map, base, path, owner: true })
+        Ok(Region { _map: map, file, base, path, owner: true })
     }
 
     /// Maps an existing region file of at least `len` bytes (made by another
@@ -312,7 +322,7 @@ impl Region {
         // On a huge=advise tmpfs, pages first touched through this mapping are huge
         // too (a hint; nothing on other file systems).
         advise_huge_pages_raw(base.as_ptr() as usize, len);
-        Ok(Region { _map: map, base, path: path.to_path_buf(), owner: false })
+        Ok(Region { _map: map, file, base, path: path.to_path_buf(), owner: false })
     }
 
     pub fn path(&self) -> &Path {
@@ -326,6 +336,35 @@ impl Region {
     /// Mapped length in bytes.
     pub fn len(&self) -> usize {
         self._map.len()
+    }
+
+    /// Bytes the file behind the region takes in its file system now (pages written
+    /// and not given back; a sparse region's holes count for nothing).
+    pub fn allocated_bytes(&self) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        self.file.metadata().map_or(0, |m| m.blocks() * 512)
+    }
+
+    /// Gives the whole pages inside `[offset, offset + len)` back to the file system
+    /// (`MADV_REMOVE`: a hole; they read as zeros until written again). Partial pages
+    /// at either end are kept. Returns false where the file system cannot punch holes
+    /// (the bytes then stay as they were, and allocated).
+    ///
+    /// # Safety
+    /// No one may read the range expecting its old bytes, nor write it, during or
+    /// after the call, until its owner writes it again.
+    pub unsafe fn remove(&self, offset: usize, len: usize) -> bool {
+        const PAGE: usize = 4096;
+        let end = (offset + len).min(self.len()) / PAGE * PAGE;
+        let start = offset.next_multiple_of(PAGE);
+        if start >= end {
+            return true;
+        }
+        // SAFETY: the pages are inside the mapping (clamped above); MADV_REMOVE on a
+        // shared file mapping punches a hole in the file, which the caller's contract
+        // allows.
+        let rc = unsafe { libc::madvise(self.base().add(start).cast(), end - start, libc::MADV_REMOVE) };
+        rc == 0
     }
 
     /// Bytes of this mapping that this process reaches through huge pages now

@@ -104,8 +104,16 @@ impl SampleBatch {
         static ZEROS: [u8; 4096] = [0; 4096];
         let columns = self.store.columns();
         let row = columns.row_bytes(col);
+        let mut scratch = Vec::new();
         for item in &self.items[items] {
             for range in item.window.ranges() {
+                if columns.is_compressed(col) {
+                    scratch.resize(range.len as usize * row, 0);
+                    // SAFETY: as below.
+                    unsafe { columns.read_ranges(col, std::slice::from_ref(range), &mut scratch) };
+                    out(&scratch);
+                    continue;
+                }
                 // SAFETY: the batch holds a reference on every block of its items'
                 // windows until it is dropped (`push`), and `self` outlives the slice.
                 out(unsafe { columns.rows(col, range) });
@@ -171,7 +179,7 @@ pub unsafe trait Collect: Sync {
         let row = columns.row_bytes(col);
         let total: usize = items.iter().map(|i| i.length as usize).sum();
         assert_eq!(dst.len(), total * row, "packed gather destination has the wrong size");
-        let threads = (dst.len() / PARALLEL_BYTES).clamp(1, cores()).min(items.len().max(1));
+        let threads = (dst.len() / parallel_bytes(columns, col)).clamp(1, cores()).min(items.len().max(1));
         if threads < 2 {
             return gather_runs(columns, items, col, dst);
         }
@@ -210,10 +218,11 @@ pub unsafe trait Collect: Sync {
         let (items, columns) = (self.items(), self.columns());
         let stride = t_max as usize * columns.row_bytes(col);
         assert_eq!(dst.len(), stride * items.len(), "gather destination has the wrong size");
-        if dst.len() < 2 * PARALLEL_BYTES || items.len() < 2 {
+        let least = parallel_bytes(columns, col);
+        if dst.len() < 2 * least || items.len() < 2 {
             return gather_items(columns, items, col, stride, dst);
         }
-        let threads = (dst.len() / PARALLEL_BYTES).clamp(1, cores()).min(items.len());
+        let threads = (dst.len() / least).clamp(1, cores()).min(items.len());
         let per = items.len().div_ceil(threads);
         std::thread::scope(|s| {
             let mut parts = items.chunks(per).zip(dst.chunks_mut(per * stride));
@@ -230,6 +239,17 @@ pub unsafe trait Collect: Sync {
 
 /// Bytes a gather thread copies at least (below that, one thread).
 pub const PARALLEL_BYTES: usize = 4 << 20;
+
+/// Bytes a gather thread of column `col` produces at least: [`PARALLEL_BYTES`]
+/// for a copy, a sixteenth of it where each row is decompressed (a core
+/// decompresses about a sixteenth as fast as it copies).
+fn parallel_bytes(columns: &Columns, col: usize) -> usize {
+    if columns.is_compressed(col) {
+        PARALLEL_BYTES / 16
+    } else {
+        PARALLEL_BYTES
+    }
+}
 
 /// Cores this process may use (read once: the lookup parses cgroup files).
 fn cores() -> usize {

@@ -71,12 +71,18 @@ impl DType {
     }
 }
 
-/// One named field: a dtype and a fixed per-step shape.
+/// zstd levels a compressed column accepts (zstd's negative "fast" levels are not
+/// offered: at Atari frame sizes they save little over level 1 and cost ratio).
+pub const COMPRESS_LEVELS: std::ops::RangeInclusive<i32> = 1..=19;
+
+/// One named field: a dtype and a fixed per-step shape, stored raw or, with
+/// `compress`, as zstd frames at that level (see `columns`' module doc).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Field {
     pub name: String,
     pub dtype: DType,
     pub shape: Vec<usize>,
+    pub compress: Option<i32>,
 }
 
 impl Field {
@@ -89,7 +95,23 @@ impl Field {
                 "field '{name}' has shape {shape:?} with a dimension of {d}: every dimension must be >= 1"
             ));
         }
-        Ok(Field { name: name.to_string(), dtype, shape })
+        Ok(Field { name: name.to_string(), dtype, shape, compress: None })
+    }
+
+    /// This field stored compressed with zstd at `level` (`None`: raw).
+    pub fn compressed(mut self, level: Option<i32>) -> Result<Field> {
+        if let Some(l) = level {
+            if !COMPRESS_LEVELS.contains(&l) {
+                return Err(invalid!(
+                    "field '{}': compression level {l} is out of range: expected a zstd level from {} to {}",
+                    self.name,
+                    COMPRESS_LEVELS.start(),
+                    COMPRESS_LEVELS.end()
+                ));
+            }
+        }
+        self.compress = level;
+        Ok(self)
     }
 
     /// Elements per step.
@@ -171,10 +193,16 @@ impl Signature {
         self.fields.iter().map(Field::row_bytes).sum()
     }
 
-    /// `{obs: uint8[4,84,84], action: int64[]}`.
+    /// `{obs: uint8[4,84,84] zstd:3, action: int64[]}`.
     pub fn describe(&self) -> String {
-        let parts: Vec<String> =
-            self.fields.iter().map(|f| format!("{}: {}", f.name, f.describe())).collect();
+        let parts: Vec<String> = self
+            .fields
+            .iter()
+            .map(|f| match f.compress {
+                None => format!("{}: {}", f.name, f.describe()),
+                Some(l) => format!("{}: {} zstd:{l}", f.name, f.describe()),
+            })
+            .collect();
         format!("{{{}}}", parts.join(", "))
     }
 }
@@ -203,6 +231,17 @@ mod tests {
         assert_eq!(f.describe(), "uint8[4,84,84]");
         let s = Field::new("r", DType::Float32, vec![]).unwrap();
         assert_eq!(s.row_bytes(), 4);
+    }
+
+    #[test]
+    fn compression_levels_are_checked_and_described() {
+        let f = Field::new("obs", DType::UInt8, vec![84, 84]).unwrap();
+        let sig = Signature::new(vec![f.clone().compressed(Some(3)).unwrap()]).unwrap();
+        assert_eq!(sig.describe(), "{obs: uint8[84,84] zstd:3}");
+        for bad in [0, -1, 20] {
+            let e = f.clone().compressed(Some(bad)).unwrap_err().to_string();
+            assert!(e.contains("'obs'") && e.contains(&bad.to_string()) && e.contains("1 to 19"), "{e}");
+        }
     }
 
     #[test]

@@ -94,8 +94,8 @@ struct PyMakeStore {
 
 impl MakeStore for PyMakeStore {
     fn make_store(&mut self, spec: &StoreSpec) -> Result<NewStore> {
-        let signature: Vec<(String, Vec<usize>, &str)> =
-            spec.signature.fields().iter().map(|f| (f.name.clone(), f.shape.clone(), f.dtype.name())).collect();
+        let signature: Vec<(String, Vec<usize>, &str, Option<i32>)> =
+            spec.signature.fields().iter().map(|f| (f.name.clone(), f.shape.clone(), f.dtype.name(), f.compress)).collect();
         let made = Python::attach(|py| -> PyResult<_> {
             let out = self.make.call1(py, (spec.index, signature, spec.capacity, spec.block_steps, spec.device.as_str()))?;
             let (store, write): (Py<PyAny>, Option<Py<PyAny>>) = out.extract(py)?;

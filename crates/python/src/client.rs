@@ -359,10 +359,15 @@ impl PyClient {
     /// `((address, bytes), layout, capacity, fields)` of `table`'s shared-memory
     /// store, mapped in this process. Local clients only.
     #[allow(clippy::type_complexity)]
-    fn store_memory(&self, py: Python<'_>, table: &str) -> PyResult<((usize, usize), Vec<(String, usize, usize)>, u64, Vec<(String, Vec<usize>, String)>)> {
+    fn store_memory(&self, py: Python<'_>, table: &str) -> PyResult<((usize, usize), Vec<(String, usize, usize)>, u64, Vec<(String, Vec<usize>, String, Option<i32>)>)> {
         let columns = self.local(py, "store_memory")?.columns(Some(table)).map_err(py_err(py))?;
         let (base, len) = columns.memory();
-        let fields = columns.signature().fields().iter().map(|f| (f.name.clone(), f.shape.clone(), f.dtype.name().to_string())).collect();
+        let fields = columns
+            .signature()
+            .fields()
+            .iter()
+            .map(|f| (f.name.clone(), f.shape.clone(), f.dtype.name().to_string(), f.compress))
+            .collect();
         Ok(((base as usize, len), crate::store::layout(&columns), columns.capacity(), fields))
     }
 

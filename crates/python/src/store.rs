@@ -20,7 +20,8 @@ pub struct PyStore {
 #[pymethods]
 impl PyStore {
     #[new]
-    #[pyo3(signature = (fields, capacity, block_steps, directory=None, huge_pages=false))]
+    #[pyo3(signature = (fields, capacity, block_steps, directory=None, huge_pages=false, compress=Vec::new()))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         fields: Vec<(String, Vec<i64>, String)>,
@@ -28,15 +29,22 @@ impl PyStore {
         block_steps: i64,
         directory: Option<PathBuf>,
         huge_pages: bool,
+        compress: Vec<Option<i32>>,
     ) -> PyResult<Self> {
+        if !compress.is_empty() && compress.len() != fields.len() {
+            return Err(invalid(py, format!("compress: {} levels for {} fields", compress.len(), fields.len())));
+        }
         let err = py_err(py);
         let mut sig = Vec::with_capacity(fields.len());
-        for (name, shape, dtype) in fields {
+        for (i, (name, shape, dtype)) in fields.into_iter().enumerate() {
             let dtype = DType::from_name(&dtype).map_err(|e| invalid(py, format!("field '{name}': {e}")))?;
             if let Some(d) = shape.iter().find(|&&d| d < 1) {
                 return Err(invalid(py, format!("field '{name}' has shape {shape:?} with a dimension of {d}: every dimension must be >= 1")));
             }
-            sig.push(Field::new(&name, dtype, shape.iter().map(|&d| d as usize).collect()).map_err(&err)?);
+            let field = Field::new(&name, dtype, shape.iter().map(|&d| d as usize).collect())
+                .and_then(|f| f.compressed(compress.get(i).copied().flatten()))
+                .map_err(&err)?;
+            sig.push(field);
         }
         let sig = Signature::new(sig).map_err(&err)?;
         if capacity < 1 {
@@ -81,6 +89,53 @@ impl PyStore {
     #[getter]
     fn path(&self) -> PathBuf {
         self.store.path().to_path_buf()
+    }
+
+    /// `(raw, stored)`: bytes the columns would take uncompressed, and bytes their
+    /// file takes now.
+    fn memory_bytes(&self) -> (u64, u64) {
+        self.store.columns().memory_bytes()
+    }
+
+    /// `{field: (blocks compressed, their raw bytes, their compressed bytes)}` of
+    /// the compressed fields.
+    fn compression(&self) -> std::collections::HashMap<String, (u64, u64, u64)> {
+        let c = self.store.columns();
+        c.signature()
+            .fields()
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| c.is_compressed(*i))
+            .map(|(i, f)| (f.name.clone(), c.compression(i)))
+            .collect()
+    }
+
+    /// Copies rows `rows` of field `col` into `out` (`len(rows) * row_bytes` bytes),
+    /// decompressing compressed ones: the row reader of callers that read rows by
+    /// number (`reprise.transitions`). The caller holds the rows' blocks (a draw's
+    /// held rows) for the call; a row number past the store is refused.
+    fn read_rows(&self, py: Python<'_>, col: usize, rows: numpy::PyReadonlyArray1<'_, i64>, mut out: numpy::PyReadwriteArray1<'_, u8>) -> PyResult<()> {
+        let columns = self.store.columns();
+        if col >= columns.signature().len() {
+            return Err(invalid(py, format!("read_rows: field {col} of {}", columns.signature().len())));
+        }
+        let rows = rows.as_slice().map_err(|_| invalid(py, "read_rows: rows must be contiguous".into()))?;
+        let out = out.as_slice_mut().map_err(|_| invalid(py, "read_rows: out must be contiguous".into()))?;
+        let row_bytes = columns.row_bytes(col);
+        if out.len() != rows.len() * row_bytes {
+            return Err(invalid(py, format!("read_rows: out holds {} bytes, {} rows of {row_bytes} need {}", out.len(), rows.len(), rows.len() * row_bytes)));
+        }
+        if let Some(&r) = rows.iter().find(|&&r| r < 0 || r as u64 >= columns.capacity()) {
+            return Err(invalid(py, format!("read_rows: row {r} is outside the store (capacity {})", columns.capacity())));
+        }
+        py.detach(|| {
+            for (&r, dst) in rows.iter().zip(out.chunks_exact_mut(row_bytes.max(1))) {
+                // SAFETY: the row is inside the column (checked above), and the caller
+                // holds its block (this method's contract, kept by its only callers).
+                unsafe { columns.read_ranges(col, &[reprise_core::RowRange { start: r as u64, len: 1 }], dst) };
+            }
+        });
+        Ok(())
     }
 
     /// Bytes of the columns this process reaches through huge pages now.

@@ -388,6 +388,7 @@ impl Connection {
                 field.shape.iter().for_each(|&d| {
                     f.u64(d as u64);
                 });
+                f.u32(field.compress.unwrap_or(0) as u32);
             }
         }
         f.u32(self.shared.tables.len() as u32);

@@ -17,8 +17,9 @@ use reprise_core::RowRange;
 /// attribute records in `CREATE` and `SAMPLED`, token budgets in `SAMPLE`, the
 /// attribute schema, version and group figures in `INFO_OK`, `SET_VERSION` and
 /// `UPDATE_ATTRIBUTE`. Version 5: `LEASE` asks for spare blocks too, `LEASED` lists
-/// the blocks handed out.
-pub const VERSION: u32 = 5;
+/// the blocks handed out. Version 6: `HELLO_OK` gives each field's zstd level (0:
+/// stored raw), which the client's layout of the shared columns depends on.
+pub const VERSION: u32 = 6;
 /// Most spare blocks one `LEASE` may ask for.
 pub const MAX_SPARES: u32 = 64;
 /// Largest attribute record of one item.

@@ -117,7 +117,7 @@ fn load_one(ckpt: &Path, options: &mut LoadOptions<'_>) -> Result<Loaded> {
         let fields = s
             .signature
             .iter()
-            .map(|(name, shape, dtype)| Field::new(name, DType::from_name(dtype)?, shape.clone()))
+            .map(|(name, shape, dtype)| Field::new(name, DType::from_name(dtype)?, shape.clone())?.compressed(s.compress.get(name).copied()))
             .collect::<Result<Vec<_>>>()
             .and_then(Signature::new)
             .map_err(|e| bad(format!("store {index}: {e}")))?;
@@ -243,6 +243,7 @@ fn build(
             }
             reported = done;
         }
+        pins.compress();
         all_pins.push(pins);
     }
     let mut tables = Vec::with_capacity(snaps.len());

@@ -43,6 +43,10 @@ pub struct StoreEntry {
     pub rows: String,
     /// Field name -> its column file.
     pub columns: BTreeMap<String, String>,
+    /// Field name -> the zstd level of a field stored compressed in the store (its
+    /// column file holds raw rows all the same); absent for raw fields.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub compress: BTreeMap<String, i32>,
 }
 
 fn cpu() -> String {

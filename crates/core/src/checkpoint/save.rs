@@ -214,6 +214,7 @@ fn write(tmp: &Path, tables: &[Table], options: &mut SaveOptions<'_>) -> Result<
             device: s.device.clone(),
             rows: rows_name,
             columns,
+            compress: s.store.signature().fields().iter().filter_map(|f| Some((f.name.clone(), f.compress?))).collect(),
         });
     }
     drop(stores); // the remaining pins

@@ -81,6 +81,16 @@ impl Pins {
         &self.blocks
     }
 
+    /// Compresses the pinned blocks' compressed columns: a restore calls it once
+    /// it has written every row (before any item over the blocks is published).
+    pub fn compress(&self) {
+        for &b in &self.blocks {
+            // SAFETY: the blocks are reserved for the restore, whose rows are all
+            // written now and are not written again before a new lease.
+            unsafe { self.store.columns().compress_block(b) };
+        }
+    }
+
     /// Lets these blocks go early (a checkpoint wrote their rows); others stay.
     /// `done` must be sorted.
     pub fn release_blocks(&mut self, done: &[u32]) {
@@ -357,6 +367,10 @@ impl Store {
         }
         // In the given order: it becomes the order in which store pressure evicts.
         self.allocator().reserve(blocks)?;
+        for &b in &sorted {
+            // SAFETY: just reserved: taken out of the allocator for the caller alone.
+            unsafe { self.columns().reset_block(b) };
+        }
         Ok(Pins { store: self.clone(), blocks: sorted })
     }
 
