@@ -359,6 +359,9 @@ class Table:
         if device_columns is None and (is_host_device(device) or self._store.compressed_fields):
             if device is not None:
                 torch_module()  # before drawing: without torch the call changes nothing
+            if not is_host_device(device):  # compressed rows: packed on the host, then moved
+                from .torch import resolve
+                device = resolve(device)
             s = self._native.sample_tokens(tokens, timeout, fields)
             return s if device is None else s.to(device)
         from .torch.collect import collect_rows

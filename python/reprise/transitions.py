@@ -180,13 +180,15 @@ class TransitionBuffer:
     ``block_steps``, ``min_episode_length``: the store's block size and the episode length its
     size assumes (see the module doc). ``frame_stack``: k > 1 for observations of k frames
     stacked along their first axis, the newest last: each row then holds one frame (see the
-    module doc). ``directory``: where the store's file goes."""
+    module doc). ``compress="zstd"`` (and ``level``, 1-19, default 3): observations stored
+    compressed, one zstd frame per row (``Field``'s ``compress``); with frame stacks an Atari
+    transition then takes a few hundred bytes. ``directory``: where the store's file goes."""
 
     def __init__(self, capacity: int, obs_shape, obs_dtype="float32", action_shape=(), action_dtype="int64", *,
                  n_envs: int = 1, n_step: int = 1, gamma: float = 0.99, alpha: float | None = None,
                  epsilon: float = 1e-6, seed: int | None = None, block_steps: int = 64,
-                 min_episode_length: int = 1, frame_stack: int = 1, directory: str | None = None,
-                 name: str = "transitions"):
+                 min_episode_length: int = 1, frame_stack: int = 1, compress: str | None = None,
+                 level: int | None = None, directory: str | None = None, name: str = "transitions"):
         capacity = as_int("capacity", capacity, 1)
         n_envs = as_int("n_envs", n_envs, 1)
         n_step = as_int("n_step", n_step, 1)
@@ -199,6 +201,7 @@ class TransitionBuffer:
             alpha = _number("alpha", alpha, "None (uniform) or a finite number >= 0", lambda a: 0.0 <= a < math.inf)
         try:
             obs_field, action_field = Field(obs_shape, obs_dtype), Field(action_shape, action_dtype)
+            Field((), compress=compress, level=level)  # checks compress and level
         except InvalidArgument as e:
             raise InvalidArgument(f"observation or action: {e}") from None
         if frame_stack > 1:
@@ -207,6 +210,7 @@ class TransitionBuffer:
                                       f"along their first axis (shape ({frame_stack}, ...)), got obs_shape "
                                       f"{tuple(obs_field.shape)}")
             obs_field = Field(obs_field.shape[1:], obs_field.dtype)  # a row holds one frame
+        obs_field = Field(obs_field.shape, obs_field.dtype, compress=compress, level=level)
         signature = {_OBS: obs_field, _ACTION: action_field,
                      _REWARD: Field((), "float32"), _TERMINATED: Field((), "bool")}
         steps = _store_steps(capacity, n_envs, n_step, block_steps, min_episode_length, frame_stack)
@@ -239,7 +243,8 @@ class TransitionBuffer:
         # them), and an episode's first row after its observation (zero action and reward).
         # ``_fields``: what add takes (the observation as a whole stack with frame stacks).
         frame = self._signature[_OBS]
-        self._fields = {**self._signature, _OBS: Field((k, *frame.shape), frame.dtype) if k > 1 else frame}
+        self._fields = {**self._signature, _OBS: Field((k, *frame.shape), frame.dtype) if k > 1
+                        else Field(frame.shape, frame.dtype)}
         self._layouts = {name: (np.dtype(f.dtype), tuple(f.shape), (self._n_envs, *f.shape))
                          for name, f in self._fields.items()}
         self._batch_types = (*self._layouts[_OBS][::2], *self._layouts[_ACTION][::2], (self._n_envs,))
@@ -585,11 +590,25 @@ def _host_columns(store: Store) -> dict:
     memory = np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(address))
     signature = store.signature
     out = {}
-    for name, offset, row_bytes in store._native.column_layout():
+    for col, (name, offset, row_bytes) in enumerate(store._native.column_layout()):
         field = signature[name]
-        column = memory[offset:offset + store.capacity * row_bytes].reshape(store.capacity, row_bytes)
+        if field.compress is not None:
+            column = _PackedColumn(store._native, col, row_bytes)
+        else:
+            column = memory[offset:offset + store.capacity * row_bytes].reshape(store.capacity, row_bytes)
         out[name] = (column, np.dtype(field.dtype), tuple(field.shape))
     return out
+
+
+class _PackedColumn:
+    """A compressed column's rows, read (decompressed) by the store's native row reader."""
+
+    def __init__(self, native, col: int, row_bytes: int):
+        self._native, self._col, self.shape = native, col, (None, row_bytes)
+
+    def take(self, rows: np.ndarray, out: np.ndarray) -> np.ndarray:
+        self._native.read_rows(self._col, rows, out.reshape(-1))
+        return out
 
 
 def _rows_of(columns: dict, name: str, rows: np.ndarray, pooled: bool = False) -> np.ndarray:
@@ -597,6 +616,11 @@ def _rows_of(columns: dict, name: str, rows: np.ndarray, pooled: bool = False) -
     ``pooled``: its memory from ``_POOL`` (reused once the array and every view of it
     are gone; for the batches' large observations)."""
     column, dtype, shape = columns[name]
+    if isinstance(column, _PackedColumn):
+        flat = np.ascontiguousarray(rows, np.int64).reshape(-1)
+        size = flat.size * column.shape[1]
+        out = _POOL.empty(size) if pooled else np.empty(size, np.uint8)
+        return column.take(flat, out).view(dtype).reshape(*rows.shape, *shape)
     if not pooled:
         return column.take(rows, axis=0).view(dtype).reshape(*rows.shape, *shape)
     flat = np.ascontiguousarray(rows).reshape(-1)
