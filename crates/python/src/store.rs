@@ -128,12 +128,33 @@ impl PyStore {
         if let Some(&r) = rows.iter().find(|&&r| r < 0 || r as u64 >= columns.capacity()) {
             return Err(invalid(py, format!("read_rows: row {r} is outside the store (capacity {})", columns.capacity())));
         }
-        py.detach(|| {
+        let read = |rows: &[i64], out: &mut [u8]| {
             for (&r, dst) in rows.iter().zip(out.chunks_exact_mut(row_bytes.max(1))) {
                 // SAFETY: the row is inside the column (checked above), and the caller
                 // holds its block (this method's contract, kept by its only callers).
                 unsafe { columns.read_ranges(col, &[reprise_core::RowRange { start: r as u64, len: 1 }], dst) };
             }
+        };
+        py.detach(|| {
+            // Decompressing is CPU-bound: large reads of a compressed column are split
+            // across the cores (copies of raw rows are not: one core nearly saturates
+            // memory bandwidth for them, see `sample::PARALLEL_BYTES`).
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let threads = if columns.is_compressed(col) { (out.len() / (256 << 10)).clamp(1, cores) } else { 1 };
+            if threads < 2 || rows.len() < 2 {
+                return read(rows, out);
+            }
+            let per = rows.len().div_ceil(threads);
+            std::thread::scope(|s| {
+                let mut parts = rows.chunks(per).zip(out.chunks_mut(per * row_bytes));
+                let first = parts.next();
+                for (r, o) in parts {
+                    s.spawn(move || read(r, o));
+                }
+                if let Some((r, o)) = first {
+                    read(r, o);
+                }
+            });
         });
         Ok(())
     }

@@ -1,0 +1,1 @@
+"""Atari frames in replay: memory per transition and sampling (issue 36)."""
