@@ -164,3 +164,20 @@ def test_limits_of_0_are_off_and_others_reach_the_server(tmp_path):
         'address = "127.0.0.1:0"', 'address = "127.0.0.1:0"\nidle_timeout_seconds = 0\nstall_timeout_seconds = 5\n'
         'max_connections = 3', 1)))
     assert server_config._limits(config) == {"max_connections": 3, "idle_timeout": None, "stall_timeout": 5}
+
+
+def test_a_field_may_be_stored_compressed_and_a_bad_level_names_the_field():
+    config = {"stores": [{"name": "s", "capacity": 64,
+                          "fields": {"x": {"shape": [8, 8], "dtype": "uint8", "compress": "zstd", "level": 5}}}],
+              "tables": [{"name": "t", "store": "s"}]}
+    stores, _ = server_config.build(config)
+    try:
+        (store,) = stores.values() if isinstance(stores, dict) else stores
+        assert store.signature["x"] == rp.Field((8, 8), "uint8", compress="zstd", level=5)
+    finally:
+        for s in (stores.values() if isinstance(stores, dict) else stores):
+            s.close()
+    config["stores"][0]["fields"]["x"]["level"] = 40
+    with pytest.raises(rp.errors.InvalidArgument) as e:
+        server_config.build(config)
+    assert str(e.value).startswith("stores[0] ('s').fields.x: Field level=40: expected a zstd level from 1 to 19")

@@ -29,6 +29,7 @@ checkpoint directory::
     directory = "/dev/shm"              # where the store's shared-memory file lives (the default)
     huge_pages = false                  # true: 2 MiB pages; directory must be hugetlbfs or a huge= tmpfs
     fields = { obs = { shape = [4], dtype = "float32" }, action = { dtype = "int64" } }
+    # a field may be stored compressed: frame = { shape = [84, 84], dtype = "uint8", compress = "zstd", level = 3 }
 
     [[tables]]
     name = "replay"
@@ -86,7 +87,7 @@ _TOP = {"address": "string", "token": "string", "token_file": "string", "checkpo
 _TLS = {"cert": "string", "key": "string"}
 _STORE = {"name": "string", "capacity": "integer", "block_steps": "integer", "directory": "string",
           "huge_pages": "boolean", "fields": "table"}
-_FIELD = {"shape": "array of integers", "dtype": "string"}
+_FIELD = {"shape": "array of integers", "dtype": "string", "compress": "string", "level": "integer"}
 _TABLE = {"name": "string", "store": "string", "sampler": "string or table", "remover": "string or table",
           "rate_limiter": "string or table", "max_size": "integer", "max_times_sampled": "integer",
           "seed": "integer", "evict_when_store_full": "boolean", "extensions": "array of names or tables"}
@@ -266,7 +267,8 @@ def _store(where: str, s: dict, directory: str) -> Store:
     signature = {}
     for fname, f in fields.items():
         with _at(f"{where}.fields.{fname}"):
-            signature[fname] = Field(tuple(f.get("shape", ())), f.get("dtype", "float32"))
+            signature[fname] = Field(tuple(f.get("shape", ())), f.get("dtype", "float32"), compress=f.get("compress"),
+                                     level=f.get("level"))
     if "capacity" not in s:
         raise InvalidArgument(f"{where}: 'capacity' (steps) is required")
     store_dir = os.path.join(directory, s["directory"]) if "directory" in s else None
