@@ -53,7 +53,29 @@ def _disk(path: str) -> dict:
         return {"path": path, "error": str(e)}
     stale = [{"path": os.fspath(p), "bytes": n} for p, n in _native.stale_stores(path)]
     return {"path": path, "size_bytes": usage.total, "free_bytes": usage.free,
-            "pages": {"kind": kind, "page_bytes": page, "detail": detail}, "stale_stores": stale}
+            "pages": {"kind": kind, "page_bytes": page, "detail": detail}, "stale_stores": stale,
+            "stores": _stores_in(path)}
+
+
+def _stores_in(path: str) -> dict:
+    """This user's store files in ``path``: how many, their sizes and what they take
+    (a file's allocated blocks: less than its size while rows are unwritten, or where
+    compressed fields gave their raw pages back)."""
+    files, sized, allocated = 0, 0, 0
+    try:
+        entries = list(os.scandir(path))
+    except OSError:
+        entries = []
+    for e in entries:
+        if not e.name.startswith("reprise-"):
+            continue
+        try:
+            st = e.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if st.st_uid == os.getuid() and e.is_file(follow_symlinks=False):
+            files, sized, allocated = files + 1, sized + st.st_size, allocated + st.st_blocks * 512
+    return {"files": files, "sized_bytes": sized, "allocated_bytes": allocated}
 
 
 def _pages_text(shm: dict) -> str:
@@ -138,6 +160,8 @@ def _text(r: dict) -> str:
         f"not installed {missing}",
         f"/dev/shm      {shm_line} (stores live here; a store larger than the free space fails)",
         *([f"/dev/shm page {_pages_text(shm)}"] if "pages" in shm else []),
+        *([f"store files   {shm['stores']['files']}: {_bytes(shm['stores']['sized_bytes'])} sized, "
+           f"{_bytes(shm['stores']['allocated_bytes'])} in memory"] if shm.get("stores", {}).get("files") else []),
         *([_stale_text(shm["stale_stores"])] if shm.get("stale_stores") else []),
         f"memlock limit {_bytes(r['memlock_limit_bytes'])} (GPU samples page-lock the store: see docs/gpu.md)",
         f"runtime dir   {run_line}",
