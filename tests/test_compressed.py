@@ -281,3 +281,27 @@ def test_bad_compression_settings_are_refused_and_nothing_is_made():
     assert set(glob.glob("/dev/shm/reprise-*")) == before
     assert repr(rp.Field(FRAME, "uint8", compress="zstd", level=5)) == \
         "Field((32, 32), 'uint8', compress='zstd', level=5)"
+
+
+def test_the_frame_benchmark_runs_on_a_small_file(tmp_path, capsys):
+    """benchmarks/frames on synthetic frames (no ale-py): Reprise's three arms report
+    bytes and samples, and frame stacks with zstd hold the least."""
+    pytest.importorskip("torch")
+    import json
+
+    from benchmarks.frames import systems
+    n = 400
+    first = np.zeros(n + 1, bool)
+    first[[0, 180]] = True
+    big = np.zeros((n + 1, 84, 84), np.uint8)
+    big[:, :32, :32] = frames(n + 1)
+    np.savez(tmp_path / "f.npz", frames=big, first=first, action=np.arange(n + 1) % 6,
+             reward=np.zeros(n + 1, np.float32), terminated=np.isin(np.arange(n + 1), [179]),
+             truncated=np.zeros(n + 1, bool))
+    out = {}
+    for system in ("reprise-raw", "reprise-stack", "reprise-zstd"):
+        assert systems.main([system, str(tmp_path / "f.npz"), "300"]) == 0
+        r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert r["size"] == 300 and r["sample_us"] > 0, r
+        out[system] = r["bytes"]
+    assert out["reprise-zstd"] < out["reprise-stack"] < out["reprise-raw"], out
