@@ -267,6 +267,30 @@ def test_atari_observations_network_and_items():
         store.close()
 
 
+def test_atari_replay_keeps_its_frames_compressed_and_vector_observations_raw():
+    from reprise.examples.apex.tables import make_tables
+    cfg = apex.Config(actors=1, envs_per_actor=1, replay_size=256, min_replay=10)
+    for spec, compressed in (({"obs_shape": (4, 84, 84), "obs_dtype": "uint8"}, {"obs"}),
+                             ({"obs_shape": (4,), "obs_dtype": "float32"}, set())):
+        tables = make_tables(cfg, spec, num_params=3)
+        try:
+            replay = tables[0]
+            assert replay.store.compressed_fields == compressed
+            if compressed:
+                frames = np.zeros((200, 4, 84, 84), np.uint8)
+                frames[:, :, 40:44, :] = np.arange(200)[:, None, None, None] % 84
+                with replay.store.writer() as w:
+                    for i in range(200):
+                        w.append({"obs": frames[i], "action": i, "reward": 0.0, "terminal": False})
+                        w.create_item("replay", 1, 1.0)
+                s = replay.sample(32, timeout=0)
+                np.testing.assert_array_equal(s.data["obs"][:, 0], frames[s.data["action"][:, 0]])
+                assert replay.store.memory()["fields"]["obs"]["ratio"] > 20
+        finally:
+            for t in tables:
+                t.store.close()
+
+
 # ----------------------------------------------------------------- a new user's misuses
 #
 # Each demo run below is a subprocess in a session of its own (signals reach it and its

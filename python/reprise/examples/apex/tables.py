@@ -14,8 +14,11 @@ def make_tables(cfg: Config, spec: dict, num_params: int):
     the best-parameters table and the two report queues."""
     writers = cfg.actors * cfg.envs_per_actor
     block = 64
+    # Atari frames (uint8 images) are stored compressed: a 4x84x84 stack takes a few hundred
+    # bytes instead of 28 KB (docs/concepts.md, "Compressed fields").
+    image = spec["obs_dtype"] == "uint8"
     replay_store = rp.Store({
-        "obs": rp.Field(spec["obs_shape"], spec["obs_dtype"]),
+        "obs": rp.Field(spec["obs_shape"], spec["obs_dtype"], compress="zstd" if image else None),
         "action": rp.Field((), "int64"),
         "reward": rp.Field((), "float32"),
         "terminal": rp.Field((), "bool"),
