@@ -139,7 +139,10 @@ def load(path, progress: bool | None = None, device=None, directory=None,
     from .table import Table
     made = []
 
-    def make_store(index, signature, capacity, block_steps, saved_on):
+    def make_store(index, signature, capacity, block_steps, saved_on, file):
+        if file is not None:
+            raise InvalidArgument(f"{path}: this is the index of the file store whose columns are {file}, saved in "
+                                  f"place: open it with rp.Store.open({os.path.dirname(file)!r})")
         sig = {n: Field(tuple(shape), dtype, compress=None if level is None else "zstd", level=level)
                for n, shape, dtype, level in signature}
         on = None if saved_on == "cpu" else (saved_on if device is None else device)

@@ -28,11 +28,17 @@ class Store:
     ``always``/``advise``), and any other directory is refused (/dev/shm is
     usually ``huge=never``). Without it, a store placed on such a directory gets
     huge pages all the same. ``huge_page_bytes`` says how much of it has them.
+
+    ``backing="file"`` makes a *file store*: the columns go in ``directory/columns`` on
+    a local disk (mapped: the page cache caches them, so the store may be larger than
+    memory) and stay there. ``close()`` writes the tables' indexes beside them, and
+    ``Store.open(directory)`` maps the columns again with those tables, copying nothing
+    (``reprise.file_store`` has the layout and the crash rules).
     """
 
     def __init__(self, signature: Mapping[str, Field], capacity: int, block_steps: int = 64,
                  directory: str | os.PathLike | None = None, device: str | None = None,
-                 huge_pages: bool = False):
+                 huge_pages: bool = False, backing: str = "memory", _opened=None):
         if not isinstance(signature, Mapping) or not signature:
             raise InvalidArgument(f"signature must be a non-empty dict of name -> Field, got {signature!r}")
         for name, f in signature.items():
@@ -47,6 +53,16 @@ class Store:
         if huge_pages and not is_host_device(device):
             raise InvalidArgument(f"huge_pages=True is for host stores; a store on {device} keeps its "
                                   "columns in GPU memory")
+        if backing not in ("memory", "file"):
+            raise InvalidArgument(f"backing must be 'memory' (shared memory) or 'file' (a file on a local disk), "
+                                  f"got {backing!r}")
+        if backing == "file":
+            if directory is None:
+                raise InvalidArgument("backing='file' needs directory=: the directory on a local disk that will "
+                                      "hold the store's columns and indexes")
+            if huge_pages or not is_host_device(device):
+                raise InvalidArgument("backing='file' is for host stores on small pages: pass neither device nor "
+                                      "huge_pages=True")
         self._device = None
         self._device_columns = None
         compressed = [name for name, f in signature.items() if f.compress is not None]
@@ -67,10 +83,26 @@ class Store:
         self._signature = dict(signature)
         self._huge_pages = huge_pages
         levels = [f.level for f in signature.values()] if self._device is None else []
-        self._native = _native.Store(
-            index_signature, capacity, block_steps, None if directory is None else os.fspath(directory),
-            huge_pages, levels,
-        )
+        self._file = None
+        self._restored: dict = {}  # tables Store.open brought back (kept alive with the store)
+        if backing == "file":
+            from .file_store import FileDirectory
+            made = _opened is None
+            self._file = FileDirectory.create(directory) if made else _opened
+            try:
+                self._native = _native.Store(index_signature, capacity, block_steps, None, False, levels,
+                                             file=self._file.columns, open=not made)
+                if made:
+                    self._file.write_meta(signature, self._native.capacity, block_steps)
+            except BaseException:
+                if made:
+                    self._file.abandon()
+                raise
+        else:
+            self._native = _native.Store(
+                index_signature, capacity, block_steps, None if directory is None else os.fspath(directory),
+                huge_pages, levels,
+            )
         self._compressed = frozenset(compressed)
         if self._device is not None:
             from .torch.columns import DeviceColumns
@@ -117,6 +149,25 @@ class Store:
     def huge_pages(self) -> bool:
         """Whether the store was made with ``huge_pages=True``."""
         return self._huge_pages
+
+    @classmethod
+    def open(cls, directory) -> "Store":
+        """The file store in ``directory`` (made with ``backing="file"``), its columns
+        mapped again, with the tables that were over it when it was last closed
+        (``store.tables``). Copies nothing. Refused while another process has it open,
+        and when the process that had it open died before closing it."""
+        from .file_store import open_store
+        return open_store(directory)
+
+    @property
+    def backing(self) -> str:
+        """"memory" (shared memory, the default) or "file" (a file store)."""
+        return "file" if self._native.persistent else "memory"
+
+    @property
+    def tables(self) -> dict:
+        """``{name: Table}`` of the tables over this store that are alive."""
+        return dict(self._tables)
 
     @property
     def compressed_fields(self) -> frozenset:
@@ -179,7 +230,9 @@ class Store:
 
     def close(self):
         """Removes the shared-memory file. Tables and writers already over the store
-        keep working until they are gone; no new writer or table can be made."""
+        keep working until they are gone; no new writer or table can be made. A file
+        store's file stays: its columns are written back and its tables' indexes saved
+        beside them (``Store.open``)."""
         if not self._closed:
             self._closed = True
             if self._host_views:
@@ -188,7 +241,13 @@ class Store:
             if self._insert_writer is not None:
                 self._insert_writer.close()
                 self._insert_writer = None
-            self._native.unlink()
+            if self._file is not None:
+                # A file store stays: its columns go back to disk and its tables' index
+                # is written beside them, for Store.open.
+                file, self._file = self._file, None
+                file.close(self._native, list(self._tables.values()))
+            else:
+                self._native.unlink()
 
     def _check_open(self):
         if self._closed:

@@ -158,6 +158,14 @@ impl Columns {
         Ok(Columns { signature, block_steps, capacity, columns, region })
     }
 
+    /// Creates the columns in a new file at `path` that stays when the store goes
+    /// (a file store; see [`crate::Store::create_file`]).
+    pub fn create_file(signature: Signature, capacity: u64, block_steps: u32, path: &Path) -> Result<Columns> {
+        let (columns, len, need) = layout(&signature, capacity, block_steps)?;
+        let region = Region::create_file(path, len, need)?;
+        Ok(Columns { signature, block_steps, capacity, columns, region })
+    }
+
     /// Maps an existing region created by [`Columns::create`] with the same
     /// signature and capacity (by another process of the same user).
     pub fn attach(path: &Path, signature: Signature, capacity: u64, block_steps: u32) -> Result<Columns> {
@@ -320,6 +328,12 @@ impl Columns {
         }
         #[cfg(not(target_arch = "x86_64"))]
         let _ = (col, range, max_bytes);
+    }
+
+    /// Writes the columns' dirty pages to their file and waits (a file store's
+    /// close, before its index is written).
+    pub fn sync(&self) -> Result<()> {
+        self.region.sync()
     }
 
     /// True when column `col` is stored compressed (its rows are not where

@@ -298,6 +298,47 @@ impl Region {
         Ok(Region { _map: map, file, base, path, owner: true })
     }
 
+    /// Creates a region at exactly `path` (a new file, mode 0600) that outlives
+    /// its handles: nothing removes it (a file store's columns, reopened later with
+    /// [`Region::open`]). The free-space check asks for `need` bytes.
+    pub fn create_file(path: &Path, len: usize, need: usize) -> Result<Region> {
+        let directory = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let st = file_system(directory)?;
+        let free = free_bytes(&st);
+        if need.min(len) as u64 > free {
+            return Err(Error::ResourceExhausted(format!(
+                "a file store of {:.2} GiB does not fit in {} ({:.2} GiB free): lower the capacity or pass another \
+                 directory",
+                need.min(len) as f64 / GIB,
+                directory.display(),
+                free as f64 / GIB
+            )));
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(|e| Error::Io(format!("cannot create the store file {}: {e}", path.display())))?;
+        let len = len.max(4096);
+        let made = file
+            .set_len(len as u64)
+            .map_err(|e| Error::Io(format!("cannot size the store file {} to {len} bytes: {e}", path.display())))
+            // SAFETY: the file was just created by us with O_EXCL and mode 0600; nothing
+            // else maps it yet, and it is never truncated while mapped.
+            .and_then(|()| unsafe { MmapMut::map_mut(&file) }.map_err(|e| Error::Io(format!("cannot map {}: {e}", path.display()))));
+        let mut map = match made {
+            Ok(m) => m,
+            Err(e) => {
+                let _ = std::fs::remove_file(path);
+                return Err(e);
+            }
+        };
+        let base = NonNull::new(map.as_mut_ptr()).expect("mmap never returns a null mapping");
+        Ok(Region { _map: map, file, base, path: path.to_path_buf(), owner: false })
+    }
+
     /// Maps an existing region file of at least `len` bytes (made by another
     /// process of this user). Dropping the mapping leaves the file in place.
     pub fn open(path: &Path, len: usize) -> Result<Region> {
@@ -336,6 +377,11 @@ impl Region {
     /// Mapped length in bytes.
     pub fn len(&self) -> usize {
         self._map.len()
+    }
+
+    /// Writes the region's dirty pages to its file and waits for them (msync).
+    pub fn sync(&self) -> Result<()> {
+        self._map.flush().map_err(|e| Error::Io(format!("cannot write {} back: {e}", self.path.display())))
     }
 
     /// Bytes the file behind the region takes in its file system now (pages written

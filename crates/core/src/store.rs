@@ -53,6 +53,8 @@ pub(crate) struct StoreInner {
     /// Times a lease found every block held (nothing free, nothing evictable): writers
     /// that keep their whole episode by default then keep only what their items need.
     pressure: std::sync::atomic::AtomicU64,
+    /// A file store: its file stays (see [`Store::create_file`]).
+    persistent: bool,
 }
 
 /// How long a lease waits in all for blocks in limbo before it evicts anyway
@@ -105,6 +107,31 @@ impl Store {
         directory: Option<&Path>,
         huge_pages: bool,
     ) -> Result<Store> {
+        let capacity = Self::whole_blocks(capacity, block_steps)?;
+        let dir: PathBuf = directory.map(Path::to_path_buf).unwrap_or_else(default_directory);
+        let columns = Columns::create(signature, capacity, block_steps, &dir, huge_pages)?;
+        Ok(Store::over(columns, false))
+    }
+
+    /// Creates a *file store*: its columns in a new file at `path` (on a disk: the
+    /// page cache caches them) that stays when the store goes, for
+    /// [`Store::open_file`] to map again. Its blocks start free.
+    pub fn create_file(signature: Signature, capacity: u64, block_steps: u32, path: &Path) -> Result<Store> {
+        let capacity = Self::whole_blocks(capacity, block_steps)?;
+        let columns = Columns::create_file(signature, capacity, block_steps, path)?;
+        Ok(Store::over(columns, true))
+    }
+
+    /// Maps the columns of a file store made by [`Store::create_file`] with the
+    /// same signature, capacity and `block_steps`. Every block starts free; a
+    /// restore of the store's tables reserves theirs in place
+    /// ([`Store::reserve_blocks_in_place`]).
+    pub fn open_file(path: &Path, signature: Signature, capacity: u64, block_steps: u32) -> Result<Store> {
+        let columns = Columns::attach(path, signature, capacity, block_steps)?;
+        Ok(Store::over(columns, true))
+    }
+
+    fn whole_blocks(capacity: u64, block_steps: u32) -> Result<u64> {
         if capacity == 0 {
             return Err(invalid!("capacity must be >= 1 step, got 0"));
         }
@@ -119,18 +146,27 @@ impl Store {
                 u32::MAX
             ));
         }
-        let capacity = num_blocks * block_steps as u64;
-        let dir: PathBuf = directory.map(Path::to_path_buf).unwrap_or_else(default_directory);
-        let columns = Columns::create(signature, capacity, block_steps, &dir, huge_pages)?;
-        Ok(Store {
+        Ok(num_blocks * block_steps as u64)
+    }
+
+    fn over(columns: Columns, persistent: bool) -> Store {
+        let num_blocks = (columns.capacity() / columns.block_steps() as u64) as u32;
+        let block_steps = columns.block_steps();
+        Store {
             inner: Arc::new(StoreInner {
                 columns,
-                allocator: BlockAllocator::new(num_blocks as u32, block_steps),
+                allocator: BlockAllocator::new(num_blocks, block_steps),
                 bulk: Mutex::new(Cursor::default()),
                 tables: Mutex::new(Vec::new()),
                 pressure: std::sync::atomic::AtomicU64::new(0),
+                persistent,
             }),
-        })
+        }
+    }
+
+    /// True for a file store: its file stays when it goes, and `unlink` leaves it.
+    pub fn persistent(&self) -> bool {
+        self.inner.persistent
     }
 
     pub fn signature(&self) -> &Signature {
@@ -164,9 +200,12 @@ impl Store {
     }
 
     /// Removes the shared-memory file now. The memory stays mapped (and usable)
-    /// until the last handle to the store is gone; no new process can attach.
+    /// until the last handle to the store is gone; no new process can attach. A
+    /// file store's file stays.
     pub fn unlink(&self) {
-        let _ = std::fs::remove_file(self.inner.columns.path());
+        if !self.inner.persistent {
+            let _ = std::fs::remove_file(self.inner.columns.path());
+        }
     }
 
     /// Bytes of one row of column `col`.

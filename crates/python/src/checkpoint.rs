@@ -97,7 +97,8 @@ impl MakeStore for PyMakeStore {
         let signature: Vec<(String, Vec<usize>, &str, Option<i32>)> =
             spec.signature.fields().iter().map(|f| (f.name.clone(), f.shape.clone(), f.dtype.name(), f.compress)).collect();
         let made = Python::attach(|py| -> PyResult<_> {
-            let out = self.make.call1(py, (spec.index, signature, spec.capacity, spec.block_steps, spec.device.as_str()))?;
+            let file = spec.file.as_ref().map(|p| p.to_string_lossy().into_owned());
+            let out = self.make.call1(py, (spec.index, signature, spec.capacity, spec.block_steps, spec.device.as_str(), file))?;
             let (store, write): (Py<PyAny>, Option<Py<PyAny>>) = out.extract(py)?;
             let native = store.bind(py).getattr("_native")?;
             let native = native.cast::<PyStore>().map_err(PyErr::from)?.get();
@@ -123,7 +124,7 @@ fn signature(py: Python<'_>, fields: Vec<(String, Vec<usize>, String)>) -> PyRes
 /// `off_host`: `(table position, device, signature, read)` for tables over GPU
 /// stores; `progress(done, total)` in bytes of step data.
 #[pyfunction]
-#[pyo3(signature = (path, tables, compression=None, off_host=Vec::new(), progress=None))]
+#[pyo3(signature = (path, tables, compression=None, off_host=Vec::new(), progress=None, in_place=false))]
 #[allow(clippy::type_complexity)]
 pub fn save(
     py: Python<'_>,
@@ -132,6 +133,7 @@ pub fn save(
     compression: Option<String>,
     off_host: Vec<(usize, String, Vec<(String, Vec<usize>, String)>, Py<PyAny>)>,
     progress: Option<Py<PyAny>>,
+    in_place: bool,
 ) -> PyResult<String> {
     let compression = Compression::from_name(compression.as_deref()).map_err(py_err(py))?;
     let tables: Vec<Table> = tables.iter().map(|t| t.table.clone()).collect();
@@ -151,7 +153,7 @@ pub fn save(
             .map(|(store, device, signature, rows)| OffHost { store: store.clone(), device: device.clone(), signature: signature.clone(), rows })
             .collect();
         let mut progress = progress_callback(&progress, &failure);
-        checkpoint::save(&path, &tables, SaveOptions { compression, off_host, progress: Some(&mut progress) })
+        checkpoint::save(&path, &tables, SaveOptions { compression, off_host, progress: Some(&mut progress), in_place })
     });
     match saved {
         Ok(p) => Ok(p.to_string_lossy().into_owned()),

@@ -20,7 +20,7 @@ pub struct PyStore {
 #[pymethods]
 impl PyStore {
     #[new]
-    #[pyo3(signature = (fields, capacity, block_steps, directory=None, huge_pages=false, compress=Vec::new()))]
+    #[pyo3(signature = (fields, capacity, block_steps, directory=None, huge_pages=false, compress=Vec::new(), file=None, open=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -30,6 +30,8 @@ impl PyStore {
         directory: Option<PathBuf>,
         huge_pages: bool,
         compress: Vec<Option<i32>>,
+        file: Option<PathBuf>,
+        open: bool,
     ) -> PyResult<Self> {
         if !compress.is_empty() && compress.len() != fields.len() {
             return Err(invalid(py, format!("compress: {} levels for {} fields", compress.len(), fields.len())));
@@ -54,8 +56,13 @@ impl PyStore {
             return Err(invalid(py, format!("block_steps must be between 1 and 2^32-1, got {block_steps}")));
         }
         let fields = Arc::new(field_infos(py, &sig)?);
+        // `file`: a file store's columns file, new (or, with `open`, made before).
         let store = py
-            .detach(|| Store::create(sig, capacity as u64, block_steps as u32, directory.as_deref(), huge_pages))
+            .detach(|| match (&file, open) {
+                (Some(path), false) => Store::create_file(sig, capacity as u64, block_steps as u32, path),
+                (Some(path), true) => Store::open_file(path, sig, capacity as u64, block_steps as u32),
+                (None, _) => Store::create(sig, capacity as u64, block_steps as u32, directory.as_deref(), huge_pages),
+            })
             .map_err(&err)?;
         Ok(PyStore { store, fields })
     }
@@ -89,6 +96,18 @@ impl PyStore {
     #[getter]
     fn path(&self) -> PathBuf {
         self.store.path().to_path_buf()
+    }
+
+    /// True for a file store (its file stays when it goes).
+    #[getter]
+    fn persistent(&self) -> bool {
+        self.store.persistent()
+    }
+
+    /// Writes the columns' dirty pages to their file and waits (file stores).
+    fn sync(&self, py: Python<'_>) -> PyResult<()> {
+        let store = self.store.clone();
+        py.detach(move || store.columns().sync()).map_err(py_err(py))
     }
 
     /// `(raw, stored)`: bytes the columns would take uncompressed, and bytes their

@@ -19,7 +19,11 @@ def main(argv: list[str] | None = None) -> int:
                     "('episodes', and 'windows' with --window) as a checkpoint.")
     p.add_argument("path", help="an .hdf5/.h5 file (D4RL layout), a Minari dataset (directory, "
                                 "main_data.hdf5 or id on disk) or an .npz file")
-    p.add_argument("--out", required=True, help="directory for the checkpoint (created if missing)")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--out", help="directory for the checkpoint (created if missing)")
+    where.add_argument("--file-store", metavar="DIR",
+                       help="build a file store in DIR on a local disk instead (for datasets larger than memory): "
+                            "rp.Store.open(DIR) maps it again with its tables, copying nothing")
     p.add_argument("--format", choices=FORMATS, help="default: detected from the content")
     p.add_argument("--window", type=int, help="also make a 'windows' table of T-step windows")
     p.add_argument("--fields", help="comma-separated arrays to keep (default: all)")
@@ -30,16 +34,26 @@ def main(argv: list[str] | None = None) -> int:
     fields = None if args.fields is None else [f.strip() for f in args.fields.split(",") if f.strip()]
     from .. import checkpoint
     try:
+        file_store = args.file_store is not None
         with load(args.path, format=args.format, window=args.window, fields=fields,
-                  block_steps=args.block_steps, seed=args.seed) as ds:
+                  block_steps=args.block_steps, seed=args.seed, directory=args.file_store,
+                  backing="file" if file_store else "memory") as ds:
             print(ds.describe())
-            saved = checkpoint.save(args.out, ds.tables, compression=args.compression)
+            saved = None if file_store else checkpoint.save(args.out, ds.tables, compression=args.compression)
             names = [t.name for t in ds.tables]
     except (RepriseError, OSError) as e:
         # load's messages name its keyword argument; here the same choice is the --fields option.
         message = str(e).replace("with fields=)", "with --fields)")
         print(f"reprise import: {message}", file=sys.stderr)
         return 2
+    if file_store:
+        import os
+        where = os.path.abspath(args.file_store)
+        print(f"\nfile store: {where}\nopen it with:\n"
+              f"    import reprise as rp\n"
+              f"    store = rp.Store.open({where!r})    # store.tables: {{{', '.join(repr(n) for n in names)}}}\n"
+              f"    batch = store.tables[{names[-1]!r}].sample(256)")
+        return 0
     print(f"\ncheckpoint: {saved}\nload it with:\n"
           f"    import reprise as rp\n"
           f"    tables = rp.checkpoint.load({saved!r})    # {{{', '.join(repr(n) for n in names)}}}\n"

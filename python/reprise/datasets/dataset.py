@@ -136,13 +136,17 @@ def _chunks(lengths: np.ndarray, row_bytes: int):
 
 
 def load(path, format: str | None = None, window: int | None = None, fields=None, block_steps: int = 64,
-         progress: bool | None = None, seed: int | None = None) -> Dataset:
+         progress: bool | None = None, seed: int | None = None, directory=None, backing: str = "memory") -> Dataset:
     """Reads a dataset into a new store and makes its tables (see ``Dataset``).
 
     ``format``: None detects it (``detect_format``); a named format must match.
     ``window``: T >= 1 makes the ``windows`` table. ``fields``: the arrays to keep
     (default all). ``progress``: a bar over steps on stderr (default: when it is a
     terminal and the import takes over a second). ``seed``: the tables' seed.
+    ``directory``, ``backing``: where the store goes, as ``Store`` takes them;
+    ``backing="file"`` builds a file store there, which ``close()`` keeps and
+    ``rp.Store.open(directory)`` maps again with its tables, copying nothing (a
+    dataset larger than memory is imported once).
 
     Raises ``NotFound`` for a missing path or an unknown name in ``fields``, and
     ``InvalidArgument`` for a file that cannot be imported, naming the file and
@@ -161,15 +165,16 @@ def load(path, format: str | None = None, window: int | None = None, fields=None
                 raise InvalidArgument(f"{src.path}: arrays of different lengths: '{name}' has {src.arrays[name].rows} "
                                       f"rows, the episodes cover {steps} steps; every per-step array needs one row "
                                       "per step (leave it out with fields=)")
-        return _build(src, signature, lengths, window, block_steps, progress, seed)
+        return _build(src, signature, lengths, window, block_steps, progress, seed, directory, backing)
     finally:
         src.close()
 
 
-def _build(src, signature, lengths, window, block_steps, progress, seed) -> Dataset:
+def _build(src, signature, lengths, window, block_steps, progress, seed, directory=None, backing="memory") -> Dataset:
     steps = int(lengths.sum())
     # Every step once; a writer's last block may be partly used, so one block spare.
-    store = Store(signature, capacity=steps + block_steps, block_steps=block_steps)
+    store = Store(signature, capacity=steps + block_steps, block_steps=block_steps, directory=directory,
+                  backing=backing)
     try:
         episodes = Table("episodes", store, sampler=Uniform(), remover=Fifo(), max_size=lengths.size,
                          seed=seed, evict_when_store_full=False)

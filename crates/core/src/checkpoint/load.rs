@@ -30,6 +30,8 @@ pub struct StoreSpec {
     pub block_steps: u32,
     /// `"cpu"`, or the device it was kept on.
     pub device: String,
+    /// A file store saved in place: its columns file (the rows are there).
+    pub file: Option<std::path::PathBuf>,
 }
 
 /// Writes the rows of a store kept off the host (see [`MakeStore`]).
@@ -124,7 +126,7 @@ fn load_one(ckpt: &Path, options: &mut LoadOptions<'_>) -> Result<Loaded> {
         if s.block_steps == 0 || s.capacity == 0 || s.capacity % s.block_steps as u64 != 0 {
             return Err(bad(format!("capacity {} is not whole blocks of {}", s.capacity, s.block_steps)));
         }
-        if let Some(f) = fields.fields().iter().find(|f| !s.columns.contains_key(&f.name)) {
+        if let Some(f) = fields.fields().iter().find(|f| s.file.is_none() && !s.columns.contains_key(&f.name)) {
             return Err(bad(format!("store {index} has no column file for field '{}'", f.name)));
         }
         let raw = In::open(ckpt, &s.rows, &manifest.files, Compression::None)?.read_all()?;
@@ -141,7 +143,14 @@ fn load_one(ckpt: &Path, options: &mut LoadOptions<'_>) -> Result<Loaded> {
             }
             runs.push((start as u64, count as u64));
         }
-        let spec = StoreSpec { index, signature: fields, capacity: s.capacity, block_steps: s.block_steps, device: s.device.clone() };
+        let spec = StoreSpec {
+            index,
+            signature: fields,
+            capacity: s.capacity,
+            block_steps: s.block_steps,
+            device: s.device.clone(),
+            file: s.file.as_ref().map(std::path::PathBuf::from),
+        };
         let tables = (0..manifest.tables.len()).filter(|&k| manifest.tables[k].store == index).collect();
         plans.push(Planned { entry: s, spec, runs, tables });
     }
@@ -184,7 +193,10 @@ fn build(
         let spec = &plan.spec;
         let NewStore { store, mut rows } = match options.stores.as_mut() {
             Some(maker) => maker.make_store(spec)?,
-            None => NewStore { store: Store::new(spec.signature.clone(), spec.capacity, spec.block_steps, None)?, rows: None },
+            None => match &spec.file {
+                Some(path) => NewStore { store: Store::open_file(path, spec.signature.clone(), spec.capacity, spec.block_steps)?, rows: None },
+                None => NewStore { store: Store::new(spec.signature.clone(), spec.capacity, spec.block_steps, None)?, rows: None },
+            },
         };
         made.push(store.clone());
         if store.capacity() != spec.capacity || store.block_steps() != spec.block_steps {
@@ -211,6 +223,20 @@ fn build(
         let mine: Vec<&TableSnapshot> = plan.tables.iter().map(|&k| &snaps[k]).collect();
         let rank = block_rank(&mine, spec.block_steps);
         blocks.sort_by_key(|b| (rank.get(b).copied().unwrap_or(rank.len()), *b));
+        if spec.file.is_some() {
+            if rows.is_some() || !store.persistent() || Some(store.path()) != spec.file.as_deref() {
+                return Err(Error::InvalidArgument(format!(
+                    "store {}: saved in place in {}, so it must be loaded over that file",
+                    spec.index,
+                    spec.file.as_deref().unwrap_or(Path::new("")).display()
+                )));
+            }
+            // The rows are where the checkpoint found them: hold their blocks, copy nothing.
+            let pins = store.reserve_blocks_in_place(&blocks)?;
+            done += plan.runs.iter().map(|r| r.1).sum::<u64>() * spec.signature.step_bytes() as u64;
+            all_pins.push(pins);
+            continue;
+        }
         let pins = store.reserve_blocks(&blocks)?;
         let mut buf = Vec::new();
         for (j, f) in spec.signature.fields().iter().enumerate() {

@@ -47,6 +47,10 @@ pub struct StoreEntry {
     /// column file holds raw rows all the same); absent for raw fields.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub compress: BTreeMap<String, i32>,
+    /// A file store saved in place: the path of its columns file, whose rows the
+    /// checkpoint references instead of copying (`columns` is then empty).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
 }
 
 fn cpu() -> String {

@@ -42,6 +42,11 @@ pub struct SaveOptions<'a> {
     /// from its own columns.
     pub off_host: Vec<OffHost<'a>>,
     pub progress: Option<Progress<'a>>,
+    /// File stores' rows stay in their files: the checkpoint references them
+    /// (`StoreEntry::file`) instead of copying them. Only for a file store that no
+    /// one writes until it is loaded from this checkpoint again (a file store's
+    /// close writes its index so), or the rows would not match.
+    pub in_place: bool,
 }
 
 /// Writes a checkpoint of `tables` (at least one, names unique) into a new
@@ -86,6 +91,11 @@ fn new_names(parent: &Path) -> (PathBuf, PathBuf) {
         }
         ns += 1;
     }
+}
+
+/// `{field: zstd level}` of a store's compressed fields.
+fn compressed_levels(store: &Store) -> std::collections::BTreeMap<String, i32> {
+    store.signature().fields().iter().filter_map(|f| Some((f.name.clone(), f.compress?))).collect()
 }
 
 /// A field as the manifest lists it.
@@ -152,6 +162,19 @@ fn write(tmp: &Path, tables: &[Table], options: &mut SaveOptions<'_>) -> Result<
         rows.write(&runs)?;
         let (rows_name, entry) = rows.close()?;
         manifest.files.insert(rows_name.clone(), entry);
+        if options.in_place && s.store.persistent() && s.off_host.is_none() {
+            manifest.stores.push(StoreEntry {
+                signature: s.fields.iter().map(|f| f.0.clone()).collect(),
+                capacity: s.store.capacity(),
+                block_steps: s.store.block_steps(),
+                device: s.device.clone(),
+                rows: rows_name,
+                columns: Default::default(),
+                compress: compressed_levels(&s.store),
+                file: Some(s.store.path().to_string_lossy().into_owned()),
+            });
+            continue;
+        }
         let mut outs = (0..s.fields.len())
             .map(|j| Out::create(tmp.join(format!("store-{i}.col-{j}")), options.compression))
             .collect::<Result<Vec<_>>>()?;
@@ -214,7 +237,8 @@ fn write(tmp: &Path, tables: &[Table], options: &mut SaveOptions<'_>) -> Result<
             device: s.device.clone(),
             rows: rows_name,
             columns,
-            compress: s.store.signature().fields().iter().filter_map(|f| Some((f.name.clone(), f.compress?))).collect(),
+            compress: compressed_levels(&s.store),
+            file: None,
         });
     }
     drop(stores); // the remaining pins

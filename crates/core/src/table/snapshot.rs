@@ -356,6 +356,17 @@ impl Store {
     /// rows back at their row numbers), oldest first: store pressure evicts the
     /// items of the first ones first. They are held by the returned pins.
     pub fn reserve_blocks(&self, blocks: &[u32]) -> Result<Pins> {
+        let pins = self.reserve_blocks_in_place(blocks)?;
+        for &b in &pins.blocks {
+            // SAFETY: just reserved: taken out of the allocator for the caller alone.
+            unsafe { self.columns().reset_block(b) };
+        }
+        Ok(pins)
+    }
+
+    /// [`Store::reserve_blocks`] for blocks whose rows are already in place (a
+    /// file store reopened): their compressed columns stay as they are.
+    pub fn reserve_blocks_in_place(&self, blocks: &[u32]) -> Result<Pins> {
         let mut sorted = blocks.to_vec();
         sorted.sort_unstable();
         sorted.dedup();
@@ -367,10 +378,6 @@ impl Store {
         }
         // In the given order: it becomes the order in which store pressure evicts.
         self.allocator().reserve(blocks)?;
-        for &b in &sorted {
-            // SAFETY: just reserved: taken out of the allocator for the caller alone.
-            unsafe { self.columns().reset_block(b) };
-        }
         Ok(Pins { store: self.clone(), blocks: sorted })
     }
 

@@ -1,0 +1,175 @@
+"""File stores (issue 36): ``rp.Store(..., directory=D, backing="file")`` keeps its columns
+in ``D/columns`` on a disk; ``close()`` writes the tables' indexes beside them and
+``rp.Store.open(D)`` maps them again with the tables, copying nothing. A store whose
+process died while it was open is refused, never opened over rows that may have changed."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+import numpy as np
+import pytest
+
+import reprise as rp
+from reprise.errors import Corrupt, InvalidArgument
+from reprise.file_store import MEMORY_FILE_SYSTEMS, file_system
+
+
+@pytest.fixture
+def disk():
+    """A fresh directory on a disk (not a tmpfs), removed afterwards."""
+    for base in (tempfile.gettempdir(), "/var/tmp", os.getcwd()):
+        if os.path.isdir(base) and os.access(base, os.W_OK) and file_system(base) not in MEMORY_FILE_SYSTEMS:
+            path = tempfile.mkdtemp(prefix="reprise-file-store-", dir=base)
+            yield os.path.join(path, "store")
+            shutil.rmtree(path, ignore_errors=True)
+            return
+    pytest.skip("no writable directory on a disk here (every candidate is a tmpfs)")
+
+
+SIG = {"obs": rp.Field((16,), "float32"), "img": rp.Field((24, 24), "uint8", compress="zstd"),
+       "step": rp.Field((), "int64")}
+
+
+def fill(store, n, first=0, tables=("t",)):
+    with store.writer() as w:
+        for i in range(first, first + n):
+            w.append({"obs": np.full(16, i, np.float32), "img": np.full((24, 24), i % 251, np.uint8), "step": i})
+            for t in tables:
+                w.create_item(t, 1, 1.0 + i % 5)
+            if i % 40 == 39:
+                w.end_episode()
+
+
+def check(sample):
+    steps = sample.data["step"][:, 0]
+    assert (sample.data["obs"][:, 0, 0] == steps).all()
+    assert (sample.data["img"][:, 0, 3, 5] == steps % 251).all()
+
+
+def test_a_file_store_reopens_with_its_tables_items_and_rows(disk):
+    store = rp.Store(SIG, capacity=2048, block_steps=32, directory=disk, backing="file")
+    assert store.backing == "file" and store.path == os.path.join(os.path.abspath(disk), "columns")
+    assert oct(os.stat(store.path).st_mode & 0o777) == "0o600"
+    t = rp.Table("t", store, sampler=rp.selectors.Prioritized(0.7), remover=rp.selectors.Fifo(), max_size=1500,
+                 seed=1)
+    q = rp.Table("q", store, sampler=rp.selectors.Fifo(), remover=rp.selectors.Fifo(), max_size=500)
+    fill(store, 1800, tables=("t", "q"))   # wraps: FIFO evictions, blocks reused and compressed again
+    items, info = t.items(), t.info()
+    assert q.size == 500
+    store.close()
+    assert os.path.exists(os.path.join(disk, "columns")) and not os.path.exists(os.path.join(disk, "open"))
+
+    again = rp.Store.open(disk)
+    try:
+        assert again.signature == SIG and again.capacity == 2048 and again.block_steps == 32
+        assert set(again.tables) == {"t", "q"}
+        t2 = again.tables["t"]
+        assert t2.items() == items
+        for k in ("size", "num_inserts", "num_evictions", "sampler", "remover", "max_size"):
+            assert t2.info()[k] == info[k], k
+        check(t2.sample(300))
+        check(again.tables["q"].sample(50))
+        # It keeps working as a store: more steps, evictions, another close and open.
+        fill(again, 700, first=1800, tables=("t", "q"))
+        items = t2.items()
+    finally:
+        again.close()
+    third = rp.Store.open(disk)
+    try:
+        assert third.tables["t"].items() == items
+        check(third.tables["t"].sample(200))
+        assert len(os.listdir(os.path.join(disk, "index"))) == 1   # older indexes are removed
+    finally:
+        third.close()
+
+
+def test_a_store_whose_process_died_while_open_is_refused_and_left_alone(disk):
+    code = textwrap.dedent(f"""
+        import os, signal, numpy as np, reprise as rp
+        s = rp.Store({{"x": rp.Field((4,), "float32")}}, capacity=512, block_steps=16, directory={disk!r},
+                     backing="file")
+        t = rp.Table("t", s)
+        with s.writer() as w:
+            for i in range(100):
+                w.append({{"x": np.full(4, i, np.float32)}})
+                w.create_item("t", 1, 1.0)
+        s.close()
+        s = rp.Store.open({disk!r})
+        with s.writer() as w:
+            for i in range(100):
+                w.append({{"x": np.full(4, -i, np.float32)}})
+                w.create_item("t", 1, 1.0)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == -9, r.stderr
+    before = sorted(os.listdir(disk))
+    with pytest.raises(Corrupt, match=r"was not closed \(process \d+ had it open and is gone\).*cannot be opened"):
+        rp.Store.open(disk)
+    assert sorted(os.listdir(disk)) == before   # nothing changed, the marker stays
+
+
+def test_an_index_saved_in_place_is_not_loaded_as_a_checkpoint(disk):
+    store = rp.Store(SIG, capacity=256, block_steps=32, directory=disk, backing="file")
+    t = rp.Table("t", store)  # noqa: F841 (kept alive: the index holds the tables alive at close)
+    fill(store, 50)
+    store.close()
+    index = os.path.join(disk, "index")
+    with pytest.raises(InvalidArgument, match=r"saved in place: open it with rp.Store.open"):
+        rp.checkpoint.load(index)
+    rp.Store.open(disk).close()   # still opens
+
+
+def test_a_dataset_imported_as_a_file_store_reopens_without_copying(disk, tmp_path):
+    n = 300
+    np.savez(tmp_path / "d.npz", observations=np.arange(n * 3, dtype=np.float32).reshape(n, 3),
+             actions=np.arange(n, dtype=np.int64), rewards=np.ones(n, np.float32),
+             terminals=(np.arange(n) % 50 == 49))
+    r = subprocess.run([sys.executable, "-m", "reprise.cli", "import", str(tmp_path / "d.npz"), "--window", "4",
+                        "--file-store", disk], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert f"rp.Store.open({os.path.abspath(disk)!r})" in r.stdout
+    store = rp.Store.open(disk)
+    try:
+        assert set(store.tables) == {"episodes", "windows"}
+        assert store.tables["episodes"].size == 6
+        s = store.tables["windows"].sample(64)
+        np.testing.assert_array_equal(s.data["observations"][:, :, 0], s.data["actions"] * 3)
+    finally:
+        store.close()
+
+
+def test_bad_file_store_arguments_are_refused_and_nothing_is_made(disk, tmp_path):
+    with pytest.raises(InvalidArgument, match=r"backing must be 'memory' .* or 'file'.*got 'disk'"):
+        rp.Store(SIG, capacity=64, directory=disk, backing="disk")
+    with pytest.raises(InvalidArgument, match=r"backing='file' needs directory="):
+        rp.Store(SIG, capacity=64, backing="file")
+    with pytest.raises(InvalidArgument, match=r"neither device nor huge_pages=True"):
+        rp.Store(SIG, capacity=64, directory=disk, backing="file", huge_pages=True)
+    if file_system("/dev/shm") == "tmpfs":
+        before = set(os.listdir("/dev/shm"))
+        with pytest.raises(InvalidArgument, match=r"/dev/shm/x is on a tmpfs \(memory\).*local disk"):
+            rp.Store(SIG, capacity=64, directory="/dev/shm/x", backing="file")
+        assert set(os.listdir("/dev/shm")) == before
+    assert not os.path.exists(disk)
+    with pytest.raises(InvalidArgument, match=r"holds no file store"):
+        rp.Store.open(tmp_path)
+    store = rp.Store(SIG, capacity=64, directory=disk, backing="file")
+    try:
+        with pytest.raises(InvalidArgument, match=r"already holds a file store: open it with rp.Store.open"):
+            rp.Store(SIG, capacity=64, directory=disk, backing="file")
+        with pytest.raises(InvalidArgument, match=r"is open \(its lock is held"):
+            rp.Store.open(disk)
+    finally:
+        store.close()
+    if os.geteuid() != 0:
+        locked = tmp_path / "ro"
+        locked.mkdir(mode=0o500)
+        with pytest.raises(InvalidArgument, match=r"cannot make the file store directory|not writable"):
+            rp.Store(SIG, capacity=64, directory=locked / "s", backing="file")
