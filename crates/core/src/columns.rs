@@ -83,6 +83,9 @@ pub struct Columns {
     capacity: u64,
     columns: Vec<Column>,
     region: Region,
+    /// A file store's columns: a read of rows not in the page cache waits for the
+    /// disk, so gathers overlap many of them (see `sample::gather`).
+    on_disk: bool,
 }
 
 /// Column offsets, the total size for `capacity` rows, and the bytes allocated at
@@ -155,7 +158,7 @@ impl Columns {
         }
         let (columns, len, need) = layout(&signature, capacity, block_steps)?;
         let region = Region::create_sparse(directory, len, need, huge_pages)?;
-        Ok(Columns { signature, block_steps, capacity, columns, region })
+        Ok(Columns { signature, block_steps, capacity, columns, region, on_disk: false })
     }
 
     /// Creates the columns in a new file at `path` that stays when the store goes
@@ -163,7 +166,8 @@ impl Columns {
     pub fn create_file(signature: Signature, capacity: u64, block_steps: u32, path: &Path) -> Result<Columns> {
         let (columns, len, need) = layout(&signature, capacity, block_steps)?;
         let region = Region::create_file(path, len, need)?;
-        Ok(Columns { signature, block_steps, capacity, columns, region })
+        region.advise_random();
+        Ok(Columns { signature, block_steps, capacity, columns, region, on_disk: true })
     }
 
     /// Maps an existing region created by [`Columns::create`] with the same
@@ -174,7 +178,14 @@ impl Columns {
         }
         let (columns, len, _) = layout(&signature, capacity, block_steps)?;
         let region = Region::open(path, len)?;
-        Ok(Columns { signature, block_steps, capacity, columns, region })
+        Ok(Columns { signature, block_steps, capacity, columns, region, on_disk: false })
+    }
+
+    /// [`Columns::attach`] for a file store's columns file (reads may wait for the disk).
+    pub fn attach_file(path: &Path, signature: Signature, capacity: u64, block_steps: u32) -> Result<Columns> {
+        let columns = Columns { on_disk: true, ..Columns::attach(path, signature, capacity, block_steps)? };
+        columns.region.advise_random();
+        Ok(columns)
     }
 
     pub fn signature(&self) -> &Signature {
@@ -340,6 +351,26 @@ impl Columns {
     /// [`Columns::column_ptr`] says: read them with [`Columns::read_ranges`]).
     pub fn is_compressed(&self, col: usize) -> bool {
         self.columns[col].packed.is_some()
+    }
+
+    /// Whether the first page of `range` in column `col` is in memory now (mincore):
+    /// for a file store's gathers to tell whether its rows will wait for the disk.
+    pub fn resident(&self, col: usize, range: &RowRange) -> bool {
+        let c = self.columns[col];
+        if c.packed.is_some() || range.start >= self.capacity {
+            return true;
+        }
+        let at = self.region.base() as usize + c.offset + range.start as usize * c.row_bytes;
+        let page = at & !(PAGE - 1);
+        let mut vec = 0u8;
+        // SAFETY: the page lies inside the mapping (the row does); mincore only reports.
+        let rc = unsafe { libc::mincore(page as *mut libc::c_void, PAGE, &mut vec) };
+        rc != 0 || vec & 1 == 1
+    }
+
+    /// True for a file store's columns (on a disk, cached by the page cache).
+    pub fn on_disk(&self) -> bool {
+        self.on_disk
     }
 
     /// True when any column is stored compressed.

@@ -219,10 +219,15 @@ pub unsafe trait Collect: Sync {
         let stride = t_max as usize * columns.row_bytes(col);
         assert_eq!(dst.len(), stride * items.len(), "gather destination has the wrong size");
         let least = parallel_bytes(columns, col);
-        if dst.len() < 2 * least || items.len() < 2 {
+        let threads = if columns.on_disk() && !resident(columns, items, col) {
+            // Rows of a file store that wait for the disk: overlap the waits.
+            DISK_THREADS.min(items.len())
+        } else {
+            (dst.len() / least).clamp(1, cores()).min(items.len())
+        };
+        if threads < 2 || (!columns.on_disk() && dst.len() < 2 * least) {
             return gather_items(columns, items, col, stride, dst);
         }
-        let threads = (dst.len() / least).clamp(1, cores()).min(items.len());
         let per = items.len().div_ceil(threads);
         std::thread::scope(|s| {
             let mut parts = items.chunks(per).zip(dst.chunks_mut(per * stride));
@@ -239,6 +244,17 @@ pub unsafe trait Collect: Sync {
 
 /// Bytes a gather thread copies at least (below that, one thread).
 pub const PARALLEL_BYTES: usize = 4 << 20;
+
+/// Whether the first rows of a few items are in memory (the page cache): if so, a
+/// gather from a file store copies on one thread as from shared memory.
+fn resident(columns: &Columns, items: &[SampledItem], col: usize) -> bool {
+    items.iter().take(8).all(|i| i.window.ranges().iter().all(|r| columns.resident(col, r)))
+}
+
+/// Threads a gather from a file store's columns spreads its items over: a row not in
+/// the page cache blocks its thread on the disk, and NVMe drives serve dozens of
+/// reads at once.
+pub const DISK_THREADS: usize = 16;
 
 /// Bytes a gather thread of column `col` produces at least: [`PARALLEL_BYTES`]
 /// for a copy, a sixteenth of it where each row is decompressed (a core

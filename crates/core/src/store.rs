@@ -127,7 +127,7 @@ impl Store {
     /// restore of the store's tables reserves theirs in place
     /// ([`Store::reserve_blocks_in_place`]).
     pub fn open_file(path: &Path, signature: Signature, capacity: u64, block_steps: u32) -> Result<Store> {
-        let columns = Columns::attach(path, signature, capacity, block_steps)?;
+        let columns = Columns::attach_file(path, signature, capacity, block_steps)?;
         Ok(Store::over(columns, true))
     }
 
