@@ -91,6 +91,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dir", default=os.path.join(ROOT, "benchmarks", "out", "filetier-data"),
                     help="a directory on the disk to measure (removed after)")
     ap.add_argument("--row-bytes", default="4096,40960")
+    ap.add_argument("--systems", default="reprise,torchrl")
+    ap.add_argument("--caches", default="cold,warm")
     ap.add_argument("--quick", action="store_true", help="256 MB of data, no cgroup")
     args = ap.parse_args(argv)
     limit = parse_bytes(args.memory)
@@ -102,8 +104,10 @@ def main(argv=None) -> int:
     results = []
     for row_bytes in (int(x) for x in args.row_bytes.split(",")):
         for cache, data in sizes.items():
+            if cache not in args.caches.split(","):
+                continue
             rows = data // row_bytes
-            for system in ("reprise", "torchrl"):
+            for system in args.systems.split(","):
                 t0 = time.perf_counter()
                 r = run(system, os.path.join(args.dir, system), rows, row_bytes, cgroup)
                 r["cache"] = cache

@@ -220,7 +220,13 @@ pub unsafe trait Collect: Sync {
         assert_eq!(dst.len(), stride * items.len(), "gather destination has the wrong size");
         let least = parallel_bytes(columns, col);
         let threads = if columns.on_disk() && !resident(columns, items, col) {
-            // Rows of a file store that wait for the disk: overlap the waits.
+            // Rows of a file store that wait for the disk: overlap the waits, and
+            // read each row of several pages in one request.
+            if columns.row_bytes(col) > 4096 {
+                for item in items {
+                    item.window.ranges().iter().for_each(|r| columns.will_need(col, r));
+                }
+            }
             DISK_THREADS.min(items.len())
         } else {
             (dst.len() / least).clamp(1, cores()).min(items.len())
