@@ -93,9 +93,20 @@ fn new_names(parent: &Path) -> (PathBuf, PathBuf) {
     }
 }
 
-/// `{field: zstd level}` of a store's compressed fields.
-fn compressed_levels(store: &Store) -> std::collections::BTreeMap<String, i32> {
-    store.signature().fields().iter().filter_map(|f| Some((f.name.clone(), f.compress?))).collect()
+/// The manifest's entry of a store written with `rows` and `columns` (files), or
+/// saved in place in `file`.
+fn store_entry(s: &StoreOut, rows: String, columns: std::collections::BTreeMap<String, String>, file: Option<String>) -> StoreEntry {
+    StoreEntry {
+        signature: s.fields.iter().map(|f| f.0.clone()).collect(),
+        capacity: s.store.capacity(),
+        block_steps: s.store.block_steps(),
+        device: s.device.clone(),
+        rows,
+        columns,
+        // `{field: zstd level}` of the store's compressed fields.
+        compress: s.store.signature().fields().iter().filter_map(|f| Some((f.name.clone(), f.compress?))).collect(),
+        file,
+    }
 }
 
 /// A field as the manifest lists it.
@@ -163,16 +174,8 @@ fn write(tmp: &Path, tables: &[Table], options: &mut SaveOptions<'_>) -> Result<
         let (rows_name, entry) = rows.close()?;
         manifest.files.insert(rows_name.clone(), entry);
         if options.in_place && s.store.persistent() && s.off_host.is_none() {
-            manifest.stores.push(StoreEntry {
-                signature: s.fields.iter().map(|f| f.0.clone()).collect(),
-                capacity: s.store.capacity(),
-                block_steps: s.store.block_steps(),
-                device: s.device.clone(),
-                rows: rows_name,
-                columns: Default::default(),
-                compress: compressed_levels(&s.store),
-                file: Some(s.store.path().to_string_lossy().into_owned()),
-            });
+            let file = s.store.path().to_string_lossy().into_owned();
+            manifest.stores.push(store_entry(s, rows_name, Default::default(), Some(file)));
             continue;
         }
         let mut outs = (0..s.fields.len())
@@ -230,16 +233,7 @@ fn write(tmp: &Path, tables: &[Table], options: &mut SaveOptions<'_>) -> Result<
             manifest.files.insert(name.clone(), entry);
             columns.insert(f.0 .0.clone(), name);
         }
-        manifest.stores.push(StoreEntry {
-            signature: s.fields.iter().map(|f| f.0.clone()).collect(),
-            capacity: s.store.capacity(),
-            block_steps: s.store.block_steps(),
-            device: s.device.clone(),
-            rows: rows_name,
-            columns,
-            compress: compressed_levels(&s.store),
-            file: None,
-        });
+        manifest.stores.push(store_entry(s, rows_name, columns, None));
     }
     drop(stores); // the remaining pins
     for (k, snap) in snaps.iter().enumerate() {
