@@ -173,3 +173,29 @@ def test_bad_file_store_arguments_are_refused_and_nothing_is_made(disk, tmp_path
         locked.mkdir(mode=0o500)
         with pytest.raises(InvalidArgument, match=r"cannot make the file store directory|not writable"):
             rp.Store(SIG, capacity=64, directory=locked / "s", backing="file")
+
+
+def test_device_samples_of_a_file_store_are_read_on_the_host_and_moved(disk):
+    torch = pytest.importorskip("torch")
+    import reprise.torch as rt
+    store = rp.Store(SIG, capacity=512, block_steps=32, directory=disk, backing="file")
+    try:
+        t = rp.Table("t", store)
+        fill(store, 300)
+        rt.emulate_cuda(True)
+        try:
+            s = t.sample(64, device="cuda")
+            assert isinstance(s.data["obs"], torch.Tensor)
+            assert (s.data["obs"][:, 0, 0].long() == s.data["step"][:, 0]).all()
+            with pytest.raises(InvalidArgument, match=r"selection_device.*compressed"):
+                rp.Table("g", store, selection_device="cuda")
+            raw = rp.Store({"x": rp.Field((2,), "float32")}, capacity=64, directory=disk + "-raw", backing="file")
+            try:
+                with pytest.raises(InvalidArgument, match=r"selection_device.*it is a file store"):
+                    rp.Table("g", raw, selection_device="cuda")
+            finally:
+                raw.close()
+        finally:
+            rt.emulate_cuda(False)
+    finally:
+        store.close()

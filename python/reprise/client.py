@@ -42,7 +42,7 @@ class Client:
             raise InvalidArgument(f"address must be a str ('unix:///...' or 'host:port'), got {type(address).__name__}")
         self._address = address
         self._host_views: dict = {}
-        self._compressed_tables: dict = {}
+        self._staged_tables: dict = {}
         ca = None
         if tls_ca is not None:
             try:
@@ -102,7 +102,7 @@ class Client:
             return draw() if device is None else host_tensors(draw)
         from .torch import resolve
         dev = resolve(device)
-        if not self._local or self._compressed(table):
+        if not self._local or self._staged(table):
             # Remote rows arrive on the host; compressed ones are decompressed there.
             return on_device(functools.partial(self._native.sample, table, n, timeout, fields), dev)
         # Local: the GPU gathers the rows straight from the shared-memory store.
@@ -143,7 +143,7 @@ class Client:
             from .torch import resolve
             dev = resolve(device)
         count = 0
-        if self._local and not host and not self._compressed(table):   # the zero-copy GPU path, batch by batch
+        if self._local and not host and not self._staged(table):   # the zero-copy GPU path, batch by batch
             while num_batches is None or count < num_batches:
                 yield self.sample(table, batch_size, timeout, fields, device)
                 count += 1
@@ -153,18 +153,22 @@ class Client:
             yield sampler.next() if dev is None else on_device(sampler.next, dev)
             count += 1
 
-    def _compressed(self, table: str) -> bool:
-        """Whether ``table``'s store has compressed fields (local clients; once per table)."""
-        known = self._compressed_tables.get(table)
+    def _staged(self, table: str) -> bool:
+        """Whether a device cannot gather ``table``'s rows in place: its store has
+        compressed fields, or is a file store (not in memory). Local clients; once per table."""
+        known = self._staged_tables.get(table)
         if known is None:
-            known = any(level is not None for *_, level in self._native.store_memory(table)[3])
-            self._compressed_tables[table] = known
+            from .file_store import MEMORY_FILE_SYSTEMS, file_system
+            _, _, _, fields, path = self._native.store_memory(table)
+            known = (any(level is not None for *_, level in fields)
+                     or file_system(os.fspath(path)) not in MEMORY_FILE_SYSTEMS)
+            self._staged_tables[table] = known
         return known
 
     def _columns_for(self, table: str, device):
         """The server's shared-memory columns of ``table``'s store, registered for
         ``device`` once per store (local clients)."""
-        (address, nbytes), layout, capacity, fields = self._native.store_memory(table)
+        (address, nbytes), layout, capacity, fields, _ = self._native.store_memory(table)
         key = (address, device)
         views = self._host_views.get(key)
         if views is None:

@@ -170,6 +170,16 @@ class Store:
         return dict(self._tables)
 
     @property
+    def _staged(self) -> str | None:
+        """Why a device cannot gather this store's rows in place (they are then
+        copied on the host and moved), or None when it can."""
+        if self._compressed:
+            return f"fields {sorted(self._compressed)} are compressed"
+        if self._native.persistent:
+            return "it is a file store (registering its file with the GPU would pin all of it in memory)"
+        return None
+
+    @property
     def compressed_fields(self) -> frozenset:
         """Names of the fields stored compressed (``Field(compress="zstd")``)."""
         return self._compressed
@@ -216,9 +226,8 @@ class Store:
             if device != self._device:
                 raise InvalidArgument(f"this store keeps its data on {self._device}; sample it to that device or to the host")
             return self._device_columns
-        if self._compressed:
-            raise InvalidArgument(f"fields {sorted(self._compressed)} are compressed: their rows are not in the "
-                                  "shared memory as they are, so a device cannot gather them in place")
+        if self._staged:
+            raise InvalidArgument(f"a device cannot gather this store's rows in place: {self._staged}")
         views = self._host_views.get(device)
         if views is None:
             self._check_open()

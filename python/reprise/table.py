@@ -154,10 +154,9 @@ class Table:
             raise InvalidArgument(f"table '{name}': rate_limiter must be a reprise.rate_limiters limiter, got {rate_limiter!r}")
         selection = None
         if not is_host_device(selection_device):
-            if store.compressed_fields:
+            if store._staged:
                 raise InvalidArgument(f"table '{name}': selection_device needs the rows gathered on the device in "
-                                      f"place, and fields {sorted(store.compressed_fields)} of its store are "
-                                      f"compressed: select on the host (no selection_device), or store them raw")
+                                      f"place, and {store._staged}: select on the host (no selection_device)")
             from .torch import resolve
             try:
                 selection = resolve(selection_device)
@@ -340,8 +339,9 @@ class Table:
             return draw() if device is None else host_tensors(draw)
         self._check_fields(fields)
         from .torch import resolve
-        if self._store.compressed_fields:
-            # Compressed rows are decompressed on the host, then copied to the device.
+        if self._store._staged:
+            # Compressed rows are decompressed on the host, and a file store's read
+            # there, then copied to the device.
             dev = resolve(device)
             return on_device(functools.partial(self._native.sample, n, timeout, fields), dev)
         columns = self._store._columns_for(resolve(device))  # before drawing: bad devices change nothing
@@ -356,7 +356,7 @@ class Table:
                                   f"(no selection_device) in this version")
         self._check_fields(fields)
         device_columns = self._store._device_columns
-        if device_columns is None and (is_host_device(device) or self._store.compressed_fields):
+        if device_columns is None and (is_host_device(device) or self._store._staged):
             if device is not None:
                 torch_module()  # before drawing: without torch the call changes nothing
             if not is_host_device(device):  # compressed rows: packed on the host, then moved
@@ -435,7 +435,7 @@ class Table:
         if num_batches is not None:
             num_batches = as_int("num_batches", num_batches, 0)
         self._check_fields(fields)
-        if is_host_device(device) or self._store.compressed_fields:
+        if is_host_device(device) or self._store._staged:
             if device is not None:
                 torch_module()  # now, not at the first batch: without torch the call fails here
             return self._iterate_host(batch_size, timeout, fields, num_batches, device)
