@@ -488,7 +488,8 @@ class _Frames(gym.Env):
         return frame, float(self._rng.normal()), bool(self._rng.random() < 0.08), False, {}
 
 
-def test_frame_stack_stores_a_frame_a_step_and_samples_sb3s_transitions(closing):
+@pytest.mark.parametrize("compress", [None, "zstd"])
+def test_frame_stack_stores_a_frame_a_step_and_samples_sb3s_transitions(closing, compress):
     """VecFrameStack(4) + VecTransposeImage over two environments with terminations and
     time limits, fed to SB3's ReplayBuffer and to RepriseReplayBuffer(frame_stack=4): the
     same transitions, with one 8x8 frame stored per row."""
@@ -497,7 +498,8 @@ def test_frame_stack_stores_a_frame_a_step_and_samples_sb3s_transitions(closing)
     venv = VecTransposeImage(VecFrameStack(DummyVecEnv([lambda s=s: TimeLimit(_Frames(s), 15) for s in (1, 2)]), 4))
     space = venv.observation_space
     assert space.shape == (4, 8, 8)
-    ours = closing(RepriseReplayBuffer(2000, space, venv.action_space, device="cpu", n_envs=2, frame_stack=4, seed=0))
+    ours = closing(RepriseReplayBuffer(2000, space, venv.action_space, device="cpu", n_envs=2, frame_stack=4, seed=0,
+                                       compress=compress))
     ref = ReplayBuffer(2000, space, venv.action_space, device="cpu", n_envs=2)
     rng = np.random.default_rng(0)
     obs = venv.reset()
@@ -513,6 +515,7 @@ def test_frame_stack_stores_a_frame_a_step_and_samples_sb3s_transitions(closing)
         obs = nxt
     venv.close()
     assert ours._transitions.store.signature["obs"].shape == (8, 8)
+    assert ours._transitions.store.signature["obs"].compress == compress
     s = ref._get_samples(np.arange(ref.pos))
     expected = {}
     for i in range(ref.pos * 2):  # _get_samples draws a random env per index: read both envs directly

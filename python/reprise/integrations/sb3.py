@@ -113,6 +113,9 @@ class RepriseReplayBuffer(ReplayBuffer):
       be stacks along their first axis, the newest last (``VecFrameStack`` then
       ``VecTransposeImage``, as SB3 wraps Atari for CNN policies); other layouts are
       refused at the first ``add`` that shows it.
+    - ``compress="zstd"`` (and ``level``): observations stored compressed, one zstd frame
+      per row (``rp.Field``'s ``compress``); with ``frame_stack`` an Atari transition takes a
+      few hundred bytes (benchmarks/RESULTS.md, "Atari frames").
 
     It holds ``buffer_size`` transitions in all (SB3: ``buffer_size // n_envs`` per
     environment), FIFO beyond. ``size()`` is the number of transitions held, over all
@@ -124,7 +127,7 @@ class RepriseReplayBuffer(ReplayBuffer):
                  handle_timeout_termination: bool = True, *, n_steps: int = 1, gamma: float = 0.99,
                  alpha: float | None = None, epsilon: float = 1e-6, seed: int | None = None,
                  min_episode_length: int = 1, block_steps: int = 64, directory: str | None = None,
-                 frame_stack: int = 1):
+                 frame_stack: int = 1, compress: str | None = None, level: int | None = None):
         # ReplayBuffer.__init__ is not called: it allocates SB3's arrays. These are the
         # attributes BaseBuffer and ReplayBuffer set that others read.
         buffer_size = as_int("RepriseReplayBuffer: buffer_size", buffer_size, 1)
@@ -162,7 +165,7 @@ class RepriseReplayBuffer(ReplayBuffer):
             action_shape=(self.action_dim,), action_dtype=self._maybe_cast_dtype(action_space.dtype),
             n_envs=n_envs, n_step=n_steps, gamma=gamma, alpha=alpha, epsilon=epsilon, seed=seed,
             block_steps=block_steps, min_episode_length=min_episode_length, directory=directory,
-            frame_stack=frame_stack)
+            frame_stack=frame_stack, compress=compress, level=level)
         try:
             self._transitions = TransitionBuffer(**self._config)
         except InvalidArgument as e:
