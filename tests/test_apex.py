@@ -277,12 +277,15 @@ def test_atari_replay_keeps_its_frames_compressed_and_vector_observations_raw():
             replay = tables[0]
             assert replay.store.compressed_fields == compressed
             if compressed:
-                frames = np.zeros((200, 4, 84, 84), np.uint8)
-                frames[:, :, 40:44, :] = np.arange(200)[:, None, None, None] % 84
+                # 100 steps, items over the first 60: under the replay's rate limiter (nothing
+                # samples while they go in), and the first block of 64 steps is full.
+                frames = np.zeros((100, 4, 84, 84), np.uint8)
+                frames[:, :, 40:44, :] = np.arange(100)[:, None, None, None] % 84
                 with replay.store.writer() as w:
-                    for i in range(200):
+                    for i in range(100):
                         w.append({"obs": frames[i], "action": i, "reward": 0.0, "terminal": False})
-                        w.create_item("replay", 1, 1.0)
+                        if i < 60:
+                            w.create_item("replay", 1, 1.0)
                 s = replay.sample(32, timeout=0)
                 np.testing.assert_array_equal(s.data["obs"][:, 0], frames[s.data["action"][:, 0]])
                 assert replay.store.memory()["fields"]["obs"]["ratio"] > 20
