@@ -195,8 +195,6 @@ fn sweep_once(dir: &Path) {
 pub struct Region {
     // Kept alive for the mapping; all access goes through `base`.
     _map: MmapMut,
-    /// The file behind the mapping (its allocated size: [`Region::allocated_bytes`]).
-    file: std::fs::File,
     base: NonNull<u8>,
     path: PathBuf,
     /// Created (and so removed on drop) by this handle.
@@ -295,7 +293,7 @@ impl Region {
         })?;
         let base = NonNull::new(map.as_mut_ptr()).expect("mmap never returns a null mapping");
         advise_huge_pages_raw(base.as_ptr() as usize, len);
-        Ok(Region { _map: map, file, base, path, owner: true })
+        Ok(Region { _map: map, base, path, owner: true })
     }
 
     /// Creates a region at exactly `path` (a new file, mode 0600) that outlives
@@ -336,7 +334,7 @@ impl Region {
             }
         };
         let base = NonNull::new(map.as_mut_ptr()).expect("mmap never returns a null mapping");
-        Ok(Region { _map: map, file, base, path: path.to_path_buf(), owner: false })
+        Ok(Region { _map: map, base, path: path.to_path_buf(), owner: false })
     }
 
     /// Maps an existing region file of at least `len` bytes (made by another
@@ -363,7 +361,7 @@ impl Region {
         // On a huge=advise tmpfs, pages first touched through this mapping are huge
         // too (a hint; nothing on other file systems).
         advise_huge_pages_raw(base.as_ptr() as usize, len);
-        Ok(Region { _map: map, file, base, path: path.to_path_buf(), owner: false })
+        Ok(Region { _map: map, base, path: path.to_path_buf(), owner: false })
     }
 
     pub fn path(&self) -> &Path {
@@ -394,10 +392,11 @@ impl Region {
     }
 
     /// Bytes the file behind the region takes in its file system now (pages written
-    /// and not given back; a sparse region's holes count for nothing).
+    /// and not given back; a sparse region's holes count for nothing); 0 once the
+    /// file is removed. (No descriptor is kept open for this: a region holds none.)
     pub fn allocated_bytes(&self) -> u64 {
         use std::os::unix::fs::MetadataExt;
-        self.file.metadata().map_or(0, |m| m.blocks() * 512)
+        std::fs::metadata(&self.path).map_or(0, |m| m.blocks() * 512)
     }
 
     /// Gives the whole pages inside `[offset, offset + len)` back to the file system
