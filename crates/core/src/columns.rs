@@ -330,7 +330,7 @@ impl Columns {
                 return;
             }
             let bytes = (range.len as usize * c.row_bytes).min(max_bytes);
-            let base = self.region.base() as usize + c.offset + range.start as usize * c.row_bytes;
+            let base = self.row_address(&c, range.start);
             for line in (0..bytes).step_by(64) {
                 // SAFETY: a prefetch never faults and changes no memory; the address is
                 // inside the mapped column (bounds checked above).
@@ -360,7 +360,7 @@ impl Columns {
         if c.packed.is_some() || range.start >= self.capacity {
             return true;
         }
-        let at = self.region.base() as usize + c.offset + range.start as usize * c.row_bytes;
+        let at = self.row_address(&c, range.start);
         let page = at & !(PAGE - 1);
         let mut vec = 0u8;
         // SAFETY: the page lies inside the mapping (the row does); mincore only reports.
@@ -376,21 +376,22 @@ impl Columns {
         if c.packed.is_some() || range.start + range.len as u64 > self.capacity {
             return;
         }
-        let at = self.region.base() as usize + c.offset + range.start as usize * c.row_bytes;
+        let at = self.row_address(&c, range.start);
         let start = at & !(PAGE - 1);
         let end = at + range.len as usize * c.row_bytes;
         // SAFETY: the pages lie inside the mapping; MADV_WILLNEED changes no data.
         unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_WILLNEED) };
     }
 
+    /// The address of row `row` of column `c` in this process's mapping (for hints
+    /// to the CPU and the kernel; the caller checks the row is inside the column).
+    fn row_address(&self, c: &Column, row: u64) -> usize {
+        self.region.base() as usize + c.offset + row as usize * c.row_bytes
+    }
+
     /// True for a file store's columns (on a disk, cached by the page cache).
     pub fn on_disk(&self) -> bool {
         self.on_disk
-    }
-
-    /// True when any column is stored compressed.
-    pub fn any_compressed(&self) -> bool {
-        self.columns.iter().any(|c| c.packed.is_some())
     }
 
     fn state(&self, p: &Packed, block: u64) -> &AtomicU64 {
