@@ -63,6 +63,8 @@ pub const KEPT: u64 = u64::MAX;
 struct Column {
     offset: usize,
     row_bytes: usize,
+    /// Rows a sample reads per step: the step's and the `stack - 1` before it.
+    stack: u32,
     /// Where a compressed column's slots and block states are (None: raw column).
     packed: Option<Packed>,
 }
@@ -104,9 +106,18 @@ fn layout(signature: &Signature, capacity: u64, block_steps: u32) -> Result<(Vec
         // pages go back whole.
         let align = if f.compress.is_some() { PAGE } else { COLUMN_ALIGN };
         offset = offset.next_multiple_of(align);
-        columns.push(Column { offset, row_bytes, packed: None });
+        columns.push(Column { offset, row_bytes, stack: f.stack, packed: None });
         offset = (offset + bytes as usize).next_multiple_of(COLUMN_ALIGN);
         need += bytes as usize;
+    }
+    if let Some(f) = signature.fields().iter().find(|f| f.stack > block_steps) {
+        return Err(invalid!(
+            "field '{}' stacks {} frames, and a block of {block_steps} steps cannot hold a step's frames: every \
+             step's frames lie in its block, so block_steps must be at least the stack (and several times it, as \
+             each block a writer continues an episode in starts with copies of the stack - 1 frames before it)",
+            f.name,
+            f.stack
+        ));
     }
     let blocks = (capacity / block_steps.max(1) as u64) as usize;
     for (c, f) in signature.fields().iter().enumerate() {
@@ -138,6 +149,8 @@ struct Zstd {
 
 thread_local! {
     static ZSTD: RefCell<Zstd> = const { RefCell::new(Zstd { compressor: None, decompressor: None }) };
+    /// A compressed stacked column's rows, decompressed once per block of a read.
+    static STACK_ROWS: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 impl Columns {
@@ -220,9 +233,27 @@ impl Columns {
         self.columns[col].offset
     }
 
-    /// Bytes of one row of column `col`.
+    /// Bytes of one row of column `col` (one frame of a stacked field).
     pub fn row_bytes(&self, col: usize) -> usize {
         self.columns[col].row_bytes
+    }
+
+    /// Bytes a sample takes per step of column `col`: `stack` rows for a stacked
+    /// field (see [`Columns::read_ranges`]), one row otherwise.
+    pub fn sample_bytes(&self, col: usize) -> usize {
+        self.columns[col].row_bytes * self.columns[col].stack as usize
+    }
+
+    /// Frames a step of column `col` samples as (1: not stacked).
+    pub fn stack(&self, col: usize) -> u32 {
+        self.columns[col].stack
+    }
+
+    /// True when a sample's rows of column `col` are the column's bytes as they lie
+    /// (neither compressed nor stacked): they can be viewed or gathered in place.
+    pub fn in_place(&self, col: usize) -> bool {
+        let c = &self.columns[col];
+        c.packed.is_none() && c.stack == 1
     }
 
     /// Address of row 0 of column `col` (for zero-copy views; rows are valid only
@@ -277,7 +308,7 @@ impl Columns {
     /// `range` touches for as long as the slice lives, so no writer reuses the rows.
     pub unsafe fn rows(&self, col: usize, range: &RowRange) -> &[u8] {
         let c = self.columns[col];
-        assert!(c.packed.is_none(), "a compressed column's rows are read with read_ranges");
+        assert!(self.in_place(col), "a compressed or stacked column's rows are read with read_ranges");
         assert!(range.start + range.len as u64 <= self.capacity, "row read past capacity");
         // SAFETY: inside the column (asserted), published, and kept from writers by the
         // caller's reference (this function's contract).
@@ -287,15 +318,88 @@ impl Columns {
         }
     }
 
-    /// Copies the rows of `ranges` of column `col`, back to back, into `dst`, which
-    /// must hold exactly that many rows. Panics when a range runs past the column or
-    /// the sizes differ.
+    /// Copies the steps of `ranges` of column `col`, back to back, into `dst`, which
+    /// must hold exactly [`Columns::sample_bytes`] per step. A step of a stacked
+    /// column is its row and the `stack - 1` rows before it in its block, oldest
+    /// first (a writer puts them there; a row too near its block's start to have
+    /// them repeats the block's first row). Panics when a range runs past the
+    /// column or the sizes differ.
     ///
     /// # Safety
     /// The caller must hold a reference on every block `ranges` touches (an item in a
     /// table, a sample being collected, a pin) for the whole copy, so no writer reuses
     /// those rows under it (the reader rule in the module docs).
     pub unsafe fn read_ranges(&self, col: usize, ranges: &[RowRange], dst: &mut [u8]) {
+        if self.columns[col].stack > 1 {
+            // SAFETY: this function's contract.
+            return unsafe { self.read_stacked(col, ranges, dst) };
+        }
+        // SAFETY: this function's contract.
+        unsafe { self.read_stored(col, ranges, dst) }
+    }
+
+    /// The steps of `ranges` of stacked column `col` into `dst` (see
+    /// [`Columns::read_ranges`]): per block, the rows from `stack - 1` before the
+    /// first step are read once (decompressed once), then each step's frames are
+    /// copied out of them.
+    ///
+    /// # Safety
+    /// As [`Columns::read_ranges`]; the rows before a step lie in its block, which
+    /// the caller references.
+    unsafe fn read_stacked(&self, col: usize, ranges: &[RowRange], dst: &mut [u8]) {
+        let c = self.columns[col];
+        let (k, rb, bs) = (c.stack as u64, c.row_bytes, self.block_steps as u64);
+        let step_bytes = k as usize * rb;
+        let mut at = 0usize;
+        STACK_ROWS.with(|scratch| {
+            let mut scratch = scratch.borrow_mut();
+            for r in ranges {
+                assert!(r.start + r.len as u64 <= self.capacity, "row read past capacity");
+                let (mut row, end) = (r.start, r.start + r.len as u64);
+                while row < end {
+                    let block_start = row / bs * bs;
+                    let piece_end = end.min(block_start + bs);
+                    let first = row.saturating_sub(k - 1).max(block_start);
+                    let stored = RowRange { start: first, len: (piece_end - first) as u32 };
+                    let rows: &[u8] = if c.packed.is_some() {
+                        scratch.resize(stored.len as usize * rb, 0);
+                        // SAFETY: the rows lie in the referenced block (this function's contract).
+                        unsafe { self.read_stored(col, std::slice::from_ref(&stored), &mut scratch) };
+                        &scratch
+                    } else {
+                        // SAFETY: as above; a raw column is read in place.
+                        unsafe {
+                            std::slice::from_raw_parts(self.region.base().add(c.offset + first as usize * rb), stored.len as usize * rb)
+                        }
+                    };
+                    for q in row..piece_end {
+                        let out = &mut dst[at..at + step_bytes];
+                        let oldest = q as i64 - (k as i64 - 1);
+                        if oldest >= first as i64 {
+                            let from = (oldest as u64 - first) as usize * rb;
+                            out.copy_from_slice(&rows[from..from + step_bytes]);
+                        } else {
+                            for (j, frame) in out.chunks_exact_mut(rb.max(1)).enumerate() {
+                                let src = (oldest + j as i64).max(first as i64) as u64 - first;
+                                frame.copy_from_slice(&rows[src as usize * rb..(src as usize + 1) * rb]);
+                            }
+                        }
+                        at += step_bytes;
+                    }
+                    row = piece_end;
+                }
+            }
+        });
+        assert_eq!(at, dst.len(), "destination size does not match the ranges");
+    }
+
+    /// Copies the rows of `ranges` of column `col` as stored (one frame per step of
+    /// a stacked column), back to back, into `dst`, which must hold exactly that
+    /// many rows: what checkpoints save and restore.
+    ///
+    /// # Safety
+    /// As [`Columns::read_ranges`].
+    pub unsafe fn read_stored(&self, col: usize, ranges: &[RowRange], dst: &mut [u8]) {
         let c = self.columns[col];
         let mut at = 0usize;
         for r in ranges {
@@ -329,8 +433,10 @@ impl Columns {
             if c.packed.is_some() || range.start + range.len as u64 > self.capacity {
                 return;
             }
-            let bytes = (range.len as usize * c.row_bytes).min(max_bytes);
-            let base = self.row_address(&c, range.start);
+            // A stacked step reads the rows before it too.
+            let before = range.start.min(c.stack as u64 - 1);
+            let bytes = ((range.len as u64 + before) as usize * c.row_bytes).min(max_bytes);
+            let base = self.row_address(&c, range.start - before);
             for line in (0..bytes).step_by(64) {
                 // SAFETY: a prefetch never faults and changes no memory; the address is
                 // inside the mapped column (bounds checked above).

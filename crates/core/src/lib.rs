@@ -57,7 +57,7 @@ pub use item::{RowRange, Window};
 pub use rate_limiter::RateLimiterConfig;
 pub use sample::{Collect, SampleBatch, SampledItem};
 pub use selectors::SelectorSpec;
-pub use signature::{DType, Field, Signature};
+pub use signature::{DType, Field, Signature, StackPadding};
 pub use store::Store;
 pub use table::{Table, TableConfig, TableInfo};
 pub use wait::Wait;

@@ -103,11 +103,11 @@ impl SampleBatch {
     pub fn for_each_slice(&self, col: usize, t_max: u32, items: std::ops::Range<usize>, mut out: impl FnMut(&[u8])) {
         static ZEROS: [u8; 4096] = [0; 4096];
         let columns = self.store.columns();
-        let row = columns.row_bytes(col);
+        let row = columns.sample_bytes(col);
         let mut scratch = Vec::new();
         for item in &self.items[items] {
             for range in item.window.ranges() {
-                if columns.is_compressed(col) {
+                if !columns.in_place(col) {
                     scratch.resize(range.len as usize * row, 0);
                     // SAFETY: as below.
                     unsafe { columns.read_ranges(col, std::slice::from_ref(range), &mut scratch) };
@@ -164,7 +164,7 @@ pub unsafe trait Collect: Sync {
     fn copy_item(&self, i: usize, offsets: &[usize], dst: &mut [u8]) {
         let (item, columns) = (&self.items()[i], self.columns());
         for (col, &at) in offsets.iter().enumerate() {
-            let bytes = item.length as usize * columns.row_bytes(col);
+            let bytes = item.length as usize * columns.sample_bytes(col);
             // SAFETY: `copy_item` runs only on a `Collect` implementor, which holds
             // references on its items' blocks (the trait's contract).
             unsafe { columns.read_ranges(col, item.window.ranges(), &mut dst[at..at + bytes]) };
@@ -176,7 +176,7 @@ pub unsafe trait Collect: Sync {
     /// items' total steps. Large copies are split across threads as in `gather`.
     fn gather_packed(&self, col: usize, dst: &mut [u8]) {
         let (items, columns) = (self.items(), self.columns());
-        let row = columns.row_bytes(col);
+        let row = columns.sample_bytes(col);
         let total: usize = items.iter().map(|i| i.length as usize).sum();
         assert_eq!(dst.len(), total * row, "packed gather destination has the wrong size");
         let threads = (dst.len() / parallel_bytes(columns, col)).clamp(1, cores()).min(items.len().max(1));
@@ -216,7 +216,7 @@ pub unsafe trait Collect: Sync {
     /// most one per available core): one core cannot saturate memory bandwidth.
     fn gather(&self, col: usize, t_max: u32, dst: &mut [u8]) {
         let (items, columns) = (self.items(), self.columns());
-        let stride = t_max as usize * columns.row_bytes(col);
+        let stride = t_max as usize * columns.sample_bytes(col);
         assert_eq!(dst.len(), stride * items.len(), "gather destination has the wrong size");
         let least = parallel_bytes(columns, col);
         let threads = if columns.on_disk() && !resident(columns, items, col) {
@@ -301,7 +301,7 @@ fn gather_items(columns: &Columns, items: &[SampledItem], col: usize, stride: us
 #[inline(always)]
 fn copy_items(columns: &Columns, items: &[SampledItem], col: usize, dst: &mut [u8], mut at: impl FnMut(usize, usize) -> usize) {
     const AHEAD: usize = 8;
-    let row = columns.row_bytes(col);
+    let row = columns.sample_bytes(col);
     let prefetch = |i: usize| {
         if let Some(item) = items.get(i) {
             columns.prefetch(col, &item.window.ranges()[0], 1024);

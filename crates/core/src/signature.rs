@@ -75,14 +75,50 @@ impl DType {
 /// offered: at Atari frame sizes they save little over level 1 and cost ratio).
 pub const COMPRESS_LEVELS: std::ops::RangeInclusive<i32> = 1..=19;
 
+/// The most frames a stacked field may stack.
+pub const MAX_STACK: u32 = 64;
+
+/// What fills a stack before an episode's first frame (gymnasium's
+/// `FrameStackObservation` `padding_type`): copies of that first frame (`Reset`,
+/// gymnasium's default) or zeros.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum StackPadding {
+    #[default]
+    Reset,
+    Zero,
+}
+
+impl StackPadding {
+    pub fn name(self) -> &'static str {
+        match self {
+            StackPadding::Reset => "reset",
+            StackPadding::Zero => "zero",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Result<StackPadding> {
+        match name {
+            "reset" => Ok(StackPadding::Reset),
+            "zero" => Ok(StackPadding::Zero),
+            _ => Err(invalid!("unknown stack padding '{name}': expected 'reset' (the episode's first frame) or 'zero'")),
+        }
+    }
+}
+
 /// One named field: a dtype and a fixed per-step shape, stored raw or, with
 /// `compress`, as zstd frames at that level (see `columns`' module doc).
+///
+/// With `stack` k > 1 each step stores one frame of `shape` and samples as the
+/// last k frames of its episode, `[k, ...shape]`, oldest first (see `writer`'s
+/// module doc, "Stacked fields").
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Field {
     pub name: String,
     pub dtype: DType,
     pub shape: Vec<usize>,
     pub compress: Option<i32>,
+    pub stack: u32,
+    pub padding: StackPadding,
 }
 
 impl Field {
@@ -95,7 +131,7 @@ impl Field {
                 "field '{name}' has shape {shape:?} with a dimension of {d}: every dimension must be >= 1"
             ));
         }
-        Ok(Field { name: name.to_string(), dtype, shape, compress: None })
+        Ok(Field { name: name.to_string(), dtype, shape, compress: None, stack: 1, padding: StackPadding::Reset })
     }
 
     /// This field stored compressed with zstd at `level` (`None`: raw).
@@ -114,14 +150,40 @@ impl Field {
         Ok(self)
     }
 
+    /// This field sampled as stacks of the last `stack` frames of an episode
+    /// (1: not stacked), padded at an episode's start with `padding`.
+    pub fn stacked(mut self, stack: u32, padding: StackPadding) -> Result<Field> {
+        if !(1..=MAX_STACK).contains(&stack) {
+            return Err(invalid!("field '{}': stack={stack} is out of range: expected 1 (no stack) to {MAX_STACK} frames", self.name));
+        }
+        self.stack = stack;
+        self.padding = padding;
+        Ok(self)
+    }
+
     /// Elements per step.
     pub fn elements(&self) -> usize {
         self.shape.iter().product()
     }
 
-    /// Bytes per step (one row of this field's column).
+    /// Bytes per step stored and written (one row of this field's column: one
+    /// frame of a stacked field).
     pub fn row_bytes(&self) -> usize {
         self.elements() * self.dtype.itemsize()
+    }
+
+    /// Bytes per step of a sample: `stack` rows.
+    pub fn sample_bytes(&self) -> usize {
+        self.row_bytes() * self.stack as usize
+    }
+
+    /// The shape of one step of a sample: `[stack, ...shape]` when stacked.
+    pub fn sample_shape(&self) -> Vec<usize> {
+        if self.stack > 1 {
+            std::iter::once(self.stack as usize).chain(self.shape.iter().copied()).collect()
+        } else {
+            self.shape.clone()
+        }
     }
 
     /// `uint8[4,84,84]`, the form every error message uses.
@@ -193,14 +255,30 @@ impl Signature {
         self.fields.iter().map(Field::row_bytes).sum()
     }
 
-    /// `{obs: uint8[4,84,84] zstd:3, action: int64[]}`.
+    /// Rows a writer puts before the rows of a stacked field's steps so that every
+    /// step's frames lie in its own block: the largest stack less one (0 without
+    /// stacked fields).
+    pub fn lead(&self) -> u32 {
+        self.fields.iter().map(|f| f.stack).max().unwrap_or(1) - 1
+    }
+
+    /// `{obs: uint8[84,84] stack:4 zstd:3, action: int64[]}`.
     pub fn describe(&self) -> String {
         let parts: Vec<String> = self
             .fields
             .iter()
-            .map(|f| match f.compress {
-                None => format!("{}: {}", f.name, f.describe()),
-                Some(l) => format!("{}: {} zstd:{l}", f.name, f.describe()),
+            .map(|f| {
+                let mut s = format!("{}: {}", f.name, f.describe());
+                if f.stack > 1 {
+                    s += &format!(" stack:{}", f.stack);
+                    if f.padding == StackPadding::Zero {
+                        s += " pad:zero";
+                    }
+                }
+                if let Some(l) = f.compress {
+                    s += &format!(" zstd:{l}");
+                }
+                s
             })
             .collect();
         format!("{{{}}}", parts.join(", "))
@@ -242,6 +320,21 @@ mod tests {
             let e = f.clone().compressed(Some(bad)).unwrap_err().to_string();
             assert!(e.contains("'obs'") && e.contains(&bad.to_string()) && e.contains("1 to 19"), "{e}");
         }
+    }
+
+    #[test]
+    fn stacks_are_checked_sized_and_described() {
+        let f = Field::new("obs", DType::UInt8, vec![84, 84]).unwrap();
+        let s = f.clone().stacked(4, StackPadding::Zero).unwrap();
+        assert_eq!((s.row_bytes(), s.sample_bytes(), s.sample_shape()), (84 * 84, 4 * 84 * 84, vec![4, 84, 84]));
+        let sig = Signature::new(vec![s, Field::new("a", DType::Int64, vec![]).unwrap()]).unwrap();
+        assert_eq!(sig.describe(), "{obs: uint8[84,84] stack:4 pad:zero, a: int64[]}");
+        assert_eq!(sig.lead(), 3);
+        for bad in [0, MAX_STACK + 1] {
+            let e = f.clone().stacked(bad, StackPadding::Reset).unwrap_err().to_string();
+            assert!(e.contains("'obs'") && e.contains(&format!("stack={bad}")) && e.contains("1 (no stack) to 64"), "{e}");
+        }
+        assert!(StackPadding::from_name("edge").unwrap_err().to_string().contains("'reset'"));
     }
 
     #[test]

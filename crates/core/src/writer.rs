@@ -15,6 +15,20 @@
 //! never ends its episode (a continuing task) cannot fill the store with history
 //! no item can use, while one that creates whole-episode items keeps its episode as
 //! long as there is room.
+//!
+//! # Stacked fields
+//! A field with `stack` k > 1 (see [`crate::Field::stacked`]) samples each step as the
+//! last k frames of its episode, read as the step's row and the k - 1 rows before
+//! it in the same block ([`crate::Columns::read_ranges`]). The writer keeps that true
+//! for every step it appends: with `lead` = the largest stack less one, an episode
+//! starts with `lead` padding rows (copies of its first step, or zeros for a field
+//! padded with zeros), and each block the episode continues in starts with copies
+//! of the episode's last `lead` rows (the writer keeps them). Items reference the
+//! steps only; they keep their frames alive through the blocks they already hold.
+//! Padding and copies take `lead` rows per episode and per block: block_steps
+//! several times the stack keeps that small. Every column gets those rows (other
+//! fields' copies are never read), so a block's rows are all written, as a
+//! compressed column's counts need.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -43,6 +57,13 @@ pub struct Writer<B: BlockSource = Store> {
     bounded: bool,
     /// The source's pressure count when last looked at.
     pressure_seen: u64,
+    /// Rows before a stacked field's steps (the signature's `lead`; 0: none).
+    lead: u32,
+    /// The episode's padding is written (its rows are a stream the next block
+    /// continues with copies).
+    streaming: bool,
+    /// Per column, the episode's last `lead` rows written, oldest first.
+    recent: Vec<Vec<u8>>,
 }
 
 impl<B: BlockSource> Writer<B> {
@@ -51,6 +72,13 @@ impl<B: BlockSource> Writer<B> {
             return Err(invalid!("max_sequence_length must be >= 1 or None, got 0"));
         }
         let pressure_seen = source.pressure();
+        let lead = source.columns().signature().lead();
+        let recent = if lead > 0 {
+            let cols = source.columns();
+            (0..cols.signature().len()).map(|c| vec![0; lead as usize * cols.row_bytes(c)]).collect()
+        } else {
+            Vec::new()
+        };
         Ok(Writer {
             source,
             cursor: Cursor::default(),
@@ -61,6 +89,9 @@ impl<B: BlockSource> Writer<B> {
             longest: AtomicU64::new(0),
             bounded: false,
             pressure_seen,
+            lead,
+            streaming: false,
+            recent,
         })
     }
 
@@ -80,7 +111,7 @@ impl<B: BlockSource> Writer<B> {
     /// Whether appending `steps` steps leases a block (the one thing an append
     /// may wait for).
     pub fn needs_block(&self, steps: usize) -> bool {
-        steps as u64 > self.cursor.room(self.source.columns().block_steps()) as u64
+        steps as u64 + self.lead as u64 > self.cursor.room(self.source.columns().block_steps()) as u64
     }
 
     fn check_columns(&self, columns: &[&[u8]], steps: usize) -> Result<()> {
@@ -116,6 +147,9 @@ impl<B: BlockSource> Writer<B> {
     }
 
     fn append_checked(&mut self, columns: &[&[u8]], wait: Wait<'_>) -> Result<()> {
+        if self.lead > 0 {
+            return self.extend_checked(columns, 1, wait);
+        }
         let run = self.cursor.take(&mut self.source, 1, wait)?;
         for (col, src) in columns.iter().enumerate() {
             // SAFETY: `run` was just taken by this writer's cursor from a block its
@@ -174,6 +208,9 @@ impl<B: BlockSource> Writer<B> {
     }
 
     fn extend_checked(&mut self, columns: &[&[u8]], steps: usize, wait: Wait<'_>) -> Result<()> {
+        if self.lead > 0 {
+            return self.extend_stacked(columns, steps, wait);
+        }
         let deadline = wait.deadline();
         let mut runs: Vec<Run> = Vec::new();
         let mut left = steps as u64;
@@ -205,6 +242,108 @@ impl<B: BlockSource> Writer<B> {
         }
         for run in runs {
             self.record(run, true);
+        }
+        Ok(())
+    }
+
+    /// [`Writer::extend`] for a store with stacked fields (see the module doc):
+    /// the episode's padding first if it starts here, and in each block taken
+    /// anew copies of the `lead` rows before it. Takes every run before writing, so
+    /// a full store appends nothing.
+    fn extend_stacked(&mut self, columns: &[&[u8]], steps: usize, wait: Wait<'_>) -> Result<()> {
+        let deadline = wait.deadline();
+        let lead = self.lead as u64;
+        let bs = self.source.columns().block_steps();
+        // The rows of this call as a stream: `pad` padding rows, then the steps.
+        let pad = if self.streaming { 0 } else { lead };
+        let total = pad + steps as u64;
+        let mut started = self.streaming;
+        let mut runs: Vec<(Run, u64)> = Vec::new(); // (run, copies at its start)
+        let mut left = total;
+        while left > 0 {
+            let copies = if started && self.cursor.room(bs) == 0 { lead } else { 0 };
+            match self.cursor.take(&mut self.source, (left + copies).min(u32::MAX as u64) as u32, wait.until(deadline)) {
+                Ok(run) => {
+                    // Hold the block before the next take may let the cursor drop it.
+                    self.source.retain(run.block);
+                    // A fresh block holds more than `lead` rows (`layout` checks), so
+                    // every run carries some of the stream.
+                    left -= run.len as u64 - copies;
+                    runs.push((run, copies));
+                    started = true;
+                }
+                Err(e) => {
+                    runs.iter().for_each(|(r, _)| self.source.release(r.block));
+                    return Err(e);
+                }
+            }
+        }
+        let cols = self.source.columns();
+        let zero: Vec<Vec<u8>> = cols
+            .signature()
+            .fields()
+            .iter()
+            .map(|f| if pad > 0 && f.padding == crate::StackPadding::Zero && f.stack > 1 { vec![0; f.row_bytes()] } else { Vec::new() })
+            .collect();
+        // Row `pos` of the stream for column `col` (negative: the episode's rows
+        // before this call, kept in `recent`; before the episode's start: padding).
+        let row_of = |col: usize, pos: i64| -> &[u8] {
+            let rb = cols.row_bytes(col);
+            if pos < 0 && pad == 0 {
+                let i = (lead as i64 + pos) as usize;
+                &self.recent[col][i * rb..(i + 1) * rb]
+            } else if pos < pad as i64 {
+                if zero[col].is_empty() { &columns[col][..rb] } else { &zero[col] }
+            } else {
+                let i = (pos - pad as i64) as usize;
+                &columns[col][i * rb..(i + 1) * rb]
+            }
+        };
+        let mut pos = 0i64; // the next stream row to write
+        let mut steps_of: Vec<Run> = Vec::with_capacity(runs.len());
+        for &(run, copies) in &runs {
+            let stream = run.len as u64 - copies;
+            for col in 0..columns.len() {
+                // SAFETY (every write below): the run was taken by this writer's
+                // cursor from a block leased to it and is retained above; no item
+                // covers it yet.
+                for j in 0..copies {
+                    unsafe { cols.write_rows(col, run.start + j, row_of(col, pos - lead as i64 + j as i64)) };
+                }
+                let (a, b) = (pos, pos + stream as i64);
+                for p in a..b.min(pad as i64) {
+                    unsafe { cols.write_rows(col, run.start + copies + (p - a) as u64, row_of(col, p)) };
+                }
+                let first = a.max(pad as i64);
+                if first < b {
+                    let rb = cols.row_bytes(col);
+                    let i = (first - pad as i64) as usize;
+                    let src = &columns[col][i * rb..(b - pad as i64) as usize * rb];
+                    unsafe { cols.write_rows(col, run.start + copies + (first - a) as u64, src) };
+                }
+            }
+            let first = pos.max(pad as i64);
+            let end = pos + stream as i64;
+            if first < end {
+                let start = run.start + copies + (first - pos) as u64;
+                steps_of.push(Run { block: run.block, start, len: (end - first) as u32 });
+            } else {
+                steps_of.push(Run { block: run.block, start: run.start, len: 0 });
+            }
+            pos = end;
+        }
+        // The episode's last `lead` rows, for the next block's copies.
+        let recent: Vec<Vec<u8>> = (0..columns.len())
+            .map(|col| (total as i64 - lead as i64..total as i64).flat_map(|p| row_of(col, p).iter().copied()).collect())
+            .collect();
+        self.recent = recent;
+        self.streaming = true;
+        for run in steps_of {
+            if run.len == 0 {
+                self.source.release(run.block);
+            } else {
+                self.record(run, true);
+            }
         }
         Ok(())
     }
@@ -383,6 +522,7 @@ impl<B: BlockSource> Writer<B> {
         self.kept = 0;
         self.episode_steps = 0;
         self.bounded = false;
+        self.streaming = false;
     }
 
     /// Ends the episode and gives up the current block.

@@ -119,7 +119,12 @@ fn load_one(ckpt: &Path, options: &mut LoadOptions<'_>) -> Result<Loaded> {
         let fields = s
             .signature
             .iter()
-            .map(|(name, shape, dtype)| Field::new(name, DType::from_name(dtype)?, shape.clone())?.compressed(s.compress.get(name).copied()))
+            .map(|(name, shape, dtype)| {
+                let padding = s.padding.get(name).map_or(Ok(crate::StackPadding::Reset), |p| crate::StackPadding::from_name(p))?;
+                Field::new(name, DType::from_name(dtype)?, shape.clone())?
+                    .compressed(s.compress.get(name).copied())?
+                    .stacked(s.stack.get(name).copied().unwrap_or(1), padding)
+            })
             .collect::<Result<Vec<_>>>()
             .and_then(Signature::new)
             .map_err(|e| bad(format!("store {index}: {e}")))?;

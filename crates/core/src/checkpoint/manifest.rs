@@ -47,6 +47,15 @@ pub struct StoreEntry {
     /// column file holds raw rows all the same); absent for raw fields.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub compress: BTreeMap<String, i32>,
+    /// Field name -> the frames a stacked field samples as (absent: 1). Its column
+    /// file holds one frame per row, with the rows a writer put before each saved
+    /// run (see `save::pieces`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub stack: BTreeMap<String, u32>,
+    /// Field name -> the padding of a stacked field padded other than with its
+    /// episode's first frame (`"zero"`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub padding: BTreeMap<String, String>,
     /// A file store saved in place: the path of its columns file, whose rows the
     /// checkpoint references instead of copying (`columns` is then empty).
     #[serde(default, skip_serializing_if = "Option::is_none")]

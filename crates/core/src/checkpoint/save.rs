@@ -105,6 +105,15 @@ fn store_entry(s: &StoreOut, rows: String, columns: std::collections::BTreeMap<S
         columns,
         // `{field: zstd level}` of the store's compressed fields.
         compress: s.store.signature().fields().iter().filter_map(|f| Some((f.name.clone(), f.compress?))).collect(),
+        stack: s.store.signature().fields().iter().filter(|f| f.stack > 1).map(|f| (f.name.clone(), f.stack)).collect(),
+        padding: s
+            .store
+            .signature()
+            .fields()
+            .iter()
+            .filter(|f| f.stack > 1 && f.padding != crate::StackPadding::Reset)
+            .map(|f| (f.name.clone(), f.padding.name().to_string()))
+            .collect(),
         file,
     }
 }
@@ -146,7 +155,7 @@ fn write(tmp: &Path, tables: &[Table], options: &mut SaveOptions<'_>) -> Result<
     }
     let pieces: Vec<Vec<Piece>> = stores
         .iter()
-        .map(|s| pieces(&s.tables.iter().map(|&k| &snaps[k]).collect::<Vec<_>>(), s.store.block_steps()))
+        .map(|s| pieces(&s.tables.iter().map(|&k| &snaps[k]).collect::<Vec<_>>(), s.store.block_steps(), s.store.signature().lead()))
         .collect();
     let step_bytes = |s: &StoreOut| s.fields.iter().map(|f| f.1 as u64).sum::<u64>();
     let total: u64 = stores.iter().zip(&pieces).map(|(s, p)| p.iter().map(|x| x.count).sum::<u64>() * step_bytes(s)).sum();
@@ -277,10 +286,16 @@ pub(crate) fn block_rank(snaps: &[&TableSnapshot], block_steps: u32) -> HashMap<
 
 /// The rows the items of `snaps` reference, as pieces of one block each: runs
 /// merged, blocks ordered by [`block_rank`] (unranked ones last, by number),
-/// pieces of one block by row.
-pub(crate) fn pieces(snaps: &[&TableSnapshot], block_steps: u32) -> Vec<Piece> {
-    let mut ranges: Vec<(u64, u64)> =
-        snaps.iter().flat_map(|s| s.items.iter().flat_map(|i| i.ranges.iter().map(|r| (r.start, r.start + r.len as u64)))).collect();
+/// pieces of one block by row. A store with stacked fields (`lead` > 0) saves
+/// the `lead` rows before each run too (within its block: a stacked step's
+/// frames), so that a restore puts every frame back where samples read it.
+pub(crate) fn pieces(snaps: &[&TableSnapshot], block_steps: u32, lead: u32) -> Vec<Piece> {
+    let bs = block_steps as u64;
+    let back = |a: u64| a.saturating_sub(lead as u64).max(a / bs * bs);
+    let mut ranges: Vec<(u64, u64)> = snaps
+        .iter()
+        .flat_map(|s| s.items.iter().flat_map(|i| i.ranges.iter().map(|r| (back(r.start), r.start + r.len as u64))))
+        .collect();
     ranges.sort_by_key(|r| r.0);
     let mut runs: Vec<(u64, u64)> = Vec::new();
     for (a, b) in ranges {
@@ -289,7 +304,6 @@ pub(crate) fn pieces(snaps: &[&TableSnapshot], block_steps: u32) -> Vec<Piece> {
             _ => runs.push((a, b)),
         }
     }
-    let bs = block_steps as u64;
     let mut out = Vec::new();
     for (mut a, end) in runs {
         while a < end {

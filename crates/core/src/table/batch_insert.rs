@@ -66,6 +66,9 @@ impl Table {
         }
         self.check_priorities(priorities, |i| format!("table '{}' item {i}", self.name()))?;
         self.check_records(n, records)?;
+        if store.signature().lead() > 0 {
+            return self.insert_stacked(columns, n, steps, priorities, records, wait);
+        }
         let claim = store.claim_rows((n * steps) as u64)?;
         for (col, src) in columns.iter().enumerate() {
             let row_bytes = store.row_bytes(col);
@@ -99,6 +102,45 @@ impl Table {
         // now hold their own references; the claim's go when it drops.
         let result = self.insert_checked(&items, records, wait);
         drop(claim);
+        result.map(|keys| (keys, first_rows))
+    }
+}
+
+impl Table {
+    /// `insert_batch_rows` over a store with stacked fields: each item is written
+    /// as its own episode by a writer (padding first, copies at block starts; see
+    /// `writer`'s module doc), so its steps stack over its own frames. A store that
+    /// fills part way inserts nothing.
+    fn insert_stacked(&self, columns: &[&[u8]], n: usize, steps: usize, priorities: &[f64], records: &[u8], wait: Wait<'_>) -> Result<(Vec<u64>, Vec<u64>)> {
+        let store = self.store();
+        let alloc = store.allocator();
+        let mut writer = crate::writer::Writer::new(store.clone(), None)?;
+        let mut items: Vec<NewItem> = Vec::with_capacity(n);
+        let release = |items: &[NewItem]| {
+            for i in items {
+                crate::item::for_each_block(i.window.ranges(), store.block_steps(), |b| alloc.release(b));
+            }
+        };
+        for (i, &priority) in priorities.iter().enumerate() {
+            let item: Vec<&[u8]> =
+                columns.iter().enumerate().map(|(c, col)| &col[i * steps * store.row_bytes(c)..(i + 1) * steps * store.row_bytes(c)]).collect();
+            let window = writer.extend(&item, steps, wait).and_then(|_| writer.recent_rows(steps as u64));
+            let window = match window {
+                Ok(w) => w,
+                Err(e) => {
+                    release(&items);
+                    return Err(e);
+                }
+            };
+            // Held until the insert: the writer lets go of its episode next.
+            crate::item::for_each_block(window.ranges(), store.block_steps(), |b| alloc.retain(b));
+            writer.end_episode();
+            items.push(NewItem { window, priority });
+        }
+        writer.close();
+        let first_rows = items.iter().map(|i| i.window.ranges()[0].start).collect();
+        let result = self.insert_checked(&items, records, wait);
+        release(&items);
         result.map(|keys| (keys, first_rows))
     }
 }

@@ -142,7 +142,7 @@ impl Pins {
         }
         // SAFETY: every block the rows fall in is pinned by `self` (checked above), so
         // no writer reuses them during the copy.
-        unsafe { store.columns().read_ranges(col, &[RowRange { start: row, len: rows as u32 }], dst) };
+        unsafe { store.columns().read_stored(col, &[RowRange { start: row, len: rows as u32 }], dst) };
         Ok(())
     }
 }

@@ -257,3 +257,113 @@ fn create_items_makes_one_item_per_step_of_an_extend() {
     assert!(e.contains("6 items of 2 steps") && e.contains("need 7 steps"), "{e}");
     assert_eq!(contents(&s, &t), vec![vec![2, 3], vec![3, 4], vec![4, 5]]);
 }
+
+/// A store whose `v` samples as stacks of 3 (padded with the episode's first
+/// value), `w` as stacks of 2 (padded with zeros) and `x` unstacked.
+fn stacked_store(capacity: u64, block_steps: u32, compress: bool) -> Store {
+    use crate::signature::StackPadding;
+    let level = compress.then_some(3);
+    let sig = Signature::new(vec![
+        Field::new("v", DType::Int64, vec![]).unwrap().stacked(3, StackPadding::Reset).unwrap().compressed(level).unwrap(),
+        Field::new("w", DType::UInt8, vec![2]).unwrap().stacked(2, StackPadding::Zero).unwrap(),
+        Field::new("x", DType::Int64, vec![]).unwrap(),
+    ])
+    .unwrap();
+    Store::new(sig, capacity, block_steps, None).unwrap()
+}
+
+fn stacked_columns(vs: &[i64]) -> [Vec<u8>; 3] {
+    let v: Vec<u8> = vs.iter().flat_map(|v| v.to_ne_bytes()).collect();
+    let w: Vec<u8> = vs.iter().flat_map(|&v| [v as u8, (v + 1) as u8]).collect();
+    [v.clone(), w, v]
+}
+
+/// What a sample of the item over `episode[end - k..end]` holds per column, as
+/// gymnasium's FrameStackObservation would have stacked the episode's values.
+fn stacked_expected(episode: &[i64], end: usize, k: usize) -> [Vec<u8>; 3] {
+    let (mut v, mut w, mut x) = (Vec::new(), Vec::new(), Vec::new());
+    for i in end - k..end {
+        for j in (0..3).rev() {
+            v.extend(episode[i.saturating_sub(j)].to_ne_bytes());
+        }
+        match i {
+            0 => w.extend([0, 0]),
+            _ => w.extend([episode[i - 1] as u8, (episode[i - 1] + 1) as u8]),
+        }
+        w.extend([episode[i] as u8, (episode[i] + 1) as u8]);
+        x.extend(episode[i].to_ne_bytes());
+    }
+    [v, w, x]
+}
+
+fn stacked_contents(t: &Table) -> Vec<[Vec<u8>; 3]> {
+    let mut out = Vec::new();
+    for info in t.items() {
+        let b = t.sample(1, Some(Duration::ZERO)).unwrap();
+        let len = b.items[0].length;
+        let cols = b.columns();
+        let got: Vec<Vec<u8>> = (0..3)
+            .map(|c| {
+                let mut bytes = vec![0u8; len as usize * cols.sample_bytes(c)];
+                b.gather(c, len, &mut bytes);
+                bytes
+            })
+            .collect();
+        out.push([got[0].clone(), got[1].clone(), got[2].clone()]);
+        drop(b);
+        t.delete(&[info.key]);
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(150))]
+    /// Stacked fields sample the last frames of the item's episode, padded at its
+    /// start, across block boundaries, appends and extends, compressed or not.
+    #[test]
+    fn stacks_match_a_frame_stacking_reference(ops in ops(), bs in 3u32..9, compress in any::<bool>(),
+                                               max_seq in prop_oneof![Just(None), (1u64..8).prop_map(Some)]) {
+        let s = stacked_store(1024, bs, compress);
+        let t = table(&s, "t", 1024);
+        let mut w = Writer::new(s.clone(), max_seq).unwrap();
+        let mut episode: Vec<i64> = Vec::new();
+        let mut expected = Vec::new();
+        let mut next = 1i64;
+        for op in ops {
+            match op {
+                Op::Append | Op::Extend(_) => {
+                    let n = if let Op::Extend(n) = op { n } else { 1 };
+                    let vs: Vec<i64> = (next..next + n as i64).map(|v| v * 7).collect();
+                    let [a, b, c] = stacked_columns(&vs);
+                    if n == 1 { w.append(&[&a, &b, &c], None).unwrap() } else { w.extend(&[&a, &b, &c], n, None).unwrap() }
+                    episode.extend(&vs);
+                    next += n as i64;
+                }
+                Op::Item(k) => {
+                    if w.create_item(&t, k, 1.0, &[], None).is_ok() {
+                        expected.push(stacked_expected(&episode, episode.len(), k as usize));
+                    }
+                }
+                Op::Items(k, n) => {
+                    if w.create_items(&t, k, &vec![1.0; n as usize], &[], None).is_ok() {
+                        for back in (0..n as usize).rev() {
+                            expected.push(stacked_expected(&episode, episode.len() - back, k as usize));
+                        }
+                    }
+                }
+                Op::EndEpisode => { w.end_episode(); episode.clear(); }
+            }
+        }
+        w.close();
+        prop_assert_eq!(stacked_contents(&t), expected);
+        prop_assert_eq!(s.free_blocks(), s.num_blocks() as usize, "all blocks return once items are gone");
+    }
+}
+
+#[test]
+fn a_stack_larger_than_a_block_is_refused() {
+    use crate::signature::StackPadding;
+    let sig = Signature::new(vec![Field::new("v", DType::Int64, vec![]).unwrap().stacked(4, StackPadding::Reset).unwrap()]).unwrap();
+    let e = Store::new(sig, 12, 3, None).unwrap_err().to_string();
+    assert!(e.contains("'v'") && e.contains("stacks 4 frames") && e.contains("block_steps must be at least"), "{e}");
+}
