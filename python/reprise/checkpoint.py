@@ -143,8 +143,8 @@ def load(path, progress: bool | None = None, device=None, directory=None,
         if file is not None:
             raise InvalidArgument(f"{path}: this is the index of the file store whose columns are {file}, saved in "
                                   f"place: open it with rp.Store.open({os.path.dirname(file)!r})")
-        sig = {n: Field(tuple(shape), dtype, compress=None if level is None else "zstd", level=level)
-               for n, shape, dtype, level in signature}
+        sig = {n: Field._from_native(shape, dtype, level, stack, padding)
+               for n, shape, dtype, level, stack, padding in signature}
         on = None if saved_on == "cpu" else (saved_on if device is None else device)
         host = on is None
         store = Store(sig, capacity=capacity, block_steps=block_steps, device=on,

@@ -160,7 +160,7 @@ class Client:
         if known is None:
             from .file_store import MEMORY_FILE_SYSTEMS, file_system
             _, _, _, fields, path = self._native.store_memory(table)
-            known = (any(level is not None for *_, level in fields)
+            known = (any(level is not None or stack > 1 for _, _, _, level, stack, _ in fields)
                      or file_system(os.fspath(path)) not in MEMORY_FILE_SYSTEMS)
             self._staged_tables[table] = known
         return known
@@ -173,7 +173,7 @@ class Client:
         views = self._host_views.get(key)
         if views is None:
             from .torch.columns import HostColumns
-            signature = {name: Field(tuple(shape), dtype) for name, shape, dtype, _ in fields}
+            signature = {name: Field(tuple(shape), dtype) for name, shape, dtype, *_ in fields}
             views = HostColumns((address, nbytes), layout, signature, capacity, device, owner=self._native)
             self._host_views[key] = views
         return views

@@ -145,13 +145,13 @@ class FileDirectory:
 
     def write_meta(self, signature: dict, capacity: int, block_steps: int) -> None:
         meta = {"format": FORMAT, "version": VERSION, "capacity": capacity, "block_steps": block_steps,
-                "signature": [[name, list(f.shape), f.dtype, f.level] for name, f in signature.items()]}
+                "signature": [[name, list(f.shape), f.dtype, f.level] + ([f.stack, f.padding] if f.stack > 1 else [])
+                              for name, f in signature.items()]}
         self._write(os.path.join(self.path, "store.json"), json.dumps(meta, indent=1))
 
     @staticmethod
     def signature_of(meta: dict) -> dict:
-        return {name: Field(tuple(shape), dtype, compress=None if level is None else "zstd", level=level)
-                for name, shape, dtype, level in meta["signature"]}
+        return {name: Field._from_native(shape, dtype, level, *rest) for name, shape, dtype, level, *rest in meta["signature"]}
 
     def _write(self, path: str, text: str) -> None:
         """Writes ``path`` whole or not at all (a temporary file renamed), synced."""

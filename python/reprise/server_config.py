@@ -30,6 +30,7 @@ checkpoint directory::
     huge_pages = false                  # true: 2 MiB pages; directory must be hugetlbfs or a huge= tmpfs
     fields = { obs = { shape = [4], dtype = "float32" }, action = { dtype = "int64" } }
     # a field may be stored compressed: frame = { shape = [84, 84], dtype = "uint8", compress = "zstd", level = 3 }
+    # and stacked (one frame stored per step, sampled as the last 4): add stack = 4 (and padding = "zero")
 
     [[tables]]
     name = "replay"
@@ -87,7 +88,8 @@ _TOP = {"address": "string", "token": "string", "token_file": "string", "checkpo
 _TLS = {"cert": "string", "key": "string"}
 _STORE = {"name": "string", "capacity": "integer", "block_steps": "integer", "directory": "string",
           "huge_pages": "boolean", "fields": "table"}
-_FIELD = {"shape": "array of integers", "dtype": "string", "compress": "string", "level": "integer"}
+_FIELD = {"shape": "array of integers", "dtype": "string", "compress": "string", "level": "integer",
+          "stack": "integer", "padding": "string"}
 _TABLE = {"name": "string", "store": "string", "sampler": "string or table", "remover": "string or table",
           "rate_limiter": "string or table", "max_size": "integer", "max_times_sampled": "integer",
           "seed": "integer", "evict_when_store_full": "boolean", "extensions": "array of names or tables"}
@@ -268,7 +270,7 @@ def _store(where: str, s: dict, directory: str) -> Store:
     for fname, f in fields.items():
         with _at(f"{where}.fields.{fname}"):
             signature[fname] = Field(tuple(f.get("shape", ())), f.get("dtype", "float32"), compress=f.get("compress"),
-                                     level=f.get("level"))
+                                     level=f.get("level"), stack=f.get("stack", 1), padding=f.get("padding", "reset"))
     if "capacity" not in s:
         raise InvalidArgument(f"{where}: 'capacity' (steps) is required")
     store_dir = os.path.join(directory, s["directory"]) if "directory" in s else None

@@ -70,6 +70,11 @@ class Store:
             raise InvalidArgument(f"field '{compressed[0]}' is compressed, and a store on {device} keeps its columns "
                                   f"raw in GPU memory: store it raw there, or keep the store on the host "
                                   f"(device=None) and sample it to {device}")
+        stacked = [name for name, f in signature.items() if f.stack > 1]
+        if stacked and not is_host_device(device):
+            raise InvalidArgument(f"field '{stacked[0]}' is stacked, and a store on {device} keeps whole steps in GPU "
+                                  f"memory: keep the store on the host (device=None) and sample it to {device}, or "
+                                  f"store the stacks whole there")
         if not is_host_device(device):
             from .torch import resolve
             from .torch.device_store import INDEX_FIELD
@@ -83,6 +88,7 @@ class Store:
         self._signature = dict(signature)
         self._huge_pages = huge_pages
         levels = [f.level for f in signature.values()] if self._device is None else []
+        stacks = [(f.stack, f.padding) for f in signature.values()] if self._device is None and stacked else []
         self._file = None
         self._restored: dict = {}  # tables Store.open brought back (kept alive with the store)
         if backing == "file":
@@ -91,7 +97,7 @@ class Store:
             self._file = FileDirectory.create(directory) if made else _opened
             try:
                 self._native = _native.Store(index_signature, capacity, block_steps, None, False, levels,
-                                             file=self._file.columns, open=not made)
+                                             file=self._file.columns, open=not made, stacks=stacks)
                 if made:
                     self._file.write_meta(signature, self._native.capacity, block_steps)
             except BaseException:
@@ -101,9 +107,10 @@ class Store:
         else:
             self._native = _native.Store(
                 index_signature, capacity, block_steps, None if directory is None else os.fspath(directory),
-                huge_pages, levels,
+                huge_pages, levels, stacks=stacks,
             )
         self._compressed = frozenset(compressed)
+        self._stacked = frozenset(stacked)
         if self._device is not None:
             from .torch.columns import DeviceColumns
             self._device_columns = DeviceColumns(self._signature, self._native.capacity, self._device)
@@ -175,6 +182,8 @@ class Store:
         copied on the host and moved), or None when it can."""
         if self._compressed:
             return f"fields {sorted(self._compressed)} are compressed"
+        if self._stacked:
+            return f"fields {sorted(self._stacked)} are stacked (a step's frames are assembled on the host)"
         if self._native.persistent:
             return "it is a file store (registering its file with the GPU would pin all of it in memory)"
         return None
@@ -275,6 +284,6 @@ class Store:
         return reduce_store(self)
 
     def __repr__(self):
-        fields = ", ".join(f"{k}: {v.dtype}{list(v.shape)}" + (f" zstd:{v.level}" if v.compress else "")
-                           for k, v in self._signature.items())
+        fields = ", ".join(f"{k}: {v.dtype}{list(v.shape)}" + (f" stack:{v.stack}" if v.stack > 1 else "")
+                           + (f" zstd:{v.level}" if v.compress else "") for k, v in self._signature.items())
         return f"Store({{{fields}}}, capacity={self.capacity}, block_steps={self.block_steps})"

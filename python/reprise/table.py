@@ -59,16 +59,23 @@ def _warn_if_the_store_cannot_hold(name: str, store: Store, max_size: int, evict
     filling, and a block comes free only when its last item goes: a store holds
     ``max_size`` items of ``k`` steps with ``(max_size + 1) x k + 2 x block_steps``
     steps (exactly, with a Fifo or Lifo remover and one writer; other removers free
-    rows out of order and need more, and so does each further writer)."""
-    need = max_size + 1 + 2 * store.block_steps
+    rows out of order and need more, and so does each further writer). With stacked
+    fields a block holds ``block_steps - (stack - 1)`` steps of an episode it continues
+    (see ``Field``'s ``stack``), and each episode takes ``stack - 1`` rows more."""
+    lead = max(f.stack for f in store.signature.values()) - 1
+    bs = store.block_steps
+    need = -(-(max_size + 1) * bs // (bs - lead)) + 2 * bs
     if store.capacity >= need:
         return
     then = "evict items (ring semantics)" if evicts else "refuse writes (ResourceExhausted)"
+    stacked = (f" x {bs}/{bs - lead} (a block holds {bs - lead} steps of a stacked episode it continues)"
+               if lead else "")
     warnings.warn(
         f"table '{name}': max_size={max_size} needs a store of at least {need} steps even for one-step items "
-        f"((max_size + 1) x 1 + 2 x block_steps: the next item's step, the block a writer is filling and the oldest, partly freed one); "
+        f"((max_size + 1) x 1{stacked} + 2 x block_steps: the next item's step, the block a writer is filling and "
+        f"the oldest, partly freed one); "
         f"the store has {store.capacity}, so it will {then} before the table holds max_size. Give the store "
-        f"capacity >= (max_size + 1) x steps per item + 2 x block_steps.",
+        f"capacity >= (max_size + 1) x steps per item{stacked} + 2 x block_steps.",
         CapacityWarning, stacklevel=3)
 
 

@@ -22,7 +22,7 @@ use parking_lot::Mutex;
 use reprise_core::blocks::BlockSource;
 use reprise_core::error::{Error, Result};
 use reprise_core::item::check_priority;
-use reprise_core::signature::{DType, Field, Signature};
+use reprise_core::signature::{DType, Field, Signature, StackPadding};
 use reprise_core::{Collect, Columns, SampledItem, TableInfo, Wait, Window, Writer};
 use reprise_wire::codes::from_local_code;
 use reprise_wire::local::{self as p, Frame, Reader};
@@ -155,7 +155,13 @@ fn hello(path: &Path) -> Result<(UnixStream, ServerInfo)> {
                 0 => None,
                 l => Some(l),
             };
-            let field = Field::new(&name, dtype, shape).and_then(|f| f.compressed(level));
+            let stack = r.u32()?;
+            let padding = match r.u32()? {
+                0 => StackPadding::Reset,
+                1 => StackPadding::Zero,
+                p => return Err(Error::Corrupt(format!("field '{name}': unknown stack padding {p}"))),
+            };
+            let field = Field::new(&name, dtype, shape).and_then(|f| f.compressed(level)).and_then(|f| f.stacked(stack, padding));
             fields.push(field.map_err(|e| Error::Corrupt(e.to_string()))?);
         }
         let sig = Signature::new(fields).map_err(|e| Error::Corrupt(e.to_string()))?;

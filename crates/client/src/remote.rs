@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use reprise_core::error::{Error, Result};
-use reprise_core::{DType, Field, Signature, TableInfo};
+use reprise_core::{DType, Field, Signature, StackPadding, TableInfo};
 use reprise_wire::codes::from_status;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -111,7 +111,7 @@ async fn receive(rx: &mut Streaming<pb::SampleResponse>, signature: &Signature) 
         .iter()
         .map(|name| {
             let i = signature.index_of(name).ok_or_else(|| Error::Corrupt(format!("the server sent unknown field '{name}'")))?;
-            Ok(r.keys.len() * r.max_length as usize * signature.fields()[i].row_bytes())
+            Ok(r.keys.len() * r.max_length as usize * signature.fields()[i].sample_bytes())
         })
         .sum::<Result<usize>>()?;
     let mut got = r.column_bytes();
@@ -582,7 +582,10 @@ fn store_signature(store: &pb::Store) -> Result<Signature> {
     let fields = store
         .fields
         .iter()
-        .map(|f| Field::new(&f.name, DType::from_name(&f.dtype)?, f.shape.iter().map(|&d| d as usize).collect()))
+        .map(|f| {
+            let padding = if f.padding.is_empty() { StackPadding::Reset } else { StackPadding::from_name(&f.padding)? };
+            Field::new(&f.name, DType::from_name(&f.dtype)?, f.shape.iter().map(|&d| d as usize).collect())?.stacked(f.stack.max(1), padding)
+        })
         .collect::<Result<Vec<_>>>()
         .map_err(corrupt)?;
     Signature::new(fields).map_err(corrupt)

@@ -94,8 +94,13 @@ struct PyMakeStore {
 
 impl MakeStore for PyMakeStore {
     fn make_store(&mut self, spec: &StoreSpec) -> Result<NewStore> {
-        let signature: Vec<(String, Vec<usize>, &str, Option<i32>)> =
-            spec.signature.fields().iter().map(|f| (f.name.clone(), f.shape.clone(), f.dtype.name(), f.compress)).collect();
+        #[allow(clippy::type_complexity)]
+        let signature: Vec<(String, Vec<usize>, &str, Option<i32>, u32, &str)> = spec
+            .signature
+            .fields()
+            .iter()
+            .map(|f| (f.name.clone(), f.shape.clone(), f.dtype.name(), f.compress, f.stack, f.padding.name()))
+            .collect();
         let made = Python::attach(|py| -> PyResult<_> {
             let file = spec.file.as_ref().map(|p| p.to_string_lossy().into_owned());
             let out = self.make.call1(py, (spec.index, signature, spec.capacity, spec.block_steps, spec.device.as_str(), file))?;

@@ -116,7 +116,7 @@ fn remote_sample<'py>(py: Python<'py>, drawn: Drawn<RemoteSample>, sig: &Signatu
                 crate::errors::new_error(py, "Corrupt", format!("the server sent unknown field '{name}'"))
             })?;
             let mut shape = vec![n, t];
-            shape.extend(&field.shape);
+            shape.extend(field.sample_shape());
             let dtype: Py<PyArrayDescr> = PyArrayDescr::new(py, field.dtype.name())?.unbind();
             let (array, mut out) = new_array(py, &shape, &dtype, false)?;
             let want = out.bytes().len();
@@ -359,14 +359,14 @@ impl PyClient {
     /// `((address, bytes), layout, capacity, fields, path)` of `table`'s shared-memory
     /// store, mapped in this process. Local clients only.
     #[allow(clippy::type_complexity)]
-    fn store_memory(&self, py: Python<'_>, table: &str) -> PyResult<((usize, usize), Vec<(String, usize, usize)>, u64, Vec<(String, Vec<usize>, String, Option<i32>)>, PathBuf)> {
+    fn store_memory(&self, py: Python<'_>, table: &str) -> PyResult<((usize, usize), Vec<(String, usize, usize)>, u64, Vec<(String, Vec<usize>, String, Option<i32>, u32, String)>, PathBuf)> {
         let columns = self.local(py, "store_memory")?.columns(Some(table)).map_err(py_err(py))?;
         let (base, len) = columns.memory();
         let fields = columns
             .signature()
             .fields()
             .iter()
-            .map(|f| (f.name.clone(), f.shape.clone(), f.dtype.name().to_string(), f.compress))
+            .map(|f| (f.name.clone(), f.shape.clone(), f.dtype.name().to_string(), f.compress, f.stack, f.padding.name().to_string()))
             .collect();
         Ok(((base as usize, len), crate::store::layout(&columns), columns.capacity(), fields, columns.path().to_path_buf()))
     }

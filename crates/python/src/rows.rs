@@ -331,7 +331,7 @@ impl PySampleRows {
                 return Err(invalid(py, "pack: one offset per field, ascending, past the header and the record, is needed".into()));
             }
             for (col, &at) in offsets.iter().enumerate() {
-                if at + widest * columns.row_bytes(col) > stride {
+                if at + widest * columns.sample_bytes(col) > stride {
                     return Err(invalid(py, format!("pack: field {col} of {widest} steps does not fit its row of {stride} bytes")));
                 }
             }
@@ -364,7 +364,7 @@ impl PySampleRows {
                     // Zeros past each field's steps, up to the next field (or the row's end).
                     for (col, &at) in offsets.iter().enumerate() {
                         let end = offsets.get(col + 1).copied().unwrap_or(stride);
-                        row[at + item.length as usize * columns.row_bytes(col)..end].fill(0);
+                        row[at + item.length as usize * columns.sample_bytes(col)..end].fill(0);
                     }
                 }
                 row[HEADER..HEADER + record].copy_from_slice(&records[i * record..(i + 1) * record]);

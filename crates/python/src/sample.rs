@@ -42,7 +42,7 @@ pub fn sample_with<'py, S: Collect + Send + Sync>(
     for &col in select {
         let f = &sig.fields()[col];
         let mut shape = if packed { vec![total] } else { vec![n, t] };
-        shape.extend(&f.shape);
+        shape.extend(f.sample_shape());
         let dtype: Py<PyArrayDescr> = PyArrayDescr::new(py, f.dtype.name())?.unbind();
         let (array, out) = new_array(py, &shape, &dtype, ragged && !packed)?;
         data.set_item(&f.name, array)?;

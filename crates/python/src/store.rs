@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use pyo3::prelude::*;
-use reprise_core::signature::{DType, Field, Signature};
+use reprise_core::signature::{DType, Field, Signature, StackPadding};
 use reprise_core::Store;
 
 use crate::arrays::{field_infos, FieldInfo};
@@ -20,7 +20,7 @@ pub struct PyStore {
 #[pymethods]
 impl PyStore {
     #[new]
-    #[pyo3(signature = (fields, capacity, block_steps, directory=None, huge_pages=false, compress=Vec::new(), file=None, open=false))]
+    #[pyo3(signature = (fields, capacity, block_steps, directory=None, huge_pages=false, compress=Vec::new(), file=None, open=false, stacks=Vec::new()))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -32,9 +32,13 @@ impl PyStore {
         compress: Vec<Option<i32>>,
         file: Option<PathBuf>,
         open: bool,
+        stacks: Vec<(u32, String)>,
     ) -> PyResult<Self> {
         if !compress.is_empty() && compress.len() != fields.len() {
             return Err(invalid(py, format!("compress: {} levels for {} fields", compress.len(), fields.len())));
+        }
+        if !stacks.is_empty() && stacks.len() != fields.len() {
+            return Err(invalid(py, format!("stacks: {} stacks for {} fields", stacks.len(), fields.len())));
         }
         let err = py_err(py);
         let mut sig = Vec::with_capacity(fields.len());
@@ -45,6 +49,10 @@ impl PyStore {
             }
             let field = Field::new(&name, dtype, shape.iter().map(|&d| d as usize).collect())
                 .and_then(|f| f.compressed(compress.get(i).copied().flatten()))
+                .and_then(|f| match stacks.get(i) {
+                    Some((k, padding)) => f.stacked(*k, StackPadding::from_name(padding)?),
+                    None => Ok(f),
+                })
                 .map_err(&err)?;
             sig.push(field);
         }
@@ -151,7 +159,7 @@ impl PyStore {
             for (&r, dst) in rows.iter().zip(out.chunks_exact_mut(row_bytes.max(1))) {
                 // SAFETY: the row is inside the column (checked above), and the caller
                 // holds its block (this method's contract, kept by its only callers).
-                unsafe { columns.read_ranges(col, &[reprise_core::RowRange { start: r as u64, len: 1 }], dst) };
+                unsafe { columns.read_stored(col, &[reprise_core::RowRange { start: r as u64, len: 1 }], dst) };
             }
         };
         py.detach(|| {

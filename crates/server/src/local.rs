@@ -389,6 +389,10 @@ impl Connection {
                     f.u64(d as u64);
                 });
                 f.u32(field.compress.unwrap_or(0) as u32);
+                f.u32(field.stack).u32(match field.padding {
+                    reprise_core::StackPadding::Reset => 0,
+                    reprise_core::StackPadding::Zero => 1,
+                });
             }
         }
         f.u32(self.shared.tables.len() as u32);

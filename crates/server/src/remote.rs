@@ -481,7 +481,7 @@ pub fn sample_parts(mut batch: SampleBatch, fields: &[usize], partial: bool, par
         more: false,
         attributes: schema.columns(&records, n).into_iter().map(Bytes::from).collect(),
     };
-    let strides: Vec<usize> = fields.iter().map(|&c| t as usize * batch.store().row_bytes(c)).collect();
+    let strides: Vec<usize> = fields.iter().map(|&c| t as usize * batch.store().columns().sample_bytes(c)).collect();
     let item_bytes: usize = strides.iter().sum();
     let batch = Arc::new(batch);
     let rows = |items: std::ops::Range<usize>| -> Vec<pb::Column> {
@@ -537,7 +537,13 @@ impl Replay for Service {
                     .signature()
                     .fields()
                     .iter()
-                    .map(|f| pb::Field { name: f.name.clone(), dtype: f.dtype.name().into(), shape: f.shape.iter().map(|&d| d as u64).collect() })
+                    .map(|f| pb::Field {
+                        name: f.name.clone(),
+                        dtype: f.dtype.name().into(),
+                        shape: f.shape.iter().map(|&d| d as u64).collect(),
+                        stack: f.stack,
+                        padding: if f.stack > 1 { f.padding.name().into() } else { String::new() },
+                    })
                     .collect(),
                 capacity: st.capacity(),
                 block_steps: st.block_steps(),

@@ -19,7 +19,9 @@ use reprise_core::RowRange;
 /// `UPDATE_ATTRIBUTE`. Version 5: `LEASE` asks for spare blocks too, `LEASED` lists
 /// the blocks handed out. Version 6: `HELLO_OK` gives each field's zstd level (0:
 /// stored raw), which the client's layout of the shared columns depends on.
-pub const VERSION: u32 = 6;
+/// Version 7: `HELLO_OK` gives each field's stack and padding (0 reset, 1 zero),
+/// which the client's writers and reads depend on.
+pub const VERSION: u32 = 7;
 /// Most spare blocks one `LEASE` may ask for.
 pub const MAX_SPARES: u32 = 64;
 /// Largest attribute record of one item.

@@ -34,7 +34,7 @@ pub struct Rows {
 impl Rows {
     /// Bytes these rows take on the wire.
     pub fn len(&self) -> usize {
-        self.items.len() * self.t_max as usize * self.batch.columns().row_bytes(self.column)
+        self.items.len() * self.t_max as usize * self.batch.columns().sample_bytes(self.column)
     }
 
     pub fn is_empty(&self) -> bool {

@@ -35,8 +35,8 @@ def _align(n: int) -> int:
 
 
 def step_bytes(field) -> int:
-    """Bytes of one step of ``field``."""
-    return math.prod(field.shape) * np.dtype(field.dtype).itemsize
+    """Bytes of one step of ``field`` as sampled (its stack of frames when stacked)."""
+    return math.prod(field.sample_shape) * np.dtype(field.dtype).itemsize
 
 
 def layout(signature: dict, steps: int, record: int = 0) -> tuple[list[int], int]:
@@ -143,7 +143,7 @@ def unpack_received(recv: np.ndarray, starts: np.ndarray, counts: np.ndarray, or
     header = header.view(HEADER_DTYPE)
     data = {}
     for (name, f), out in zip(signature.items(), outputs):
-        shape = (total, *f.shape) if packed else (n, longest, *f.shape)
+        shape = (total, *f.sample_shape) if packed else (n, longest, *f.sample_shape)
         arr = out.view(np.dtype(f.dtype)).reshape(shape)
         if device is not None:
             import torch

@@ -128,7 +128,7 @@ class ShardedTable:
         self._boundaries: list[tuple[int, int]] = []
 
         g = self._g = Group(group, float(timeout), what)
-        config = (name, [(k, tuple(f.shape), f.dtype) for k, f in signature.items()], int(capacity_per_shard),
+        config = (name, [(k, repr(f)) for k, f in signature.items()], int(capacity_per_shard),
                   sampler._spec(), remover._spec(), max_size_per_shard, rate_limiter._spec(), self._max_times, seed,
                   shards, assignment, block_steps, schema, max_staleness, groups)
         configs = g.all_gather_object(config, "comparing constructor arguments")
@@ -184,9 +184,11 @@ class ShardedTable:
         # record, the store row numbers of the item's steps); the consumer copies the
         # rows from the owner's shared memory itself. Only rows for other hosts cross
         # in full. locators[s, d]: the part from s to d holds locators (the same on
-        # every rank).
+        # every rank). Rows that are not the columns' bytes as they lie (compressed or
+        # stacked fields) always cross in full: the owner assembles them.
         self._locators = np.zeros((g.size, g.size), dtype=bool)
-        if self._data_backend != "nccl":
+        in_place = all(f.compress is None and f.stack == 1 for f in signature.values())
+        if self._data_backend != "nccl" and in_place:
             for s in self._owner:
                 if shards == "host":
                     self._locators[s] = hosts == hosts[s]

@@ -11,6 +11,7 @@ from .config import Config
 from .envs import env_spec, make_env
 from .model import load_flat_parameters, make_network
 from .nstep import NStepTransitions
+from .tables import stacks_frames
 
 
 def actor_epsilon(cfg: Config, index: int) -> float:
@@ -38,7 +39,7 @@ def actor_main(cfg: Config, actor_id: int, address: str, seed: int, parent: int)
     envs = [make_env(cfg.env, seed * 1000 + j) for j in range(E)]
     eps = np.array([actor_epsilon(cfg, actor_id * E + j) for j in range(E)])
     streams = [NStepTransitions(client.writer("replay", max_sequence_length=cfg.n_step + 1), "replay",
-                                cfg.n_step, cfg.gamma) for _ in range(E)]
+                                cfg.n_step, cfg.gamma, newest_frame=stacks_frames(spec)) for _ in range(E)]
     reports = client.writer("episodes", max_sequence_length=1)
     obs = [e.reset(seed=seed * 1000 + j)[0] for j, e in enumerate(envs)]
     ep_return = [0.0] * E

@@ -18,10 +18,15 @@ class NStepTransitions:
     transition t covers steps t .. t + k with k = min(n, steps left): its return is
     ``sum_i gamma^i reward[i] for i < k``, bootstrapped from ``obs[k]`` unless ``terminal[k]``.
     Transitions overlap, so their items share steps. The initial priority is |TD error|
-    with the actor's own Q values, as in Ape-X."""
+    with the actor's own Q values, as in Ape-X.
 
-    def __init__(self, writer, table: str, n: int, gamma: float):
+    With ``newest_frame`` (a replay whose ``obs`` is a stacked field, ``rp.Field(stack=k)``)
+    each step writes only the newest frame of its observation (``obs[-1]``); samples give
+    the stacks back."""
+
+    def __init__(self, writer, table: str, n: int, gamma: float, newest_frame: bool = False):
         self.writer, self.table, self.n = writer, table, n
+        self.newest_frame = newest_frame
         self.discounts = gamma ** np.arange(n + 1)
         self.history = deque(maxlen=n)   # (Q(s_t, a_t), r_t) of the last n transitions
 
@@ -33,14 +38,16 @@ class NStepTransitions:
 
     def step(self, obs, q_values, action: int, reward: float) -> None:
         """Writes step t; ``q_values`` = Q(s_t, .). The step completes transition t - n."""
-        self.writer.append({"obs": obs, "action": action, "reward": reward, "terminal": False})
+        self.writer.append({"obs": obs[-1] if self.newest_frame else obs, "action": action, "reward": reward,
+                            "terminal": False})
         if len(self.history) == self.n:
             self.writer.create_item(self.table, self.n + 1, self._priority(self.n, float(np.max(q_values))))
         self.history.append((float(q_values[action]), float(reward)))
 
     def end(self, final_obs, q_values, terminated: bool) -> None:
         """Writes the final observation and the items of every transition still open."""
-        self.writer.append({"obs": final_obs, "action": 0, "reward": 0.0, "terminal": bool(terminated)})
+        self.writer.append({"obs": final_obs[-1] if self.newest_frame else final_obs, "action": 0, "reward": 0.0,
+                            "terminal": bool(terminated)})
         bootstrap = 0.0 if terminated else float(np.max(q_values))
         for k in range(len(self.history), 0, -1):
             self.writer.create_item(self.table, k + 1, self._priority(k, bootstrap))

@@ -9,16 +9,30 @@ import reprise as rp
 from .config import Config
 
 
+def stacks_frames(spec: dict) -> bool:
+    """Whether the replay stores one frame per step and samples stacks (Atari: uint8
+    observations of stacked frames, as gymnasium's FrameStackObservation gives them)."""
+    return spec["obs_dtype"] == "uint8" and len(spec["obs_shape"]) == 3
+
+
+def replay_obs_field(spec: dict) -> rp.Field:
+    """The replay's ``obs`` field. Atari frames are stored once each (a step writes its
+    newest frame and samples as the stack of 4 it was seen as, padded at an episode's start
+    as FrameStackObservation pads) and compressed: a transition takes a few hundred bytes
+    instead of 28 KB (docs/concepts.md, "Stacked fields" and "Compressed fields")."""
+    shape, dtype = tuple(spec["obs_shape"]), spec["obs_dtype"]
+    if stacks_frames(spec):
+        return rp.Field(shape[1:], dtype, compress="zstd", stack=shape[0])
+    return rp.Field(shape, dtype)
+
+
 def make_tables(cfg: Config, spec: dict, num_params: int):
     """The replay table (n-step transitions over shared steps), the one-item parameter table,
     the best-parameters table and the two report queues."""
     writers = cfg.actors * cfg.envs_per_actor
     block = 64
-    # Atari frames (uint8 images) are stored compressed: a 4x84x84 stack takes a few hundred
-    # bytes instead of 28 KB (docs/concepts.md, "Compressed fields").
-    image = spec["obs_dtype"] == "uint8"
     replay_store = rp.Store({
-        "obs": rp.Field(spec["obs_shape"], spec["obs_dtype"], compress="zstd" if image else None),
+        "obs": replay_obs_field(spec),
         "action": rp.Field((), "int64"),
         "reward": rp.Field((), "float32"),
         "terminal": rp.Field((), "bool"),
