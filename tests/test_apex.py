@@ -267,7 +267,8 @@ def test_atari_observations_network_and_items():
         store.close()
 
 
-def test_atari_replay_keeps_its_frames_compressed_and_vector_observations_raw():
+def test_atari_replay_stores_each_frame_once_compressed_and_vector_observations_raw():
+    from reprise.examples.apex.nstep import NStepTransitions
     from reprise.examples.apex.tables import make_tables
     cfg = apex.Config(actors=1, envs_per_actor=1, replay_size=256, min_replay=10)
     for spec, compressed in (({"obs_shape": (4, 84, 84), "obs_dtype": "uint8"}, {"obs"}),
@@ -276,18 +277,26 @@ def test_atari_replay_keeps_its_frames_compressed_and_vector_observations_raw():
         try:
             replay = tables[0]
             assert replay.store.compressed_fields == compressed
+            assert replay.store.signature["obs"].stack == (4 if compressed else 1)
             if compressed:
-                # 100 steps, items over the first 60: under the replay's rate limiter (nothing
-                # samples while they go in), and the first block of 64 steps is full.
-                frames = np.zeros((100, 4, 84, 84), np.uint8)
-                frames[:, :, 40:44, :] = np.arange(100)[:, None, None, None] % 84
+                # One episode of 100 stacks as FrameStackObservation gives them (the first
+                # frame repeated at the start), written by the actor's stream: each step
+                # writes its newest frame; 3-step items (under the replay's rate limiter:
+                # nothing samples while they go in).
+                frames = np.zeros((100, 84, 84), np.uint8)
+                frames[:, 40:44, :] = np.arange(100)[:, None, None] % 84
+                stacks = np.stack([frames[np.maximum(np.arange(i - 3, i + 1), 0)] for i in range(100)])
                 with replay.store.writer() as w:
-                    for i in range(100):
-                        w.append({"obs": frames[i], "action": i, "reward": 0.0, "terminal": False})
-                        if i < 60:
-                            w.create_item("replay", 1, 1.0)
+                    stream = NStepTransitions(w, "replay", 3, 0.9, newest_frame=True)
+                    q = np.zeros(100, np.float32)   # Q values indexed by the action (the step)
+                    for i in range(60):
+                        stream.step(stacks[i], q, i, 0.0)
+                    stream.end(stacks[60], q, terminated=True)
                 s = replay.sample(32, timeout=0)
-                np.testing.assert_array_equal(s.data["obs"][:, 0], frames[s.data["action"][:, 0]])
+                assert s.data["obs"].shape == (32, 4, 4, 84, 84)
+                for j in range(32):
+                    first = s.data["action"][j, 0]
+                    np.testing.assert_array_equal(s.data["obs"][j, :s.lengths[j]], stacks[first:first + s.lengths[j]])
                 assert replay.store.memory()["fields"]["obs"]["ratio"] > 20
         finally:
             for t in tables:

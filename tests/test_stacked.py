@@ -281,8 +281,8 @@ def test_the_sizing_warning_counts_the_frames_copied_into_each_block():
     from reprise.errors import CapacityWarning
     s = rp.Store({"obs": rp.Field(FRAME, "uint8", stack=4)}, capacity=1024 + 2 * 16, block_steps=16)
     try:
-        # 1000 steps need ceil(1001 x 16/13) + 32 = 1265 rows: 3 of every 16 are copies.
-        with pytest.warns(CapacityWarning, match=r"max_size=1000 needs a store of at least 1265 steps.*16/13"):
+        # 1000 steps need 1001 x 16/13 + 32 = 1264 rows: 3 of every 16 are copies.
+        with pytest.warns(CapacityWarning, match=r"max_size=1000 needs a store of at least 1264 steps.*16/13"):
             rp.Table("t", s, sampler=rp.selectors.Uniform(), remover=rp.selectors.Fifo(), max_size=1000)
     finally:
         s.close()

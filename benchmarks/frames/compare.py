@@ -24,7 +24,8 @@ from benchmarks.frames.frames import STACK, collect
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RAW_STACKED = 2 * STACK * 84 * 84
-SYSTEMS = ("reprise-raw", "reprise-stack", "reprise-zstd", "cpprb", "cpprb-nstep", "torchrl-lazy", "torchrl-zstd")
+SYSTEMS = ("reprise-raw", "reprise-stack", "reprise-zstd", "reprise-field", "reprise-field-zstd", "cpprb", "cpprb-nstep",
+           "torchrl-lazy", "torchrl-zstd")
 
 
 def python_for(system: str) -> str | None:
@@ -66,21 +67,22 @@ def main(argv=None) -> int:
         print(f"frames: {n + 200} Pong steps in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
         results = [run(s, frames, n) for s in systems]
     by = {r["system"]: r for r in results}
-    print(f"{'system':14} {'bytes/transition':>17} {'vs raw stacked':>15} {'sample 256 (us)':>16}")
+    print(f"{'system':18} {'bytes/transition':>17} {'vs raw stacked':>15} {'sample 256 (us)':>16}")
     for r in results:
         if "bytes" not in r:
-            print(f"{r['system']:14} {r.get('skipped') or r.get('error')}")
+            print(f"{r['system']:18} {r.get('skipped') or r.get('error')}")
             continue
         per = r["bytes"] / r["n"]
         r["bytes_per_transition"], r["vs_raw_stacked"] = per, per / RAW_STACKED
-        print(f"{r['system']:14} {per:17,.0f} {per / RAW_STACKED:15.4f} {r['sample_us']:16,.0f}"
+        print(f"{r['system']:18} {per:17,.0f} {per / RAW_STACKED:15.4f} {r['sample_us']:16,.0f}"
               + ("  (rss)" if r.get("bytes_from") == "rss" else ""))
     ratios = {}
-    z = by.get("reprise-zstd", {})
-    for other in SYSTEMS:
-        o = by.get(other, {})
-        if "sample_us" in z and "sample_us" in o and other != "reprise-zstd":
-            ratios[f"reprise-zstd sample speed / {other}"] = o["sample_us"] / z["sample_us"]
+    for mine in ("reprise-zstd", "reprise-field-zstd"):
+        z = by.get(mine, {})
+        for other in SYSTEMS:
+            o = by.get(other, {})
+            if "sample_us" in z and "sample_us" in o and other != mine:
+                ratios[f"{mine} sample speed / {other}"] = o["sample_us"] / z["sample_us"]
     for k, v in ratios.items():
         print(f"{k}: {v:.2f}x")
     out_dir = os.path.join(ROOT, "benchmarks", "out")

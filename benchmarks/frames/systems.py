@@ -7,6 +7,8 @@ samples with obs and next_obs materialized).
 
 Systems: ``reprise-raw`` (TransitionBuffer, one stack per step), ``reprise-stack``
 (frame_stack=4: one frame per step), ``reprise-zstd`` (frame_stack=4 and zstd),
+``reprise-field`` and ``reprise-field-zstd`` (a table of n-step items over a store whose
+``obs`` is ``Field((84, 84), stack=4)``, raw or zstd: the Ape-X replay's layout),
 ``cpprb`` and ``cpprb-nstep`` (see ``cpprb``; run in its venv),
 ``torchrl-lazy`` (LazyTensorStorage of obs and next_obs stacks) and ``torchrl-zstd``
 (CompressedListStorage of the same)."""
@@ -52,6 +54,39 @@ def reprise(kind: str, path: str, n: int) -> dict:
         return b.obs, b.next_obs
     return dict(bytes=memory["stored_bytes"], fill_s=fill, sample=sample, size=len(buf),
                 versions={"reprise": rp.__version__}, close=buf._store.close)
+
+
+def reprise_field(kind: str, path: str, n: int) -> dict:
+    """n-step items over steps that store one frame each (``Field(stack=4)``), written as the
+    Ape-X actor writes them (``NStepTransitions``): a transition's obs and next obs are its
+    item's first and last steps, stacked from the same frames."""
+    import reprise as rp
+    from reprise.examples.apex.nstep import NStepTransitions
+    compress = "zstd" if kind == "reprise-field-zstd" else None
+    block = 64
+    store = rp.Store({"obs": rp.Field((84, 84), "uint8", stack=STACK, compress=compress),
+                      "action": rp.Field((), "int64"), "reward": rp.Field((), "float32"),
+                      "terminal": rp.Field((), "bool")},
+                     capacity=(n + 1) * block // (block - STACK + 1) + n // 50 + 4 * block, block_steps=block)
+    table = rp.Table("t", store, sampler=rp.selectors.Uniform(), remover=rp.selectors.Fifo(), max_size=n, seed=0)
+    w = store.writer(max_sequence_length=N_STEP + 1)
+    stream = NStepTransitions(w, "t", N_STEP, GAMMA, newest_frame=True)
+    q = np.zeros(32, np.float32)
+    t0 = time.perf_counter()
+    for obs, a, r, nxt, term, trunc, end in transitions(path, n + 64):
+        stream.step(obs, q, int(a), float(r))
+        if end:
+            stream.end(nxt, q, terminated=bool(term))
+    fill = time.perf_counter() - t0
+    memory = store.memory()
+    rows = np.arange(BATCH)
+
+    def sample():
+        s = table.sample(BATCH)
+        obs = s.data["obs"]
+        return obs[:, 0], obs[rows, s.lengths - 1]
+    return dict(bytes=memory["stored_bytes"], fill_s=fill, sample=sample, size=len(table),
+                versions={"reprise": rp.__version__}, close=store.close)
 
 
 def cpprb(kind: str, path: str, n: int) -> dict:
@@ -123,7 +158,9 @@ def main(argv=None) -> int:
     system, path, n = (argv or sys.argv[1:])[:3]
     n = int(n)
     before = rss()
-    if system.startswith("reprise"):
+    if system.startswith("reprise-field"):
+        r = reprise_field(system, path, n)
+    elif system.startswith("reprise"):
         r = reprise(system, path, n)
     elif system.startswith("cpprb"):
         r = cpprb(system, path, n)
