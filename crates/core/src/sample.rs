@@ -210,8 +210,9 @@ pub unsafe trait Collect: Sync {
         });
     }
 
-    /// Copies column `col` into `dst`, laid out `[n, t_max, row]`. Rows past an
-    /// item's length are left as they are (callers pass zeroed memory when ragged).
+    /// Copies column `col` into `dst`, laid out `[n, t_max, row]`, and zeroes the
+    /// rows past each item's length (so `dst` may be uninitialized memory: a zeroed
+    /// allocation of a large sample costs as much as its copy).
     /// Large copies are split across threads (at least [`PARALLEL_BYTES`] each, at
     /// most one per available core): one core cannot saturate memory bandwidth.
     fn gather(&self, col: usize, t_max: u32, dst: &mut [u8]) {
@@ -289,9 +290,14 @@ fn gather_runs(columns: &Columns, items: &[SampledItem], col: usize, dst: &mut [
     });
 }
 
-/// Copies column `col` of `items` into `dst` (`stride` bytes per item).
+/// Copies column `col` of `items` into `dst` (`stride` bytes per item), zeros past
+/// each item's steps.
 fn gather_items(columns: &Columns, items: &[SampledItem], col: usize, stride: usize, dst: &mut [u8]) {
     copy_items(columns, items, col, dst, |i, _| i * stride);
+    let row = columns.sample_bytes(col);
+    for (item, out) in items.iter().zip(dst.chunks_exact_mut(stride.max(1))) {
+        out[(item.length as usize * row).min(stride)..].fill(0);
+    }
 }
 
 /// Copies column `col` of each item `i` (`bytes` of it) to `dst` at `at(i, bytes)`,

@@ -33,7 +33,6 @@ pub fn sample_with<'py, S: Collect + Send + Sync>(
     let n = batch.items().len();
     let t = batch.max_length() as usize;
     let total: usize = if packed { batch.items().iter().map(|i| i.length as usize).sum() } else { 0 };
-    let ragged = batch.ragged();
     let sig = batch.columns().signature().clone();
     let all: Vec<usize> = (0..sig.len()).collect();
     let select = select.unwrap_or(&all);
@@ -44,7 +43,8 @@ pub fn sample_with<'py, S: Collect + Send + Sync>(
         let mut shape = if packed { vec![total] } else { vec![n, t] };
         shape.extend(f.sample_shape());
         let dtype: Py<PyArrayDescr> = PyArrayDescr::new(py, f.dtype.name())?.unbind();
-        let (array, out) = new_array(py, &shape, &dtype, ragged && !packed)?;
+        // Uninitialized: the gather zeroes what lies past each item's steps.
+        let (array, out) = new_array(py, &shape, &dtype, false)?;
         data.set_item(&f.name, array)?;
         outs.push((col, out));
     }
