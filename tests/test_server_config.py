@@ -181,3 +181,20 @@ def test_a_field_may_be_stored_compressed_and_a_bad_level_names_the_field():
     with pytest.raises(rp.errors.InvalidArgument) as e:
         server_config.build(config)
     assert str(e.value).startswith("stores[0] ('s').fields.x: Field level=40: expected a zstd level from 1 to 19")
+
+
+def test_a_field_may_be_stacked_and_a_bad_stack_names_the_field():
+    config = {"stores": [{"name": "s", "capacity": 64, "block_steps": 16,
+                          "fields": {"x": {"shape": [8, 8], "dtype": "uint8", "stack": 4, "padding": "zero"}}}],
+              "tables": [{"name": "t", "store": "s"}]}
+    stores, _ = server_config.build(config)
+    try:
+        (store,) = stores.values() if isinstance(stores, dict) else stores
+        assert store.signature["x"] == rp.Field((8, 8), "uint8", stack=4, padding="zero")
+    finally:
+        for s in (stores.values() if isinstance(stores, dict) else stores):
+            s.close()
+    config["stores"][0]["fields"]["x"]["stack"] = 0
+    with pytest.raises(rp.errors.InvalidArgument) as e:
+        server_config.build(config)
+    assert str(e.value).startswith("stores[0] ('s').fields.x: Field stack=0: expected")

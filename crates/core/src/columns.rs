@@ -346,6 +346,7 @@ impl Columns {
     /// # Safety
     /// As [`Columns::read_ranges`]; the rows before a step lie in its block, which
     /// the caller references.
+    #[inline(never)]
     unsafe fn read_stacked(&self, col: usize, ranges: &[RowRange], dst: &mut [u8]) {
         let c = self.columns[col];
         let (k, rb, bs) = (c.stack as u64, c.row_bytes, self.block_steps as u64);
@@ -399,6 +400,7 @@ impl Columns {
     ///
     /// # Safety
     /// As [`Columns::read_ranges`].
+    #[inline]
     pub unsafe fn read_stored(&self, col: usize, ranges: &[RowRange], dst: &mut [u8]) {
         let c = self.columns[col];
         let mut at = 0usize;

@@ -250,6 +250,7 @@ impl<B: BlockSource> Writer<B> {
     /// the episode's padding first if it starts here, and in each block taken
     /// anew copies of the `lead` rows before it. Takes every run before writing, so
     /// a full store appends nothing.
+    #[inline(never)]
     fn extend_stacked(&mut self, columns: &[&[u8]], steps: usize, wait: Wait<'_>) -> Result<()> {
         let deadline = wait.deadline();
         let lead = self.lead as u64;

@@ -640,6 +640,10 @@ pub fn info_dict<'py>(py: Python<'py>, i: &TableInfo) -> PyResult<Bound<'py, PyD
         attributes.set_item(name, dtype)?;
     }
     d.set_item("attributes", attributes)?;
+    let store = PyDict::new(py);
+    store.set_item("raw_bytes", i.store_raw_bytes)?;
+    store.set_item("stored_bytes", i.store_stored_bytes)?;
+    d.set_item("store", store)?;
     Ok(d)
 }
 

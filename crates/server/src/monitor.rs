@@ -200,6 +200,7 @@ pub fn info_json(i: &TableInfo) -> Value {
         "stale_dropped": i.stale_dropped,
         "groups": i.groups,
         "attributes": i.attributes.iter().map(|(n, d)| (n.clone(), json!(d))).collect::<serde_json::Map<_, _>>(),
+        "store": {"raw_bytes": i.store_raw_bytes, "stored_bytes": i.store_stored_bytes},
     })
 }
 

@@ -20,7 +20,8 @@ use reprise_core::RowRange;
 /// the blocks handed out. Version 6: `HELLO_OK` gives each field's zstd level (0:
 /// stored raw), which the client's layout of the shared columns depends on.
 /// Version 7: `HELLO_OK` gives each field's stack and padding (0 reset, 1 zero),
-/// which the client's writers and reads depend on.
+/// which the client's writers and reads depend on; `INFO_OK` ends with the
+/// store's raw and stored bytes.
 pub const VERSION: u32 = 7;
 /// Most spare blocks one `LEASE` may ask for.
 pub const MAX_SPARES: u32 = 64;
@@ -249,6 +250,7 @@ pub fn put_info(f: &mut Frame, i: &reprise_core::TableInfo) {
     for (name, dtype) in &i.attributes {
         f.str(name).str(dtype);
     }
+    f.u64(i.store_raw_bytes).u64(i.store_stored_bytes);
 }
 
 pub fn get_info(r: &mut Reader<'_>) -> Result<reprise_core::TableInfo> {
@@ -286,6 +288,8 @@ pub fn get_info(r: &mut Reader<'_>) -> Result<reprise_core::TableInfo> {
             let n = r.count(1 << 10, "attributes")?;
             (0..n).map(|_| Ok((r.str()?, r.str()?))).collect::<Result<Vec<_>>>()?
         },
+        store_raw_bytes: r.u64()?,
+        store_stored_bytes: r.u64()?,
     })
 }
 

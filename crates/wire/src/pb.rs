@@ -36,6 +36,8 @@ impl From<reprise_core::TableInfo> for TableInfo {
             groups_json: i.groups.map(|g| g.to_string()).unwrap_or_default(),
             attribute_names: i.attributes.iter().map(|a| a.0.clone()).collect(),
             attribute_dtypes: i.attributes.into_iter().map(|a| a.1).collect(),
+            store_raw_bytes: i.store_raw_bytes,
+            store_stored_bytes: i.store_stored_bytes,
         }
     }
 }
@@ -70,6 +72,8 @@ impl From<TableInfo> for reprise_core::TableInfo {
             stale_dropped: i.stale_dropped,
             groups: serde_json::from_str(&i.groups_json).ok(),
             attributes: i.attribute_names.into_iter().zip(i.attribute_dtypes).collect(),
+            store_raw_bytes: i.store_raw_bytes,
+            store_stored_bytes: i.store_stored_bytes,
         }
     }
 }

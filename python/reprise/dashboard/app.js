@@ -283,6 +283,7 @@ function drawDetail(snapshot) {
   if (!table) return;
   $("detail").dataset.table = table.name;
   $("detail-name").textContent = table.name;
+  $("store-memory").textContent = storeMemory(table.store);
   const stats = table.stats || {};
   drawRateChart(rateSeries(table, snapshot));
   drawHistogram($("priority-histogram"), stats.priority_histogram, formatNumber);
@@ -296,6 +297,14 @@ function drawDetail(snapshot) {
   $("unique-fraction").textContent = unique && unique.fraction != null
     ? `${Math.round(100 * unique.fraction)}% unique in the last ${formatCount(unique.window)} draws` : "";
   drawStaleness(table, stats.staleness);
+}
+
+// What the table's store takes: "store 12 MB of 1.4 GB raw (117x)" (compressed or sparse).
+function storeMemory(store) {
+  if (!store || !store.raw_bytes) return "";
+  const ratio = store.stored_bytes > 0 ? store.raw_bytes / store.stored_bytes : null;
+  return `store ${formatBytes(store.stored_bytes)} of ${formatBytes(store.raw_bytes)} raw` +
+    (ratio != null && ratio >= 1.05 ? ` (${formatNumber(ratio)}x)` : "");
 }
 
 // How many policy versions behind the table's version drawn items were (tables with a

@@ -89,6 +89,11 @@ pub struct TableInfo {
     pub groups: Option<serde_json::Value>,
     /// The item attributes: `(name, numpy dtype)` in order.
     pub attributes: Vec<(String, String)>,
+    /// The table's store: bytes its columns would take raw at full capacity, and
+    /// bytes their file takes now (compressed blocks, pages written). Shared by
+    /// every table over the store.
+    pub store_raw_bytes: u64,
+    pub store_stored_bytes: u64,
 }
 
 /// One item as `items()` reports it.
@@ -844,6 +849,7 @@ impl Table {
 
     pub fn info(&self) -> TableInfo {
         let c = &self.shared.config;
+        let (store_raw_bytes, store_stored_bytes) = self.shared.store.columns().memory_bytes();
         let mut st = self.shared.state.lock();
         st.expire_groups(&self.shared.store);
         TableInfo {
@@ -868,6 +874,8 @@ impl Table {
             stale_dropped: st.versions.as_ref().map_or(0, |v| v.stale_dropped),
             groups: st.groups.as_ref().map(|g| g.info()),
             attributes: c.attributes.specs().iter().map(|a| (a.name.clone(), a.dtype.name().to_string())).collect(),
+            store_raw_bytes,
+            store_stored_bytes,
         }
     }
 
