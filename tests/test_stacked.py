@@ -208,6 +208,8 @@ def test_local_and_remote_clients_write_and_read_stacks():
                 check(c.sample("t", 100), expected, 4)
                 for batch in c.iterate("t", 16, num_batches=2):
                     check(batch, expected, 4)
+                # Every way to ask reports the store's bytes, as Store.memory() does.
+                assert c.info()["t"]["store"]["raw_bytes"] == s.memory()["raw_bytes"] == 4096 * (30 + 8)
         check(t.sample(100), expected, 4)
     finally:
         server.stop()
