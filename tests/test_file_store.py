@@ -199,3 +199,43 @@ def test_device_samples_of_a_file_store_are_read_on_the_host_and_moved(disk):
             rt.emulate_cuda(False)
     finally:
         store.close()
+
+
+def test_local_and_remote_clients_serve_a_file_store_that_reopens_with_what_they_wrote(disk):
+    """Stacked and compressed fields on a file tier, written and read by clients."""
+    sig = dict(SIG, frames=rp.Field((8, 8), "uint8", stack=3, compress="zstd"))
+    store = rp.Store(sig, capacity=1024, block_steps=32, directory=disk, backing="file")
+    t = rp.Table("t", store, max_size=400)
+    server = rp.Server([t], address="127.0.0.1:0")
+    try:
+        first = 0
+        for address in (server.local_address, server.address):
+            with rp.Client(address) as c:
+                with c.writer("t") as w:
+                    for i in range(first, first + 100):
+                        w.append({"obs": np.full(16, i, np.float32), "img": np.full((24, 24), i % 251, np.uint8),
+                                  "step": i, "frames": np.full((8, 8), i % 251, np.uint8)})
+                        w.create_item("t", 1, 1.0)
+                    w.flush()
+                check(c.sample("t", 64))
+                if address == server.local_address:
+                    # The server says it is a file store: its rows are read on the host.
+                    assert c._staged("t")
+            first += 100
+    finally:
+        server.stop()
+    s = t.sample(200)
+    frames = s.data["frames"][:, 0, :, 0, 0].astype(np.int64)
+    steps = s.data["step"][:, 0]
+    # Each client's writer is one episode: its first frames are padded with the first.
+    np.testing.assert_array_equal(frames, np.maximum(steps[:, None] + np.arange(-2, 1), steps[:, None] // 100 * 100) % 251)
+    store.close()
+    opened = rp.Store.open(disk)
+    try:
+        again = opened.tables["t"].sample(200)
+        check(again)
+        g = again.data["frames"][:, 0, :, 0, 0].astype(np.int64)
+        st = again.data["step"][:, 0]
+        np.testing.assert_array_equal(g, np.maximum(st[:, None] + np.arange(-2, 1), st[:, None] // 100 * 100) % 251)
+    finally:
+        opened.close()

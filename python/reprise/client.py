@@ -154,21 +154,20 @@ class Client:
             count += 1
 
     def _staged(self, table: str) -> bool:
-        """Whether a device cannot gather ``table``'s rows in place: its store has
-        compressed fields, or is a file store (not in memory). Local clients; once per table."""
+        """Whether a device cannot gather ``table``'s rows in place: the rule of
+        ``Store._staged`` (compressed or stacked fields, or a file store), from what
+        the server said of the store. Local clients; once per table."""
         known = self._staged_tables.get(table)
         if known is None:
-            from .file_store import MEMORY_FILE_SYSTEMS, file_system
-            _, _, _, fields, path = self._native.store_memory(table)
-            known = (any(level is not None or stack > 1 for _, _, _, level, stack, _ in fields)
-                     or file_system(os.fspath(path)) not in MEMORY_FILE_SYSTEMS)
+            _, _, _, fields, _, on_disk = self._native.store_memory(table)
+            known = on_disk or any(level is not None or stack > 1 for _, _, _, level, stack, _ in fields)
             self._staged_tables[table] = known
         return known
 
     def _columns_for(self, table: str, device):
         """The server's shared-memory columns of ``table``'s store, registered for
         ``device`` once per store (local clients)."""
-        (address, nbytes), layout, capacity, fields, _ = self._native.store_memory(table)
+        (address, nbytes), layout, capacity, fields, *_ = self._native.store_memory(table)
         key = (address, device)
         views = self._host_views.get(key)
         if views is None:

@@ -145,6 +145,8 @@ fn hello(path: &Path) -> Result<(UnixStream, ServerInfo)> {
     for _ in 0..r.count(1024, "stores")? {
         let path = PathBuf::from(r.str()?);
         let (capacity, block_steps) = (r.u64()?, r.u32()?);
+        // A file store's columns: reads may wait for the disk (see `Columns::attach_file`).
+        let on_disk = r.u32()? != 0;
         let mut fields = Vec::new();
         for _ in 0..r.count(4096, "fields")? {
             let name = r.str()?;
@@ -165,7 +167,8 @@ fn hello(path: &Path) -> Result<(UnixStream, ServerInfo)> {
             fields.push(field.map_err(|e| Error::Corrupt(e.to_string()))?);
         }
         let sig = Signature::new(fields).map_err(|e| Error::Corrupt(e.to_string()))?;
-        stores.push(Arc::new(Columns::attach(&path, sig, capacity, block_steps)?));
+        let columns = if on_disk { Columns::attach_file } else { Columns::attach };
+        stores.push(Arc::new(columns(&path, sig, capacity, block_steps)?));
     }
     let mut tables = Vec::new();
     for _ in 0..r.count(1 << 16, "tables")? {

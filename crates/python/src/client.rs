@@ -359,7 +359,7 @@ impl PyClient {
     /// `((address, bytes), layout, capacity, fields, path)` of `table`'s shared-memory
     /// store, mapped in this process. Local clients only.
     #[allow(clippy::type_complexity)]
-    fn store_memory(&self, py: Python<'_>, table: &str) -> PyResult<((usize, usize), Vec<(String, usize, usize)>, u64, Vec<(String, Vec<usize>, String, Option<i32>, u32, String)>, PathBuf)> {
+    fn store_memory(&self, py: Python<'_>, table: &str) -> PyResult<((usize, usize), Vec<(String, usize, usize)>, u64, Vec<(String, Vec<usize>, String, Option<i32>, u32, String)>, PathBuf, bool)> {
         let columns = self.local(py, "store_memory")?.columns(Some(table)).map_err(py_err(py))?;
         let (base, len) = columns.memory();
         let fields = columns
@@ -368,7 +368,7 @@ impl PyClient {
             .iter()
             .map(|f| (f.name.clone(), f.shape.clone(), f.dtype.name().to_string(), f.compress, f.stack, f.padding.name().to_string()))
             .collect();
-        Ok(((base as usize, len), crate::store::layout(&columns), columns.capacity(), fields, columns.path().to_path_buf()))
+        Ok(((base as usize, len), crate::store::layout(&columns), columns.capacity(), fields, columns.path().to_path_buf(), columns.on_disk()))
     }
 
     fn update_priorities(&self, py: Python<'_>, table: &str, keys: &Bound<'_, PyAny>, priorities: &Bound<'_, PyAny>) -> PyResult<u64> {

@@ -382,6 +382,7 @@ impl Connection {
         f.u32(std::process::id()).u32(self.shared.stores.len() as u32);
         for s in &self.shared.stores {
             f.str(&s.path().to_string_lossy()).u64(s.capacity()).u32(s.block_steps());
+            f.u32(s.persistent() as u32);
             f.u32(s.signature().len() as u32);
             for field in s.signature().fields() {
                 f.str(&field.name).str(field.dtype.name()).u32(field.shape.len() as u32);

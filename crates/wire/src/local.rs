@@ -20,8 +20,9 @@ use reprise_core::RowRange;
 /// the blocks handed out. Version 6: `HELLO_OK` gives each field's zstd level (0:
 /// stored raw), which the client's layout of the shared columns depends on.
 /// Version 7: `HELLO_OK` gives each field's stack and padding (0 reset, 1 zero),
-/// which the client's writers and reads depend on; `INFO_OK` ends with the
-/// store's raw and stored bytes.
+/// which the client's writers and reads depend on, and per store whether it is a
+/// file store (its reads may wait for the disk); `INFO_OK` ends with the store's
+/// raw and stored bytes.
 pub const VERSION: u32 = 7;
 /// Most spare blocks one `LEASE` may ask for.
 pub const MAX_SPARES: u32 = 64;
