@@ -239,3 +239,24 @@ def test_local_and_remote_clients_serve_a_file_store_that_reopens_with_what_they
         np.testing.assert_array_equal(g, np.maximum(st[:, None] + np.arange(-2, 1), st[:, None] // 100 * 100) % 251)
     finally:
         opened.close()
+
+
+def test_packed_samples_of_a_file_store_hold_each_items_steps(disk):
+    store = rp.Store(SIG, capacity=1024, block_steps=32, directory=disk, backing="file")
+    try:
+        t = rp.Table("t", store, max_size=500)
+        with store.writer() as w:
+            for i in range(600):
+                w.append({"obs": np.full(16, i, np.float32), "img": np.full((24, 24), i % 251, np.uint8), "step": i})
+                if i % 40 >= 2:
+                    w.create_item("t", 3, 1.0)
+                if i % 40 == 39:
+                    w.end_episode()
+        s = t.sample(64, packed=True)
+        steps = s.packed_data["step"]
+        assert len(steps) == 3 * 64
+        np.testing.assert_array_equal(s.packed_data["obs"][:, 0], steps)
+        np.testing.assert_array_equal(s.packed_data["img"][:, 3, 5], steps % 251)
+        np.testing.assert_array_equal(np.diff(steps.reshape(64, 3), axis=1), 1)
+    finally:
+        store.close()

@@ -179,7 +179,7 @@ pub unsafe trait Collect: Sync {
         let row = columns.sample_bytes(col);
         let total: usize = items.iter().map(|i| i.length as usize).sum();
         assert_eq!(dst.len(), total * row, "packed gather destination has the wrong size");
-        let threads = (dst.len() / parallel_bytes(columns, col)).clamp(1, cores()).min(items.len().max(1));
+        let threads = gather_threads(columns, items, col, dst.len());
         if threads < 2 {
             return gather_runs(columns, items, col, dst);
         }
@@ -219,20 +219,8 @@ pub unsafe trait Collect: Sync {
         let (items, columns) = (self.items(), self.columns());
         let stride = t_max as usize * columns.sample_bytes(col);
         assert_eq!(dst.len(), stride * items.len(), "gather destination has the wrong size");
-        let least = parallel_bytes(columns, col);
-        let threads = if columns.on_disk() && !resident(columns, items, col) {
-            // Rows of a file store that wait for the disk: overlap the waits, and
-            // read each row of several pages in one request.
-            if columns.row_bytes(col) > 4096 {
-                for item in items {
-                    item.window.ranges().iter().for_each(|r| columns.will_need(col, r));
-                }
-            }
-            DISK_THREADS.min(items.len())
-        } else {
-            (dst.len() / least).clamp(1, cores()).min(items.len())
-        };
-        if threads < 2 || (!columns.on_disk() && dst.len() < 2 * least) {
+        let threads = gather_threads(columns, items, col, dst.len());
+        if threads < 2 {
             return gather_items(columns, items, col, stride, dst);
         }
         let per = items.len().div_ceil(threads);
@@ -251,6 +239,29 @@ pub unsafe trait Collect: Sync {
 
 /// Bytes a gather thread copies at least (below that, one thread).
 pub const PARALLEL_BYTES: usize = 4 << 20;
+
+/// Threads a gather of column `col` of `items` into `bytes` bytes spreads over:
+/// [`DISK_THREADS`] when a file store's rows wait for the disk (after asking the
+/// kernel for rows of several pages in one request each), else one per
+/// [`parallel_bytes`] (at least two of them to split), at most one per core and
+/// per item.
+fn gather_threads(columns: &Columns, items: &[SampledItem], col: usize, bytes: usize) -> usize {
+    if columns.on_disk() && !resident(columns, items, col) {
+        // Rows of a file store that wait for the disk: overlap the waits, and read
+        // each row of several pages in one request.
+        if columns.row_bytes(col) > 4096 {
+            for item in items {
+                item.window.ranges().iter().for_each(|r| columns.will_need(col, r));
+            }
+        }
+        return DISK_THREADS.min(items.len());
+    }
+    let least = parallel_bytes(columns, col);
+    if bytes < 2 * least {
+        return 1;
+    }
+    (bytes / least).clamp(1, cores()).min(items.len())
+}
 
 /// Whether the first rows of a few items are in memory (the page cache): if so, a
 /// gather from a file store copies on one thread as from shared memory.
