@@ -260,3 +260,38 @@ def test_packed_samples_of_a_file_store_hold_each_items_steps(disk):
         np.testing.assert_array_equal(np.diff(steps.reshape(64, 3), axis=1), 1)
     finally:
         store.close()
+
+
+def test_a_transition_buffer_in_a_file_store_reopens_with_its_transitions(disk):
+    buf = rp.TransitionBuffer(300, (4,), "float32", n_step=3, gamma=0.5, alpha=0.6, seed=1,
+                              directory=disk, backing="file")
+    obs = np.zeros(4, np.float32)
+    for i in range(250):
+        nxt = np.full(4, i + 1, np.float32)
+        buf.add(obs, i % 3, 1.0, nxt, False, i % 50 == 49)
+        obs = np.zeros(4, np.float32) if i % 50 == 49 else nxt
+    # 5 episodes of 50 ended; the sixth has none: every transition is an item.
+    buf.update_priorities(buf.sample(8).keys, np.full(8, 7.0))
+    held = len(buf)
+    before = buf.sample(300)
+    buf.close()
+    again = rp.TransitionBuffer.open(disk)
+    try:
+        assert len(again) == held == 250
+        assert again._max_priority >= 7.0   # new transitions keep getting the largest priority
+        s = again.sample(300)
+        # Rows and the n-step targets they give are what the closed buffer sampled.
+        by_key = {int(k): (o.tolist(), float(r)) for k, o, r in zip(before.keys, before.obs, before.reward)}
+        common = [int(k) for k in s.keys if int(k) in by_key]
+        assert len(common) > 100
+        for k, o, r in zip(s.keys, s.obs, s.reward):
+            if int(k) in by_key:
+                assert by_key[int(k)] == (o.tolist(), float(r))
+        again.add(np.zeros(4, np.float32), 0, 1.0, np.ones(4, np.float32), True, False)
+        assert len(again) == 251
+    finally:
+        again.close()
+    with pytest.raises(InvalidArgument, match="not a TransitionBuffer's"):
+        plain = rp.Store({"x": rp.Field((), "float32")}, capacity=64, directory=disk + "-plain", backing="file")
+        plain.close()
+        rp.TransitionBuffer.open(disk + "-plain")

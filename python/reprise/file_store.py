@@ -153,6 +153,21 @@ class FileDirectory:
     def signature_of(meta: dict) -> dict:
         return {name: Field._from_native(shape, dtype, level, *rest) for name, shape, dtype, level, *rest in meta["signature"]}
 
+    def write_json(self, name: str, value) -> None:
+        """``name`` in the directory, whole or not at all: what a user of the store (a
+        ``TransitionBuffer``) keeps beside it."""
+        self._write(os.path.join(self.path, name), json.dumps(value, indent=1))
+
+    def read_json(self, name: str):
+        """``name``'s JSON, or None when the directory has no such file."""
+        try:
+            with open(os.path.join(self.path, name)) as f:
+                return json.load(f)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:
+            raise Corrupt(f"{os.path.join(self.path, name)} is unreadable: {e}") from None
+
     def _write(self, path: str, text: str) -> None:
         """Writes ``path`` whole or not at all (a temporary file renamed), synced."""
         tmp = f"{path}.tmp-{os.getpid()}"

@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
 from typing import NamedTuple
 
 import numpy as np
@@ -78,6 +79,8 @@ from ._convert import as_int
 from .errors import InvalidArgument
 from .sample import Sample
 from .signature import Field
+
+_SETTINGS = "transitions.json"  # a file store's buffer settings (TransitionBuffer.open)
 from .store import Store
 from .table import Table
 from ._pool import POOL as _POOL
@@ -182,13 +185,17 @@ class TransitionBuffer:
     stacked along their first axis, the newest last: each row then holds one frame (see the
     module doc). ``compress="zstd"`` (and ``level``, 1-19, default 3): observations stored
     compressed, one zstd frame per row (``Field``'s ``compress``); with frame stacks an Atari
-    transition then takes a few hundred bytes. ``directory``: where the store's file goes."""
+    transition then takes a few hundred bytes. ``directory``: where the store's file goes.
+    ``backing="file"``: the store is a file store in ``directory`` (on a disk, bigger than
+    memory; ``Store``'s ``backing``): ``close()`` ends the running episodes as truncations
+    and keeps the buffer there, and ``TransitionBuffer.open(directory)`` reopens it."""
 
     def __init__(self, capacity: int, obs_shape, obs_dtype="float32", action_shape=(), action_dtype="int64", *,
                  n_envs: int = 1, n_step: int = 1, gamma: float = 0.99, alpha: float | None = None,
                  epsilon: float = 1e-6, seed: int | None = None, block_steps: int = 64,
                  min_episode_length: int = 1, frame_stack: int = 1, compress: str | None = None,
-                 level: int | None = None, directory: str | None = None, name: str = "transitions"):
+                 level: int | None = None, directory: str | None = None, name: str = "transitions",
+                 backing: str = "memory"):
         capacity = as_int("capacity", capacity, 1)
         n_envs = as_int("n_envs", n_envs, 1)
         n_step = as_int("n_step", n_step, 1)
@@ -214,14 +221,42 @@ class TransitionBuffer:
         signature = {_OBS: obs_field, _ACTION: action_field,
                      _REWARD: Field((), "float32"), _TERMINATED: Field((), "bool")}
         steps = _store_steps(capacity, n_envs, n_step, block_steps, min_episode_length, frame_stack)
-        store = Store(signature, capacity=steps, block_steps=block_steps, directory=directory)
+        store = Store(signature, capacity=steps, block_steps=block_steps, directory=directory, backing=backing)
         try:
             sampler = selectors.Uniform() if alpha is None else selectors.Prioritized(alpha)
             table = Table(name, store, sampler=sampler, remover=selectors.Fifo(), max_size=capacity, seed=seed)
             self._attach(table, self._settings_of(capacity, n_envs, n_step, gamma, alpha, epsilon, frame_stack))
+            if backing == "file":
+                self._save_settings()
         except BaseException:
             store.close()
             raise
+
+    @classmethod
+    def open(cls, directory) -> "TransitionBuffer":
+        """Reopens the buffer a ``TransitionBuffer(..., backing="file")`` closed in
+        ``directory``: its store and table as ``Store.open`` maps them (nothing copied),
+        its settings and ``max_priority``, no episode running."""
+        store = Store.open(directory)
+        try:
+            saved = store._file.read_json(_SETTINGS)
+            if saved is None:
+                raise InvalidArgument(f"{os.fspath(directory)} is a file store but not a TransitionBuffer's (it has "
+                                      f"no {_SETTINGS}): open it with rp.Store.open")
+            buffer = cls.__new__(cls)
+            buffer._attach(store.tables[saved["name"]], saved["settings"])
+            buffer._max_priority = float(saved["max_priority"])
+            return buffer
+        except BaseException:
+            store.close()
+            raise
+
+    def _save_settings(self) -> None:
+        """A file store's ``transitions.json``: what ``open`` needs besides the store."""
+        settings = self._settings_of(self._capacity, self._n_envs, self._n_step, self._gamma, self._alpha,
+                                     self._epsilon, self._k)
+        self._store._file.write_json(_SETTINGS, {"name": self._table.name, "settings": settings,
+                                                 "max_priority": self._max_priority})
 
     @staticmethod
     def _settings_of(capacity, n_envs, n_step, gamma, alpha, epsilon, frame_stack) -> dict:
@@ -546,7 +581,12 @@ class TransitionBuffer:
 
     def close(self) -> None:
         """Drops the transitions of unfinished windows, closes the writers and the store
-        (removing its file). Idempotent."""
+        (removing its file). A file store's buffer instead ends its running episodes as
+        truncations (``end_episode``), saves its settings and keeps its files for
+        ``open``. Idempotent."""
+        if self._store._file is not None and not self._store.closed:
+            self.end_episode()
+            self._save_settings()
         for w in self._writers:
             w.close()
         self._store.close()
