@@ -166,35 +166,24 @@ def test_limits_of_0_are_off_and_others_reach_the_server(tmp_path):
     assert server_config._limits(config) == {"max_connections": 3, "idle_timeout": None, "stall_timeout": 5}
 
 
-def test_a_field_may_be_stored_compressed_and_a_bad_level_names_the_field():
-    config = {"stores": [{"name": "s", "capacity": 64,
-                          "fields": {"x": {"shape": [8, 8], "dtype": "uint8", "compress": "zstd", "level": 5}}}],
-              "tables": [{"name": "t", "store": "s"}]}
-    stores, _ = server_config.build(config)
-    try:
-        (store,) = stores.values() if isinstance(stores, dict) else stores
-        assert store.signature["x"] == rp.Field((8, 8), "uint8", compress="zstd", level=5)
-    finally:
-        for s in (stores.values() if isinstance(stores, dict) else stores):
-            s.close()
-    config["stores"][0]["fields"]["x"]["level"] = 40
-    with pytest.raises(rp.errors.InvalidArgument) as e:
-        server_config.build(config)
-    assert str(e.value).startswith("stores[0] ('s').fields.x: Field level=40: expected a zstd level from 1 to 19")
-
-
-def test_a_field_may_be_stacked_and_a_bad_stack_names_the_field():
+@pytest.mark.parametrize("spec, field, bad, message", [
+    ({"compress": "zstd", "level": 5}, rp.Field((8, 8), "uint8", compress="zstd", level=5), ("level", 40),
+     "Field level=40: expected a zstd level from 1 to 19"),
+    ({"stack": 4, "padding": "zero"}, rp.Field((8, 8), "uint8", stack=4, padding="zero"), ("stack", 0),
+     "Field stack=0: expected"),
+])
+def test_a_field_may_be_stored_compressed_or_stacked_and_a_bad_setting_names_the_field(spec, field, bad, message):
     config = {"stores": [{"name": "s", "capacity": 64, "block_steps": 16,
-                          "fields": {"x": {"shape": [8, 8], "dtype": "uint8", "stack": 4, "padding": "zero"}}}],
+                          "fields": {"x": {"shape": [8, 8], "dtype": "uint8", **spec}}}],
               "tables": [{"name": "t", "store": "s"}]}
     stores, _ = server_config.build(config)
     try:
         (store,) = stores.values() if isinstance(stores, dict) else stores
-        assert store.signature["x"] == rp.Field((8, 8), "uint8", stack=4, padding="zero")
+        assert store.signature["x"] == field
     finally:
         for s in (stores.values() if isinstance(stores, dict) else stores):
             s.close()
-    config["stores"][0]["fields"]["x"]["stack"] = 0
+    config["stores"][0]["fields"]["x"][bad[0]] = bad[1]
     with pytest.raises(rp.errors.InvalidArgument) as e:
         server_config.build(config)
-    assert str(e.value).startswith("stores[0] ('s').fields.x: Field stack=0: expected")
+    assert str(e.value).startswith(f"stores[0] ('s').fields.x: {message}")
