@@ -730,3 +730,38 @@ def test_rows_carry_attribute_records_and_unpack_packed(make_store):
     with pytest.raises(rp.errors.InvalidArgument, match="past the header and the record"):
         table._native.sample_rows(1, None).pack(np.zeros(stride, np.uint8), stride, _rows.layout(SIG, 3)[0], 0,
                                                 np.arange(1, dtype=np.int64), np.ones(1, dtype=bool), record)
+
+
+ASSEMBLED = {"frame": rp.Field((6,), "uint8", stack=3, compress="zstd"),
+             "img": rp.Field((16, 16), "uint8", compress="zstd"), "step": rp.Field((), "int64")}
+
+
+def _assembled_rows_body(rank, world, shards):
+    """Shards of stacked and compressed fields: every rank's sample holds the stacks and
+    frames its items were written with, whoever owns them (rows the owner assembles)."""
+    t = rp.distributed.ShardedTable("c", ASSEMBLED, capacity_per_shard=512, shards=shards, seed=3, timeout=20,
+                                    block_steps=16)
+    if t.shard is not None:
+        n, T = 40, 3
+        steps = (t.shard * 1000 + np.arange(n * T)).reshape(n, T)
+        t.insert({"frame": np.repeat((steps % 251).astype(np.uint8)[..., None], 6, axis=-1),
+                  "img": np.broadcast_to((steps % 241).astype(np.uint8)[..., None, None], (n, T, 16, 16)).copy(),
+                  "step": steps}, np.ones(n))
+    t._g.barrier("test: written")
+    wrong = 0
+    for _ in range(3):
+        s = t.sample(24)
+        steps = np.asarray(s.data["step"])
+        first = steps[:, :1]
+        want = np.maximum(steps[:, :, None] + np.arange(-2, 1), first[:, :, None]) % 251   # each item an episode
+        wrong += int((np.asarray(s.data["frame"])[..., 0] != want).sum())
+        wrong += int((np.asarray(s.data["img"])[:, :, 7, 9] != steps % 241).sum())
+    t.close()
+    return wrong
+
+
+@pytest.mark.parametrize("shards", ["rank", "host"])
+def test_stacked_and_compressed_fields_cross_the_exchange_assembled_by_their_owner(shards):
+    """Such rows are never located in shared memory: a reader on the owner's host used to
+    copy compressed blocks' raw bytes (and the owner's own rows failed)."""
+    assert run_ranks(2, _assembled_rows_body, shards, env=lambda r: {"REPRISE_HOST_ID": "h0"}) == [0, 0]
