@@ -103,7 +103,8 @@ class Client:
         from .torch import resolve
         dev = resolve(device)
         if not self._local or self._staged(table):
-            # Remote rows arrive on the host; compressed ones are decompressed there.
+            # Remote rows arrive on the host; compressed and stacked ones are assembled
+            # there, and a file store's read there.
             return on_device(functools.partial(self._native.sample, table, n, timeout, fields), dev)
         # Local: the GPU gathers the rows straight from the shared-memory store.
         from .torch.collect import collect_rows

@@ -110,7 +110,16 @@ class Store:
                 huge_pages, levels, stacks=stacks,
             )
         self._compressed = frozenset(compressed)
-        self._stacked = frozenset(stacked)
+        # Why a device cannot gather this store's rows in place (they are then read on
+        # the host and moved), or None when it can: fixed at creation.
+        if compressed:
+            self._staged = f"fields {sorted(compressed)} are compressed"
+        elif stacked:
+            self._staged = f"fields {sorted(stacked)} are stacked (a step's frames are assembled on the host)"
+        elif self._native.persistent:
+            self._staged = "it is a file store (registering its file with the GPU would pin all of it in memory)"
+        else:
+            self._staged = None
         if self._device is not None:
             from .torch.columns import DeviceColumns
             self._device_columns = DeviceColumns(self._signature, self._native.capacity, self._device)
@@ -175,18 +184,6 @@ class Store:
     def tables(self) -> dict:
         """``{name: Table}`` of the tables over this store that are alive."""
         return dict(self._tables)
-
-    @property
-    def _staged(self) -> str | None:
-        """Why a device cannot gather this store's rows in place (they are then
-        copied on the host and moved), or None when it can."""
-        if self._compressed:
-            return f"fields {sorted(self._compressed)} are compressed"
-        if self._stacked:
-            return f"fields {sorted(self._stacked)} are stacked (a step's frames are assembled on the host)"
-        if self._native.persistent:
-            return "it is a file store (registering its file with the GPU would pin all of it in memory)"
-        return None
 
     @property
     def compressed_fields(self) -> frozenset:

@@ -347,8 +347,8 @@ class Table:
         self._check_fields(fields)
         from .torch import resolve
         if self._store._staged:
-            # Compressed rows are decompressed on the host, and a file store's read
-            # there, then copied to the device.
+            # Rows not in memory as they are sampled (compressed, stacked, or in a
+            # file store) are read on the host, then copied to the device.
             dev = resolve(device)
             return on_device(functools.partial(self._native.sample, n, timeout, fields), dev)
         columns = self._store._columns_for(resolve(device))  # before drawing: bad devices change nothing
@@ -366,7 +366,7 @@ class Table:
         if device_columns is None and (is_host_device(device) or self._store._staged):
             if device is not None:
                 torch_module()  # before drawing: without torch the call changes nothing
-            if not is_host_device(device):  # compressed rows: packed on the host, then moved
+            if not is_host_device(device):  # rows read on the host (Store._staged), then moved
                 from .torch import resolve
                 device = resolve(device)
             s = self._native.sample_tokens(tokens, timeout, fields)

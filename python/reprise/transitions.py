@@ -253,10 +253,13 @@ class TransitionBuffer:
 
     def _save_settings(self) -> None:
         """A file store's ``transitions.json``: what ``open`` needs besides the store."""
-        settings = self._settings_of(self._capacity, self._n_envs, self._n_step, self._gamma, self._alpha,
-                                     self._epsilon, self._k)
-        self._store._file.write_json(_SETTINGS, {"name": self._table.name, "settings": settings,
+        self._store._file.write_json(_SETTINGS, {"name": self._table.name, "settings": self._settings(),
                                                  "max_priority": self._max_priority})
+
+    def _settings(self) -> dict:
+        """This buffer's settings, as ``_attach`` takes them (pickles, ``open``)."""
+        return self._settings_of(self._capacity, self._n_envs, self._n_step, self._gamma, self._alpha,
+                                 self._epsilon, self._k)
 
     @staticmethod
     def _settings_of(capacity, n_envs, n_step, gamma, alpha, epsilon, frame_stack) -> dict:
@@ -575,9 +578,7 @@ class TransitionBuffer:
             # The rows later items of this episode reach back to: the newest n, or all of it.
             rows = w.recent_rows(min(self._n_step, steps + 1) + self._k - 1) if steps else None
             running.append(None if rows is None else (steps, _read_rows(self._store, rows)))
-        settings = self._settings_of(self._capacity, self._n_envs, self._n_step, self._gamma, self._alpha,
-                                     self._epsilon, self._k)
-        return _unpickled, (type(self), self._table, settings, self._max_priority, running)
+        return _unpickled, (type(self), self._table, self._settings(), self._max_priority, running)
 
     def close(self) -> None:
         """Drops the transitions of unfinished windows, closes the writers and the store

@@ -141,6 +141,14 @@ fn layout(signature: &Signature, capacity: u64, block_steps: u32) -> Result<(Vec
     Ok((columns, offset.next_multiple_of(COLUMN_ALIGN), need))
 }
 
+/// The rows a read of `range` of column `c` touches, `(first, count)`: a stacked
+/// step reads the `stack - 1` rows before it too (for hints; the read itself stops
+/// at the block's start, which these may pass: a hint cannot fault).
+fn read_span(c: &Column, range: &RowRange) -> (u64, u64) {
+    let before = range.start.min(c.stack as u64 - 1);
+    (range.start - before, range.len as u64 + before)
+}
+
 /// This thread's zstd contexts (a context costs hundreds of KB to make).
 struct Zstd {
     compressor: Option<(i32, zstd::bulk::Compressor<'static>)>,
@@ -242,11 +250,6 @@ impl Columns {
     /// field (see [`Columns::read_ranges`]), one row otherwise.
     pub fn sample_bytes(&self, col: usize) -> usize {
         self.columns[col].row_bytes * self.columns[col].stack as usize
-    }
-
-    /// Frames a step of column `col` samples as (1: not stacked).
-    pub fn stack(&self, col: usize) -> u32 {
-        self.columns[col].stack
     }
 
     /// True when a sample's rows of column `col` are the column's bytes as they lie
@@ -435,10 +438,9 @@ impl Columns {
             if c.packed.is_some() || range.start + range.len as u64 > self.capacity {
                 return;
             }
-            // A stacked step reads the rows before it too.
-            let before = range.start.min(c.stack as u64 - 1);
-            let bytes = ((range.len as u64 + before) as usize * c.row_bytes).min(max_bytes);
-            let base = self.row_address(&c, range.start - before);
+            let (first, rows) = read_span(&c, range);
+            let bytes = (rows as usize * c.row_bytes).min(max_bytes);
+            let base = self.row_address(&c, first);
             for line in (0..bytes).step_by(64) {
                 // SAFETY: a prefetch never faults and changes no memory; the address is
                 // inside the mapped column (bounds checked above).
@@ -484,9 +486,10 @@ impl Columns {
         if c.packed.is_some() || range.start + range.len as u64 > self.capacity {
             return;
         }
-        let at = self.row_address(&c, range.start);
+        let (first, rows) = read_span(&c, range);
+        let at = self.row_address(&c, first);
         let start = at & !(PAGE - 1);
-        let end = at + range.len as usize * c.row_bytes;
+        let end = at + rows as usize * c.row_bytes;
         // SAFETY: the pages lie inside the mapping; MADV_WILLNEED changes no data.
         unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_WILLNEED) };
     }

@@ -62,7 +62,8 @@ pub struct Writer<B: BlockSource = Store> {
     /// The episode's padding is written (its rows are a stream the next block
     /// continues with copies).
     streaming: bool,
-    /// Per column, the episode's last `lead` rows written, oldest first.
+    /// Per column, the episode's last `lead` rows written, oldest first (set by the
+    /// first write of an episode; read only while `streaming`).
     recent: Vec<Vec<u8>>,
 }
 
@@ -73,12 +74,6 @@ impl<B: BlockSource> Writer<B> {
         }
         let pressure_seen = source.pressure();
         let lead = source.columns().signature().lead();
-        let recent = if lead > 0 {
-            let cols = source.columns();
-            (0..cols.signature().len()).map(|c| vec![0; lead as usize * cols.row_bytes(c)]).collect()
-        } else {
-            Vec::new()
-        };
         Ok(Writer {
             source,
             cursor: Cursor::default(),
@@ -91,7 +86,7 @@ impl<B: BlockSource> Writer<B> {
             pressure_seen,
             lead,
             streaming: false,
-            recent,
+            recent: Vec::new(),
         })
     }
 
