@@ -299,23 +299,24 @@ impl<B: BlockSource> Writer<B> {
         let mut steps_of: Vec<Run> = Vec::with_capacity(runs.len());
         for &(run, copies) in &runs {
             let stream = run.len as u64 - copies;
-            for col in 0..columns.len() {
-                // SAFETY (every write below): the run was taken by this writer's
-                // cursor from a block leased to it and is retained above; no item
-                // covers it yet.
+            for (col, data) in columns.iter().enumerate() {
+                let write = |row: u64, src: &[u8]| {
+                    // SAFETY: the run was taken by this writer's cursor from a block
+                    // leased to it and is retained above; no item covers it yet.
+                    unsafe { cols.write_rows(col, row, src) }
+                };
                 for j in 0..copies {
-                    unsafe { cols.write_rows(col, run.start + j, row_of(col, pos - lead as i64 + j as i64)) };
+                    write(run.start + j, row_of(col, pos - lead as i64 + j as i64));
                 }
                 let (a, b) = (pos, pos + stream as i64);
                 for p in a..b.min(pad as i64) {
-                    unsafe { cols.write_rows(col, run.start + copies + (p - a) as u64, row_of(col, p)) };
+                    write(run.start + copies + (p - a) as u64, row_of(col, p));
                 }
                 let first = a.max(pad as i64);
                 if first < b {
                     let rb = cols.row_bytes(col);
                     let i = (first - pad as i64) as usize;
-                    let src = &columns[col][i * rb..(b - pad as i64) as usize * rb];
-                    unsafe { cols.write_rows(col, run.start + copies + (first - a) as u64, src) };
+                    write(run.start + copies + (first - a) as u64, &data[i * rb..(b - pad as i64) as usize * rb]);
                 }
             }
             let first = pos.max(pad as i64);

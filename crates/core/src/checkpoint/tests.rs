@@ -485,7 +485,7 @@ fn stacked_stores_round_trip_with_the_frames_before_each_item() {
         let before = samples_of(&t);
         assert_eq!(before.last().unwrap()[0], [0, 0, 0, 0, 0, 0, 0, 0, 103, 103, 103, 103, 0, 0, 0, 0, 103, 103, 103, 103, 104, 104, 104, 104,
                    103, 103, 103, 103, 104, 104, 104, 104, 105, 105, 105, 105]);
-        let path = save(&dir.0, &[t.clone()], SaveOptions::default()).unwrap();
+        let path = save(&dir.0, std::slice::from_ref(&t), SaveOptions::default()).unwrap();
         let loaded = load(&path, LoadOptions::default()).unwrap();
         assert_eq!(loaded.stores[0].signature(), store.signature());
         assert_eq!(samples_of(by_name(&loaded, "t")), before, "level {level:?}");
