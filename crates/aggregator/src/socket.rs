@@ -194,12 +194,12 @@ unsafe fn gro_segment(hdr: &libc::msghdr) -> Option<usize> {
     }
     // SAFETY: the caller's contract; CMSG_* walk within msg_controllen.
     let mut c = unsafe { libc::CMSG_FIRSTHDR(hdr) };
+    // SAFETY: CMSG_LEN only computes a length.
+    let int_len = unsafe { libc::CMSG_LEN(std::mem::size_of::<libc::c_int>() as u32) } as usize;
     while !c.is_null() {
         // SAFETY: `c` is a header CMSG_FIRSTHDR/CMSG_NXTHDR found inside the buffer.
         let h = unsafe { &*c };
-        if h.cmsg_level == libc::SOL_UDP && h.cmsg_type == UDP_GRO
-            && h.cmsg_len as usize >= unsafe { libc::CMSG_LEN(std::mem::size_of::<libc::c_int>() as u32) } as usize
-        {
+        if h.cmsg_level == libc::SOL_UDP && h.cmsg_type == UDP_GRO && h.cmsg_len as usize >= int_len {
             // SAFETY: the data holds one c_int (length checked above); it may be unaligned.
             let v = unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>()) };
             return usize::try_from(v).ok();
