@@ -12,20 +12,31 @@ store: nothing is copied. The directory holds::
     D/open          present while a process has the store open (its pid)
     D/lock          held (flock) by that process
 
-Crash safety: the index is written only by ``close()``, after the columns were written back
-(msync), into a new checkpoint directory renamed into place; ``D/open`` goes last. A store
-whose process died while it was open still has ``D/open``: rows written since its last
-close may have overwritten rows its index references, so ``open`` refuses it rather than
-hand out items whose rows changed. A crash during ``close()`` leaves the previous index and
-``D/open``: refused the same way.
+Crash safety: the index is written by ``close()`` after the indexes were taken and the
+columns written back (msync), into a new checkpoint directory renamed into place; ``D/open``
+goes last. A store whose process died while it was open still has ``D/open``: rows written
+since its last close may have overwritten rows its index references, so ``open`` refuses it
+rather than hand out items whose rows changed. A crash during ``close()`` leaves the previous
+index and ``D/open``: refused the same way.
+
+A *durable* store (``durable=True``, recorded in ``store.json``) also writes its index at
+each commit (a writer's flush, ``Store.commit()``, or a lease that needs the blocks whose
+items went), and no block the newest index on disk references is reused before a newer one
+is there (``crates/core/src/durable.rs`` says how). So its newest index always matches the
+columns, and ``open`` of a durable store left open loads it: every item a commit covered
+comes back, items added after it do not.
+
+A commit costs an msync of what was written since the one before, plus the tables' whole
+index (about 50 bytes an item) written and synced: flushes that arrive during a commit
+share the next one, so a commit's cost is paid per group, not per flush.
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
-import shutil
 
 from . import _native
 from .errors import Corrupt, InvalidArgument
@@ -60,6 +71,8 @@ class FileDirectory:
     def __init__(self, path: str, lock_fd: int):
         self.path = path
         self._lock_fd = lock_fd
+        # True when ``open`` found a durable store its process left open.
+        self.recovered = False
 
     @property
     def columns(self) -> str:
@@ -113,7 +126,8 @@ class FileDirectory:
                           f"{FORMAT!r} version {VERSION}")
         d = cls(path, cls._lock(path))
         marker = os.path.join(path, "open")
-        if os.path.exists(marker):
+        d.recovered = os.path.exists(marker) and bool(meta.get("durable"))
+        if os.path.exists(marker) and not d.recovered:
             d.release()
             try:
                 with open(marker) as f:
@@ -143,8 +157,9 @@ class FileDirectory:
 
     # --- metadata ----------------------------------------------------------------------------
 
-    def write_meta(self, signature: dict, capacity: int, block_steps: int) -> None:
+    def write_meta(self, signature: dict, capacity: int, block_steps: int, durable: bool = False) -> None:
         meta = {"format": FORMAT, "version": VERSION, "capacity": capacity, "block_steps": block_steps,
+                **({"durable": True} if durable else {}),
                 "signature": [[name, list(f.shape), f.dtype, f.level] + ([f.stack, f.padding] if f.stack > 1 else [])
                               for name, f in signature.items()]}
         self._write(os.path.join(self.path, "store.json"), json.dumps(meta, indent=1))
@@ -197,17 +212,10 @@ class FileDirectory:
             return None
         return os.path.join(self.index, names[-1]) if names else None
 
-    def close(self, native, tables: list) -> None:
-        """Writes the columns back, the tables' index in place, then lets the store go:
-        after this ``open`` finds it as it is now."""
-        native.sync()
-        if tables:
-            kept = _native.checkpoint.save(self.index, [t._native for t in tables], None, [], None, True)
-            for name in os.listdir(self.index):
-                if os.path.join(self.index, name) != kept:
-                    shutil.rmtree(os.path.join(self.index, name), ignore_errors=True)
-        elif os.path.isdir(self.index):
-            shutil.rmtree(self.index, ignore_errors=True)
+    def close(self, native) -> None:
+        """Writes the tables' index in place (the columns written back first), then
+        lets the store go: after this ``open`` finds it as it is now."""
+        native.save_index(self.index)
         os.remove(os.path.join(self.path, "open"))
         self._sync_dir()
         self.release()
@@ -235,7 +243,8 @@ def open_store(directory):
     d, meta = FileDirectory.open(directory)
     try:
         signature = FileDirectory.signature_of(meta)
-        store = Store(signature, meta["capacity"], meta["block_steps"], directory=d.path, backing="file", _opened=d)
+        store = Store(signature, meta["capacity"], meta["block_steps"], directory=d.path, backing="file",
+                      durable=bool(meta.get("durable")), _opened=d)
     except BaseException:
         d.release()
         raise
@@ -249,6 +258,11 @@ def open_store(directory):
 
             _, _, tables = _native.checkpoint.load(index, make_store, None)
             store._restored = {native.name: Table._restored(native, store, config) for native, _, config in tables}
+        if d.recovered:
+            items = sum(t.size for t in store._restored.values())
+            logging.getLogger("reprise").warning(
+                "the durable file store in %s was not closed: reopened as its last commit left it (%d items in %d "
+                "tables); items added after that commit are not in it", d.path, items, len(store._restored))
     except BaseException:
         store._file = None  # leave the directory as it was: still marked open by no one
         os.remove(os.path.join(d.path, "open"))

@@ -34,11 +34,17 @@ class Store:
     memory) and stay there. ``close()`` writes the tables' indexes beside them, and
     ``Store.open(directory)`` maps the columns again with those tables, copying nothing
     (``reprise.file_store`` has the layout and the crash rules).
+
+    ``durable=True`` (file stores) keeps the tables' items on disk while the store runs:
+    a writer's ``flush()`` returns once its items are on disk (a *group commit*: flushes
+    that arrive together share one), ``commit()`` does the same for everything in the
+    tables, and ``Store.open`` of a store whose process was killed brings back every
+    item a commit covered. Not with compressed fields.
     """
 
     def __init__(self, signature: Mapping[str, Field], capacity: int, block_steps: int = 64,
                  directory: str | os.PathLike | None = None, device: str | None = None,
-                 huge_pages: bool = False, backing: str = "memory", _opened=None):
+                 huge_pages: bool = False, backing: str = "memory", durable: bool = False, _opened=None):
         if not isinstance(signature, Mapping) or not signature:
             raise InvalidArgument(f"signature must be a non-empty dict of name -> Field, got {signature!r}")
         for name, f in signature.items():
@@ -56,6 +62,16 @@ class Store:
         if backing not in ("memory", "file"):
             raise InvalidArgument(f"backing must be 'memory' (shared memory) or 'file' (a file on a local disk), "
                                   f"got {backing!r}")
+        if not isinstance(durable, bool):
+            raise InvalidArgument(f"durable must be True or False, got {durable!r}")
+        if durable and backing != "file":
+            raise InvalidArgument("durable=True keeps a file store's items on disk: pass backing='file' and a "
+                                  "directory on a local disk too")
+        if durable:
+            packed = [name for name, f in signature.items() if f.compress is not None]
+            if packed:
+                raise InvalidArgument(f"a durable store cannot have compressed fields yet (field '{packed[0]}' has "
+                                      f"compress={signature[packed[0]].compress!r}): store it raw, or drop durable")
         if backing == "file":
             if directory is None:
                 raise InvalidArgument("backing='file' needs directory=: the directory on a local disk that will "
@@ -98,8 +114,10 @@ class Store:
             try:
                 self._native = _native.Store(index_signature, capacity, block_steps, None, False, levels,
                                              file=self._file.columns, open=not made, stacks=stacks)
+                if durable:
+                    self._native.make_durable(self._file.index)
                 if made:
-                    self._file.write_meta(signature, self._native.capacity, block_steps)
+                    self._file.write_meta(signature, self._native.capacity, block_steps, durable)
             except BaseException:
                 if made:
                     self._file.abandon()
@@ -171,7 +189,8 @@ class Store:
         """The file store in ``directory`` (made with ``backing="file"``), its columns
         mapped again, with the tables that were over it when it was last closed
         (``store.tables``). Copies nothing. Refused while another process has it open,
-        and when the process that had it open died before closing it."""
+        and when the process that had it open died before closing it, unless the store
+        is durable: it then comes back as its last commit left it."""
         from .file_store import open_store
         return open_store(directory)
 
@@ -179,6 +198,28 @@ class Store:
     def backing(self) -> str:
         """"memory" (shared memory, the default) or "file" (a file store)."""
         return "file" if self._native.persistent else "memory"
+
+    @property
+    def durable(self) -> bool:
+        """Whether this is a durable file store (``durable=True``)."""
+        return self._native.durable
+
+    def commit(self) -> None:
+        """Returns once every item in this durable store's tables is on disk: a store
+        reopened after its process is killed has them. Writers' ``flush()`` does this
+        for their own items; ``commit`` is for items inserted with ``Table.insert``.
+        Concurrent calls share one commit (see ``reprise.file_store``)."""
+        self._check_open()
+        if not self.durable:
+            raise InvalidArgument("commit() is for durable file stores (rp.Store(..., backing='file', durable=True)): "
+                                  f"this store is {'a file store without durable' if self._file else 'in memory'}")
+        self._native.commit()
+
+    def commits(self) -> dict:
+        """A durable store's commits so far: ``{"commits", "seconds", "last_seconds"}``
+        (time spent in them, and in the newest)."""
+        n, seconds, last = self._native.commit_stats()
+        return {"commits": n, "seconds": seconds, "last_seconds": last}
 
     @property
     def tables(self) -> dict:
@@ -260,7 +301,7 @@ class Store:
                 # A file store stays: its columns go back to disk and its tables' index
                 # is written beside them, for Store.open.
                 file, self._file = self._file, None
-                file.close(self._native, list(self._tables.values()))
+                file.close(self._native)
             else:
                 self._native.unlink()
 

@@ -53,6 +53,8 @@ pub struct TableRef {
 pub struct ServerInfo {
     pub pid: u32,
     pub stores: Vec<Arc<Columns>>,
+    /// Per store: true for a durable file store (a writer's flush asks it to commit).
+    pub durable: Vec<bool>,
     pub tables: Vec<TableRef>,
 }
 
@@ -142,11 +144,14 @@ fn hello(path: &Path) -> Result<(UnixStream, ServerInfo)> {
     let mut r = Reader::new(&body);
     let pid = r.u32()?;
     let mut stores = Vec::new();
+    let mut durable = Vec::new();
     for _ in 0..r.count(1024, "stores")? {
         let path = PathBuf::from(r.str()?);
         let (capacity, block_steps) = (r.u64()?, r.u32()?);
         // A file store's columns: reads may wait for the disk (see `Columns::attach_file`).
-        let on_disk = r.u32()? != 0;
+        let flags = r.u32()?;
+        let on_disk = flags & p::FILE_STORE != 0;
+        durable.push(flags & p::DURABLE != 0);
         let mut fields = Vec::new();
         for _ in 0..r.count(4096, "fields")? {
             let name = r.str()?;
@@ -180,7 +185,7 @@ fn hello(path: &Path) -> Result<(UnixStream, ServerInfo)> {
         tables.push(TableRef { name, store });
     }
     r.done()?;
-    Ok((stream, ServerInfo { pid, stores, tables }))
+    Ok((stream, ServerInfo { pid, stores, durable, tables }))
 }
 
 impl ServerInfo {
@@ -397,6 +402,7 @@ impl ReplayClient for LocalClient {
             path: self.shared.path.clone(),
             columns,
             store,
+            durable: self.shared.info.durable[store as usize],
             counts: HashMap::new(),
             spares: Vec::new(),
             spares_wanted: 0,
@@ -581,6 +587,8 @@ pub struct LeasedBlocks {
     path: PathBuf,
     columns: Arc<Columns>,
     store: u32,
+    /// A durable store: a flush ends with a `COMMIT`.
+    durable: bool,
     /// This writer's references per leased block; the server holds one per block.
     counts: HashMap<u32, u32>,
     /// Blocks the server leased ahead (free ones only), handed to the writer
@@ -691,6 +699,33 @@ impl LeasedBlocks {
                 self.fail(Error::InvalidArgument(format!("{e} (a commit of {items} items was cut short there)")));
                 Ok(())
             }
+        }
+    }
+
+    /// Asks a durable store for a commit and waits for it (within `wait`): every item
+    /// the server committed for this writer is then on disk.
+    fn commit(&mut self, wait: Wait<'_>) -> Result<()> {
+        let mut f = Frame::new(p::COMMIT);
+        f.u32(self.store);
+        f.send(&mut self.stream)?;
+        if let Err(e) = self.wait_reply(wait, "a durable store's commit") {
+            // The reply is still due: the connection cannot be used for anything else.
+            self.shut("a durable store's commit was not answered in time");
+            return Err(match e {
+                Error::Timeout { partial, .. } => Error::Timeout {
+                    message: format!(
+                        "the durable store's commit did not end within {:.3} s: this writer's items are in their tables \
+                         but may not be on disk yet, and the writer is closed",
+                        wait.timeout.unwrap_or_default().as_secs_f64()
+                    ),
+                    partial,
+                },
+                e => e,
+            });
+        }
+        match reply(&mut self.stream)? {
+            (p::OK, _) => Ok(()),
+            (kind, _) => Err(unexpected(kind)),
         }
     }
 
@@ -948,6 +983,10 @@ impl StepWriter for LocalWriter {
             e => e,
         })?;
         self.check()?;
+        let blocks = self.writer.source_mut();
+        if blocks.durable {
+            blocks.commit(wait)?;
+        }
         Ok(std::mem::take(&mut self.writer.source_mut().keys))
     }
 

@@ -46,6 +46,7 @@ pub mod extensions;
 pub mod table;
 pub mod writer;
 pub mod checkpoint;
+pub mod durable;
 pub mod auth;
 
 pub use memory::{backing, remove_stale_regions, stale_regions, Backing};

@@ -27,6 +27,7 @@ use crate::error::{Error, Result};
 use crate::invalid;
 use crate::item::RowRange;
 use crate::columns::Columns;
+use crate::durable::Durable;
 use crate::memory::default_directory;
 use crate::signature::Signature;
 use crate::wait::Wait;
@@ -55,6 +56,8 @@ pub(crate) struct StoreInner {
     pressure: std::sync::atomic::AtomicU64,
     /// A file store: its file stays (see [`Store::create_file`]).
     persistent: bool,
+    /// A durable file store's commits (see [`crate::durable`]).
+    durable: std::sync::OnceLock<Durable>,
 }
 
 /// How long a lease waits in all for blocks in limbo before it evicts anyway
@@ -160,6 +163,7 @@ impl Store {
                 tables: Mutex::new(Vec::new()),
                 pressure: std::sync::atomic::AtomicU64::new(0),
                 persistent,
+                durable: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -167,6 +171,39 @@ impl Store {
     /// True for a file store: its file stays when it goes, and `unlink` leaves it.
     pub fn persistent(&self) -> bool {
         self.inner.persistent
+    }
+
+    /// Makes this file store durable: from now on [`Store::commit`] puts every item
+    /// of its tables on disk, with their indexes in `index` (see [`crate::durable`]).
+    /// Refused for a store in memory, one with compressed fields, or twice.
+    pub fn make_durable(&self, index: &Path) -> Result<()> {
+        if !self.persistent() {
+            return Err(invalid!("durable stores are file stores: this store is in shared memory"));
+        }
+        if let Some(f) = self.signature().fields().iter().find(|f| f.compress.is_some()) {
+            return Err(invalid!(
+                "a durable store cannot have compressed fields yet (field '{}' is {}): compressing a block rewrites \
+                 rows a commit may refer to; store it raw, or drop durable",
+                f.name,
+                f.describe()
+            ));
+        }
+        self.inner.durable.set(Durable::new(index)).map_err(|_| invalid!("this store is already durable"))
+    }
+
+    /// The commits of a durable store; None for any other.
+    pub fn durable(&self) -> Option<&Durable> {
+        self.inner.durable.get()
+    }
+
+    /// For a durable store, returns once every item in its tables when it was
+    /// called is on disk (a group commit, see [`crate::durable`]); for any other
+    /// store, at once.
+    pub fn commit(&self) -> Result<()> {
+        match self.durable() {
+            Some(d) => d.commit(self),
+            None => Ok(()),
+        }
     }
 
     pub fn signature(&self) -> &Signature {
@@ -296,6 +333,9 @@ impl Store {
         if let Ok(b) = alloc.lease() {
             return Ok(b);
         }
+        if let Some(durable) = self.durable() {
+            return self.lease_durable(durable);
+        }
         let limbo_end = std::time::Instant::now() + LIMBO_WAIT;
         let caller_end = wait.deadline();
         // True when a block came free, false when the limbo wait ran out.
@@ -334,26 +374,10 @@ impl Store {
                 return Ok(b);
             }
         }
-        let tables: Vec<(String, Arc<dyn TableOverStore>)> =
-            self.inner.tables.lock().iter().filter_map(|(n, w)| Some((n.clone(), w.upgrade()?))).collect();
+        let tables = self.named_tables();
         for _ in 0..alloc.num_blocks() {
             let Some(block) = alloc.oldest_leased() else { break };
-            let mut item_refs = 0;
-            let mut evictable = true;
-            for (_, t) in &tables {
-                let refs = t.item_refs(block);
-                item_refs += refs;
-                evictable &= refs == 0 || t.evicts_when_store_full();
-            }
-            // Evict only when that frees the block; otherwise items would be lost for nothing.
-            if evictable && item_refs > 0 && item_refs == alloc.refcount(block) {
-                for (_, t) in &tables {
-                    t.evict_block(block, &self.clone());
-                }
-            }
-            if alloc.refcount(block) > 0 {
-                alloc.requeue(block);
-            }
+            self.evict_for_room(block, &tables);
             if let Ok(b) = alloc.lease() {
                 return Ok(b);
             }
@@ -369,6 +393,62 @@ impl Store {
         }
         self.inner.pressure.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Err(self.full_error(&tables))
+    }
+
+    /// [`Store::lease_block`] of a durable store: blocks whose items went wait in
+    /// limbo for the next commit (see [`crate::durable`]), so a lease commits rather
+    /// than wait, and evicts a group of the oldest blocks per commit.
+    fn lease_durable(&self, durable: &Durable) -> Result<u32> {
+        let alloc = &self.inner.allocator;
+        if alloc.limbo_blocks() > 0 {
+            durable.commit(self)?;
+            if let Ok(b) = alloc.lease() {
+                return Ok(b);
+            }
+        }
+        let tables = self.named_tables();
+        let group = Durable::eviction_group(alloc.num_blocks());
+        let mut gone = 0;
+        for _ in 0..alloc.num_blocks() {
+            let Some(block) = alloc.oldest_leased() else { break };
+            gone += self.evict_for_room(block, &tables) as usize;
+            if gone >= group {
+                break;
+            }
+        }
+        if gone > 0 {
+            durable.commit(self)?;
+            if let Ok(b) = alloc.lease() {
+                return Ok(b);
+            }
+        }
+        self.inner.pressure.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Err(self.full_error(&tables))
+    }
+
+    /// Evicts the items of `block` from every table when that frees it (all its
+    /// references are items of tables that allow eviction), and puts it back at the
+    /// end of the lease order when it is still held. Returns whether it was freed.
+    fn evict_for_room(&self, block: u32, tables: &[(String, Arc<dyn TableOverStore>)]) -> bool {
+        let alloc = &self.inner.allocator;
+        let mut item_refs = 0;
+        let mut evictable = true;
+        for (_, t) in tables {
+            let refs = t.item_refs(block);
+            item_refs += refs;
+            evictable &= refs == 0 || t.evicts_when_store_full();
+        }
+        // Evict only when that frees the block; otherwise items would be lost for nothing.
+        if evictable && item_refs > 0 && item_refs == alloc.refcount(block) {
+            for (_, t) in tables {
+                t.evict_block(block, &self.clone());
+            }
+        }
+        if alloc.refcount(block) > 0 {
+            alloc.requeue(block);
+            return false;
+        }
+        true
     }
 
     /// Times the store has been found full (every block held by something that
@@ -439,6 +519,16 @@ impl Store {
         }
         tables.push((name.to_string(), table));
         Ok(())
+    }
+
+    /// The live tables over this store with their names, in the order they were registered.
+    fn named_tables(&self) -> Vec<(String, Arc<dyn TableOverStore>)> {
+        self.inner.tables.lock().iter().filter_map(|(n, w)| Some((n.clone(), w.upgrade()?))).collect()
+    }
+
+    /// The live tables over this store, in the order they were registered.
+    pub(crate) fn tables(&self) -> Vec<Arc<dyn TableOverStore>> {
+        self.named_tables().into_iter().map(|(_, t)| t).collect()
     }
 
     pub(crate) fn find_table(&self, name: &str) -> Option<Arc<dyn TableOverStore>> {

@@ -118,6 +118,36 @@ impl PyStore {
         py.detach(move || store.columns().sync()).map_err(py_err(py))
     }
 
+    /// Makes this file store durable, its committed indexes in `index`.
+    fn make_durable(&self, py: Python<'_>, index: PathBuf) -> PyResult<()> {
+        self.store.make_durable(&index).map_err(py_err(py))
+    }
+
+    #[getter]
+    fn durable(&self) -> bool {
+        self.store.durable().is_some()
+    }
+
+    /// A durable store's group commit (at once for any other store).
+    fn commit(&self, py: Python<'_>) -> PyResult<()> {
+        let store = self.store.clone();
+        py.detach(move || store.commit()).map_err(py_err(py))
+    }
+
+    /// `(commits, seconds in them, seconds of the last)` of a durable store.
+    fn commit_stats(&self) -> (u64, f64, f64) {
+        let s = self.store.durable().map(|d| d.stats()).unwrap_or_default();
+        (s.commits, s.seconds, s.last_seconds)
+    }
+
+    /// Writes the file store's tables' indexes in place into a new checkpoint under
+    /// `index` (the columns written back first) and removes the older ones; returns
+    /// its path (None, and `index` removed, with no table over the store).
+    fn save_index(&self, py: Python<'_>, index: PathBuf) -> PyResult<Option<PathBuf>> {
+        let store = self.store.clone();
+        py.detach(move || reprise_core::durable::save_index(&store, &index)).map_err(py_err(py))
+    }
+
     /// `(raw, stored)`: bytes the columns would take uncompressed, and bytes their
     /// file takes now.
     fn memory_bytes(&self) -> (u64, u64) {

@@ -399,7 +399,11 @@ impl PyWriter {
     fn flush(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
         let timeout = timeout::parse(py, timeout)?;
         self.with(py, |w| match w {
-            AnyWriter::InProcess(_) => Ok(()),
+            // A durable store commits (its items on disk); any other has nothing to wait for.
+            AnyWriter::InProcess(w) => {
+                let store = w.store().clone();
+                py.detach(|| store.commit()).map_err(py_err(py))
+            }
             AnyWriter::Client { writer: w, .. } => {
                 let signals = Signals::default();
                 let check = || signals.check();

@@ -357,6 +357,13 @@ impl Connection {
                 table.reset();
                 Some(Frame::new(p::OK))
             }
+            p::COMMIT => {
+                let store = r.u32()?;
+                r.done()?;
+                let s = self.shared.stores.get(store as usize).ok_or_else(|| Error::NotFound(format!("no store number {store}")))?;
+                s.commit()?;
+                Some(Frame::new(p::OK))
+            }
             p::CHECKPOINT => {
                 r.done()?;
                 let Some(checkpoint) = self.shared.checkpoint.clone() else {
@@ -382,7 +389,8 @@ impl Connection {
         f.u32(std::process::id()).u32(self.shared.stores.len() as u32);
         for s in &self.shared.stores {
             f.str(&s.path().to_string_lossy()).u64(s.capacity()).u32(s.block_steps());
-            f.u32(s.persistent() as u32);
+            let durable = if s.durable().is_some() { p::DURABLE } else { 0 };
+            f.u32(if s.persistent() { p::FILE_STORE } else { 0 } | durable);
             f.u32(s.signature().len() as u32);
             for field in s.signature().fields() {
                 f.str(&field.name).str(field.dtype.name()).u32(field.shape.len() as u32);

@@ -451,7 +451,11 @@ impl InsertSession {
                     self.keys.extend(keys);
                 }
                 Some(pb::insert_op::Op::EndEpisode(_)) => self.writer.end_episode(),
-                Some(pb::insert_op::Op::Flush(f)) => out.push(pb::InsertResponse { flush_id: f.id, keys: std::mem::take(&mut self.keys) }),
+                Some(pb::insert_op::Op::Flush(f)) => {
+                    // A durable store answers a flush once its items are on disk.
+                    self.writer.store().commit().map_err(to_status)?;
+                    out.push(pb::InsertResponse { flush_id: f.id, keys: std::mem::take(&mut self.keys) })
+                }
                 None => return Err(Status::invalid_argument("insert: an operation with no kind set")),
             }
         }

@@ -22,8 +22,13 @@ use reprise_core::RowRange;
 /// Version 7: `HELLO_OK` gives each field's stack and padding (0 reset, 1 zero),
 /// which the client's writers and reads depend on, and per store whether it is a
 /// file store (its reads may wait for the disk); `INFO_OK` ends with the store's
-/// raw and stored bytes.
-pub const VERSION: u32 = 7;
+/// raw and stored bytes. Version 8: `HELLO_OK`'s per-store word is flags ([`FILE_STORE`],
+/// [`DURABLE`]), and `COMMIT` asks a durable store for a commit.
+pub const VERSION: u32 = 8;
+/// `HELLO_OK` store flag: a file store (its reads may wait for the disk).
+pub const FILE_STORE: u32 = 1;
+/// `HELLO_OK` store flag: a durable file store (a writer's flush ends with a `COMMIT`).
+pub const DURABLE: u32 = 2;
 /// Most spare blocks one `LEASE` may ask for.
 pub const MAX_SPARES: u32 = 64;
 /// Largest attribute record of one item.
@@ -58,6 +63,9 @@ pub const SNAPSHOT: u8 = 12;
 pub const SET_VERSION: u8 = 13;
 /// `u32 table | str name | u32 n | n x u64 key | bytes values`: `COUNT` of items updated.
 pub const UPDATE_ATTRIBUTE: u8 = 14;
+/// `u32 store`: `OK` once every item in the store's tables when the server read
+/// this is on disk (a durable store's group commit; at once for any other store).
+pub const COMMIT: u8 = 15;
 
 // Replies.
 pub const HELLO_OK: u8 = 129;

@@ -183,6 +183,9 @@ fn write(tmp: &Path, tables: &[Table], options: &mut SaveOptions<'_>) -> Result<
         let (rows_name, entry) = rows.close()?;
         manifest.files.insert(rows_name.clone(), entry);
         if options.in_place && s.store.persistent() && s.off_host.is_none() {
+            // The indexes were taken above: every row they reference is in the
+            // mapping, and is on disk once this returns.
+            s.store.columns().sync()?;
             let file = s.store.path().to_string_lossy().into_owned();
             manifest.stores.push(store_entry(s, rows_name, Default::default(), Some(file)));
             continue;

@@ -523,6 +523,11 @@ impl Table {
         Some(Table { shared })
     }
 
+    /// The live tables over `store`, in the order they were made.
+    pub(crate) fn over(store: &Store) -> Vec<Table> {
+        store.tables().into_iter().filter_map(|t| Some(Table { shared: t.into_any().downcast::<Shared>().ok()? })).collect()
+    }
+
     /// How many handles to this table exist (this one included): 1 means nothing
     /// else — no server, no other client of this process — holds it.
     pub fn handles(&self) -> usize {

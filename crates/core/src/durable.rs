@@ -1,0 +1,205 @@
+//! Durable file stores: commits that put a file store's items on disk while it runs,
+//! so that a process killed with the store open loses nothing a commit covered.
+//!
+//! # A commit
+//! 1. pins a new epoch of the store (see `blocks`' module doc);
+//! 2. takes every table's index (a moment each);
+//! 3. writes the columns' dirty pages back (`msync`): the rows of every item in
+//!    those indexes were written before its item existed, so they are on disk now;
+//! 4. writes the indexes as a checkpoint *in place* (its rows stay in the columns
+//!    file) into `index/ckpt-<ns>`, renamed into place and the directory synced;
+//! 5. unpins the epoch of the commit before, then removes the older indexes.
+//!
+//! # Why the rows of a committed index stay as they are
+//! A block is reused only after its last reference goes (no item, writer or sample
+//! holds it). From the moment a commit pins its epoch, a block whose last reference
+//! goes waits in limbo until that epoch is unpinned, which step 5 of the *next*
+//! commit does only once a newer index is on disk. So no block that the newest
+//! index on disk references is ever rewritten: after a crash, [`crate::checkpoint::load`]
+//! of that index over the columns file (`reserve_blocks_in_place`) finds every
+//! item's rows as they were when it was committed. Rows written after the commit
+//! went into other blocks (free when the commit ran) or past the committed rows of
+//! a block a writer still held, which the index does not reference.
+//!
+//! # Group commit
+//! One commit runs at a time. A caller (a writer's flush, a server's answer to one)
+//! needs a commit that *started* after its items were in their tables: it runs one
+//! if none is running, or waits for the running one to end and then for the next,
+//! which the first waiter to wake starts. However many flushes arrive during a
+//! commit, they share the next one. A commit's cost is an `msync` of what was
+//! written since the last one plus writing every table's index (about 50 bytes an
+//! item), so it grows with the tables, not with the flushes.
+//!
+//! # Room
+//! While a commit's epoch is pinned, blocks whose items went wait for the next
+//! commit. A lease that finds none free commits (`Store::lease_block`), and a full
+//! store evicts its oldest blocks in groups ([`Durable::eviction_group`]) so that
+//! one commit frees many.
+//!
+//! Compressed columns are not durable: compressing a block rewrites it in place
+//! (its frames in the slot, then its raw pages punched out) after the commit that
+//! may reference its raw rows, so a crash could leave neither on disk.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::checkpoint::{self, SaveOptions};
+use crate::error::{Error, Result};
+use crate::invalid;
+use crate::store::Store;
+use crate::table::Table;
+
+/// The commits of one durable file store (see the module doc).
+pub struct Durable {
+    /// Where the committed indexes go (`<store directory>/index`).
+    index: PathBuf,
+    state: Mutex<CommitState>,
+    ended: Condvar,
+}
+
+#[derive(Default)]
+struct CommitState {
+    /// Commits started; commit `n` is the `n`-th.
+    started: u64,
+    /// Commits ended (they end in order: one runs at a time).
+    ended: u64,
+    running: bool,
+    /// The newest commit that succeeded.
+    succeeded: u64,
+    /// Why the newest failed commit failed.
+    failure: Option<String>,
+    /// The epoch pinned by the newest successful commit: it keeps that commit's rows
+    /// (a number, not an [`crate::store::Epoch`], which would hold the store that holds this).
+    epoch: Option<u64>,
+    /// Time spent in commits, and their count, for `stats`.
+    busy: Duration,
+    last: Duration,
+}
+
+/// What [`Durable::stats`] reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CommitStats {
+    pub commits: u64,
+    pub seconds: f64,
+    pub last_seconds: f64,
+}
+
+impl Durable {
+    pub(crate) fn new(index: &Path) -> Durable {
+        Durable { index: index.to_path_buf(), state: Mutex::new(CommitState::default()), ended: Condvar::new() }
+    }
+
+    /// The directory of the committed indexes.
+    pub fn index(&self) -> &Path {
+        &self.index
+    }
+
+    /// Blocks a full store evicts before one commit frees them all: 1/64 of its
+    /// blocks, at least 1 and at most 64.
+    pub fn eviction_group(num_blocks: u32) -> usize {
+        (num_blocks as usize / 64).clamp(1, 64)
+    }
+
+    /// Returns once a commit that started after this call began has ended: every
+    /// item in `store`'s tables before the call is on disk, or the error of the
+    /// commit that failed.
+    pub(crate) fn commit(&self, store: &Store) -> Result<()> {
+        let mut st = self.state.lock();
+        let need = st.started + 1;
+        loop {
+            if st.ended >= need {
+                return match st.succeeded >= need {
+                    true => Ok(()),
+                    false => Err(Error::Io(st.failure.clone().unwrap_or_default())),
+                };
+            }
+            if st.running {
+                self.ended.wait(&mut st);
+                continue;
+            }
+            st.running = true;
+            st.started += 1;
+            let n = st.started;
+            drop(st);
+            let began = Instant::now();
+            let outcome = self.run(store);
+            st = self.state.lock();
+            st.running = false;
+            st.ended = n;
+            let took = began.elapsed();
+            st.last = took;
+            st.busy += took;
+            let older = match outcome {
+                Ok(epoch) => {
+                    st.succeeded = n;
+                    st.epoch.replace(epoch)
+                }
+                Err(e) => {
+                    st.failure = Some(format!("the durable store's commit failed, so the items since the last one are not on disk: {e}"));
+                    None
+                }
+            };
+            self.ended.notify_all();
+            drop(st);
+            // The previous commit's blocks may be reused from now on (a newer index is on disk).
+            if let Some(epoch) = older {
+                store.allocator().unpin(epoch);
+            }
+            st = self.state.lock();
+        }
+    }
+
+    /// One commit (the module doc's steps 1 to 4); returns its pinned epoch.
+    fn run(&self, store: &Store) -> Result<u64> {
+        let epoch = store.allocator().pin();
+        match save_index(store, &self.index) {
+            Ok(_) => Ok(epoch),
+            Err(e) => {
+                store.allocator().unpin(epoch);
+                Err(e)
+            }
+        }
+    }
+
+    pub fn stats(&self) -> CommitStats {
+        let st = self.state.lock();
+        CommitStats { commits: st.succeeded, seconds: st.busy.as_secs_f64(), last_seconds: st.last.as_secs_f64() }
+    }
+}
+
+/// Writes the index of every table over the file store `store` in place into a new
+/// `ckpt-<ns>` under `index` (the columns are written back after the indexes are
+/// taken and before they are written) and removes the older ones; with no table,
+/// writes the columns back and removes `index`. Returns the new index.
+pub fn save_index(store: &Store, index: &Path) -> Result<Option<PathBuf>> {
+    if !store.persistent() {
+        return Err(invalid!("only a file store's index is saved in place"));
+    }
+    let tables = Table::over(store);
+    if tables.is_empty() {
+        store.columns().sync()?;
+        match std::fs::remove_dir_all(index) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(Error::Io(format!("cannot remove {}: {e}", index.display())))
+            }
+            _ => return Ok(None),
+        }
+    }
+    let kept = checkpoint::save(index, &tables, SaveOptions { in_place: true, ..Default::default() })?;
+    prune(index, &kept);
+    Ok(Some(kept))
+}
+
+/// Removes every index under `index` but `kept` (best effort: a leftover one is
+/// older, and the newest complete one is the one loaded).
+fn prune(index: &Path, kept: &Path) {
+    let Ok(entries) = std::fs::read_dir(index) else { return };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path != kept && entry.file_name().to_string_lossy().starts_with("ckpt-") {
+            let _ = std::fs::remove_dir_all(path);
+        }
+    }
+}
