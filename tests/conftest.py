@@ -158,6 +158,19 @@ def no_leftovers():
 
 
 @pytest.fixture
+def disk():
+    """A fresh directory on a disk (not a tmpfs) for a file store, removed afterwards."""
+    from reprise.file_store import MEMORY_FILE_SYSTEMS, file_system
+    for base in (tempfile.gettempdir(), "/var/tmp", os.getcwd()):
+        if os.path.isdir(base) and os.access(base, os.W_OK) and file_system(base) not in MEMORY_FILE_SYSTEMS:
+            path = tempfile.mkdtemp(prefix="reprise-file-store-", dir=base)
+            yield os.path.join(path, "store")
+            shutil.rmtree(path, ignore_errors=True)
+            return
+    pytest.skip("no writable directory on a disk here (every candidate is a tmpfs)")
+
+
+@pytest.fixture
 def make_store():
     """``make_store(signature=None, capacity=1024, block_steps=16)``; closed at teardown."""
     stores = []

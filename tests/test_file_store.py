@@ -6,10 +6,8 @@ process died while it was open is refused, never opened over rows that may have 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
 
 import numpy as np
@@ -18,18 +16,6 @@ import pytest
 import reprise as rp
 from reprise.errors import Corrupt, InvalidArgument
 from reprise.file_store import MEMORY_FILE_SYSTEMS, file_system
-
-
-@pytest.fixture
-def disk():
-    """A fresh directory on a disk (not a tmpfs), removed afterwards."""
-    for base in (tempfile.gettempdir(), "/var/tmp", os.getcwd()):
-        if os.path.isdir(base) and os.access(base, os.W_OK) and file_system(base) not in MEMORY_FILE_SYSTEMS:
-            path = tempfile.mkdtemp(prefix="reprise-file-store-", dir=base)
-            yield os.path.join(path, "store")
-            shutil.rmtree(path, ignore_errors=True)
-            return
-    pytest.skip("no writable directory on a disk here (every candidate is a tmpfs)")
 
 
 SIG = {"obs": rp.Field((16,), "float32"), "img": rp.Field((24, 24), "uint8", compress="zstd"),

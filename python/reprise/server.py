@@ -31,7 +31,8 @@ class Server:
 
     ``checkpoint_dir``: ``checkpoint()`` writes there, and at start the newest valid
     checkpoint in it (if any) is loaded: its tables replace the given tables of the
-    same names, which must be empty (``server.tables`` lists what is served).
+    same names, which must be empty (``server.tables`` lists what is served). Tables
+    over file stores are left as they are: their stores keep them (``Store.open``).
     ``address`` (``"host:port"``; port 0 picks a free one, see ``server.address``) also
     serves the tables over gRPC to remote ``rp.Client("host:port", token=...)``. A
     ``token`` is required unless the address is loopback, and is then checked on every
@@ -93,8 +94,9 @@ class Server:
             from . import checkpoint
             found = checkpoint.latest(self._checkpoint_dir)
             if found is not None:
+                # Tables over file stores come back with their stores (Store.open), not from here.
                 for t in tables:
-                    if len(t):
+                    if len(t) and t.store.backing != "file":
                         raise InvalidArgument(
                             f"checkpoint_dir {self._checkpoint_dir!r} holds a checkpoint to restore, but table "
                             f"'{t.name}' is not empty: pass empty tables (or another directory)"
@@ -103,7 +105,7 @@ class Server:
                 try:
                     for t in tables:
                         got = loaded.get(t.name)
-                        if got is None:
+                        if got is None or t.store.backing == "file":
                             continue
                         for what, mine, saved in (("signature", t.store.signature, got.store.signature),
                                                   ("capacity", t.store.capacity, got.store.capacity),
@@ -117,7 +119,7 @@ class Server:
                     for s in {id(x.store): x.store for x in loaded.values()}.values():
                         s.close()
                     raise
-                tables = [loaded.get(t.name, t) for t in tables]
+                tables = [t if t.store.backing == "file" else loaded.get(t.name, t) for t in tables]
                 self.restored_from = found
         for t in tables:
             if t.store._device_columns is not None:

@@ -28,6 +28,8 @@ checkpoint directory::
     block_steps = 64
     directory = "/dev/shm"              # where the store's shared-memory file lives (the default)
     huge_pages = false                  # true: 2 MiB pages; directory must be hugetlbfs or a huge= tmpfs
+    # backing = "file"                  # a file store in directory (on a disk), reopened at the next start
+    # durable = true                    # file stores: a writer's flush returns once its items are on disk
     fields = { obs = { shape = [4], dtype = "float32" }, action = { dtype = "int64" } }
     # a field may be stored compressed: frame = { shape = [84, 84], dtype = "uint8", compress = "zstd", level = 3 }
     # and stacked (one frame stored per step, sampled as the last 4): add stack = 4 (and padding = "zero")
@@ -87,7 +89,7 @@ _TOP = {"address": "string", "token": "string", "token_file": "string", "checkpo
         "keepalive_seconds": "number", "auth_failures_per_minute": "integer"}
 _TLS = {"cert": "string", "key": "string"}
 _STORE = {"name": "string", "capacity": "integer", "block_steps": "integer", "directory": "string",
-          "huge_pages": "boolean", "fields": "table"}
+          "huge_pages": "boolean", "backing": "string", "durable": "boolean", "fields": "table"}
 _FIELD = {"shape": "array of integers", "dtype": "string", "compress": "string", "level": "integer",
           "stack": "integer", "padding": "string"}
 _TABLE = {"name": "string", "store": "string", "sampler": "string or table", "remover": "string or table",
@@ -274,9 +276,30 @@ def _store(where: str, s: dict, directory: str) -> Store:
     if "capacity" not in s:
         raise InvalidArgument(f"{where}: 'capacity' (steps) is required")
     store_dir = os.path.join(directory, s["directory"]) if "directory" in s else None
+    backing, durable = s.get("backing", "memory"), s.get("durable", False)
     with _at(where):
+        if backing == "file" and store_dir is not None and os.path.exists(os.path.join(store_dir, "store.json")):
+            return _reopen(store_dir, signature, s, durable)
         return Store(signature, capacity=s["capacity"], block_steps=s.get("block_steps", 64),
-                     directory=store_dir, huge_pages=s.get("huge_pages", False))
+                     directory=store_dir, huge_pages=s.get("huge_pages", False), backing=backing, durable=durable)
+
+
+def _reopen(store_dir: str, signature: dict, s: dict, durable: bool) -> Store:
+    """The file store an earlier run left in ``store_dir``, with its tables, checked against its
+    ``[[stores]]`` entry."""
+    store = Store.open(store_dir)
+    want = {"fields": signature, "capacity": s["capacity"], "block_steps": s.get("block_steps", 64), "durable": durable}
+    have = {"fields": store.signature, "capacity": store.capacity, "block_steps": store.block_steps,
+            "durable": store.durable}
+    # Capacity is kept in whole blocks: the config's capacity rounds up to the store's.
+    bs = have["block_steps"]
+    want["capacity"] = -(-want["capacity"] // bs) * bs if want["block_steps"] == bs else want["capacity"]
+    for key in want:
+        if want[key] != have[key]:
+            store.close()
+            raise InvalidArgument(f"the file store in {store_dir} has {key} {have[key]!r} and the config asks for "
+                                  f"{want[key]!r}: make the config match the store, or give it another directory")
+    return store
 
 
 def _table(where: str, t: dict, i: int, stores: dict) -> Table:
@@ -300,8 +323,12 @@ def _table(where: str, t: dict, i: int, stores: dict) -> Table:
     for key in ("max_size", "max_times_sampled", "seed", "evict_when_store_full"):
         if key in t:
             kwargs[key] = t[key]
+    name = t.get("name", f"table{i}")
+    if name in store._restored:
+        # A file store brought it back with its items: it keeps the settings it was made with.
+        return store._restored[name]
     with _at(where):
-        return Table(t.get("name", f"table{i}"), store, **kwargs)
+        return Table(name, store, **kwargs)
 
 
 def _token(config: dict, directory: str) -> str | None:

@@ -177,6 +177,9 @@ pub fn save_index(store: &Store, index: &Path) -> Result<Option<PathBuf>> {
     if !store.persistent() {
         return Err(invalid!("only a file store's index is saved in place"));
     }
+    // Blocks whose items go while the index is written are not reused before it is
+    // on disk (the save holds no pins on the blocks it references).
+    let _epoch = store.pin();
     let tables = Table::over(store);
     if tables.is_empty() {
         store.columns().sync()?;

@@ -400,23 +400,27 @@ impl Store {
     /// than wait, and evicts a group of the oldest blocks per commit.
     fn lease_durable(&self, durable: &Durable) -> Result<u32> {
         let alloc = &self.inner.allocator;
-        if alloc.limbo_blocks() > 0 {
-            durable.commit(self)?;
-            if let Ok(b) = alloc.lease() {
-                return Ok(b);
-            }
-        }
         let tables = self.named_tables();
         let group = Durable::eviction_group(alloc.num_blocks());
-        let mut gone = 0;
-        for _ in 0..alloc.num_blocks() {
-            let Some(block) = alloc.oldest_leased() else { break };
-            gone += self.evict_for_room(block, &tables) as usize;
-            if gone >= group {
+        // Other writers may take the blocks a commit frees before this one leases:
+        // evict and commit again while that makes room, as often as there are blocks.
+        for _ in 0..=alloc.num_blocks() {
+            let mut gone = 0;
+            if alloc.limbo_blocks() == 0 {
+                for _ in 0..alloc.num_blocks() {
+                    let Some(block) = alloc.oldest_leased() else { break };
+                    gone += self.evict_for_room(block, &tables) as usize;
+                    if gone >= group {
+                        break;
+                    }
+                }
+            }
+            if gone == 0 && alloc.limbo_blocks() == 0 {
+                if let Ok(b) = alloc.lease() {
+                    return Ok(b);
+                }
                 break;
             }
-        }
-        if gone > 0 {
             durable.commit(self)?;
             if let Ok(b) = alloc.lease() {
                 return Ok(b);
@@ -497,7 +501,9 @@ impl Store {
             ));
         }
         let limbo = alloc.limbo_blocks();
-        if limbo > 0 {
+        if limbo > 0 && self.durable().is_some() {
+            held.push(format!("{limbo} wait for this durable store's next commit (their items went after the last one)"));
+        } else if limbo > 0 {
             held.push(format!(
                 "{limbo} wait for device reads of samples in flight (GPU gathers; they come free when those finish, \
                  and did not within {} s)",

@@ -43,9 +43,11 @@ pub struct SaveOptions<'a> {
     pub off_host: Vec<OffHost<'a>>,
     pub progress: Option<Progress<'a>>,
     /// File stores' rows stay in their files: the checkpoint references them
-    /// (`StoreEntry::file`) instead of copying them. Only for a file store that no
-    /// one writes until it is loaded from this checkpoint again (a file store's
-    /// close writes its index so), or the rows would not match.
+    /// (`StoreEntry::file`) instead of copying them. Only through
+    /// [`crate::durable::save_index`], which pins an epoch across the save so that
+    /// no block the index references is reused while it is written, and whose
+    /// callers keep them unreused until a newer index exists (a durable store's
+    /// commits) or until the store is loaded from this index again (a close).
     pub in_place: bool,
 }
 
@@ -134,7 +136,10 @@ struct StoreOut {
 
 fn write(tmp: &Path, tables: &[Table], options: &mut SaveOptions<'_>) -> Result<()> {
     // Every index first (a moment each), then the data with the tables running.
-    let (snaps, pins): (Vec<TableSnapshot>, Vec<Pins>) = tables.iter().map(|t| t.snapshot()).unzip();
+    // An index saved in place copies no row, so it pins no block: the caller's epoch
+    // keeps any block whose items go meanwhile from reuse (`durable::save_index`).
+    let in_place = |t: &Table| options.in_place && t.store().persistent() && !options.off_host.iter().any(|o| o.store.same(t.store()));
+    let (snaps, pins): (Vec<TableSnapshot>, Vec<Pins>) = tables.iter().map(|t| t.snapshot_pinning(!in_place(t))).unzip();
     let mut stores: Vec<StoreOut> = Vec::new();
     let mut table_store = Vec::with_capacity(tables.len());
     for (k, (t, p)) in tables.iter().zip(pins).enumerate() {

@@ -162,6 +162,12 @@ fn corrupt(table: &str, what: impl std::fmt::Display) -> Error {
 impl Table {
     /// A consistent copy of the index plus a pin on every referenced block.
     pub fn snapshot(&self) -> (TableSnapshot, Pins) {
+        self.snapshot_pinning(true)
+    }
+
+    /// [`Table::snapshot`]; with `pin` false the pins hold no block (an index saved in
+    /// place, whose rows are not copied: see `SaveOptions::in_place`).
+    pub(crate) fn snapshot_pinning(&self, pin: bool) -> (TableSnapshot, Pins) {
         let sh = &*self.shared;
         let st = sh.state.lock();
         let mut items: Vec<ItemRecord> = Vec::with_capacity(st.size as usize);
@@ -183,6 +189,9 @@ impl Table {
         }
         blocks.sort_unstable();
         blocks.dedup();
+        if !pin {
+            blocks.clear();
+        }
         let alloc = sh.store.allocator();
         for &b in &blocks {
             alloc.retain(b); // live: items reference it, and we hold the table lock
