@@ -206,3 +206,111 @@ fn prune(index: &Path, kept: &Path) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::tests::{config, put, signature, TempDir};
+    use crate::checkpoint::{load, LoadOptions};
+    use crate::rate_limiter::RateLimiterConfig;
+    use crate::selectors::SelectorSpec;
+    use crate::signature::{DType, Field, Signature};
+
+    fn durable_store(dir: &TempDir, capacity: u64) -> Store {
+        std::fs::create_dir_all(&dir.0).unwrap();
+        let store = Store::create_file(signature(), capacity, 4, &dir.0.join("columns")).unwrap();
+        store.make_durable(&dir.0.join("index")).unwrap();
+        store
+    }
+
+    fn table(store: &Store, max_size: u64) -> Table {
+        let limiter = RateLimiterConfig::min_size(1).unwrap();
+        Table::new(config("t", SelectorSpec::Uniform, SelectorSpec::Fifo, max_size, limiter), store).unwrap()
+    }
+
+    /// The items of the newest committed index, loaded over the columns file in place.
+    fn committed_keys(dir: &TempDir) -> Vec<u64> {
+        let index = checkpoint::latest(&dir.0.join("index")).unwrap();
+        let loaded = load(&index, LoadOptions::default()).unwrap();
+        let mut keys: Vec<u64> = loaded.tables[0].items().iter().map(|i| i.key).collect();
+        keys.sort_unstable();
+        keys
+    }
+
+    #[test]
+    fn blocks_whose_items_went_after_a_commit_are_reused_only_after_the_next() {
+        let dir = TempDir::new("durable-limbo");
+        let store = durable_store(&dir, 64);
+        let t = table(&store, 50);
+        let keys = put(&t, 4, 4, 0, &[1.0; 4]); // four blocks of four steps
+        store.commit().unwrap();
+        let free = store.free_blocks();
+        assert_eq!(t.delete(&keys[..2]), 2);
+        // The committed index still refers to those two blocks: they wait.
+        assert_eq!((store.free_blocks(), store.limbo_blocks()), (free, 2));
+        store.commit().unwrap();
+        assert_eq!((store.free_blocks(), store.limbo_blocks()), (free + 2, 0));
+        assert_eq!(store.durable().unwrap().stats().commits, 2);
+    }
+
+    #[test]
+    fn the_newest_index_holds_what_the_last_commit_covered() {
+        let dir = TempDir::new("durable-newest");
+        let store = durable_store(&dir, 256);
+        let t = table(&store, 50);
+        let mut committed = put(&t, 5, 2, 0, &[1.0; 5]);
+        store.commit().unwrap();
+        let gone = put(&t, 3, 2, 100, &[1.0; 3]); // not committed
+        assert_eq!(t.delete(&committed[..1]), 1);
+        committed.sort_unstable();
+        let names: Vec<_> = std::fs::read_dir(dir.0.join("index")).unwrap().collect();
+        assert_eq!(names.len(), 1, "older indexes are removed");
+        assert_eq!(committed_keys(&dir), committed);
+        assert!(gone.iter().all(|k| !committed.contains(k)));
+    }
+
+    #[test]
+    fn a_full_durable_store_evicts_a_group_per_commit() {
+        let dir = TempDir::new("durable-full");
+        let store = durable_store(&dir, 64 * 4 * 2); // 128 blocks: groups of 2
+        assert_eq!(Durable::eviction_group(store.num_blocks()), 2);
+        let t = table(&store, 500);
+        for round in 0..8 {
+            put(&t, 64, 4, round * 1000, &[1.0; 64]);
+        }
+        assert!(t.info().num_store_evictions > 0);
+        let commits = store.durable().unwrap().stats().commits;
+        assert!(commits > 0 && commits < 2 * 128, "{commits} commits for 384 evicted blocks");
+    }
+
+    #[test]
+    fn a_failed_commit_says_why_and_a_later_one_succeeds() {
+        let dir = TempDir::new("durable-fail");
+        let store = durable_store(&dir, 64);
+        let t = table(&store, 50);
+        put(&t, 2, 2, 0, &[1.0; 2]);
+        std::fs::write(dir.0.join("index"), b"a file where the index directory goes").unwrap();
+        let e = store.commit().unwrap_err().to_string();
+        assert!(e.starts_with("the durable store's commit failed, so the items since the last one are not on disk"), "{e}");
+        std::fs::remove_file(dir.0.join("index")).unwrap();
+        store.commit().unwrap();
+        assert_eq!(committed_keys(&dir).len(), 2);
+    }
+
+    #[test]
+    fn only_a_raw_file_store_becomes_durable_once() {
+        let dir = TempDir::new("durable-refused");
+        let memory = Store::new(signature(), 64, 4, None).unwrap();
+        let e = memory.make_durable(&dir.0.join("index")).unwrap_err().to_string();
+        assert_eq!(e, "durable stores are file stores: this store is in shared memory");
+        memory.unlink();
+        std::fs::create_dir_all(&dir.0).unwrap();
+        let packed = Signature::new(vec![Field::new("img", DType::UInt8, vec![8, 8]).unwrap().compressed(Some(3)).unwrap()]).unwrap();
+        let store = Store::create_file(packed, 64, 4, &dir.0.join("packed")).unwrap();
+        let e = store.make_durable(&dir.0.join("index")).unwrap_err().to_string();
+        assert!(e.starts_with("a durable store cannot have compressed fields yet (field 'img' is"), "{e}");
+        assert!(store.durable().is_none());
+        let store = durable_store(&dir, 64);
+        assert_eq!(store.make_durable(&dir.0.join("index")).unwrap_err().to_string(), "this store is already durable");
+    }
+}

@@ -33,7 +33,7 @@ mod npz;
 mod save;
 mod table_file;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::path::{Path, PathBuf};
 

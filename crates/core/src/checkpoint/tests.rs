@@ -15,10 +15,10 @@ use crate::store::Store;
 use crate::table::{Table, TableConfig};
 
 /// A fresh directory under the system temporary directory, removed when dropped.
-struct TempDir(PathBuf);
+pub(crate) struct TempDir(pub(crate) PathBuf);
 
 impl TempDir {
-    fn new(what: &str) -> TempDir {
+    pub(crate) fn new(what: &str) -> TempDir {
         static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let p = std::env::temp_dir().join(format!("reprise-ckpt-test-{}-{what}-{n}", std::process::id()));
@@ -33,7 +33,7 @@ impl Drop for TempDir {
     }
 }
 
-fn signature() -> Signature {
+pub(crate) fn signature() -> Signature {
     Signature::new(vec![
         Field::new("obs", DType::Float32, vec![3]).unwrap(),
         Field::new("act", DType::Int64, vec![]).unwrap(),
@@ -41,7 +41,7 @@ fn signature() -> Signature {
     .unwrap()
 }
 
-fn config(name: &str, sampler: SelectorSpec, remover: SelectorSpec, max_size: u64, limiter: RateLimiterConfig) -> TableConfig {
+pub(crate) fn config(name: &str, sampler: SelectorSpec, remover: SelectorSpec, max_size: u64, limiter: RateLimiterConfig) -> TableConfig {
     TableConfig {
         name: name.into(),
         sampler,
@@ -60,7 +60,7 @@ fn config(name: &str, sampler: SelectorSpec, remover: SelectorSpec, max_size: u6
 }
 
 /// `n` items of `steps` steps; step i of the batch has act = start + i, obs = act.
-fn put(t: &Table, n: usize, steps: usize, start: i64, priorities: &[f64]) -> Vec<u64> {
+pub(crate) fn put(t: &Table, n: usize, steps: usize, start: i64, priorities: &[f64]) -> Vec<u64> {
     let acts: Vec<i64> = (0..(n * steps) as i64).map(|i| start + i).collect();
     let obs: Vec<u8> = acts.iter().flat_map(|&a| [a as f32; 3].into_iter().flat_map(f32::to_ne_bytes)).collect();
     let act: Vec<u8> = acts.iter().flat_map(|a| a.to_ne_bytes()).collect();
