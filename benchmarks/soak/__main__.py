@@ -1,4 +1,4 @@
-"""``python -m benchmarks.soak [--minutes M | --seconds S] [--seed N] [--out-dir DIR] [--keep]``.
+"""``python -m benchmarks.soak [--minutes M | --seconds S] [--seed N] [--durable] [--out-dir DIR] [--keep]``.
 
 Runs the soak (``run.Soak``), checks it (``report.analyze``), writes
 ``<out-dir>/soak-<date>-<S>s.json``, ``.md`` and ``.png``, prints the summary, and exits 0
@@ -24,6 +24,15 @@ def log(msg: str) -> None:
     print(f"[soak {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def disk_directory() -> str:
+    """A directory on a disk for the durable arm's file store (a file store refuses tmpfs)."""
+    from reprise.file_store import MEMORY_FILE_SYSTEMS, file_system
+    for base in (tempfile.gettempdir(), "/var/tmp", os.getcwd()):
+        if os.access(base, os.W_OK) and file_system(base) not in MEMORY_FILE_SYSTEMS:
+            return base
+    raise SystemExit("the durable arm needs a writable directory on a disk; /tmp, /var/tmp and . are not")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.soak", description=__doc__.split("\n\n")[1])
     d = ap.add_mutually_exclusive_group()
@@ -35,16 +44,19 @@ def main(argv: list[str] | None = None) -> int:
                     "run's length / 8 under 3 minutes)")
     ap.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
                     help="an environment variable for the server process (diagnosis, e.g. MALLOC_ARENA_MAX=2)")
+    ap.add_argument("--durable", action="store_true", help="the durable arm: the store is a durable file store, and "
+                    "every item whose flush returned before the server SIGKILL must be in the store it reopens")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (records, checkpoints, logs)")
     a = ap.parse_args(argv)
     seconds = a.seconds if a.seconds is not None else 60.0 * (a.minutes if a.minutes is not None else 10.0)
     plan = Plan.for_seconds(seconds, a.seed)
     if a.checkpoint_every is not None:
         plan.checkpoint_every = a.checkpoint_every
+    plan.durable = a.durable
     os.makedirs(a.out_dir, exist_ok=True)
     now = dt.datetime.now()
-    stem = f"soak-{now:%Y%m%d-%H%M%S}-{seconds:.0f}s"
-    work = tempfile.mkdtemp(prefix="reprise-soak-")
+    stem = f"soak-{now:%Y%m%d-%H%M%S}-{seconds:.0f}s" + ("-durable" if a.durable else "")
+    work = tempfile.mkdtemp(prefix="reprise-soak-", dir=disk_directory() if a.durable else None)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(2))   # run the finally below
     soak = Soak(plan, work, log=log, server_env=dict(kv.split("=", 1) for kv in a.server_env))
     import reprise as rp

@@ -39,7 +39,15 @@ def check_ledger(rp, soak, result: dict, records: dict) -> dict:
         by_epoch[epoch].append((path, req))
     restored = None
     for epoch in (1, 2):
-        if epoch == 2 and crash is not None:
+        if epoch == 2 and crash is not None and plan.durable:
+            # The store as the killed server left it: every item whose flush returned before
+            # the kill is in it, or was evicted by the FIFO rule (checks 1-5 at the kill).
+            c_ck = read_checkpoint(rp, crash["durable_state"], "replay")
+            r = ledger.check(dict(c_ck, name="crash-state"), 1, crash["t_kill"], crash["t_dead"])
+            ledger.set_restored(c_ck)
+            restored = {"name": "crash-state (the durable store at the kill)", "items": len(c_ck["ids"]),
+                        "errors": r["errors"], **ledger.crash_losses(c_ck, crash["t_kill"])}
+        elif epoch == 2 and crash is not None:
             c_path = by_epoch[1][-1][0] if by_epoch[1] else None
             if c_path is None or crash["restored_from"] != c_path or crash["newest_checkpoint"] != c_path:
                 ledger.errors.append(f"restart restored {crash['restored_from']}, newest before the crash "
@@ -253,6 +261,14 @@ def criteria(rep: dict) -> dict:
                            f"inserts x{r['inserts']:.2f}, samples x{r['samples']:.2f} with it (median of "
                            f"{len(st['pairs'])} windows, each against its neighbours without; lowest x{lo['inserts']:.2f}"
                            f", x{lo['samples']:.2f}; limit x{th['stall_ratio']:.2f})"}
+    if rep["plan"].get("durable"):
+        r = led["restored"] or {}
+        lost = r.get("lost_in_crash_allowed", 0)
+        c["durable_no_flushed_item_lost"] = {
+            "pass": bool(r) and r.get("errors", 1) == 0 and lost == 0,
+            "value": f"{r.get('committed_epoch1', 0):,} items flushed before the server SIGKILL: "
+                     f"{r.get('in_restored', 0):,} in the reopened store, {r.get('evicted_before_request', 0):,} evicted "
+                     f"by FIFO, {lost} lost; {r.get('errors', 'no')} ledger errors at the kill"}
     c["clean_exit"] = {"pass": not fa["leftovers"] and not fa["stragglers"],
                        "value": f"{len(fa['leftovers'])} leftover files, {len(fa['stragglers'])} processes "
                                 "that did not stop on SIGTERM"}

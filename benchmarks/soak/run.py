@@ -22,6 +22,13 @@ Faults, each from its own seeded ``random.Random``:
 - once, in the middle of the window without the stalled reader nearest to 45% of the run
   (and after a checkpoint exists), the server is SIGKILLed and started again with the same
   config: it restores its newest checkpoint and the clients' pools reconnect.
+
+The durable arm (``Plan.durable``, ``--durable``): the store is a durable file store
+(``backing = "file"``, ``durable = true``), so a writer's flush returns once its items are on
+disk, and the restarted server reopens the store rather than a checkpoint. Between the kill
+and the restart this driver opens the store itself (``rp.Store.open``: what the server will
+find), saves a checkpoint of it outside the checkpoint directory (``crash-state``) for the
+ledger, and closes it again: every item whose flush returned before the kill must be in it.
 """
 
 from __future__ import annotations
@@ -68,6 +75,7 @@ class Plan:
     kill_every: tuple = (3.0, 6.0)
     malformed_every: tuple = (1.0, 3.0)
     token_every: tuple = (3.0, 5.0)
+    durable: bool = False        # the store is a durable file store (the durable arm)
 
     @classmethod
     def for_seconds(cls, seconds: float, seed: int = 1) -> "Plan":
@@ -153,6 +161,7 @@ auth_failures_per_minute = 30
 name = "main"
 capacity = {p.max_size * p.capacity_factor}
 block_steps = 64
+{'backing = "file"' + chr(10) + 'durable = true' + chr(10) + 'directory = "store"' if p.durable else ''}
 fields = {{ id = {{ dtype = "int64" }}, payload = {{ shape = [4096], dtype = "uint8" }} }}
 
 [[tables]]
@@ -326,13 +335,29 @@ seed = {p.seed}
         old.send_signal(signal.SIGKILL)
         old.wait()
         t_dead = time.monotonic()
+        state = self.durable_state() if self.plan.durable else None
         info = self.start_server()
         self.crashing = False
         crash = {"t_kill": t_kill, "t_dead": t_dead, "newest_checkpoint": newest[-1] if newest else None,
                  "restored_from": info["restored_from"], "restart_s": round(info["t_ready"] - t_dead, 3)}
+        if state is not None:
+            crash.update(state)
+            crash["restored_from"] = state["durable_state"]
         self.log(f"server SIGKILLed at {self.rel(t_kill):.1f} s; restarted in {crash['restart_s']} s from "
                  f"{os.path.basename(info['restored_from'] or 'nothing')}")
         return crash
+
+    def durable_state(self) -> dict:
+        """The durable arm: what the killed server's store holds, as the restarted server
+        will find it, saved as a checkpoint for the ledger (the store is closed again)."""
+        import reprise as rp
+        t = time.monotonic()
+        store = rp.Store.open(os.path.join(self.work, "store"))
+        try:
+            path = rp.checkpoint.save(os.path.join(self.work, "crash-state"), [store.tables[TABLE]])
+        finally:
+            store.close()
+        return {"durable_state": path, "durable_state_s": round(time.monotonic() - t, 3)}
 
     # --- the run ----------------------------------------------------------------------------
     def run(self) -> dict:

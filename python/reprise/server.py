@@ -119,8 +119,9 @@ class Server:
                     for s in {id(x.store): x.store for x in loaded.values()}.values():
                         s.close()
                     raise
-                tables = [t if t.store.backing == "file" else loaded.get(t.name, t) for t in tables]
-                self.restored_from = found
+                replaced = [t.store.backing != "file" and t.name in loaded for t in tables]
+                tables = [loaded[t.name] if r else t for t, r in zip(tables, replaced)]
+                self.restored_from = found if any(replaced) else None
         for t in tables:
             if t.store._device_columns is not None:
                 raise InvalidArgument(
