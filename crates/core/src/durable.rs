@@ -8,7 +8,8 @@
 //!    those indexes were written before its item existed, so they are on disk now;
 //! 4. writes the indexes as a checkpoint *in place* (its rows stay in the columns
 //!    file) into `index/ckpt-<ns>`, renamed into place and the directory synced;
-//! 5. unpins the epoch of the commit before, then removes the older indexes.
+//! 5. answers the flushes waiting for it and unpins the epoch of the commit before
+//!    (whose index the next commit removes: loading takes the newest).
 //!
 //! # Why the rows of a committed index stay as they are
 //! A block is reused only after its last reference goes (no item, writer or sample
@@ -73,6 +74,10 @@ struct CommitState {
     /// The epoch pinned by the newest successful commit: it keeps that commit's rows
     /// (a number, not an [`crate::store::Epoch`], which would hold the store that holds this).
     epoch: Option<u64>,
+    /// The index the newest successful commit wrote.
+    written: Option<PathBuf>,
+    /// The one it replaced, which the next commit removes (loading takes the newest).
+    stale: Option<PathBuf>,
     /// Time spent in commits, and their count, for `stats`.
     busy: Duration,
     last: Duration,
@@ -122,9 +127,16 @@ impl Durable {
             st.running = true;
             st.started += 1;
             let n = st.started;
+            let first = st.written.is_none();
+            let stale = st.stale.take();
             drop(st);
             let began = Instant::now();
-            let outcome = self.run(store);
+            // The index two commits back: not removed by the commit that made it stale,
+            // so that its flushes were answered without waiting for the removal.
+            if let Some(path) = stale {
+                let _ = std::fs::remove_dir_all(path);
+            }
+            let outcome = self.run(store, first);
             st = self.state.lock();
             st.running = false;
             st.ended = n;
@@ -132,8 +144,9 @@ impl Durable {
             st.last = took;
             st.busy += took;
             let older = match outcome {
-                Ok(epoch) => {
+                Ok((epoch, kept)) => {
                     st.succeeded = n;
+                    st.stale = std::mem::replace(&mut st.written, kept);
                     st.epoch.replace(epoch)
                 }
                 Err(e) => {
@@ -151,11 +164,17 @@ impl Durable {
         }
     }
 
-    /// One commit (the module doc's steps 1 to 4); returns its pinned epoch.
-    fn run(&self, store: &Store) -> Result<u64> {
+    /// One commit (the module doc's steps 1 to 4); returns its pinned epoch and index.
+    /// The `first` of this store also removes what earlier runs left (before any other
+    /// commit can have written one).
+    fn run(&self, store: &Store, first: bool) -> Result<(u64, Option<PathBuf>)> {
         let epoch = store.allocator().pin();
-        match save_index(store, &self.index) {
-            Ok(_) => Ok(epoch),
+        let written = match first {
+            true => save_index(store, &self.index),
+            false => write_index(store, &self.index),
+        };
+        match written {
+            Ok(kept) => Ok((epoch, kept)),
             Err(e) => {
                 store.allocator().unpin(epoch);
                 Err(e)
@@ -174,6 +193,15 @@ impl Durable {
 /// taken and before they are written) and removes the older ones; with no table,
 /// writes the columns back and removes `index`. Returns the new index.
 pub fn save_index(store: &Store, index: &Path) -> Result<Option<PathBuf>> {
+    let kept = write_index(store, index)?;
+    if let Some(kept) = &kept {
+        prune(index, kept);
+    }
+    Ok(kept)
+}
+
+/// [`save_index`] but for removing the older indexes.
+fn write_index(store: &Store, index: &Path) -> Result<Option<PathBuf>> {
     if !store.persistent() {
         return Err(invalid!("only a file store's index is saved in place"));
     }
@@ -191,7 +219,6 @@ pub fn save_index(store: &Store, index: &Path) -> Result<Option<PathBuf>> {
         }
     }
     let kept = checkpoint::save(index, &tables, SaveOptions { in_place: true, ..Default::default() })?;
-    prune(index, &kept);
     Ok(Some(kept))
 }
 
