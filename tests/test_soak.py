@@ -30,10 +30,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SECONDS = 60
 
 
-def run_soak(out_dir, timeout=300):
+def run_soak(out_dir, timeout=300, seconds=SECONDS, extra=()):
     """Runs the soak in a session of its own; on a timeout the whole group is SIGKILLed."""
-    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.soak", "--seconds", str(SECONDS), "--seed", "1",
-                             "--out-dir", str(out_dir)], cwd=ROOT, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.soak", "--seconds", str(seconds), "--seed", "1",
+                             "--out-dir", str(out_dir), *extra], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout)
@@ -82,6 +82,24 @@ def test_soak_60s_keeps_its_ledger_descriptors_and_timeouts_under_faults(tmp_pat
     for k, v in rep["stall"]["median_ratio"].items():
         assert v is not None and v >= th["stall_ratio"], (k, rep["stall"]["pairs"])
     assert code == 0, out[-4000:]
+
+
+def test_soak_durable_arm_loses_no_flushed_item_when_the_server_is_killed(tmp_path):
+    """The durable arm (issue 36): a durable file store; the store the killed server leaves
+    holds every item whose flush returned before the SIGKILL (or evicted by FIFO)."""
+    code, out = run_soak(tmp_path, seconds=45, extra=("--durable",))
+    found = glob.glob(str(tmp_path / "soak-*-durable.json"))
+    assert found, f"no report (exit {code}):\n{out[-4000:]}"
+    with open(found[0]) as f:
+        rep = json.load(f)
+    led, crash = rep["ledger"], rep["crash"]
+    assert rep["plan"]["durable"] and crash["restored_from"] == crash["durable_state"], crash
+    r = led["restored"]
+    assert r["committed_epoch1"] > 0 and r["in_restored"] > 0, r
+    assert r["errors"] == 0 and r["lost_in_crash_allowed"] == 0, r
+    assert rep["criteria"]["durable_no_flushed_item_lost"]["pass"], rep["criteria"]
+    assert led["error_count"] == 0, "\n".join(led["errors"][:20])
+    assert not rep["faults"]["leftovers"] and not rep["faults"]["stragglers"], rep["faults"]
 
 
 # --- the ledger's checks, on synthetic records (fast) ----------------------------------------------

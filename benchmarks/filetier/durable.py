@@ -109,8 +109,8 @@ def commit_time(rp, base: str, items: int) -> dict:
         t = time.perf_counter()
         store.commit()
         took.append(time.perf_counter() - t)
-    index = os.path.join(d, "store", "index")
-    size = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(index) for f in fs)
+    index = rp.checkpoint.latest(os.path.join(d, "store", "index"))
+    size = sum(os.path.getsize(os.path.join(index, f)) for f in os.listdir(index))
     store.close()
     shutil.rmtree(d, ignore_errors=True)
     return {"items": items, "commit_median_ms": 1e3 * statistics.median(took), "index_bytes": size,
