@@ -160,14 +160,13 @@ def no_leftovers():
 @pytest.fixture
 def disk():
     """A fresh directory on a disk (not a tmpfs) for a file store, removed afterwards."""
-    from reprise.file_store import MEMORY_FILE_SYSTEMS, file_system
-    for base in (tempfile.gettempdir(), "/var/tmp", os.getcwd()):
-        if os.path.isdir(base) and os.access(base, os.W_OK) and file_system(base) not in MEMORY_FILE_SYSTEMS:
-            path = tempfile.mkdtemp(prefix="reprise-file-store-", dir=base)
-            yield os.path.join(path, "store")
-            shutil.rmtree(path, ignore_errors=True)
-            return
-    pytest.skip("no writable directory on a disk here (every candidate is a tmpfs)")
+    from reprise.file_store import disk_directory
+    base = disk_directory()
+    if base is None:
+        pytest.skip("no writable directory on a disk here (every candidate is a tmpfs)")
+    path = tempfile.mkdtemp(prefix="reprise-file-store-", dir=base)
+    yield os.path.join(path, "store")
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

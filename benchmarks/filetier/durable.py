@@ -29,14 +29,6 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def disk_directory() -> str:
-    from reprise.file_store import MEMORY_FILE_SYSTEMS, file_system
-    for base in (tempfile.gettempdir(), "/var/tmp", os.getcwd()):
-        if os.access(base, os.W_OK) and file_system(base) not in MEMORY_FILE_SYSTEMS:
-            return base
-    raise SystemExit("no writable directory on a disk (/tmp, /var/tmp and . are memory)")
-
-
 def make_store(rp, arm: str, base: str, signature: dict, capacity: int, block_steps: int = 64):
     if arm == "memory":
         return rp.Store(signature, capacity, block_steps), None
@@ -126,7 +118,10 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     import reprise as rp
     from benchmarks.common.driver import OUT, host_info
+    from reprise.file_store import disk_directory
     base = a.dir or disk_directory()
+    if base is None:
+        raise SystemExit("no writable directory on a disk (/tmp, /var/tmp and . are memory): pass --dir")
     seconds = 1.0 if a.quick else a.seconds
     writer_counts = (1, 4) if a.quick else (1, 4, 16)
     sizes = (10_000, 100_000) if a.quick else (10_000, 100_000, 1_000_000)

@@ -24,15 +24,6 @@ def log(msg: str) -> None:
     print(f"[soak {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def disk_directory() -> str:
-    """A directory on a disk for the durable arm's file store (a file store refuses tmpfs)."""
-    from reprise.file_store import MEMORY_FILE_SYSTEMS, file_system
-    for base in (tempfile.gettempdir(), "/var/tmp", os.getcwd()):
-        if os.access(base, os.W_OK) and file_system(base) not in MEMORY_FILE_SYSTEMS:
-            return base
-    raise SystemExit("the durable arm needs a writable directory on a disk; /tmp, /var/tmp and . are not")
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.soak", description=__doc__.split("\n\n")[1])
     d = ap.add_mutually_exclusive_group()
@@ -56,7 +47,14 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(a.out_dir, exist_ok=True)
     now = dt.datetime.now()
     stem = f"soak-{now:%Y%m%d-%H%M%S}-{seconds:.0f}s" + ("-durable" if a.durable else "")
-    work = tempfile.mkdtemp(prefix="reprise-soak-", dir=disk_directory() if a.durable else None)
+    base = None
+    if a.durable:
+        # The durable arm's file store needs a disk (a file store refuses a tmpfs).
+        from reprise.file_store import disk_directory
+        base = disk_directory()
+        if base is None:
+            raise SystemExit("the durable arm needs a writable directory on a disk; /tmp, /var/tmp and . are not")
+    work = tempfile.mkdtemp(prefix="reprise-soak-", dir=base)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(2))   # run the finally below
     soak = Soak(plan, work, log=log, server_env=dict(kv.split("=", 1) for kv in a.server_env))
     import reprise as rp

@@ -65,6 +65,17 @@ def file_system(path: str) -> str:
     return kind
 
 
+def disk_directory() -> str | None:
+    """A writable directory on a disk (not a memory file system) for file stores: the
+    temporary directory, /var/tmp or the working directory, the first that is; None when
+    none is."""
+    import tempfile
+    for base in (tempfile.gettempdir(), "/var/tmp", os.getcwd()):
+        if os.path.isdir(base) and os.access(base, os.W_OK) and file_system(base) not in MEMORY_FILE_SYSTEMS:
+            return base
+    return None
+
+
 class FileDirectory:
     """The directory of one file store, held (locked) by this process while open."""
 

@@ -400,10 +400,13 @@ impl PyWriter {
         let timeout = timeout::parse(py, timeout)?;
         self.with(py, |w| match w {
             // A durable store commits (its items on disk); any other has nothing to wait for.
-            AnyWriter::InProcess(w) => {
-                let store = w.store().clone();
-                py.detach(|| store.commit()).map_err(py_err(py))
-            }
+            AnyWriter::InProcess(w) => match w.store().durable() {
+                Some(_) => {
+                    let store = w.store().clone();
+                    py.detach(|| store.commit()).map_err(py_err(py))
+                }
+                None => Ok(()),
+            },
             AnyWriter::Client { writer: w, .. } => {
                 let signals = Signals::default();
                 let check = || signals.check();
