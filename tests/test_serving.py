@@ -169,7 +169,7 @@ def sigkill(p):
 # as a client that reads sampled rows slowly or sends what the real client never would.
 HELLO, LEASE, RELEASE, CREATE, SAMPLE, SAMPLE_DONE, INFO = 1, 2, 3, 4, 5, 6, 9
 HELLO_OK, LEASED, CREATED, SAMPLED, INFO_OK, ERROR = 129, 130, 131, 132, 134, 136
-PROTOCOL_VERSION = 7   # reprise_wire::local::VERSION
+PROTOCOL_VERSION = 8   # reprise_wire::local::VERSION
 ERROR_CODES = {1: "InvalidArgument", 2: "NotFound", 3: "Timeout", 4: "ResourceExhausted", 5: "Corrupt", 6: "Io"}
 
 
