@@ -27,7 +27,7 @@ columns, and ``open`` of a durable store left open loads it: every item a commit
 comes back, items added after it do not.
 
 A commit costs an msync of what was written since the one before, plus the tables' whole
-index (about 50 bytes an item) written and synced: flushes that arrive during a commit
+index (about 64 bytes an item) written and synced: flushes that arrive during a commit
 share the next one, so a commit's cost is paid per group, not per flush.
 """
 

@@ -28,7 +28,7 @@
 //! if none is running, or waits for the running one to end and then for the next,
 //! which the first waiter to wake starts. However many flushes arrive during a
 //! commit, they share the next one. A commit's cost is an `msync` of what was
-//! written since the last one plus writing every table's index (about 50 bytes an
+//! written since the last one plus writing every table's index (about 64 bytes an
 //! item), so it grows with the tables, not with the flushes.
 //!
 //! # Room
