@@ -216,6 +216,39 @@ def test_a_plain_file_store_left_open_is_still_refused(disk):
         rp.Store.open(disk)
 
 
+def test_a_durable_transition_buffer_killed_mid_episode_reopens_with_its_committed_transitions(disk):
+    code = textwrap.dedent(f"""
+        import os, numpy as np, reprise as rp
+        buf = rp.TransitionBuffer(500, (4,), "float32", n_step=2, gamma=0.5, alpha=0.6, seed=1,
+                                  directory={disk!r}, backing="file", durable=True)
+        obs = np.zeros(4, np.float32)
+        for i in range(120):
+            nxt = np.full(4, i + 1, np.float32)
+            buf.add(obs, i % 3, 1.0, nxt, False, i % 40 == 39)
+            obs = np.zeros(4, np.float32) if i % 40 == 39 else nxt
+        buf.update_priorities(buf.sample(4).keys, np.full(4, 9.0))
+        buf.commit()
+        print(len(buf), flush=True)
+        far = np.full(4, 1000, np.float32)
+        for i in range(120, 150):   # not committed
+            buf.add(far, 0, 1.0, far + 1, False, False)
+        os.kill(os.getpid(), 9)
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    committed = int(r.stdout.split()[0])
+    again = rp.TransitionBuffer.open(disk)
+    try:
+        assert len(again) == committed == 120   # three episodes, each ended by a truncation
+        assert again.max_priority >= 9.0
+        s = again.sample(500)
+        assert (s.obs < 1000).all() and (s.next_obs < 1000).all()   # nothing of after the commit
+    finally:
+        again.close()
+    with rp.TransitionBuffer(10, (2,)) as memory:
+        with pytest.raises(InvalidArgument, match="commit.. is for durable buffers"):
+            memory.commit()
+
+
 # --- a server killed in a loop --------------------------------------------------------------------
 
 CONFIG = """

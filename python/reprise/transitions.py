@@ -188,14 +188,17 @@ class TransitionBuffer:
     transition then takes a few hundred bytes. ``directory``: where the store's file goes.
     ``backing="file"``: the store is a file store in ``directory`` (on a disk, bigger than
     memory; ``Store``'s ``backing``): ``close()`` ends the running episodes as truncations
-    and keeps the buffer there, and ``TransitionBuffer.open(directory)`` reopens it."""
+    and keeps the buffer there, and ``TransitionBuffer.open(directory)`` reopens it. With
+    ``durable=True`` too (``Store``'s ``durable``), ``commit()`` returns once every
+    transition added so far is on disk, and ``open`` of a buffer whose process was killed
+    brings back every transition a commit covered (its running episodes are not)."""
 
     def __init__(self, capacity: int, obs_shape, obs_dtype="float32", action_shape=(), action_dtype="int64", *,
                  n_envs: int = 1, n_step: int = 1, gamma: float = 0.99, alpha: float | None = None,
                  epsilon: float = 1e-6, seed: int | None = None, block_steps: int = 64,
                  min_episode_length: int = 1, frame_stack: int = 1, compress: str | None = None,
                  level: int | None = None, directory: str | None = None, name: str = "transitions",
-                 backing: str = "memory"):
+                 backing: str = "memory", durable: bool = False):
         capacity = as_int("capacity", capacity, 1)
         n_envs = as_int("n_envs", n_envs, 1)
         n_step = as_int("n_step", n_step, 1)
@@ -221,7 +224,8 @@ class TransitionBuffer:
         signature = {_OBS: obs_field, _ACTION: action_field,
                      _REWARD: Field((), "float32"), _TERMINATED: Field((), "bool")}
         steps = _store_steps(capacity, n_envs, n_step, block_steps, min_episode_length, frame_stack)
-        store = Store(signature, capacity=steps, block_steps=block_steps, directory=directory, backing=backing)
+        store = Store(signature, capacity=steps, block_steps=block_steps, directory=directory, backing=backing,
+                      durable=durable)
         try:
             sampler = selectors.Uniform() if alpha is None else selectors.Prioritized(alpha)
             table = Table(name, store, sampler=sampler, remover=selectors.Fifo(), max_size=capacity, seed=seed)
@@ -255,6 +259,18 @@ class TransitionBuffer:
         """A file store's ``transitions.json``: what ``open`` needs besides the store."""
         self._store._file.write_json(_SETTINGS, {"name": self._table.name, "settings": self._settings(),
                                                  "max_priority": self._max_priority})
+        self._saved_priority = self._max_priority
+
+    def commit(self) -> None:
+        """Returns once every transition added so far is on disk (a durable buffer,
+        ``durable=True``): a buffer reopened after its process is killed has them, with
+        the ``max_priority`` new ones get. Concurrent commits share one."""
+        if not self._store.durable:
+            raise InvalidArgument("commit() is for durable buffers: TransitionBuffer(..., directory=D, "
+                                  "backing='file', durable=True)")
+        if self._max_priority != getattr(self, "_saved_priority", None):
+            self._save_settings()
+        self._store.commit()
 
     def _settings(self) -> dict:
         """This buffer's settings, as ``_attach`` takes them (pickles, ``open``)."""
