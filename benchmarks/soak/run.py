@@ -146,6 +146,8 @@ class Soak:
     # --- processes --------------------------------------------------------------------------
     def write_config(self) -> None:
         p = self.plan
+        # The durable arm's store: a durable file store in the work directory.
+        file_store = 'backing = "file"\ndurable = true\ndirectory = "store"\n' if p.durable else ""
         with open(self.config, "w") as f:
             f.write(f'''address = "{self.address}"
 token = "{self.token}"
@@ -161,8 +163,7 @@ auth_failures_per_minute = 30
 name = "main"
 capacity = {p.max_size * p.capacity_factor}
 block_steps = 64
-{'backing = "file"' + chr(10) + 'durable = true' + chr(10) + 'directory = "store"' if p.durable else ''}
-fields = {{ id = {{ dtype = "int64" }}, payload = {{ shape = [4096], dtype = "uint8" }} }}
+{file_store}fields = {{ id = {{ dtype = "int64" }}, payload = {{ shape = [4096], dtype = "uint8" }} }}
 
 [[tables]]
 name = "{TABLE}"

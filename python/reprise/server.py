@@ -93,19 +93,20 @@ class Server:
         if self._checkpoint_dir is not None:
             from . import checkpoint
             found = checkpoint.latest(self._checkpoint_dir)
+            # Tables over file stores come back with their stores (Store.open), not from here.
+            restorable = [t for t in tables if t.store.backing != "file"]
             if found is not None:
-                # Tables over file stores come back with their stores (Store.open), not from here.
-                for t in tables:
-                    if len(t) and t.store.backing != "file":
+                for t in restorable:
+                    if len(t):
                         raise InvalidArgument(
                             f"checkpoint_dir {self._checkpoint_dir!r} holds a checkpoint to restore, but table "
                             f"'{t.name}' is not empty: pass empty tables (or another directory)"
                         )
                 loaded = checkpoint.load(found, **_placement(tables))
                 try:
-                    for t in tables:
+                    for t in restorable:
                         got = loaded.get(t.name)
-                        if got is None or t.store.backing == "file":
+                        if got is None:
                             continue
                         for what, mine, saved in (("signature", t.store.signature, got.store.signature),
                                                   ("capacity", t.store.capacity, got.store.capacity),
@@ -119,9 +120,9 @@ class Server:
                     for s in {id(x.store): x.store for x in loaded.values()}.values():
                         s.close()
                     raise
-                replaced = [t.store.backing != "file" and t.name in loaded for t in tables]
-                tables = [loaded[t.name] if r else t for t, r in zip(tables, replaced)]
-                self.restored_from = found if any(replaced) else None
+                replaced = {t.name for t in restorable if t.name in loaded}
+                tables = [loaded[t.name] if t.name in replaced else t for t in tables]
+                self.restored_from = found if replaced else None
         for t in tables:
             if t.store._device_columns is not None:
                 raise InvalidArgument(

@@ -249,7 +249,7 @@ class TransitionBuffer:
                                       f"no {_SETTINGS}): open it with rp.Store.open")
             buffer = cls.__new__(cls)
             buffer._attach(store.tables[saved["name"]], saved["settings"])
-            buffer._max_priority = float(saved["max_priority"])
+            buffer._max_priority = buffer._saved_priority = float(saved["max_priority"])
             return buffer
         except BaseException:
             store.close()
@@ -268,7 +268,7 @@ class TransitionBuffer:
         if not self._store.durable:
             raise InvalidArgument("commit() is for durable buffers: TransitionBuffer(..., directory=D, "
                                   "backing='file', durable=True)")
-        if self._max_priority != getattr(self, "_saved_priority", None):
+        if self._max_priority != self._saved_priority:
             self._save_settings()
         self._store.commit()
 
@@ -292,6 +292,7 @@ class TransitionBuffer:
         self._k = k = settings.get("frame_stack", 1)
         self._writers = [self._store.writer(max_sequence_length=self._n_step + k) for _ in range(self._n_envs)]
         self._max_priority = 1.0
+        self._saved_priority = None  # the max_priority a file store's transitions.json holds
         self._episode_steps = [0] * self._n_envs  # steps of each environment's current episode
         # What add checks each argument against (dtype, one environment's shape, all of
         # them), and an episode's first row after its observation (zero action and reward).

@@ -96,11 +96,6 @@ impl Durable {
         Durable { index: index.to_path_buf(), state: Mutex::new(CommitState::default()), ended: Condvar::new() }
     }
 
-    /// The directory of the committed indexes.
-    pub fn index(&self) -> &Path {
-        &self.index
-    }
-
     /// Blocks a full store evicts before one commit frees them all: 1/64 of its
     /// blocks, at least 1 and at most 64.
     pub fn eviction_group(num_blocks: u32) -> usize {
@@ -169,12 +164,13 @@ impl Durable {
     /// commit can have written one).
     fn run(&self, store: &Store, first: bool) -> Result<(u64, Option<PathBuf>)> {
         let epoch = store.allocator().pin();
-        let written = match first {
-            true => save_index(store, &self.index),
-            false => write_index(store, &self.index),
-        };
-        match written {
-            Ok(kept) => Ok((epoch, kept)),
+        match write_index(store, &self.index) {
+            Ok(kept) => {
+                if let (true, Some(kept)) = (first, &kept) {
+                    prune(&self.index, kept);
+                }
+                Ok((epoch, kept))
+            }
             Err(e) => {
                 store.allocator().unpin(epoch);
                 Err(e)
@@ -193,6 +189,9 @@ impl Durable {
 /// taken and before they are written) and removes the older ones; with no table,
 /// writes the columns back and removes `index`. Returns the new index.
 pub fn save_index(store: &Store, index: &Path) -> Result<Option<PathBuf>> {
+    // Blocks whose items go while the index is written are not reused before it is
+    // on disk (the save holds no pins on the blocks it references).
+    let _epoch = store.pin();
     let kept = write_index(store, index)?;
     if let Some(kept) = &kept {
         prune(index, kept);
@@ -200,14 +199,12 @@ pub fn save_index(store: &Store, index: &Path) -> Result<Option<PathBuf>> {
     Ok(kept)
 }
 
-/// [`save_index`] but for removing the older indexes.
+/// [`save_index`] but for removing the older indexes and pinning an epoch, which
+/// the caller holds across it (a commit keeps its own until the next).
 fn write_index(store: &Store, index: &Path) -> Result<Option<PathBuf>> {
     if !store.persistent() {
         return Err(invalid!("only a file store's index is saved in place"));
     }
-    // Blocks whose items go while the index is written are not reused before it is
-    // on disk (the save holds no pins on the blocks it references).
-    let _epoch = store.pin();
     let tables = Table::over(store);
     if tables.is_empty() {
         store.columns().sync()?;

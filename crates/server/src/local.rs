@@ -252,6 +252,10 @@ impl Connection {
         self.shared.tables.get(t as usize).ok_or_else(|| Error::NotFound(format!("no table number {t}")))
     }
 
+    fn store(&self, s: u32) -> Result<&Store> {
+        self.shared.stores.get(s as usize).ok_or_else(|| Error::NotFound(format!("no store number {s}")))
+    }
+
     fn handle(&mut self, kind: u8, body: &[u8]) -> Result<Option<Frame>> {
         let mut r = Reader::new(body);
         let reply = match kind {
@@ -263,7 +267,7 @@ impl Connection {
                 if spares > p::MAX_SPARES {
                     return Err(Error::InvalidArgument(format!("a lease asked for {spares} spare blocks; at most {}", p::MAX_SPARES)));
                 }
-                let mut s = self.shared.stores.get(store as usize).ok_or_else(|| Error::NotFound(format!("no store number {store}")))?.clone();
+                let mut s = self.store(store)?.clone();
                 let block = {
                     let stop = self.wait_stop();
                     s.lease(Wait { timeout: None, interrupt: Some(&stop) })?
@@ -360,8 +364,7 @@ impl Connection {
             p::COMMIT => {
                 let store = r.u32()?;
                 r.done()?;
-                let s = self.shared.stores.get(store as usize).ok_or_else(|| Error::NotFound(format!("no store number {store}")))?;
-                s.commit()?;
+                self.store(store)?.commit()?;
                 Some(Frame::new(p::OK))
             }
             p::CHECKPOINT => {
