@@ -34,8 +34,8 @@
 //! # Room
 //! While a commit's epoch is pinned, blocks whose items went wait for the next
 //! commit. A lease that finds none free commits (`Store::lease_block`), and a full
-//! store evicts its oldest blocks in groups ([`Durable::eviction_group`]) so that
-//! one commit frees many.
+//! store evicts its oldest blocks in groups (1/64 of its blocks) so that one commit
+//! frees many.
 //!
 //! Compressed columns are not durable: compressing a block rewrites it in place
 //! (its frames in the slot, then its raw pages punched out) after the commit that
@@ -49,7 +49,7 @@ use parking_lot::{Condvar, Mutex};
 use crate::checkpoint::{self, SaveOptions};
 use crate::error::{Error, Result};
 use crate::invalid;
-use crate::store::Store;
+use crate::store::{CommitStats, Commits, Store};
 use crate::table::Table;
 
 /// The commits of one durable file store (see the module doc).
@@ -83,29 +83,30 @@ struct CommitState {
     last: Duration,
 }
 
-/// What [`Durable::stats`] reports.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct CommitStats {
-    pub commits: u64,
-    pub seconds: f64,
-    pub last_seconds: f64,
+/// Makes the file store `store` durable: from now on [`Store::commit`] puts every
+/// item of its tables on disk, with their indexes in `index`. Refused for a store in
+/// memory, one with compressed fields, or twice.
+pub fn make_durable(store: &Store, index: &Path) -> Result<()> {
+    if !store.persistent() {
+        return Err(invalid!("durable stores are file stores: this store is in shared memory"));
+    }
+    if let Some(f) = store.signature().fields().iter().find(|f| f.compress.is_some()) {
+        return Err(invalid!(
+            "a durable store cannot have compressed fields yet (field '{}' is {}): compressing a block rewrites \
+             rows a commit may refer to; store it raw, or drop durable",
+            f.name,
+            f.describe()
+        ));
+    }
+    let durable = Durable { index: index.to_path_buf(), state: Mutex::new(CommitState::default()), ended: Condvar::new() };
+    store.set_commits(Box::new(durable))
 }
 
-impl Durable {
-    pub(crate) fn new(index: &Path) -> Durable {
-        Durable { index: index.to_path_buf(), state: Mutex::new(CommitState::default()), ended: Condvar::new() }
-    }
-
-    /// Blocks a full store evicts before one commit frees them all: 1/64 of its
-    /// blocks, at least 1 and at most 64.
-    pub fn eviction_group(num_blocks: u32) -> usize {
-        (num_blocks as usize / 64).clamp(1, 64)
-    }
-
+impl Commits for Durable {
     /// Returns once a commit that started after this call began has ended: every
     /// item in `store`'s tables before the call is on disk, or the error of the
     /// commit that failed.
-    pub(crate) fn commit(&self, store: &Store) -> Result<()> {
+    fn commit(&self, store: &Store) -> Result<()> {
         let mut st = self.state.lock();
         let need = st.started + 1;
         loop {
@@ -159,6 +160,13 @@ impl Durable {
         }
     }
 
+    fn stats(&self) -> CommitStats {
+        let st = self.state.lock();
+        CommitStats { commits: st.succeeded, seconds: st.busy.as_secs_f64(), last_seconds: st.last.as_secs_f64() }
+    }
+}
+
+impl Durable {
     /// One commit (the module doc's steps 1 to 4); returns its pinned epoch and index.
     /// The `first` of this store also removes what earlier runs left (before any other
     /// commit can have written one).
@@ -178,10 +186,6 @@ impl Durable {
         }
     }
 
-    pub fn stats(&self) -> CommitStats {
-        let st = self.state.lock();
-        CommitStats { commits: st.succeeded, seconds: st.busy.as_secs_f64(), last_seconds: st.last.as_secs_f64() }
-    }
 }
 
 /// Writes the index of every table over the file store `store` in place into a new
@@ -243,7 +247,7 @@ mod tests {
     fn durable_store(dir: &TempDir, capacity: u64) -> Store {
         std::fs::create_dir_all(&dir.0).unwrap();
         let store = Store::create_file(signature(), capacity, 4, &dir.0.join("columns")).unwrap();
-        store.make_durable(&dir.0.join("index")).unwrap();
+        make_durable(&store, &dir.0.join("index")).unwrap();
         store
     }
 
@@ -297,7 +301,7 @@ mod tests {
     fn a_full_durable_store_evicts_a_group_per_commit() {
         let dir = TempDir::new("durable-full");
         let store = durable_store(&dir, 64 * 4 * 2); // 128 blocks: groups of 2
-        assert_eq!(Durable::eviction_group(store.num_blocks()), 2);
+        assert_eq!(crate::store::durable_eviction_group(store.num_blocks()), 2);
         let t = table(&store, 500);
         for round in 0..8 {
             put(&t, 64, 4, round * 1000, &[1.0; 64]);
@@ -415,16 +419,16 @@ mod tests {
     fn only_a_raw_file_store_becomes_durable_once() {
         let dir = TempDir::new("durable-refused");
         let memory = Store::new(signature(), 64, 4, None).unwrap();
-        let e = memory.make_durable(&dir.0.join("index")).unwrap_err().to_string();
+        let e = make_durable(&memory, &dir.0.join("index")).unwrap_err().to_string();
         assert_eq!(e, "durable stores are file stores: this store is in shared memory");
         memory.unlink();
         std::fs::create_dir_all(&dir.0).unwrap();
         let packed = Signature::new(vec![Field::new("img", DType::UInt8, vec![8, 8]).unwrap().compressed(Some(3)).unwrap()]).unwrap();
         let store = Store::create_file(packed, 64, 4, &dir.0.join("packed")).unwrap();
-        let e = store.make_durable(&dir.0.join("index")).unwrap_err().to_string();
+        let e = make_durable(&store, &dir.0.join("index")).unwrap_err().to_string();
         assert!(e.starts_with("a durable store cannot have compressed fields yet (field 'img' is"), "{e}");
         assert!(store.durable().is_none());
         let store = durable_store(&dir, 64);
-        assert_eq!(store.make_durable(&dir.0.join("index")).unwrap_err().to_string(), "this store is already durable");
+        assert_eq!(make_durable(&store, &dir.0.join("index")).unwrap_err().to_string(), "this store is already durable");
     }
 }

@@ -29,6 +29,8 @@
 //   table          tables (table/sampling, table/batch_insert, table/snapshot, table/shard)
 //   writer         steps into leased blocks, items over recent steps
 //   checkpoint     tables and their rows on disk, and back (uses table, store)
+//   durable        a durable file store's commits (uses checkpoint, table; the store
+//                  holds them as `store::Commits`)
 pub mod error;
 pub mod wait;
 pub mod signature;

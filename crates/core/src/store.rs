@@ -27,7 +27,6 @@ use crate::error::{Error, Result};
 use crate::invalid;
 use crate::item::RowRange;
 use crate::columns::Columns;
-use crate::durable::Durable;
 use crate::memory::default_directory;
 use crate::signature::Signature;
 use crate::wait::Wait;
@@ -46,6 +45,29 @@ pub(crate) trait TableOverStore: Send + Sync {
     fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync>;
 }
 
+/// A durable store's commits as the store sees them: [`crate::durable`] implements
+/// them, and the store holds them as a trait object so that this module sits below
+/// `checkpoint` and `durable`, which its commits use.
+pub trait Commits: Send + Sync {
+    /// Returns once every item in `store`'s tables when it was called is on disk.
+    fn commit(&self, store: &Store) -> Result<()>;
+    fn stats(&self) -> CommitStats;
+}
+
+/// What [`Commits::stats`] reports: successful commits and the time spent in them.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CommitStats {
+    pub commits: u64,
+    pub seconds: f64,
+    pub last_seconds: f64,
+}
+
+/// Blocks a full durable store evicts before one commit frees them all: 1/64 of its
+/// blocks, at least 1 and at most 64.
+pub(crate) fn durable_eviction_group(num_blocks: u32) -> usize {
+    (num_blocks as usize / 64).clamp(1, 64)
+}
+
 pub(crate) struct StoreInner {
     columns: Columns,
     pub(crate) allocator: BlockAllocator,
@@ -57,7 +79,7 @@ pub(crate) struct StoreInner {
     /// A file store: its file stays (see [`Store::create_file`]).
     persistent: bool,
     /// A durable file store's commits (see [`crate::durable`]).
-    durable: std::sync::OnceLock<Durable>,
+    durable: std::sync::OnceLock<Box<dyn Commits>>,
 }
 
 /// How long a lease waits in all for blocks in limbo before it evicts anyway
@@ -173,27 +195,15 @@ impl Store {
         self.inner.persistent
     }
 
-    /// Makes this file store durable: from now on [`Store::commit`] puts every item
-    /// of its tables on disk, with their indexes in `index` (see [`crate::durable`]).
-    /// Refused for a store in memory, one with compressed fields, or twice.
-    pub fn make_durable(&self, index: &Path) -> Result<()> {
-        if !self.persistent() {
-            return Err(invalid!("durable stores are file stores: this store is in shared memory"));
-        }
-        if let Some(f) = self.signature().fields().iter().find(|f| f.compress.is_some()) {
-            return Err(invalid!(
-                "a durable store cannot have compressed fields yet (field '{}' is {}): compressing a block rewrites \
-                 rows a commit may refer to; store it raw, or drop durable",
-                f.name,
-                f.describe()
-            ));
-        }
-        self.inner.durable.set(Durable::new(index)).map_err(|_| invalid!("this store is already durable"))
+    /// Gives this store its commits (`durable::make_durable`, which checks the store);
+    /// refused when it has them already.
+    pub(crate) fn set_commits(&self, commits: Box<dyn Commits>) -> Result<()> {
+        self.inner.durable.set(commits).map_err(|_| invalid!("this store is already durable"))
     }
 
     /// The commits of a durable store; None for any other.
-    pub fn durable(&self) -> Option<&Durable> {
-        self.inner.durable.get()
+    pub fn durable(&self) -> Option<&dyn Commits> {
+        self.inner.durable.get().map(|c| c.as_ref())
     }
 
     /// For a durable store, returns once every item in its tables when it was
@@ -398,10 +408,10 @@ impl Store {
     /// [`Store::lease_block`] of a durable store: blocks whose items went wait in
     /// limbo for the next commit (see [`crate::durable`]), so a lease commits rather
     /// than wait, and evicts a group of the oldest blocks per commit.
-    fn lease_durable(&self, durable: &Durable) -> Result<u32> {
+    fn lease_durable(&self, durable: &dyn Commits) -> Result<u32> {
         let alloc = &self.inner.allocator;
         let tables = self.named_tables();
-        let group = Durable::eviction_group(alloc.num_blocks());
+        let group = durable_eviction_group(alloc.num_blocks());
         // Other writers may take the blocks a commit frees before this one leases:
         // evict and commit again while that makes room, as often as there are blocks.
         for _ in 0..=alloc.num_blocks() {

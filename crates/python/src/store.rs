@@ -120,7 +120,7 @@ impl PyStore {
 
     /// Makes this file store durable, its committed indexes in `index`.
     fn make_durable(&self, py: Python<'_>, index: PathBuf) -> PyResult<()> {
-        self.store.make_durable(&index).map_err(py_err(py))
+        reprise_core::durable::make_durable(&self.store, &index).map_err(py_err(py))
     }
 
     #[getter]
