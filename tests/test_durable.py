@@ -317,9 +317,15 @@ def test_a_durable_server_killed_in_a_loop_recovers_every_flushed_item(tmp_path,
             threads = [threading.Thread(target=write, args=(a, k, first)) for k, a in enumerate((local, remote))]
             for th in threads:
                 th.start()
-            time.sleep(1.0)
-            with lock:
-                assert len(flushed) > 0
+            # Until both writers have flushed twice (however slow the machine), then kill.
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and not failures:
+                with lock:
+                    counts = [sum(1 for v, k in flushed if k == writer and v >= first) for writer in (0, 1)]
+                if min(counts) >= 8:
+                    break
+                time.sleep(0.05)
+            assert min(counts) >= 8 and not failures, (counts, failures)
         finally:
             server.send_signal(signal.SIGKILL)
             server.wait()
