@@ -407,7 +407,7 @@ def _same_host_body(rank, world, assignment):
         t = rp.distributed.ShardedTable("z", SIG, capacity_per_shard=512, shards="host", seed=3, timeout=20,
                                         assignment=assignment, attributes={"version": "int64", "reward": "float32"})
         if not zero_copy:
-            t._locators[:] = False
+            t._use_locators(np.zeros_like(t._locators))
         t._poison = True
         received = []
         exchange = t._g.all_to_all
@@ -559,7 +559,7 @@ def test_a_row_damaged_in_transit_fails_its_crc_check(make_store, where, what):
         _rows.unpack(torch.from_numpy(damaged), SIG, 2, True, "t")
     # The native pass over a received buffer: one source, 16 status bytes, then the rows.
     recv = np.concatenate([np.zeros(_rows.STATUS, np.uint8), damaged.reshape(-1)])
-    args = (recv, np.array([0]), np.array([3]), np.arange(3), stride, SIG, 2)
+    args = (recv, np.array([0]), np.array([3]), np.zeros(3, np.int64), _rows.Layout(SIG, 2))
     if what != "flag":  # a flag flipped to 0 drops the row from the CRC check: the count check catches it
         with pytest.raises(rp.errors.Corrupt, match=r"failed its CRC-32 check"):
             _rows.unpack_received(*args, True, "t", np.array([3]))
@@ -574,10 +574,20 @@ def test_a_row_damaged_in_transit_fails_its_crc_check(make_store, where, what):
         _rows.unpack_received(*args, False, "t", np.array([3]))
 
 
-def test_native_unpack_equals_the_torch_unpack_in_any_arrival_order(make_store):
-    """Rows of two sources, arriving in rank order and put back in position order, some
-    unfilled and of several lengths: the native pass and the torch path agree, padding
-    past each item is zero whatever the receive buffer held before."""
+def arrival_sources(order, counts):
+    """Each position's source, for parts where arrival j (sources in rank order,
+    ``counts[s]`` rows from source s) lands at position ``order[j]``."""
+    sources = np.empty(len(order), np.int64)
+    sources[order] = np.repeat(np.arange(len(counts)), counts)
+    return sources
+
+
+def test_native_unpack_equals_the_torch_unpack_for_interleaved_sources(make_store):
+    """Rows of two sources, arriving in rank order (each source's rows in the order of
+    its positions, as an owner packs them) and put back in position order, the
+    sources' positions interleaved, some unfilled and of several lengths: the native
+    pass and the torch path agree, padding past each item is zero whatever the
+    receive buffer held before."""
     import torch
 
     from reprise.distributed import _rows
@@ -597,10 +607,10 @@ def test_native_unpack_equals_the_torch_unpack_in_any_arrival_order(make_store):
     recv = np.concatenate(parts)
     counts = np.array([4, 3])
     starts = np.array([0, parts[0].size])
-    order = np.array([2, 5, 0, 6, 1, 3, 4])  # arrival j lands at position order[j]
+    order = np.array([0, 2, 5, 6, 1, 3, 4])  # arrival j lands at position order[j]
     for verify in (True, False):
-        h1, _, d1 = _rows.unpack_received(recv, starts, counts, order, stride, SIG, 3, verify, "t",
-                                       np.array(filled_counts))
+        h1, _, d1 = _rows.unpack_received(recv, starts, counts, arrival_sources(order, counts), _rows.Layout(SIG, 3),
+                                          verify, "t", np.array(filled_counts))
         arrived = torch.from_numpy(np.concatenate([p[_rows.STATUS:] for p in parts]).reshape(-1, stride))
         inverse = np.empty_like(order)
         inverse[order] = np.arange(order.size)
@@ -638,8 +648,9 @@ def test_locators_read_back_the_rows_they_name_and_a_damaged_one_is_corrupt(make
     counts = np.array([fill.size, fill.size])
     order = np.array([0, 2, 4, 6, 8, 1, 3, 5, 7, 9])  # arrival j lands at position order[j]
     for verify in (True, False):
-        header, _, data = _rows.unpack_received(recv, starts, counts, order, stride, SIG, 3, verify, "t",
-                                                np.array([4, 4]), None, 0, False, np.array([False, True]), columns)
+        header, _, data = _rows.unpack_received(recv, starts, counts, arrival_sources(order, counts),
+                                                _rows.Layout(SIG, 3), verify, "t", np.array([4, 4]), None, False,
+                                                np.array([False, True]), columns)
         same = [f for f in header.dtype.names if f != "crc"]  # (each row's CRC covers its own bytes)
         assert len(header) == 8 and np.array_equal(header[same][0::2], header[same][1::2])
         for k in SIG:
@@ -649,11 +660,11 @@ def test_locators_read_back_the_rows_they_name_and_a_damaged_one_is_corrupt(make
     first_row = np.nonzero(fill)[0][0] * loc_stride + loc_offsets[0]
     bad[first_row:first_row + 8] = np.frombuffer(np.int64(1 << 40).tobytes(), np.uint8)
     recv = np.concatenate([np.zeros(_rows.STATUS, np.uint8), bad])
-    args = (recv, np.array([0]), np.array([fill.size]), np.arange(fill.size), stride, SIG, 3)
+    args = (recv, np.array([0]), np.array([fill.size]), np.zeros(fill.size, np.int64), _rows.Layout(SIG, 3))
     with pytest.raises(rp.errors.Corrupt, match="failed its CRC-32 check"):
-        _rows.unpack_received(*args, True, "t", np.array([4]), None, 0, False, np.array([True]), columns)
+        _rows.unpack_received(*args, True, "t", np.array([4]), None, False, np.array([True]), columns)
     with pytest.raises(rp.errors.Corrupt, match="names a row outside its owner's store"):
-        _rows.unpack_received(*args, False, "t", np.array([4]), None, 0, False, np.array([True]), columns)
+        _rows.unpack_received(*args, False, "t", np.array([4]), None, False, np.array([True]), columns)
 
 
 def test_pack_writes_every_byte_so_a_reused_buffer_needs_no_zero_fill(make_store):
@@ -686,6 +697,94 @@ def test_pack_writes_every_byte_so_a_reused_buffer_needs_no_zero_fill(make_store
                                                 np.arange(1, dtype=np.int64), np.ones(1, dtype=bool))
 
 
+def test_pack_parts_writes_each_destinations_part_as_pack_does_after_its_status(make_store):
+    """One native pass packs every drawn target into its destination's part: the
+    part's status (0, filled count), then its rows in target order, data rows or
+    locators as the destination reads them, byte for byte what ``pack`` writes per
+    destination; and it refuses a destination outside the job or a short buffer,
+    writing nothing."""
+    from reprise.distributed import _rows
+    store = make_store(SIG, capacity=256, block_steps=4)
+    table = rp.Table("t", store)
+    table.insert(items_of(0, 0, 1, 6, 2), np.ones(6))
+    offsets, stride = _rows.layout(SIG, 2)
+    loc_offsets, loc_stride = _rows.layout(_rows.LOCATOR, 2)
+    filled = np.array([True, True, False, True, True, True, False, True])
+    dests = np.array([2, 0, 2, 1, 0, 2, 0, 2], np.int64)
+    locate = [False, True, False]
+    strides = [stride, loc_stride, stride]
+    rows = table._native.sample_rows(int(filled.sum()), None)
+    out = np.full(3 * _rows.STATUS + filled.size * stride, 0xEE, np.uint8)
+    sizes, located = rows.pack_parts(out, dests, strides, offsets, loc_offsets, locate, 1, filled)
+    assert located and sizes == [_rows.STATUS + int((dests == d).sum()) * strides[d] for d in range(3)]
+    at = 0
+    for d in range(3):
+        targets = np.nonzero(dests == d)[0]
+        want = np.full(targets.size * strides[d], 0x11, np.uint8)
+        rows.pack(want, strides[d], loc_offsets if locate[d] else offsets, 1, targets, filled, 0, locate[d])
+        part = out[at:at + sizes[d]]
+        assert list(part[:_rows.STATUS].view(np.int64)) == [0, int(filled[targets].sum())], d
+        assert np.array_equal(part[_rows.STATUS:], want), d
+        at += sizes[d]
+    assert (out[at:] == 0xEE).all()  # nothing past the parts
+    before = out.copy()
+    with pytest.raises(rp.errors.InvalidArgument, match="destination 3 is not a rank of 3"):
+        rows.pack_parts(out, np.where(dests == 2, 3, dests), strides, offsets, loc_offsets, locate, 1, filled)
+    with pytest.raises(rp.errors.InvalidArgument, match=r"bytes for parts of"):
+        rows.pack_parts(out[:100], dests, strides, offsets, loc_offsets, locate, 1, filled)
+    assert np.array_equal(out, before)
+    rows.release()
+
+
+def test_route_and_arrivals_match_the_plan_computed_in_numpy():
+    """``route`` gives each rank the consumers of its rows, the rows each rank sends
+    it and its positions' sources, as numpy computes them from a plan; ``arrivals``
+    finds each filled row of parts laid out that way, in position order; and both
+    refuse a plan or parts that do not fit, naming what was wrong."""
+    from reprise.distributed import _rows
+    C = rp._native.cluster
+    rng = np.random.default_rng(5)
+    world, shards = 4, 3
+    owner = np.array([0, 2, 3], np.int64)  # rank 1 owns no shard
+    shard = rng.integers(0, shards, 64).astype(np.uint32)
+    dest = rng.integers(0, world, 64).astype(np.int64)
+    for rank in range(world):
+        my_shard = int(np.nonzero(owner == rank)[0][0]) if rank in owner else -1
+        mine, recv_rows, sources = C.route(shard, dest, owner, my_shard, rank, world)
+        source = owner[shard]
+        assert np.array_equal(mine, dest[shard == my_shard])
+        assert recv_rows == np.bincount(source[dest == rank], minlength=world).tolist()
+        assert np.array_equal(sources, source[dest == rank])
+    with pytest.raises(rp.errors.InvalidArgument, match="shard 3 has no owner"):
+        C.route(np.array([3], np.uint32), np.array([0], np.int64), owner, 0, 0, world)
+    # Parts of 2 sources of 48-byte header rows; flags 1 = filled, length words 1..3.
+    stride, counts, sources = 56, np.array([2, 3]), np.array([1, 0, 1, 0, 1], np.int64)
+    recv = np.zeros(2 * _rows.STATUS + 5 * stride, np.uint8)
+    starts = np.array([0, _rows.STATUS + 2 * stride], np.int64)
+    words = recv.view(np.uint32)
+    lengths = {}
+    for s in (0, 1):
+        for k in range(counts[s]):
+            at = starts[s] + _rows.STATUS + k * stride
+            words[(at + 28) // 4], words[(at + 44) // 4] = 1 + (s + k) % 3, int((s, k) != (1, 1))
+            lengths[(s, k)] = 1 + (s + k) % 3
+    at, located, by_source, longest, total = C.arrivals(recv, starts, counts, np.full(2, stride, np.int64),
+                                                        np.array([False, True]), sources, 3, True)
+    # positions in order: (1,0) (0,0) (1,1 unfilled) (0,1) (1,2)
+    want = [starts[1] + 16, starts[0] + 16, starts[0] + 16 + stride, starts[1] + 16 + 2 * stride]
+    assert at.tolist() == want and located.tolist() == [True, False, False, True]
+    assert by_source.tolist() == [2, 2] and longest == 2 and total == sum(lengths.values()) - lengths[(1, 1)]
+    with pytest.raises(rp.errors.InvalidArgument, match="more often than its rows"):
+        C.arrivals(recv, starts, counts, np.full(2, stride, np.int64), np.zeros(2, bool),
+                   np.array([1, 1, 1, 1, 0], np.int64), 3, False)
+    with pytest.raises(rp.errors.InvalidArgument, match="do not fit the"):
+        C.arrivals(recv[:-1], starts, counts, np.full(2, stride, np.int64), np.zeros(2, bool), sources, 3, False)
+    got_starts, status, declared = C.statuses(recv, [_rows.STATUS + 2 * stride, _rows.STATUS + 3 * stride])
+    assert got_starts.tolist() == starts.tolist() and status == [0, 0] and declared.tolist() == [0, 0]
+    with pytest.raises(rp.errors.InvalidArgument, match="do not fit"):
+        C.statuses(recv, [recv.size, _rows.STATUS])
+
+
 def test_rows_carry_attribute_records_and_unpack_packed(make_store):
     """A table with attributes: each row carries its item's record after the header
     (every byte written, so stale bytes never show); the native pass returns the
@@ -713,9 +812,10 @@ def test_rows_carry_attribute_records_and_unpack_packed(make_store):
     assert rp._native.cluster.check_rows(out, stride) == -1
     assert (out.reshape(-1, stride)[fill][:, _rows.HEADER + record:offsets[0]] == 0).all()
     recv = np.concatenate([np.zeros(_rows.STATUS, np.uint8), out])
-    args = (recv, np.array([0]), np.array([6]), np.arange(6), stride, SIG, 3, True, "t", np.array([5]))
-    h1, r1, padded = _rows.unpack_received(*args, record=record)
-    h2, r2, packed = _rows.unpack_received(*args, record=record, packed=True)
+    args = (recv, np.array([0]), np.array([6]), np.zeros(6, np.int64), _rows.Layout(SIG, 3, record), True, "t",
+            np.array([5]))
+    h1, r1, padded = _rows.unpack_received(*args)
+    h2, r2, packed = _rows.unpack_received(*args, packed=True)
     h3, r3, torch_padded = _rows.unpack(torch.from_numpy(out.reshape(-1, stride)), SIG, 3, True, "t", record=record)
     assert np.array_equal(h1, h2) and np.array_equal(h1, h3)
     for r in (r1, r2, r3):

@@ -160,7 +160,7 @@ def bandwidth(cfg: dict, rank: int, world: int, batch: int, assignment: str, ver
     table = _table(name, signature, shard_items, assignment, verify, f"bench-host-{rank}" if own_host else None,
                    shards)
     if not reads:
-        table._locators[:] = False
+        table._use_locators(np.zeros_like(table._locators))
     rng = np.random.default_rng(1000 + rank)
     if table.shard is not None:
         _fill(table, shard_items, lambda s, n: rng.standard_normal((n, 1, floats), dtype=np.float32))

@@ -145,6 +145,11 @@ fn split_keys<'py>(py: Python<'py>, keys: PyReadonlyArray1<'py, u64>) -> PyResul
     ))
 }
 
+/// A packed row's header: its size, and where its length and flag words sit.
+const HEADER_BYTES: usize = crate::rows::HEADER;
+const LENGTH_AT: usize = 28;
+const FLAGS_AT: usize = 44;
+
 fn word(row: &[u8], at: usize) -> u32 {
     u32::from_le_bytes([row[at], row[at + 1], row[at + 2], row[at + 3]])
 }
@@ -160,6 +165,133 @@ fn check_rows(py: Python<'_>, rows: PyReadonlyArray1<'_, u8>, stride: usize) -> 
     }
     let bad = py.detach(|| bytes.chunks_exact(stride).position(|row| row_crc(row) != word(row, CRC_AT)));
     Ok(bad.map_or(-1, |i| i as i64))
+}
+
+/// A step's routes from its plan (`shard[p]`, `dest[p]`: each position's shard and
+/// consumer rank; `owner[s]`: shard s's rank), as rank `rank` of `world` sees them:
+/// `(mine, recv_rows, sources)`: the consumer of each row this rank sends (the
+/// positions of its shard `my_shard`, in order; none without a shard, -1), how
+/// many rows each rank sends it, and the rank each of its positions comes from,
+/// in position order.
+#[pyfunction]
+fn route<'py>(
+    py: Python<'py>,
+    shard: PyReadonlyArray1<'py, u32>,
+    dest: PyReadonlyArray1<'py, i64>,
+    owner: PyReadonlyArray1<'py, i64>,
+    my_shard: i64,
+    rank: i64,
+    world: usize,
+) -> PyResult<(Array<'py, i64>, Vec<i64>, Array<'py, i64>)> {
+    let (shard, dest, owner) = (slice(py, "shard", &shard)?, slice(py, "dest", &dest)?, slice(py, "owner", &owner)?);
+    if shard.len() != dest.len() {
+        return Err(invalid(py, format!("route: {} shards but {} destinations; expected one of each per position", shard.len(), dest.len())));
+    }
+    let (mut mine, mut sources, mut recv_rows) = (Vec::new(), Vec::new(), vec![0i64; world]);
+    for (&s, &d) in shard.iter().zip(dest) {
+        let source = owner.get(s as usize).copied().filter(|&o| o >= 0 && (o as usize) < world);
+        let Some(source) = source else {
+            return Err(invalid(py, format!("route: shard {s} has no owner among {world} ranks")));
+        };
+        if s as i64 == my_shard {
+            mine.push(d);
+        }
+        if d == rank {
+            sources.push(source);
+            recv_rows[source as usize] += 1;
+        }
+    }
+    Ok((PyArray1::from_vec(py, mine), recv_rows, PyArray1::from_vec(py, sources)))
+}
+
+/// Where a step's received rows lie, in position order: source s sent `counts[s]`
+/// rows of `strides[s]` bytes from byte `starts[s] + STATUS`, in position order, and
+/// `sources[p]` is the source of position p. Returns the filled rows' `(at,
+/// located, filled_by_source, longest, total)`: each one's byte offset in `recv`
+/// and whether its source sent locators (`located[s]`), in position order; how many
+/// rows each source marked filled; the longest item (its `length`, at most
+/// `steps`); and the steps the outputs need (`packed`: every item's steps end to
+/// end, else `longest` per row).
+#[pyfunction]
+#[pyo3(signature = (recv, starts, counts, strides, located, sources, steps, packed))]
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+fn arrivals<'py>(
+    py: Python<'py>,
+    recv: PyReadonlyArray1<'py, u8>,
+    starts: PyReadonlyArray1<'py, i64>,
+    counts: PyReadonlyArray1<'py, i64>,
+    strides: PyReadonlyArray1<'py, i64>,
+    located: PyReadonlyArray1<'py, bool>,
+    sources: PyReadonlyArray1<'py, i64>,
+    steps: usize,
+    packed: bool,
+) -> PyResult<(Array<'py, i64>, Array<'py, bool>, Array<'py, i64>, usize, usize)> {
+    use crate::rows::STATUS;
+    let bytes = slice(py, "recv", &recv)?;
+    let (starts, counts, strides) = (slice(py, "starts", &starts)?, slice(py, "counts", &counts)?, slice(py, "strides", &strides)?);
+    let (located, sources) = (slice(py, "located", &located)?, slice(py, "sources", &sources)?);
+    let world = counts.len();
+    if starts.len() != world || strides.len() != world || located.len() != world {
+        return Err(invalid(py, format!("arrivals: {world} counts but {} starts, {} strides, {} located flags; expected one of each per source", starts.len(), strides.len(), located.len())));
+    }
+    for s in 0..world {
+        let end = starts[s].checked_add(STATUS as i64).and_then(|a| counts[s].checked_mul(strides[s]).and_then(|b| a.checked_add(b)));
+        if starts[s] < 0 || counts[s] < 0 || strides[s] < HEADER_BYTES as i64 || end.is_none_or(|e| e > bytes.len() as i64) {
+            return Err(invalid(py, format!("arrivals: source {s}'s {} rows of {} bytes from {} do not fit the {} bytes received", counts[s], strides[s], starts[s], bytes.len())));
+        }
+    }
+    let mut seen = vec![0i64; world];
+    let mut by_source = vec![0i64; world];
+    let mut filled_at = Vec::with_capacity(sources.len());
+    let mut filled_located = Vec::with_capacity(sources.len());
+    let (mut longest, mut total) = (0usize, 0usize);
+    for &s in sources {
+        if s < 0 || s as usize >= world || seen[s as usize] >= counts[s as usize] {
+            return Err(invalid(py, format!("arrivals: the positions name source {s} more often than its rows (counts {counts:?})")));
+        }
+        let s = s as usize;
+        let a = starts[s] + STATUS as i64 + seen[s] * strides[s];
+        seen[s] += 1;
+        let row = &bytes[a as usize..];
+        if word(row, FLAGS_AT) != 1 {
+            continue;
+        }
+        let length = (word(row, LENGTH_AT) as usize).min(steps); // (a damaged length fails its CRC)
+        filled_at.push(a);
+        filled_located.push(located[s]);
+        by_source[s] += 1;
+        longest = longest.max(length);
+        total += length;
+    }
+    if seen != counts {
+        return Err(invalid(py, format!("arrivals: {} positions for counts {counts:?}", sources.len())));
+    }
+    if !packed {
+        total = filled_at.len() * longest;
+    }
+    Ok((PyArray1::from_vec(py, filled_at), PyArray1::from_vec(py, filled_located), PyArray1::from_vec(py, by_source), longest, total))
+}
+
+/// Each part's start in a step's received bytes (`splits[s]` bytes from source s,
+/// end to end), and its status word and count of filled rows (its first `STATUS`
+/// bytes: two int64): `(starts, statuses, counts)`.
+#[pyfunction]
+fn statuses<'py>(py: Python<'py>, recv: PyReadonlyArray1<'py, u8>, splits: Vec<i64>) -> PyResult<(Array<'py, i64>, Vec<i64>, Array<'py, i64>)> {
+    use crate::rows::STATUS;
+    let bytes = slice(py, "recv", &recv)?;
+    let (mut starts, mut status, mut counts) = (Vec::with_capacity(splits.len()), Vec::with_capacity(splits.len()), Vec::with_capacity(splits.len()));
+    let mut at = 0usize;
+    for &n in &splits {
+        if n < STATUS as i64 || at + n as usize > bytes.len() {
+            return Err(invalid(py, format!("statuses: parts of {splits:?} bytes do not fit the {} received", bytes.len())));
+        }
+        let w = |k: usize| i64::from_le_bytes(bytes[at + 8 * k..at + 8 * k + 8].try_into().unwrap_or([0; 8]));
+        starts.push(at as i64);
+        status.push(w(0));
+        counts.push(w(1));
+        at += n as usize;
+    }
+    Ok((PyArray1::from_vec(py, starts), status, PyArray1::from_vec(py, counts)))
 }
 
 /// Unpacks received rows in one pass over each: row i of the output is the
@@ -228,7 +360,7 @@ fn unpack_rows(
     if let Some(bad) = (0..n).find(|&i| at[i] < 0 || at[i] as usize + row_len(i) > bytes.len()) {
         return Err(invalid(py, format!("unpack_rows: a row at {} runs past the {} bytes received", at[bad], bytes.len())));
     }
-    let length_of = |a: i64| (word(&bytes[a as usize..], 28) as usize).min(longest);
+    let length_of = |a: i64| (word(&bytes[a as usize..], LENGTH_AT) as usize).min(longest);
     // Where each row's steps start in the outputs (in steps).
     let mut starts = Vec::with_capacity(n);
     let mut steps = 0usize;
@@ -302,6 +434,9 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     c.add_function(wrap_pyfunction!(split_keys, &c)?)?;
     c.add_function(wrap_pyfunction!(check_rows, &c)?)?;
     c.add_function(wrap_pyfunction!(unpack_rows, &c)?)?;
+    c.add_function(wrap_pyfunction!(arrivals, &c)?)?;
+    c.add_function(wrap_pyfunction!(statuses, &c)?)?;
+    c.add_function(wrap_pyfunction!(route, &c)?)?;
     c.add("MAX_SHARDS", cluster::MAX_SHARDS)?;
     m.add_submodule(&c)?;
     Ok(())

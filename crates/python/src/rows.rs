@@ -194,6 +194,97 @@ fn write_index(c: &dyn Collect, dst: &mut [i64]) -> Result<(usize, usize, bool),
     Ok((n, t, ragged))
 }
 
+/// Bytes of status at the start of each source's part of an exchange: its status
+/// word (int64, 0: rows follow) and how many of its rows are filled (int64).
+pub const STATUS: usize = 16;
+
+/// Each target's item among the drawn items (the count of filled targets before
+/// it; None: not filled), and how many are filled.
+fn items_of(filled: &[bool]) -> (Vec<Option<usize>>, usize) {
+    let mut next = 0usize;
+    let items = filled
+        .iter()
+        .map(|&f| {
+            let item = f.then_some(next);
+            next += f as usize;
+            item
+        })
+        .collect();
+    (items, next)
+}
+
+/// Checks that `c` holds `drawn` items and that rows of `stride` bytes at
+/// `offsets` fit them (see `pack`); the error's text follows the caller's name.
+fn check_packing(c: &dyn Collect, drawn: usize, stride: usize, offsets: &[usize], record: usize, locate: bool) -> Result<(), String> {
+    if c.items().len() != drawn {
+        return Err(format!(": {} items drawn but {drawn} targets filled", c.items().len()));
+    }
+    let columns = c.columns();
+    if c.attributes().len() != drawn * record {
+        return Err(format!(": {} bytes of attribute records for {drawn} items of {record}", c.attributes().len()));
+    }
+    let widest = c.items().iter().map(|i| i.length as usize).max().unwrap_or(0);
+    if locate {
+        if offsets.len() != 1 || offsets[0] < HEADER + record || offsets[0] % 8 != 0 || offsets[0] + widest * 8 > stride {
+            return Err(format!("(locate): one 8-byte aligned offset past the header and the record, with room for {widest} row numbers in a row of {stride}, is needed"));
+        }
+        return Ok(());
+    }
+    if offsets.len() != columns.signature().fields().len() || offsets.first().is_some_and(|&o| o < HEADER + record) || offsets.windows(2).any(|w| w[0] > w[1]) {
+        return Err(": one offset per field, ascending, past the header and the record, is needed".into());
+    }
+    for (col, &at) in offsets.iter().enumerate() {
+        if at + widest * columns.sample_bytes(col) > stride {
+            return Err(format!(": field {col} of {widest} steps does not fit its row of {stride} bytes"));
+        }
+    }
+    Ok(())
+}
+
+/// Writes the packed row (see `pack`) of drawn item `item` of `c` into `row`
+/// (every byte of it), or for an unfilled target (None) zeros and its CRC. The
+/// layout was checked (`check_packing`).
+fn write_row(c: &dyn Collect, row: &mut [u8], offsets: &[usize], shard: u32, item: Option<usize>, record: usize, locate: bool) {
+    let Some(i) = item else {
+        row.fill(0);
+        seal(row);
+        return;
+    };
+    let item = &c.items()[i];
+    let first = offsets.first().copied().unwrap_or(row.len());
+    if locate {
+        let mut words = row[first..].chunks_exact_mut(8);
+        for r in item.window.ranges() {
+            // The range first: zip asks it before taking a word.
+            for (k, w) in (0..r.len as u64).zip(words.by_ref()) {
+                w.copy_from_slice(&((r.start + k) as i64).to_le_bytes());
+            }
+        }
+        for w in words {
+            w.copy_from_slice(&(-1i64).to_le_bytes());
+        }
+    } else {
+        let columns = c.columns();
+        c.copy_item(i, offsets, row);
+        // Zeros past each field's steps, up to the next field (or the row's end).
+        for (col, &at) in offsets.iter().enumerate() {
+            let end = offsets.get(col + 1).copied().unwrap_or(row.len());
+            row[at + item.length as usize * columns.sample_bytes(col)..end].fill(0);
+        }
+    }
+    let records = c.attributes();
+    row[HEADER..HEADER + record].copy_from_slice(&records[i * record..(i + 1) * record]);
+    row[HEADER + record..first].fill(0);
+    let (_, _, slot) = reprise_core::cluster::split_key(item.key);
+    row[0..8].copy_from_slice(&reprise_core::cluster::global_key(shard, item.key).to_le_bytes());
+    row[8..16].copy_from_slice(&item.probability.to_le_bytes());
+    row[16..24].copy_from_slice(&item.priority.to_le_bytes());
+    for (k, v) in [item.times_sampled, item.length, shard, slot, 0, 1].into_iter().enumerate() {
+        row[24 + 4 * k..28 + 4 * k].copy_from_slice(&v.to_le_bytes());
+    }
+    seal(row);
+}
+
 #[pymethods]
 impl PySampleRows {
     fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
@@ -301,86 +392,100 @@ impl PySampleRows {
         if dst.len() != order.len() * stride {
             return Err(invalid(py, format!("pack: {} bytes for {} rows of {stride}", dst.len(), order.len())));
         }
-        // Target t's item: the count of filled targets before it.
-        let mut item_of = Vec::with_capacity(filled.len());
-        let mut next = 0usize;
-        for &f in filled {
-            item_of.push(f.then_some(next));
-            next += f as usize;
-        }
+        let (item_of, next) = items_of(filled);
         let guard = self.inner.lock();
         let c = guard.as_ref().ok_or_else(|| released(py))?.collect();
-        if c.items().len() != next {
-            return Err(invalid(py, format!("pack: {} items drawn but {next} targets filled", c.items().len())));
-        }
-        let columns = c.columns();
-        let records = c.attributes();
-        if records.len() != next * record {
-            return Err(invalid(py, format!("pack: {} bytes of attribute records for {next} items of {record}", records.len())));
-        }
-        let widest = c.items().iter().map(|i| i.length as usize).max().unwrap_or(0);
-        if locate {
-            if offsets.len() != 1 || offsets[0] < HEADER + record || offsets[0] % 8 != 0 || offsets[0] + widest * 8 > stride {
-                return Err(invalid(py, format!("pack(locate): one 8-byte aligned offset past the header and the record, with room for {widest} row numbers in a row of {stride}, is needed")));
-            }
-        } else {
-            if offsets.len() != columns.signature().fields().len()
-                || offsets.first().is_some_and(|&o| o < HEADER + record)
-                || offsets.windows(2).any(|w| w[0] > w[1])
-            {
-                return Err(invalid(py, "pack: one offset per field, ascending, past the header and the record, is needed".into()));
-            }
-            for (col, &at) in offsets.iter().enumerate() {
-                if at + widest * columns.sample_bytes(col) > stride {
-                    return Err(invalid(py, format!("pack: field {col} of {widest} steps does not fit its row of {stride} bytes")));
-                }
-            }
-        }
+        check_packing(c, next, stride, &offsets, record, locate).map_err(|m| invalid(py, format!("pack{m}")))?;
         let result = py.detach(|| {
             for (row, &t) in dst.chunks_exact_mut(stride).zip(order) {
-                let Some(Some(i)) = item_of.get(t as usize).copied() else {
-                    if t < 0 || t as usize >= item_of.len() {
-                        return Err(t);
-                    }
-                    row.fill(0);
-                    seal(row);
-                    continue;
-                };
-                let item = &c.items()[i];
-                let first = offsets.first().copied().unwrap_or(stride);
-                if locate {
-                    let mut words = row[first..].chunks_exact_mut(8);
-                    for r in item.window.ranges() {
-                        // The range first: zip asks it before taking a word.
-                        for (k, w) in (0..r.len as u64).zip(words.by_ref()) {
-                            w.copy_from_slice(&((r.start + k) as i64).to_le_bytes());
-                        }
-                    }
-                    for w in words {
-                        w.copy_from_slice(&(-1i64).to_le_bytes());
-                    }
-                } else {
-                    c.copy_item(i, &offsets, row);
-                    // Zeros past each field's steps, up to the next field (or the row's end).
-                    for (col, &at) in offsets.iter().enumerate() {
-                        let end = offsets.get(col + 1).copied().unwrap_or(stride);
-                        row[at + item.length as usize * columns.sample_bytes(col)..end].fill(0);
-                    }
+                match item_of.get(t as usize) {
+                    Some(&item) if t >= 0 => write_row(c, row, &offsets, shard, item, record, locate),
+                    _ => return Err(t),
                 }
-                row[HEADER..HEADER + record].copy_from_slice(&records[i * record..(i + 1) * record]);
-                row[HEADER + record..first].fill(0);
-                let (_, _, slot) = reprise_core::cluster::split_key(item.key);
-                row[0..8].copy_from_slice(&reprise_core::cluster::global_key(shard, item.key).to_le_bytes());
-                row[8..16].copy_from_slice(&item.probability.to_le_bytes());
-                row[16..24].copy_from_slice(&item.priority.to_le_bytes());
-                for (k, v) in [item.times_sampled, item.length, shard, slot, 0, 1].into_iter().enumerate() {
-                    row[24 + 4 * k..28 + 4 * k].copy_from_slice(&v.to_le_bytes());
-                }
-                seal(row);
             }
             Ok(())
         });
         result.map_err(|t| invalid(py, format!("pack: order names target {t}, but there are {}", item_of.len())))
+    }
+
+    /// Packs every drawn target into its destination's part of an exchange's send
+    /// buffer, `out` (uint8, at least as long as the parts; any content), in one
+    /// pass: destination d's part is `STATUS` bytes (status word 0, then how many
+    /// of its rows are filled, both int64) and then, in target order, the rows of
+    /// the targets t with `dests[t] == d`, `strides[d]` bytes each, as `pack`
+    /// writes them (`locate[d]`: locator rows at `locator_offsets`, else data rows
+    /// at `offsets`). Returns each part's size in bytes (the parts lie end to end
+    /// from byte 0 in destination order) and whether any row went as a locator
+    /// (its reader copies from the held rows' blocks). Rows are kept held.
+    #[pyo3(signature = (out, dests, strides, offsets, locator_offsets, locate, shard, filled, record=0))]
+    #[allow(clippy::too_many_arguments)]
+    fn pack_parts<'py>(
+        &self,
+        py: Python<'py>,
+        out: &Bound<'py, PyArray1<u8>>,
+        dests: numpy::PyReadonlyArray1<'py, i64>,
+        strides: Vec<usize>,
+        offsets: Vec<usize>,
+        locator_offsets: Vec<usize>,
+        locate: Vec<bool>,
+        shard: u32,
+        filled: numpy::PyReadonlyArray1<'py, bool>,
+        record: usize,
+    ) -> PyResult<(Vec<usize>, bool)> {
+        let mut out = out.try_readwrite().map_err(|e| invalid(py, format!("pack_parts needs a writable uint8 array: {e}")))?;
+        let dst = out.as_slice_mut().map_err(|e| invalid(py, format!("pack_parts needs a contiguous array: {e}")))?;
+        let dests = dests.as_slice().map_err(|_| invalid(py, "dests must be contiguous".into()))?;
+        let filled = filled.as_slice().map_err(|_| invalid(py, "filled must be contiguous".into()))?;
+        let world = strides.len();
+        if locate.len() != world || dests.len() != filled.len() {
+            return Err(invalid(py, format!("pack_parts: {world} strides, {} locate flags, {} dests and {} targets; expected one stride and flag per destination and one dest per target", locate.len(), dests.len(), filled.len())));
+        }
+        if let Some(&d) = dests.iter().find(|&&d| d < 0 || d as usize >= world) {
+            return Err(invalid(py, format!("pack_parts: destination {d} is not a rank of {world}")));
+        }
+        // Targets grouped by destination, in target order within each (a counting sort).
+        let mut first = vec![0usize; world + 1];
+        for &d in dests {
+            first[d as usize + 1] += 1;
+        }
+        for d in 0..world {
+            first[d + 1] += first[d];
+        }
+        let mut by_dest = vec![0usize; dests.len()];
+        let mut next = first.clone();
+        for (t, &d) in dests.iter().enumerate() {
+            by_dest[next[d as usize]] = t;
+            next[d as usize] += 1;
+        }
+        let sizes: Vec<usize> = (0..world).map(|d| STATUS + (first[d + 1] - first[d]) * strides[d]).collect();
+        let total: usize = sizes.iter().sum();
+        if dst.len() < total {
+            return Err(invalid(py, format!("pack_parts: {} bytes for parts of {total}", dst.len())));
+        }
+        let (item_of, drawn) = items_of(filled);
+        let guard = self.inner.lock();
+        let c = guard.as_ref().ok_or_else(|| released(py))?.collect();
+        for d in (0..world).filter(|&d| first[d + 1] > first[d]) {
+            let offsets = if locate[d] { &locator_offsets } else { &offsets };
+            check_packing(c, drawn, strides[d], offsets, record, locate[d]).map_err(|m| invalid(py, format!("pack_parts{m}")))?;
+        }
+        py.detach(|| {
+            let mut at = 0;
+            for d in 0..world {
+                let targets = &by_dest[first[d]..first[d + 1]];
+                let part = &mut dst[at..at + sizes[d]];
+                let count = targets.iter().filter(|&&t| item_of[t].is_some()).count() as i64;
+                part[..8].copy_from_slice(&0i64.to_le_bytes());
+                part[8..STATUS].copy_from_slice(&count.to_le_bytes());
+                let offsets = if locate[d] { &locator_offsets } else { &offsets };
+                for (row, &t) in part[STATUS..].chunks_exact_mut(strides[d].max(1)).zip(targets) {
+                    write_row(c, row, offsets, shard, item_of[t], record, locate[d]);
+                }
+                at += sizes[d];
+            }
+        });
+        let located = (0..world).any(|d| locate[d] && first[d + 1] > first[d]);
+        Ok((sizes, located))
     }
 
     /// Lets the rows go (writers may reuse them). Idempotent.

@@ -124,9 +124,10 @@ class Group:
     def all_to_all(self, send, recv, send_splits, recv_splits, doing: str, group=None):
         """``all_to_all_single`` of byte tensors with known splits (no count exchange)."""
         g = self.control if group is None else group
+        recv_splits = recv_splits if isinstance(recv_splits, list) else list(map(int, recv_splits))
+        send_splits = send_splits if isinstance(send_splits, list) else list(map(int, send_splits))
         self._guard(doing, lambda: self.dist.all_to_all_single(
-            recv, send, output_split_sizes=list(map(int, recv_splits)),
-            input_split_sizes=list(map(int, send_splits)), group=g))
+            recv, send, output_split_sizes=recv_splits, input_split_sizes=send_splits, group=g))
 
     def close(self):
         """Lets the control group go (``retire``); later calls fail clearly."""

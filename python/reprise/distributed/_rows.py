@@ -49,6 +49,21 @@ def layout(signature: dict, steps: int, record: int = 0) -> tuple[list[int], int
     return offsets, at
 
 
+class Layout:
+    """The rows of a step of ``steps`` steps, worked out once: data rows of
+    ``signature`` (``offsets``, ``stride``) and locator rows (``loc_offsets``,
+    ``loc_stride``), both with an attribute record of ``record`` bytes; each field's
+    bytes per step (``items``) and how its steps read back (``fields``: name,
+    dtype, sampled shape)."""
+
+    def __init__(self, signature: dict, steps: int, record: int = 0):
+        self.signature, self.steps, self.record = signature, steps, record
+        self.offsets, self.stride = layout(signature, steps, record)
+        self.loc_offsets, self.loc_stride = layout(LOCATOR, steps, record)
+        self.items = [step_bytes(f) for f in signature.values()]
+        self.fields = [(name, np.dtype(f.dtype), tuple(f.sample_shape)) for name, f in signature.items()]
+
+
 def write_statuses(send: np.ndarray, starts: np.ndarray, status: int, counts: np.ndarray) -> None:
     """Writes each part's ``STATUS`` bytes into ``send`` (uint8): the status word
     (0: rows follow) and the part's count of filled rows (``counts``, one per part
@@ -88,68 +103,52 @@ def check_counts(filled_by_source: np.ndarray, declared: np.ndarray, what: str, 
                       f"arrived marked filled (a damaged row header)")
 
 
-def unpack_received(recv: np.ndarray, starts: np.ndarray, counts: np.ndarray, order: np.ndarray, stride: int,
-                    signature: dict, steps: int, verify: bool, what: str, declared: np.ndarray, device=None,
-                    record: int = 0, packed: bool = False, located=None, columns=()):
+def unpack_received(recv: np.ndarray, starts: np.ndarray, counts: np.ndarray, sources: np.ndarray, lay: Layout,
+                    verify: bool, what: str, declared: np.ndarray, device=None, packed: bool = False, located=None,
+                    columns=(), strides=None):
     """``(header, records, data)`` straight from the received bytes on the host
-    (``recv``, uint8): the rows of source s (``counts[s]`` from byte ``starts[s] +
-    STATUS``), where the j-th to arrive is position ``order[j]``, unpacked in position
-    order in one native pass (``_native.cluster.unpack_rows``: header, attribute
-    record of ``record`` bytes, each field's steps, the CRC checked as each row is
-    read with ``verify``). Unfilled rows are dropped after checking each source's
-    count against ``declared``. ``data`` as ``unpack``'s, or with ``packed`` each
-    field's steps end to end, ``[total_steps, *shape]``; large fields in pooled
-    memory (``reprise._pool``). ``records``: ``n * record`` bytes.
+    (``recv``, uint8): source s sent ``counts[s]`` rows (``lay``'s) from byte
+    ``starts[s] + STATUS``, in position order, and ``sources[p]`` is the source of
+    position p; unpacked in position order in one native pass
+    (``_native.cluster.unpack_rows``: header, attribute record, each field's steps,
+    the CRC checked as each row is read with ``verify``). Unfilled rows are dropped
+    after checking each source's count against ``declared``. ``data`` as
+    ``unpack``'s, or with ``packed`` each field's steps end to end,
+    ``[total_steps, *shape]``; large fields in pooled memory (``reprise._pool``).
+    ``records``: ``n * lay.record`` bytes.
 
     ``located[s]``: source s sent locators (``LOCATOR`` rows) of rows this process
     reads from that source's store, whose columns are ``columns`` (one flat uint8
-    array per field, mapped here): those rows' steps are copied from there."""
-    located = np.zeros(len(counts), bool) if located is None else np.asarray(located, bool)
-    loc_offsets, loc_stride = layout(LOCATOR, steps, record) if located.any() else ([0], 0)
-    # Where each position's row starts: source s's rows from byte starts[s] + STATUS,
-    # the j-th to arrive at position order[j].
-    source = np.repeat(np.arange(len(counts)), counts)  # of each row, in arrival order
-    first = np.cumsum(counts) - counts  # each source's first row, in arrival order
-    row_stride = np.where(located, loc_stride, stride)[source] if located.any() else stride
-    at = np.empty(source.size, dtype=np.int64)
-    at[order] = starts[source] + STATUS + (np.arange(source.size) - first[source]) * row_stride
-    words = recv[: recv.size // 4 * 4].view(np.uint32)
-    filled = words[(at + 44) // 4] == 1
-    check = not filled.all() or (counts != declared).any()
-    if check or located.any():
-        source_of = np.empty_like(source)  # of each position
-        source_of[order] = source
-        if check:
-            check_counts(np.bincount(source_of[filled], minlength=len(counts)), declared, what)
-    at = at[filled]
-    row_located = np.ascontiguousarray(located[source_of[filled]]) if located.any() else np.zeros(0, bool)
+    array per field, mapped here): those rows' steps are copied from there.
+    ``strides``: each source's row size (int64), when the caller has them."""
+    located = np.zeros(len(counts), bool) if located is None else np.ascontiguousarray(located, bool)
+    if strides is None:
+        strides = np.where(located, lay.loc_stride, lay.stride).astype(np.int64)
+    at, row_located, filled_by_source, longest, total = _native.cluster.arrivals(
+        recv, np.asarray(starts, np.int64), np.asarray(counts, np.int64), strides, located,
+        np.asarray(sources, np.int64), lay.steps, packed)
+    if (filled_by_source != declared).any():
+        check_counts(filled_by_source, declared, what)
     n = at.size
-    lengths = np.minimum(words[(at + 28) // 4], steps).astype(np.int64)  # (a damaged length fails its CRC)
-    longest = int(lengths.max()) if n else 0
-    total = int(lengths.sum()) if packed else n * longest
-    offsets, _ = layout(signature, steps, record)
-    items = [step_bytes(f) for f in signature.values()]
-    outputs = [POOL.empty(total * item) for item in items]
+    outputs = [POOL.empty(total * item) for item in lay.items]
     header = np.empty(n * HEADER, np.uint8)
-    records = np.empty(n * record, np.uint8)
-    bad = _native.cluster.unpack_rows(recv, at, stride, offsets, items, longest, header, outputs, verify,
-                                      record, records, packed, row_located if row_located.any() else None,
-                                      (loc_stride, loc_offsets[0]), list(columns))
+    records = np.empty(n * lay.record, np.uint8)
+    bad = _native.cluster.unpack_rows(recv, at, lay.stride, lay.offsets, lay.items, longest, header, outputs, verify,
+                                      lay.record, records, packed, row_located if row_located.any() else None,
+                                      (lay.loc_stride, lay.loc_offsets[0]), list(columns))
     if bad >= 0:
         failure = crc_failure(what, recv[at[bad]:at[bad] + HEADER].copy().view(HEADER_DTYPE)[0])
-        if row_located.size and row_located[bad]:
+        if row_located[bad]:
             failure = Corrupt(f"{failure} or names a row outside its owner's store (a damaged locator)")
         raise failure
-    header = header.view(HEADER_DTYPE)
     data = {}
-    for (name, f), out in zip(signature.items(), outputs):
-        shape = (total, *f.sample_shape) if packed else (n, longest, *f.sample_shape)
-        arr = out.view(np.dtype(f.dtype)).reshape(shape)
+    for (name, dtype, shape), out in zip(lay.fields, outputs):
+        arr = out.view(dtype).reshape((total, *shape) if packed else (n, longest, *shape))
         if device is not None:
             import torch
             arr = torch.from_numpy(arr).to(device)
         data[name] = arr
-    return header, records, data
+    return header.view(HEADER_DTYPE), records, data
 
 
 def in_position_order(recv, starts: np.ndarray, counts: np.ndarray, stride: int, order: np.ndarray):

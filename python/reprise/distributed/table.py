@@ -12,6 +12,7 @@ follow from the plan.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 
@@ -107,6 +108,7 @@ class ShardedTable:
         self._what = what
         self._signature = dict(signature)
         self._sampler, self._remover, self._rate_limiter = sampler, remover, rate_limiter
+        self._sampler_spec, self._limiter_spec = sampler._spec(), rate_limiter._spec()
         self._max_times = as_int(f"{what}: max_times_sampled", max_times_sampled, minimum=0)
         self._schema = schema
         self._record = record_size(schema)
@@ -120,6 +122,7 @@ class ShardedTable:
         self._shards_by = shards
         self._verify = bool(verify_rows)
         self._table_id = C.table_id(name)
+        self._table_word = int(np.uint64(self._table_id).view(np.int64))  # the header's W_TABLE
         self._step = 0
         self._last_batch: int | None = None  # per consumer, of the last sample step
         # Where the owner's next_seq (in its step summary) rose: (next_seq, step) at
@@ -151,7 +154,9 @@ class ShardedTable:
         mine = np.nonzero(self._owner == g.rank)[0]
         self.shard = int(mine[0]) if len(mine) else None
         self._consumers = topology_consumers(topology, g.size)
-        self._consumer_host = hosts[np.array(self._consumers, dtype=np.int64)].astype(np.uint32)
+        self._consumer_ranks = np.array(self._consumers, dtype=np.int64)
+        self._consumer = g.rank in self._consumers
+        self._consumer_host = hosts[self._consumer_ranks].astype(np.uint32)
         self._data_backend = self._pick_backend(data_backend)
 
         self._store = self._table = self._server = None
@@ -186,13 +191,15 @@ class ShardedTable:
         # in full. locators[s, d]: the part from s to d holds locators (the same on
         # every rank). Rows that are not the columns' bytes as they lie (compressed or
         # stacked fields) always cross in full: the owner assembles them.
-        self._locators = np.zeros((g.size, g.size), dtype=bool)
+        locators = np.zeros((g.size, g.size), dtype=bool)
         in_place = all(f.compress is None and f.stack == 1 for f in signature.values())
         if self._data_backend != "nccl" and in_place:
             for s in self._owner:
                 if shards == "host":
-                    self._locators[s] = hosts == hosts[s]
-                self._locators[s, s] = True
+                    locators[s] = hosts == hosts[s]
+                locators[s, s] = True
+        self._layouts = {}  # steps -> the rows' layout (_layout)
+        self._use_locators(locators)
         # The ranks of a host that shares a shard (shards="host", several ranks there)
         # meet in a barrier of their own before the owner freezes the shard (none of
         # them is still inside a write into it), and after a step in which some of them
@@ -210,9 +217,20 @@ class ShardedTable:
                     self._host_group = made
         self._reader = None  # a local client of this host's owner's server, made on the first read
         self._columns = {}  # owner -> its store's columns as flat bytes (_column_bytes)
-        self._layouts = {}  # steps -> the rows' layout (_layout)
 
     # ------------------------------------------------------------------ setup
+
+    def _use_locators(self, locators: np.ndarray):
+        """Sets which parts of a step's exchange hold locators (``locators[s, d]``, the
+        same on every rank; all False sends every row in full, as the checks of the
+        zero-copy reads compare against) and what this rank keeps of it."""
+        rank = self._g.rank
+        self._locators = locators
+        self._locate_to = locators[rank].tolist()  # this rank's parts that hold locators
+        self._located = np.ascontiguousarray(locators[:, rank])  # the parts to it that do
+        # The one owner whose memory this rank reads (its own, or its host's), if any.
+        self._reads_from = int(np.nonzero(self._located)[0][0]) if self._located.any() else None
+        self._layouts.clear()
 
     def _pick_backend(self, asked):
         backend = asked or ("nccl" if "nccl" in self._g.backend else "gloo")
@@ -311,18 +329,19 @@ class ShardedTable:
     # -------------------------------------------------------------- the header
 
     def _header(self, op: int, arg: int, error: bool = False, expired: bool = False) -> np.ndarray:
-        h = np.zeros(WORDS, dtype=np.int64)
-        h[W_TABLE] = np.uint64(self._table_id).view(np.int64)
-        h[W_STEP], h[W_OP], h[W_ARG], h[W_ERROR], h[W_EXPIRED] = self._step, op, arg, error, expired
+        words = [self._table_word, self._step, op, arg, int(error), int(expired)]
         if self._table is not None:
             size, mass, next_seq, inserts, samples, maxlen = self._table._native.shard_summary()
-            h[W_OWNER], h[W_SIZE], h[W_MASS], h[W_NEXT_SEQ] = 1, size, f64_bits(mass), next_seq
-            h[W_INSERTS], h[W_SAMPLES], h[W_MAXLEN] = inserts, samples, maxlen
-        return h
+            words += [1, size, f64_bits(mass), next_seq, inserts, samples, maxlen]
+        words += [0] * (WORDS - len(words))
+        return np.array(words, dtype=np.int64)
 
     def _agree(self, heads: np.ndarray, op: int, err: Exception | None):
         """Raises on every rank when the ranks' calls differ or one could not make it."""
-        keys = heads[:, W_TABLE:W_ARG + 1]  # table, step, op, argument: the call
+        calls = heads[:, W_TABLE:W_ERROR + 1]  # table, step, op, argument (the call), and error
+        if (calls == calls[0]).all() and not calls[0, W_ERROR - W_TABLE]:
+            return  # the usual case: the same call everywhere, no rank failed
+        keys = heads[:, W_TABLE:W_ARG + 1]
         if (keys != keys[0]).any():
             def says(h):
                 name = "this table" if h[W_TABLE] == heads[self._g.rank][W_TABLE] else "another table"
@@ -420,7 +439,7 @@ class ShardedTable:
             heads = self._begin(op, arg, err, freeze=True, expired=expired)
             owners = heads[self._owner]
             plan = None
-            permits = self._permits(owners)
+            permits = self._permits(owners.sum(axis=0))
             if permits >= (total if tokens is None else self._unit):
                 try:
                     plan = (self._plan(owners, total // self._unit) if tokens is None
@@ -447,21 +466,22 @@ class ShardedTable:
                     buf.fill_(0xA5)
         return out
 
-    def _permits(self, owners: np.ndarray) -> float:
+    def _permits(self, totals: np.ndarray) -> float:
         """How many items the rate limiter lets this step draw, on the counters
-        summed over the shards (0 below its minimum size)."""
-        spi, min_size, min_diff, _ = self._rate_limiter._spec()
-        size = int(owners[:, W_SIZE].sum())
+        summed over the shards (``totals``: the owners' header words summed; 0
+        below its minimum size)."""
+        spi, min_size, min_diff, _ = self._limiter_spec
+        size = int(totals[W_SIZE])
         if size == 0 or size < max(1, min_size):
             return 0
-        inserts, samples = float(owners[:, W_INSERTS].sum()), float(owners[:, W_SAMPLES].sum())
-        return max(0.0, np.floor(inserts * spi - samples - min_diff))
+        allowed = float(totals[W_INSERTS]) * spi - float(totals[W_SAMPLES]) - min_diff  # inf without a bound
+        return max(0.0, allowed if math.isinf(allowed) else math.floor(allowed))
 
     def _plan(self, owners: np.ndarray, batch: int) -> dict | None:
         """Per position: shard, target, consumer rank; and what the owners need.
         None when an ordered selector's items have fewer draws left than the batch
         (``max_times_sampled``): the step waits for inserts, as one table would."""
-        kind = self._sampler._spec()
+        kind = self._sampler_spec
         steps = int(owners[:, W_MAXLEN].max())
         table_size = int(owners[:, W_SIZE].sum())
         if kind[0] in RANDOM:
@@ -475,7 +495,7 @@ class ShardedTable:
                 return None
             plan = {"shard": shard, "picks": self._picks(shard, index, mine)}
         consumer = C.assign(self._assignment, shard, self._shard_host, self._consumer_host)
-        plan["dest"] = np.array(self._consumers, dtype=np.int64)[consumer]
+        plan["dest"] = self._consumer_ranks[consumer]
         plan["steps"], plan["table_size"] = steps, table_size
         return plan
 
@@ -486,7 +506,7 @@ class ShardedTable:
         owners (one gather per round of candidates; rounds double until the cut
         falls inside one). ``permits``: units the rate limiter allows. None when no item can be drawn (ordered selectors whose
         items are used up): the step waits."""
-        kind = self._sampler._spec()
+        kind = self._sampler_spec
         table_size = int(owners[:, W_SIZE].sum())
         consumers = len(self._consumers)
         cap = int(min(permits, consumers * tokens + 1))  # every item has a step at least
@@ -517,7 +537,7 @@ class ShardedTable:
             plan.update(index=index[:m], mass=mass[:m], by_mass=by_mass, divisor=divisor)
         else:
             plan["picks"] = self._picks(shard[:m], index[:m], mine)
-        plan["dest"] = np.array(self._consumers, dtype=np.int64)[consumer]
+        plan["dest"] = self._consumer_ranks[consumer]
         # A row holds one item: with groups, as long as the longest item ever inserted.
         steps = int(lengths[:m].max()) if self._unit == 1 else int(owners[:, W_MAXLEN].max())
         plan["steps"], plan["table_size"] = steps, table_size
@@ -571,90 +591,90 @@ class ShardedTable:
         shard, dest = plan["shard"], plan["dest"]
         if self._unit > 1:
             shard, dest = np.repeat(shard, self._unit), np.repeat(dest, self._unit)
-        offsets, stride, loc_offsets, loc_stride = self._layout(plan["steps"])
-        source = self._owner[shard]  # the rank that sends each position
-        stride_to = np.where(self._locators[g.rank], loc_stride, stride)  # per destination's part
-        status, failure, held = 0, None, None
-        sizes = []
+        lay, stride_to, strides_from = self._layout(plan["steps"])
+        # The consumer of each row this rank sends (in position order), the rows each
+        # rank sends it, and the rank each of its positions comes from.
+        mine, recv_rows, sources = C.route(shard, dest, self._owner, -1 if self.shard is None else self.shard,
+                                           g.rank, g.size)
+        failure, held, rows = None, None, None
         try:
-            rows = None
             if self._table is not None:
-                here = np.nonzero(plan["shard"] == self.shard)[0]  # my units
                 native = self._table._native
                 if "picks" in plan:
                     rows, filled = native.draw_ranked(plan["picks"][0], plan["picks"][1], plan["table_size"])
                 else:
+                    here = plan["shard"] == self.shard  # my units
                     rows, filled = native.draw_planned(
-                        plan["by_mass"], np.ascontiguousarray(plan["index"][here]),
-                        np.ascontiguousarray(plan["mass"][here]), plan["divisor"], plan["table_size"],
-                        int(owners[self.shard, W_SIZE]), float(bits_f64(owners[self.shard:self.shard + 1, W_MASS])[0]))
+                        plan["by_mass"], plan["index"][here], plan["mass"][here], plan["divisor"],
+                        plan["table_size"], int(owners[self.shard, W_SIZE]),
+                        float(bits_f64(owners[self.shard:self.shard + 1, W_MASS])[0]))
                 rise = int(owners[self.shard, W_NEXT_SEQ])
                 if not self._boundaries or rise > self._boundaries[-1][0]:
                     self._boundaries.append((rise, self._step))
             self._thaw()
-            # This rank's rows (positions in order), grouped by destination.
-            mine = dest[shard == self.shard] if rows is not None else np.zeros(0, np.int64)
-            per_dest = np.bincount(mine, minlength=g.size)
-            sizes = _rows.STATUS + per_dest * stride_to
-            send_t = self._kept("_send", int(sizes.sum()), pinned=self._data_backend == "nccl")
-            send = send_t.numpy()
-            counts = np.zeros(g.size, np.int64)
             if rows is not None:
-                by_dest = np.argsort(mine, kind="stable")
-                at, first = 0, 0
-                for d in range(g.size):
-                    targets = by_dest[first:first + per_dest[d]]
-                    locate = bool(self._locators[g.rank, d])
-                    rows.pack(send[at + _rows.STATUS:at + sizes[d]], int(stride_to[d]),
-                              loc_offsets if locate else offsets, self.shard, targets, filled, self._record, locate)
-                    counts[d] = np.count_nonzero(filled[targets])
-                    at, first = at + sizes[d], first + per_dest[d]
-                if (per_dest > 0)[self._locators[g.rank]].any():
+                # This rank's rows (positions in order), each packed into its
+                # destination's part, after the part's status, in one native pass.
+                send = self._kept("_send", g.size * _rows.STATUS + mine.size * max(stride_to),
+                                  pinned=self._data_backend == "nccl")
+                sizes, located = rows.pack_parts(send.numpy(), mine, stride_to, lay.offsets, lay.loc_offsets,
+                                                 self._locate_to, self.shard, filled, self._record)
+                send = send[:sum(sizes)]
+                if located:
                     held, rows = rows, None  # readers copy from these rows' blocks: kept until they have
+            else:
+                sizes = [_rows.STATUS] * g.size
+                send = self._kept("_send", _rows.STATUS * g.size, pinned=self._data_backend == "nccl")
+                _rows.write_statuses(send.numpy(), np.cumsum(sizes) - sizes, 0, np.zeros(g.size, np.int64))
         except BaseException as e:  # still take part in the exchange, telling every rank
             self._thaw()
-            status, failure = 1, e
-            sizes = _rows.STATUS + np.bincount(dest[source == g.rank], minlength=g.size) * stride_to
+            failure = e
+            sizes = _rows.STATUS + np.bincount(mine, minlength=g.size) * np.array(stride_to)
             send = np.zeros(int(sizes.sum()), dtype=np.uint8)
-            send_t, counts = None, np.zeros(g.size, np.int64)
+            _rows.write_statuses(send, np.cumsum(sizes) - sizes, 1, np.zeros(g.size, np.int64))
         finally:
             if rows is not None:
                 rows.release()
-        starts = np.cumsum(sizes) - sizes
-        _rows.write_statuses(send, starts, status, counts)
-        recv_rows = np.bincount(source[dest == g.rank], minlength=g.size)
-        recv_splits = _rows.STATUS + recv_rows * np.where(self._locators[:, g.rank], loc_stride, stride)
+        recv_splits = [_rows.STATUS + n * stride for n, stride in zip(recv_rows, strides_from.tolist())]
         try:
-            recv = self._all_to_all(send if send_t is None else send_t, sizes, recv_splits)
+            recv = self._all_to_all(send, sizes, recv_splits)
             self._step += 1
             if failure is not None:
                 raise failure
-            starts = np.cumsum(recv_splits) - recv_splits
-            statuses = _rows.statuses(recv, starts)
-            bad = [s for s in range(g.size) if statuses[s, 0] != 0]
-            if bad:
+            starts, statuses, declared = C.statuses(recv.numpy(), recv_splits) if recv.device.type == "cpu" else \
+                self._statuses_on_device(recv, recv_splits)
+            if any(statuses):
+                bad = [s for s in range(g.size) if statuses[s] != 0]
                 raise CollectiveError(f"{self._what}: rank(s) {bad} failed while drawing their rows at step "
                                       f"{self._step - 1}; see their error")
-            out = None if g.rank not in self._consumers else \
-                self._receive(recv, starts, recv_rows, source, dest, stride, plan, device, statuses[:, 1])
+            out = None if not self._consumer else \
+                self._receive(recv, starts, np.array(recv_rows), sources, lay, strides_from, plan, device, declared)
         except BaseException:
             try:
-                self._reads_done(source, dest, held)
+                self._reads_done(shard, dest, held)
             except Exception:  # noqa: BLE001 - the error on its way says more
                 pass
             raise
-        self._reads_done(source, dest, held)
+        self._reads_done(shard, dest, held)
         return out
 
-    def _reads_done(self, source, dest, held):
+    @staticmethod
+    def _statuses_on_device(recv, splits):
+        """``C.statuses`` of parts received on a GPU (one small copy to the host)."""
+        starts = np.cumsum(splits) - np.array(splits)
+        words = _rows.statuses(recv, starts)
+        return starts, words[:, 0].tolist(), words[:, 1]
+
+    def _reads_done(self, shard, dest, held):
         """Ends a step's same-host reads: where this host's owner sent locators to
         another rank of the host (known alike on each of them from the plan), every
         rank of the host meets in a barrier once it has copied its rows; then the
         owner lets the drawn rows go (``held``)."""
         try:
             hosts = self._g.host_of_rank
-            here = hosts[source] == hosts[self._g.rank]
-            if self._host_group is not None and (here & (source != dest) & self._locators[source, dest]).any():
+            source = self._owner[shard] if self._host_group is not None else None
+            if source is not None and \
+                    ((hosts[source] == hosts[self._g.rank]) & (source != dest) & self._locators[source, dest]).any():
                 g = self._g
                 g._guard(f"sample step {self._step - 1}: same-host reads done",
                          lambda: g.dist.barrier(group=self._host_group))
@@ -663,12 +683,17 @@ class ShardedTable:
                 held.release()
 
     def _layout(self, steps: int) -> tuple:
-        """``(offsets, stride, locator offsets, locator stride)`` of a step's rows of
-        ``steps`` steps (``_rows.layout``), worked out once per ``steps``."""
+        """``(layout, stride_to, strides_from)`` of a step's rows of ``steps`` steps: the
+        ``_rows.Layout``, the row size of this rank's part for each destination (a
+        list: locators to the ranks that read this rank's memory) and of each
+        source's part for this rank (int64), worked out once per ``steps``."""
         got = self._layouts.get(steps)
         if got is None:
-            got = self._layouts[steps] = (*_rows.layout(self._signature, steps, self._record),
-                                          *_rows.layout(_rows.LOCATOR, steps, self._record))
+            lay = _rows.Layout(self._signature, steps, self._record)
+            rank = self._g.rank
+            got = self._layouts[steps] = (
+                lay, np.where(self._locators[rank], lay.loc_stride, lay.stride).tolist(),
+                np.where(self._locators[:, rank], lay.loc_stride, lay.stride).astype(np.int64))
         return got
 
     def _kept(self, name: str, nbytes: int, pinned: bool = False):
@@ -690,7 +715,7 @@ class ShardedTable:
         with NCCL, else on the host)."""
         import torch
         doing = f"sample step {self._step}: exchanging rows"
-        total = int(np.sum(recv_splits))
+        total = sum(recv_splits)
         if self._data_backend == "nccl":
             dev = torch.device("cuda", torch.cuda.current_device())
             s = (send if torch.is_tensor(send) else torch.from_numpy(send)).to(dev, non_blocking=True)
@@ -702,15 +727,13 @@ class ShardedTable:
                            doing)
         return r
 
-    def _receive(self, recv, starts, recv_rows, source, dest, stride, plan, device, declared) -> Sample:
-        """The consumer's sample from the received parts: rows, and from the owners
-        whose memory this rank reads (``_locators``) locators of the rows it copies
-        from there itself."""
-        mine = np.nonzero(dest == self._g.rank)[0]  # my positions, in position order
-        sources = source[mine]  # the rank each of them comes from
-        order = np.argsort(sources, kind="stable")  # the order rows arrive in
+    def _receive(self, recv, starts, recv_rows, sources, lay, strides_from, plan, device, declared) -> Sample:
+        """The consumer's sample from the received parts (``recv_rows[s]`` rows from
+        rank s; ``sources``: the rank each position comes from, in position order):
+        rows, and from the owner whose memory this rank reads (``_locators``)
+        locators of the rows it copies from there itself."""
         packed = plan.get("packed", False)
-        located = self._locators[:, self._g.rank] & (recv_rows > 0)
+        located = self._located & (recv_rows > 0)
         if device is not None and recv.device.type == "cpu" and located.any() and not recv_rows[~located].any():
             # Every row is read from one owner's memory: gathered straight into tensors
             # on the device (in place from the host memory, registered, on a GPU).
@@ -719,16 +742,17 @@ class ShardedTable:
                 recv.numpy()[starts[owner] + _rows.STATUS:], int(recv_rows[owner]), plan["steps"],
                 int(declared[owner]), owner, device, packed)
         elif recv.device.type == "cpu":  # one native pass from the receive buffer (and shared memory)
-            columns = self._column_bytes(int(np.nonzero(located)[0][0])) if located.any() else ()
+            columns = self._column_bytes(self._reads_from) if located.any() else ()
             header, records, data = _rows.unpack_received(
-                recv.numpy(), starts, recv_rows, order, stride, self._signature, plan["steps"], self._verify,
-                self._what, declared, device, self._record, packed, self._locators[:, self._g.rank], columns)
+                recv.numpy(), starts, recv_rows, sources, lay, self._verify, self._what, declared, device, packed,
+                self._located, columns, strides_from)
         else:  # rows that arrived on a GPU are unpacked there (padded; packed() unpads)
-            rows = _rows.in_position_order(recv, starts, recv_rows, stride, order)
+            order = np.argsort(sources, kind="stable")  # the order rows arrive in
+            rows = _rows.in_position_order(recv, starts, recv_rows, lay.stride, order)
             header, records, data = _rows.unpack(rows, self._signature, plan["steps"], self._verify, self._what,
                                                  device, declared=declared, sources=sources, record=self._record)
             packed = False
-        attributes = arrays(self._schema, records.tobytes(), len(header))
+        attributes = arrays(self._schema, records.tobytes(), len(header)) if self._schema else {}
         if device is not None and attributes:
             torch = torch_module()
             attributes = {k: torch.from_numpy(v).to(device) for k, v in attributes.items()}
