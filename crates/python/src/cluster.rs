@@ -9,6 +9,7 @@ use reprise_core::SelectorSpec;
 
 use crate::errors::invalid;
 use crate::raise::py_err;
+use crate::rows::{row_crc, CRC_AT, FLAGS_AT, HEADER, LENGTH_AT, STATUS};
 
 type Array<'py, T> = Bound<'py, PyArray1<T>>;
 type Planned<'py> = (Bound<'py, PyArray1<u32>>, Bound<'py, PyArray1<u64>>, Bound<'py, PyArray1<f64>>, bool, f64, u64);
@@ -145,11 +146,6 @@ fn split_keys<'py>(py: Python<'py>, keys: PyReadonlyArray1<'py, u64>) -> PyResul
     ))
 }
 
-/// A packed row's header: its size, and where its length and flag words sit.
-const HEADER_BYTES: usize = crate::rows::HEADER;
-const LENGTH_AT: usize = 28;
-const FLAGS_AT: usize = 44;
-
 fn word(row: &[u8], at: usize) -> u32 {
     u32::from_le_bytes([row[at], row[at + 1], row[at + 2], row[at + 3]])
 }
@@ -158,7 +154,6 @@ fn word(row: &[u8], at: usize) -> u32 {
 /// filled or not) whose CRC-32 (`rows::row_crc`) does not match, or -1.
 #[pyfunction]
 fn check_rows(py: Python<'_>, rows: PyReadonlyArray1<'_, u8>, stride: usize) -> PyResult<i64> {
-    use crate::rows::{row_crc, CRC_AT, HEADER};
     let bytes = slice(py, "rows", &rows)?;
     if stride < HEADER || bytes.len() % stride != 0 {
         return Err(invalid(py, format!("check_rows: {} bytes are not rows of {stride}", bytes.len())));
@@ -226,7 +221,6 @@ fn arrivals<'py>(
     steps: usize,
     packed: bool,
 ) -> PyResult<(Array<'py, i64>, Array<'py, bool>, Array<'py, i64>, usize, usize)> {
-    use crate::rows::STATUS;
     let bytes = slice(py, "recv", &recv)?;
     let (starts, counts, strides) = (slice(py, "starts", &starts)?, slice(py, "counts", &counts)?, slice(py, "strides", &strides)?);
     let (located, sources) = (slice(py, "located", &located)?, slice(py, "sources", &sources)?);
@@ -236,7 +230,7 @@ fn arrivals<'py>(
     }
     for s in 0..world {
         let end = starts[s].checked_add(STATUS as i64).and_then(|a| counts[s].checked_mul(strides[s]).and_then(|b| a.checked_add(b)));
-        if starts[s] < 0 || counts[s] < 0 || strides[s] < HEADER_BYTES as i64 || end.is_none_or(|e| e > bytes.len() as i64) {
+        if starts[s] < 0 || counts[s] < 0 || strides[s] < HEADER as i64 || end.is_none_or(|e| e > bytes.len() as i64) {
             return Err(invalid(py, format!("arrivals: source {s}'s {} rows of {} bytes from {} do not fit the {} bytes received", counts[s], strides[s], starts[s], bytes.len())));
         }
     }
@@ -277,7 +271,6 @@ fn arrivals<'py>(
 /// bytes: two int64): `(starts, statuses, counts)`.
 #[pyfunction]
 fn statuses<'py>(py: Python<'py>, recv: PyReadonlyArray1<'py, u8>, splits: Vec<i64>) -> PyResult<(Array<'py, i64>, Vec<i64>, Array<'py, i64>)> {
-    use crate::rows::STATUS;
     let bytes = slice(py, "recv", &recv)?;
     let (mut starts, mut status, mut counts) = (Vec::with_capacity(splits.len()), Vec::with_capacity(splits.len()), Vec::with_capacity(splits.len()));
     let mut at = 0usize;
@@ -329,7 +322,6 @@ fn unpack_rows(
     locator: (usize, usize),
     columns: Vec<PyReadonlyArray1<'_, u8>>,
 ) -> PyResult<i64> {
-    use crate::rows::{row_crc, CRC_AT, HEADER};
     let bytes = slice(py, "recv", &recv)?;
     let at = slice(py, "at", &at)?;
     let n = at.len();

@@ -82,9 +82,12 @@ pub fn rows_error(py: Python<'_>, e: reprise_core::Error, signal: Option<PyErr>)
     err
 }
 
-/// Bytes of a packed row's header (see `pack`); its CRC-32 sits at `CRC_AT`.
+/// Bytes of a packed row's header (see `pack`); its item's length, its CRC-32 and
+/// its flag word (1: filled) sit at `LENGTH_AT`, `CRC_AT` and `FLAGS_AT`.
 pub const HEADER: usize = 48;
+pub const LENGTH_AT: usize = 28;
 pub const CRC_AT: usize = 40;
+pub const FLAGS_AT: usize = 44;
 
 /// The CRC-32 a packed row carries: of every byte of the row but the CRC word itself
 /// (header and data, so a flipped key, probability or flag fails it as a flipped value does).
@@ -465,9 +468,15 @@ impl PySampleRows {
         let (item_of, drawn) = items_of(filled);
         let guard = self.inner.lock();
         let c = guard.as_ref().ok_or_else(|| released(py))?.collect();
+        // Each row layout in use is checked once (parts of one kind share it).
+        let mut checked: Vec<(usize, bool)> = Vec::new();
         for d in (0..world).filter(|&d| first[d + 1] > first[d]) {
+            if checked.contains(&(strides[d], locate[d])) {
+                continue;
+            }
             let offsets = if locate[d] { &locator_offsets } else { &offsets };
             check_packing(c, drawn, strides[d], offsets, record, locate[d]).map_err(|m| invalid(py, format!("pack_parts{m}")))?;
+            checked.push((strides[d], locate[d]));
         }
         py.detach(|| {
             let mut at = 0;

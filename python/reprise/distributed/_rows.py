@@ -73,16 +73,19 @@ def write_statuses(send: np.ndarray, starts: np.ndarray, status: int, counts: np
     words[starts // 8 + 1] = counts
 
 
-def statuses(recv, starts: np.ndarray) -> np.ndarray:
-    """``[sources, 2]`` int64: each source's status word and count of filled rows
-    (``write_statuses``), from the received bytes (a uint8 tensor, on the host or a
-    GPU): one small copy to the host."""
-    if recv.device.type == "cpu" and not (starts % 8).any():  # each part starts 8-byte aligned
-        words = recv.numpy()[: recv.numel() // 8 * 8].view(np.int64)
-        return words[(starts // 8)[:, None] + np.arange(2)]
+def statuses(recv, splits: list) -> tuple:
+    """``(starts, statuses, declared)`` of a step's received parts (``splits[s]``
+    bytes from source s, end to end, in ``recv``, a uint8 tensor on the host or a
+    GPU): each part's first byte (int64), its status word (a list) and its count of
+    filled rows (int64; ``write_statuses``). On the host one native call; on a GPU
+    one small copy to the host."""
+    if recv.device.type == "cpu":
+        return _native.cluster.statuses(recv.numpy(), splits)
     import torch
+    starts = np.cumsum(splits) - np.array(splits, dtype=np.int64)
     at = torch.from_numpy((starts[:, None] + np.arange(STATUS)).reshape(-1)).to(recv.device)
-    return recv.index_select(0, at).cpu().numpy().view(np.int64).reshape(-1, 2)
+    words = recv.index_select(0, at).cpu().numpy().view(np.int64).reshape(-1, 2)
+    return starts, words[:, 0].tolist(), words[:, 1]
 
 
 def crc_failure(what: str, header) -> Corrupt:

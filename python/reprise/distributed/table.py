@@ -411,9 +411,9 @@ class ShardedTable:
                                       f"exactly one of them")
             if tokens is not None:
                 tokens = as_int("tokens", tokens, 1)
-                if self._sampler._spec()[0] in RANDOM and self._max_times:
+                if self._sampler_spec[0] in RANDOM and self._max_times:
                     raise InvalidArgument(
-                        f"{self._what}: a token budget over a {self._sampler._spec()[0]} sampler needs "
+                        f"{self._what}: a token budget over a {self._sampler_spec[0]} sampler needs "
                         f"max_times_sampled=0 (items used up within a step would move the picks the budget "
                         f"was cut on); for consume-once use a Fifo sampler with max_times_sampled=1")
             else:
@@ -641,8 +641,7 @@ class ShardedTable:
             self._step += 1
             if failure is not None:
                 raise failure
-            starts, statuses, declared = C.statuses(recv.numpy(), recv_splits) if recv.device.type == "cpu" else \
-                self._statuses_on_device(recv, recv_splits)
+            starts, statuses, declared = _rows.statuses(recv, recv_splits)
             if any(statuses):
                 bad = [s for s in range(g.size) if statuses[s] != 0]
                 raise CollectiveError(f"{self._what}: rank(s) {bad} failed while drawing their rows at step "
@@ -657,13 +656,6 @@ class ShardedTable:
             raise
         self._reads_done(shard, dest, held)
         return out
-
-    @staticmethod
-    def _statuses_on_device(recv, splits):
-        """``C.statuses`` of parts received on a GPU (one small copy to the host)."""
-        starts = np.cumsum(splits) - np.array(splits)
-        words = _rows.statuses(recv, starts)
-        return starts, words[:, 0].tolist(), words[:, 1]
 
     def _reads_done(self, shard, dest, held):
         """Ends a step's same-host reads: where this host's owner sent locators to
@@ -770,7 +762,8 @@ class ShardedTable:
         first; on a GPU the gather has finished when this returns (the owner lets the
         rows go after the step)."""
         torch = torch_module()
-        (at,), loc_stride = _rows.layout(_rows.LOCATOR, steps, self._record)
+        lay = self._layout(steps)[0]
+        at, loc_stride = lay.loc_offsets[0], lay.loc_stride
         rows = part[:n * loc_stride].reshape(n, loc_stride)
         header = rows[:, :_rows.HEADER].copy().view(_rows.HEADER_DTYPE).reshape(-1)
         if self._verify and n:
